@@ -1,0 +1,27 @@
+"""Exceptions raised by colibri and the mapping from C status codes to them."""
+
+from __future__ import annotations
+
+
+class ColibriError(RuntimeError):
+    """An error inside colibri that is neither a bad argument, a lack of memory nor an OS error."""
+
+
+# C status codes (include/colibri/status.h) -> Python exception class.
+_STATUS_EXCEPTIONS: dict[int, type[Exception]] = {
+    -1: ValueError,
+    -2: MemoryError,
+    -3: OSError,
+    -4: FileNotFoundError,
+    -5: ValueError,
+    -6: ColibriError,
+    -7: ColibriError,
+    -8: ColibriError,
+}
+
+
+def status_exception(code: int, name: str, detail: str) -> Exception:
+    """Build the exception for a failed C status: its class from the code, its message from the
+    C detail (or the status name when the C code left none)."""
+    cls = _STATUS_EXCEPTIONS.get(code, ColibriError)
+    return cls(detail if detail else name)
