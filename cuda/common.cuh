@@ -1,0 +1,82 @@
+/* common.cuh: helpers shared by colibri's CUDA kernels (cuda/*.cu).
+ *
+ * The kernels are launched by PyCUDA (colibri/cuda.py), which checks every launch and every
+ * driver call on the host and raises with the kernel name and the Python call site. Inside the
+ * kernels there is no exception mechanism, so a kernel that meets bad input records the first
+ * failure in a small error record in device memory that the host reads after the batch:
+ *
+ *   int err[4]: err[0] = CB_KERR_* code of the first failure (0 = none),
+ *               err[1] = source line, err[2] = CB_FILE_ID of the file, err[3] = a value
+ *               (the offending expert id, token, ...).
+ *
+ * CB_KCHECK(cond, err, code, value) does that and returns from the kernel; the statement
+ * text is kept in the host-side table in colibri/cuda.py by (file, line), because device code
+ * cannot hand strings back cheaply. CB_CUDA_CHECK(stmt) is the host-side macro for code using
+ * the CUDA runtime directly (standalone harnesses); it reports the statement, file and line.
+ */
+#ifndef COLIBRI_CUDA_COMMON_CUH
+#define COLIBRI_CUDA_COMMON_CUH
+
+#include <cuda_fp16.h>
+
+#define CB_KERR_NONE 0
+#define CB_KERR_ROUTE_ARG 1        /* routing arguments out of range (routing_logic.h EARG) */
+#define CB_KERR_ROUTE_NONFINITE 2  /* a router logit or bias was NaN or infinite */
+#define CB_KERR_CAPACITY 3         /* the padded token list does not fit the buffers given */
+#define CB_KERR_NOT_RESIDENT 4     /* a routed expert has no slot in the expert pool */
+#define CB_KERR_SHAPE 5            /* a GEMM dimension is not a multiple of what it needs */
+
+/* Record the first failure (code, line, file, value) in err[0..3]; later failures are dropped
+ * so the first cause is the one reported. */
+__device__ __forceinline__ void cb_kernel_fail(int *err, int code, int line, int file,
+                                               int value) {
+    if (err != nullptr && atomicCAS(err, 0, code) == 0) {
+        err[1] = line;
+        err[2] = file;
+        err[3] = value;
+    }
+}
+
+#define CB_KCHECK(cond, err, code, value)                              \
+    do {                                                              \
+        if (!(cond)) {                                                \
+            cb_kernel_fail((err), (code), __LINE__, CB_FILE_ID, (value)); \
+            return;                                                   \
+        }                                                             \
+    } while (0)
+
+#ifndef __CUDA_ARCH__
+#include <cstdio>
+#include <cuda_runtime.h>
+/* Host side: evaluate a CUDA runtime call; on failure print the statement, file, line and the
+ * runtime's message to stderr and return the error from the enclosing function (which must
+ * return cudaError_t). */
+#define CB_CUDA_CHECK(stmt)                                                                \
+    do {                                                                                  \
+        cudaError_t cb_err_ = (stmt);                                                     \
+        if (cb_err_ != cudaSuccess) {                                                     \
+            std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(cb_err_), \
+                         __FILE__, __LINE__, #stmt);                                      \
+            return cb_err_;                                                               \
+        }                                                                                 \
+    } while (0)
+#endif
+
+/* Lanes below this one in the warp: a mask for ranking within a __ballot_sync. */
+__device__ __forceinline__ unsigned cb_lanemask_lt() {
+    return (1u << (threadIdx.x & 31u)) - 1u;
+}
+
+/* Activations selectable at run time by the expert kernels (the `act` argument). */
+#define CB_ACT_SILU 0
+#define CB_ACT_GELU_TANH 1
+
+__device__ __forceinline__ float cb_activation(float x, int act) {
+    if (act == CB_ACT_GELU_TANH) {
+        const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+        return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+    }
+    return x / (1.0f + expf(-x));
+}
+
+#endif

@@ -1,0 +1,162 @@
+/* routing.cu: the fused MoE routing kernel, cb_route_topk.
+ *
+ * From router logits [n_tokens, n_experts] (float32, row-major) to everything the grouped
+ * expert GEMM (moe_gemm.cu) needs, in one launch with no host round trip and no dynamic
+ * allocation:
+ *   - top-k expert ids and weights per token (cuda/routing_logic.h, the same code the CPU
+ *     router uses: softmax or sigmoid, optional selection bias, renorm, scale);
+ *   - per-expert token counts and segment offsets: expert e owns the rows
+ *     [seg_offset[e], seg_offset[e+1]) of the sorted list, its count rounded up to `tile`;
+ *   - the sorted list itself: sorted_token[row] (token index, -1 for padding) and
+ *     sorted_weight[row] (its routing weight, 0 for padding), each expert's tokens in
+ *     ascending token order (deterministic, independent of thread scheduling);
+ *   - pair_pos[t*k + j]: the row that holds token t's j-th choice (-1 if the token failed),
+ *     which the deterministic combine kernel uses to sum a token's k outputs in order j;
+ *   - tile_expert[i]: the expert owning GEMM row-tile i (rows [i*tile, (i+1)*tile)), -1 for
+ *     tiles past the end, so the GEMM grid can be sized on the host from the capacity alone;
+ *   - sel_offset[t*k + j]: the byte offset of the selected expert in the expert pool, from
+ *     the per-expert slot table slot_offset[e] (-1 = not resident, an error).
+ *
+ * Launch: ONE block (grid 1), blockDim a multiple of 32 up to 1024 (colibri uses 1024).
+ * A single block is what makes the counting, the prefix sum and the stable placement
+ * possible without a grid-wide barrier; the work is O(n_tokens * n_experts) for the gating
+ * plus O(n_tokens * k * n_experts / 32) warp steps for the placement, about tens of
+ * microseconds at 1024 tokens x 128 experts, small next to the expert GEMMs it feeds.
+ *   Phase 1: thread per token: route, write ids/weights/offsets, count per expert in shared
+ *            memory (atomics: the counts do not depend on order).
+ *   Phase 2: one thread: exclusive prefix sum of the padded counts (n_experts <= 1024 adds).
+ *   Phase 3: warp per expert: walk the tokens 32 at a time in ascending order; a ballot of
+ *            "this lane's token chose e" and a popcount give each token its row, so the order
+ *            within a segment is by token index. Then the padding and tile_expert entries.
+ *   Phase 4: all threads: rows [total, cap) and tiles past the end are set to -1.
+ *
+ * Capacity: cap (rows of the sorted arrays, a multiple of tile) must be at least
+ * n_tokens*k + min(n_experts, n_tokens*k)*(tile-1) rounded up to tile, which bounds the
+ * padded total for every routing; colibri.cuda sizes it so. A smaller cap is reported as
+ * CB_KERR_CAPACITY and then the sorted arrays hold only -1.
+ *
+ * Errors go to err[4] (common.cuh); a token whose logits are not finite gets ids -1,
+ * weights 0, and takes no rows.
+ *
+ * All pointers are device pointers owned by the caller; bias and slot_offset may be NULL.
+ */
+#define CB_FILE_ID 1
+#include "common.cuh"
+#include "routing_logic.h"
+
+extern "C" __global__ void __launch_bounds__(1024) cb_route_topk(
+    const float *__restrict__ logits,    /* [n_tokens, n_experts] */
+    int n_tokens, int n_experts, int k,
+    int gating,                          /* CB_GATING_SOFTMAX or CB_GATING_SIGMOID */
+    const float *__restrict__ bias,      /* [n_experts] selection bias or NULL */
+    int renorm, float scale,
+    int tile,                            /* rows per GEMM tile: segments padded to this */
+    int cap,                             /* rows in sorted_token / sorted_weight */
+    const long long *__restrict__ slot_offset, /* [n_experts] pool byte offsets or NULL */
+    int *__restrict__ topk_ids,          /* [n_tokens, k] out */
+    float *__restrict__ topk_w,          /* [n_tokens, k] out */
+    long long *__restrict__ sel_offset,  /* [n_tokens, k] out */
+    int *__restrict__ counts,            /* [n_experts] out */
+    int *__restrict__ seg_offset,        /* [n_experts + 1] out */
+    int *__restrict__ sorted_token,      /* [cap] out */
+    float *__restrict__ sorted_weight,   /* [cap] out */
+    int *__restrict__ pair_pos,          /* [n_tokens, k] out */
+    int *__restrict__ tile_expert,       /* [cap / tile] out */
+    int *__restrict__ err)               /* [4] error record, zeroed by the caller */
+{
+    __shared__ int s_count[CB_ROUTE_MAX_EXPERTS];
+    __shared__ int s_seg[CB_ROUTE_MAX_EXPERTS + 1];
+    __shared__ int s_ok;
+    const int tid = threadIdx.x, nthreads = blockDim.x;
+    const int warp = tid >> 5, lane = tid & 31, nwarps = nthreads >> 5;
+
+    /* Arguments the block cannot work with at all: flag and leave (nothing is written). */
+    CB_KCHECK(n_tokens >= 0 && n_experts >= 1 && n_experts <= CB_ROUTE_MAX_EXPERTS &&
+                  k >= 1 && k <= n_experts && k <= CB_ROUTE_MAX_K && tile >= 1 &&
+                  cap >= 0 && cap % tile == 0 && (nthreads & 31) == 0,
+              err, CB_KERR_ROUTE_ARG, 0);
+
+    for (int e = tid; e < n_experts; e += nthreads) s_count[e] = 0;
+    __syncthreads();
+
+    /* Phase 1: route each token. */
+    for (int t = tid; t < n_tokens; t += nthreads) {
+        int *ids = topk_ids + (size_t)t * k;
+        float *w = topk_w + (size_t)t * k;
+        int st = cb_route_token(logits + (size_t)t * n_experts, n_experts, k, gating, bias,
+                                renorm, scale, ids, w);
+        if (st != CB_ROUTE_OK)
+            cb_kernel_fail(err, st == CB_ROUTE_ENONFINITE ? CB_KERR_ROUTE_NONFINITE
+                                                          : CB_KERR_ROUTE_ARG,
+                           __LINE__, CB_FILE_ID, t);
+        for (int j = 0; j < k; j++) {
+            int e = ids[j];
+            long long off = -1;
+            pair_pos[(size_t)t * k + j] = -1;
+            if (e >= 0) {
+                atomicAdd(&s_count[e], 1);
+                if (slot_offset != nullptr) off = slot_offset[e];
+                if (off < 0) cb_kernel_fail(err, CB_KERR_NOT_RESIDENT, __LINE__, CB_FILE_ID, e);
+            }
+            sel_offset[(size_t)t * k + j] = off;
+        }
+    }
+    __syncthreads();
+
+    /* Phase 2: padded exclusive prefix sum. */
+    if (tid == 0) {
+        int acc = 0;
+        for (int e = 0; e < n_experts; e++) {
+            s_seg[e] = acc;
+            acc += cb_route_pad(s_count[e], tile);
+        }
+        s_seg[n_experts] = acc;
+        s_ok = acc <= cap;
+        if (!s_ok) cb_kernel_fail(err, CB_KERR_CAPACITY, __LINE__, CB_FILE_ID, acc);
+    }
+    __syncthreads();
+    for (int e = tid; e < n_experts; e += nthreads) {
+        counts[e] = s_count[e];
+        seg_offset[e] = s_seg[e];
+    }
+    if (tid == 0) seg_offset[n_experts] = s_seg[n_experts];
+    const int total = s_ok ? s_seg[n_experts] : 0;
+
+    /* Phase 3: stable placement, warp per expert. */
+    if (s_ok) {
+        for (int e = warp; e < n_experts; e += nwarps) {
+            const int seg = s_seg[e];
+            int placed = 0;
+            for (int base = 0; base < n_tokens; base += 32) {
+                const int t = base + lane;
+                int j_hit = -1;
+                if (t < n_tokens) {
+                    const int *ids = topk_ids + (size_t)t * k;
+                    for (int j = 0; j < k; j++)
+                        if (ids[j] == e) j_hit = j;
+                }
+                const unsigned hits = __ballot_sync(0xffffffffu, j_hit >= 0);
+                if (j_hit >= 0) {
+                    const int row = seg + placed + __popc(hits & cb_lanemask_lt());
+                    sorted_token[row] = t;
+                    sorted_weight[row] = topk_w[(size_t)t * k + j_hit];
+                    pair_pos[(size_t)t * k + j_hit] = row;
+                }
+                placed += __popc(hits);
+            }
+            const int end = seg + cb_route_pad(placed, tile);
+            for (int row = seg + placed + lane; row < end; row += 32) {
+                sorted_token[row] = -1;
+                sorted_weight[row] = 0.0f;
+            }
+            for (int i = seg / tile + lane; i < end / tile; i += 32) tile_expert[i] = e;
+        }
+    }
+
+    /* Phase 4: everything past the padded total is empty. */
+    for (int row = total + tid; row < cap; row += nthreads) {
+        sorted_token[row] = -1;
+        sorted_weight[row] = 0.0f;
+    }
+    for (int i = total / tile + tid; i < cap / tile; i += nthreads) tile_expert[i] = -1;
+}
