@@ -1,7 +1,8 @@
 """colibri: run Mixture-of-Experts language models from GGUF files, with a C core."""
 
 from colibri.errors import ColibriError
+from colibri.gguf import GGUFError, GGUFFile
 
 __version__ = "0.1.0"
 
-__all__ = ["ColibriError", "__version__"]
+__all__ = ["ColibriError", "GGUFError", "GGUFFile", "__version__"]
