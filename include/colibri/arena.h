@@ -1,0 +1,236 @@
+/* The KV arena: one contiguous mmap'd region managed by a binary buddy allocator, and the
+ * KV cache that keeps each sequence's K/V in one block of it.
+ *
+ * Region. mmap'd once at cb_arena_new: 2 MiB MAP_HUGETLB pages when /proc/meminfo shows
+ * enough free ones (hugepages AUTO or ON), else anonymous pages with madvise(MADV_HUGEPAGE)
+ * (transparent huge pages, when the kernel's THP mode is not "never"), else plain pages.
+ * backing SHM maps an unlinked file in /dev/shm instead (THP advised when possible). lock
+ * mlock()s the whole region. Which backing the arena got is cb_arena_stats_t.backing; any
+ * fallback is explained in cb_arena_stats_t.backing_note. ON fails (CB_STATUS_UNSUPPORTED)
+ * instead of falling back; a failed mlock fails with CB_STATUS_OUT_OF_MEMORY naming
+ * RLIMIT_MEMLOCK and `ulimit -l`.
+ *
+ * Capacity. The capacity asked for is rounded UP to a multiple of min_block (a power of two,
+ * >= 64 bytes). The region is then covered by "roots": one maximal buddy block per set bit of
+ * capacity/min_block, largest first, each aligned to its size (so a power-of-two capacity is a
+ * single root and any other capacity is still fully usable). Freeing everything coalesces back
+ * to exactly these roots.
+ *
+ * Allocation. Sizes are in bytes; offsets are byte offsets from the region base. A request of
+ * n bytes takes m = ceil(n / min_block) units. The allocator finds the smallest free buddy
+ * block of 2^k >= m units (k = ceil(log2 m)), splits it down, and - in the default EXACT mode,
+ * like Linux's alloc_pages_exact() - returns the unused tail of that block to the free lists
+ * as buddy blocks, so internal waste is < min_block per allocation instead of up to 50%.
+ * With exact = 0, m is rounded up to 2^k (a classic power-of-two buddy). Either way a block
+ * (an allocation) is a run of m units starting at an offset aligned to 2^ceil(log2 m) units
+ * ("aligned to its size"). All operations are O(log n) in the number of units (grow and free
+ * of an exact run: O(log^2 n) elementary steps at worst, log n <= 32); no malloc after init:
+ * metadata is a side table of 10 bytes per min_block unit allocated at init, free lists are
+ * intrusive doubly linked lists through that table (arena memory itself is never touched by
+ * the allocator, so a free block costs no RSS).
+ *
+ * Grow. cb_arena_grow extends a block in place when the units after it are free and its
+ * offset is aligned to the new size; otherwise it allocates a new block (first with the old
+ * block still held, then, if that fails, by temporarily returning the old block so the new one
+ * may overlap it) and moves the old block's requested bytes (memmove). If no block fits, it
+ * fails with CB_STATUS_OUT_OF_MEMORY and the old block, its contents and the free lists are
+ * exactly as before. Growing to a smaller size keeps the offset and returns the units no
+ * longer needed (the first n bytes are kept).
+ *
+ * Threads. Every call on an arena takes its mutex; calls may come from any thread.
+ * cb_arena_base() and the pointer arithmetic on it need no lock, but a block's bytes belong to
+ * whoever holds its offset: a block that is freed or moved by grow must not be used through
+ * the old offset.
+ */
+#ifndef COLIBRI_ARENA_H
+#define COLIBRI_ARENA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "colibri/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cb_arena cb_arena_t;
+
+typedef enum cb_arena_hugepages {
+    CB_HUGEPAGES_AUTO = 0, /* hugetlb if enough are free, else THP, else plain; note why */
+    CB_HUGEPAGES_OFF = 1,  /* plain pages, no madvise */
+    CB_HUGEPAGES_ON = 2,   /* hugetlb 2 MiB pages or fail with CB_STATUS_UNSUPPORTED */
+} cb_arena_hugepages;
+
+typedef enum cb_arena_backing {
+    CB_BACKING_ANON = 0, /* anonymous private mapping */
+    CB_BACKING_SHM = 1,  /* an unlinked file in /dev/shm, MAP_SHARED */
+} cb_arena_backing;
+
+typedef struct cb_arena_params {
+    size_t capacity;              /* bytes asked for (> 0); rounded up to a min_block multiple */
+    size_t min_block;             /* bytes, power of two >= 64; default 4096 */
+    cb_arena_hugepages hugepages; /* default CB_HUGEPAGES_AUTO */
+    cb_arena_backing backing;     /* default CB_BACKING_ANON */
+    int lock;                     /* non-zero: mlock the region (fail clearly if over RLIMIT_MEMLOCK) */
+    int exact;                    /* non-zero (default): return the unused tail of each buddy block */
+} cb_arena_params;
+
+typedef struct cb_arena_stats {
+    size_t capacity;      /* bytes managed (after rounding) */
+    size_t used;          /* bytes in live blocks (whole units) */
+    size_t free;          /* capacity - used */
+    size_t largest_free;  /* bytes of the largest free buddy block */
+    size_t n_blocks;      /* live blocks */
+    size_t n_free_blocks; /* free buddy blocks */
+    size_t requested;     /* sum of the sizes asked for by the live blocks */
+    size_t internal_waste; /* used - requested */
+    double external_fragmentation; /* 1 - largest_free / free; 0 when free == 0 */
+    size_t min_block;
+    size_t n_roots;       /* top-level buddy blocks covering the capacity */
+    size_t mapped;        /* bytes mapped (>= capacity: hugetlb rounds to 2 MiB) */
+    int exact;
+    int locked;           /* mlock succeeded */
+    int closed;
+    const char *backing;      /* "hugetlb", "thp", "pages", "shm" or "shm+thp"; static */
+    const char *backing_note; /* why a fallback happened, "" when none; valid while the arena lives */
+} cb_arena_stats_t;
+
+/* Defaults: capacity 0 (must be set), min_block 4096, AUTO, ANON, lock 0, exact 1. */
+cb_arena_params cb_arena_default_params(void);
+
+/* Maps and initialises an arena. *out is owned by the caller (cb_arena_free). Errors:
+ * INVALID_ARGUMENT (bad capacity/min_block), UNSUPPORTED (hugepages ON not possible),
+ * OUT_OF_MEMORY (mmap, metadata or mlock failed), IO (/dev/shm file). */
+cb_status cb_arena_new(const cb_arena_params *params, cb_arena_t **out);
+
+/* Releases the region now, unless pinned (then at the last cb_arena_unpin). The handle stays
+ * valid: every later call returns CB_STATUS_CLOSED. Idempotent. */
+void cb_arena_close(cb_arena_t *a);
+
+/* Closes (ignoring pins: the caller guarantees no pointer into the region is used any more)
+ * and frees the handle. NULL is accepted. */
+void cb_arena_free(cb_arena_t *a);
+
+/* Allocates a block of at least n bytes (n > 0). *offset: byte offset from the base.
+ * INVALID_ARGUMENT for n == 0; OUT_OF_MEMORY (naming n and the largest free block) when no
+ * free block fits. */
+cb_status cb_arena_alloc(cb_arena_t *a, size_t n, size_t *offset);
+
+/* Frees the live block starting at offset. INVALID_ARGUMENT when offset is not the start of a
+ * live block (double free, interior offset, out of range). */
+cb_status cb_arena_free_block(cb_arena_t *a, size_t offset);
+
+/* Grows (or re-sizes) the live block at offset to hold n bytes; *new_offset is where it is now
+ * (== offset when in place). The first min(n, old requested) bytes are preserved. */
+cb_status cb_arena_grow(cb_arena_t *a, size_t offset, size_t n, size_t *new_offset);
+
+/* Size asked for (*requested, bytes) and block size (*block, whole units, bytes) of the live
+ * block at offset. Either pointer may be NULL. */
+cb_status cb_arena_block_info(cb_arena_t *a, size_t offset, size_t *requested, size_t *block);
+
+/* Checks that [offset, offset+n) lies inside the requested bytes of one live block and, if so,
+ * pins the region (it stays mapped after cb_arena_close until the matching cb_arena_unpin) and
+ * returns its address in *ptr (borrowed). n may be 0. */
+cb_status cb_arena_view(cb_arena_t *a, size_t offset, size_t n, void **ptr);
+
+/* Drops one pin taken by cb_arena_view; unmaps if the arena is closed and this was the last. */
+void cb_arena_unpin(cb_arena_t *a);
+
+/* Fills *s (see cb_arena_stats_t). CB_STATUS_CLOSED once closed. */
+cb_status cb_arena_stats(cb_arena_t *a, cb_arena_stats_t *s);
+
+/* Verifies every invariant: blocks inside the region, aligned to their size, no overlap,
+ * every unit covered exactly once, free lists consistent (doubly linked, right order, counts),
+ * coalescing complete (no free block whose buddy is a free block of the same order), counters
+ * equal to a recount, used + free == capacity. CB_STATUS_INTERNAL naming the first broken one. */
+cb_status cb_arena_check(cb_arena_t *a);
+
+/* Base address of the region (borrowed; NULL once closed and unpinned). */
+uint8_t *cb_arena_base(const cb_arena_t *a);
+
+/* ------------------------------------------------------------------------------------------
+ * KV cache: sequences of tokens whose K and V live in one arena block per sequence.
+ *
+ * Layout (position-major, so growing never re-lays data out):
+ *   token_stride = n_layers * 2 * n_kv_heads * head_dim * elt_size   (bytes)
+ *   K/V of token t of a sequence start at  block_offset + t * token_stride;
+ *   inside a token: [layer][kv: 0 = K, 1 = V][kv_head][head_dim], C order.
+ * So keys(seq, layer) is a strided view of shape [len, n_kv_heads, head_dim] with strides
+ * (token_stride, head_dim*elt_size, elt_size) starting at layer*2*n_kv_heads*head_dim*elt_size.
+ *
+ * Sequence ids are small integers (slots of a table of max_sequences preallocated at
+ * cb_kvcache_new); a freed id may be reused. A sequence's capacity (tokens that fit without a
+ * reserve) is floor(block bytes / token_stride). cb_kvcache_seq_reserve grows the block
+ * through cb_arena_grow, rounding the token count up to a multiple of chunk_tokens, or, with
+ * doubling, to at least twice the current capacity; when the arena cannot fit it, it fails
+ * with OUT_OF_MEMORY and the sequence (block, length, data) is unchanged.
+ *
+ * Threads: table operations take the cache's mutex. Pointers from cb_kvcache_token_ptr are
+ * valid until the next reserve/free of that sequence (a reserve may move the block); one
+ * sequence must not be reserved while another thread reads it through such a pointer.
+ * ------------------------------------------------------------------------------------------ */
+
+typedef struct cb_kvcache cb_kvcache_t;
+
+typedef enum cb_kv_dtype {
+    CB_KV_F32 = 0, /* 4-byte IEEE float */
+    CB_KV_F16 = 1, /* 2-byte IEEE half */
+} cb_kv_dtype;
+
+typedef struct cb_kvcache_params {
+    uint32_t n_layers;      /* > 0 */
+    uint32_t n_kv_heads;    /* > 0 */
+    uint32_t head_dim;      /* > 0 */
+    cb_kv_dtype dtype;      /* default CB_KV_F16 */
+    uint32_t max_sequences; /* table size, default 1024 */
+    uint32_t chunk_tokens;  /* reserve granularity in tokens, default 16 */
+    int doubling;           /* non-zero: a reserve at least doubles the capacity; default 0 */
+} cb_kvcache_params;
+
+cb_kvcache_params cb_kvcache_default_params(void);
+
+/* Creates a cache over arena (borrowed: it must outlive the cache). *out owned by the caller
+ * (cb_kvcache_free). INVALID_ARGUMENT for zero dims, an unknown dtype or a token stride that
+ * overflows; OUT_OF_MEMORY for the table. */
+cb_status cb_kvcache_new(cb_arena_t *arena, const cb_kvcache_params *params, cb_kvcache_t **out);
+
+/* Frees every live sequence's block (when the arena is still open) and the cache. NULL ok. */
+void cb_kvcache_free(cb_kvcache_t *kv);
+
+/* A new empty sequence (length 0, capacity 0, no block yet). OUT_OF_MEMORY when all
+ * max_sequences ids are live. */
+cb_status cb_kvcache_seq_new(cb_kvcache_t *kv, uint32_t *seq);
+
+/* Makes room for n_tokens tokens (length unchanged). */
+cb_status cb_kvcache_seq_reserve(cb_kvcache_t *kv, uint32_t seq, size_t n_tokens);
+
+/* Frees the sequence's block and its id. INVALID_ARGUMENT for an id that is not live. */
+cb_status cb_kvcache_seq_free(cb_kvcache_t *kv, uint32_t seq);
+
+/* Length (tokens written) and capacity (tokens that fit) of a live sequence. */
+cb_status cb_kvcache_seq_len(cb_kvcache_t *kv, uint32_t seq, size_t *len);
+cb_status cb_kvcache_seq_capacity(cb_kvcache_t *kv, uint32_t seq, size_t *cap);
+
+/* Sets the length; INVALID_ARGUMENT when n > capacity. */
+cb_status cb_kvcache_seq_set_len(cb_kvcache_t *kv, uint32_t seq, size_t n);
+
+/* Byte offset of the sequence's block in the arena (0 and *has_block = 0 before any reserve). */
+cb_status cb_kvcache_seq_offset(cb_kvcache_t *kv, uint32_t seq, size_t *offset, int *has_block);
+
+/* Bytes per token (see the layout above). */
+size_t cb_kvcache_token_stride(const cb_kvcache_t *kv);
+
+/* Number of live sequences; ids[0..min(n, max_ids)) receives them in increasing order. */
+size_t cb_kvcache_list(cb_kvcache_t *kv, uint32_t *ids, size_t max_ids);
+
+/* Address of K (kv_index 0) or V (1) of token pos, layer, head 0: n_kv_heads*head_dim
+ * elements of dtype, C order [kv_head][head_dim]. Bounds-checked against capacity;
+ * INVALID_ARGUMENT otherwise. *ptr is borrowed (see the thread note above). */
+cb_status cb_kvcache_token_ptr(cb_kvcache_t *kv, uint32_t seq, size_t pos, uint32_t layer,
+                               uint32_t kv_index, void **ptr);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,288 @@
+/* arena.h driven directly: random alloc/free/grow against a shadow list of live blocks, with
+ * cb_arena_check and data patterns verified after every step (both exact and power-of-two
+ * modes, a non-power-of-two capacity); every error path leaves the stats unchanged; close and
+ * pins; the KV cache layout and growth. */
+#include <stdint.h>
+#include <string.h>
+
+#include "colibri/arena.h"
+#include "testutil.h"
+
+#define MAXB 64
+
+typedef struct {
+    size_t off, n;
+    uint8_t tag;
+} blk;
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint64_t rnd(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+static void fill(uint8_t *base, const blk *b) {
+    for (size_t i = 0; i < b->n; i++) base[b->off + i] = (uint8_t)(b->tag + i * 31);
+}
+static int intact(const uint8_t *base, const blk *b) {
+    for (size_t i = 0; i < b->n; i++)
+        if (base[b->off + i] != (uint8_t)(b->tag + i * 31)) return 0;
+    return 1;
+}
+
+static int same_stats(const cb_arena_stats_t *x, const cb_arena_stats_t *y) {
+    return x->used == y->used && x->free == y->free && x->largest_free == y->largest_free &&
+           x->n_blocks == y->n_blocks && x->n_free_blocks == y->n_free_blocks &&
+           x->requested == y->requested;
+}
+
+static size_t next_pow2(size_t x) {
+    size_t p = 1;
+    while (p < x) p <<= 1;
+    return p;
+}
+
+static void random_ops(size_t capacity, size_t mb, int exact, int steps) {
+    cb_arena_params p = cb_arena_default_params();
+    p.capacity = capacity;
+    p.min_block = mb;
+    p.exact = exact;
+    p.hugepages = CB_HUGEPAGES_OFF;
+    cb_arena_t *a = NULL;
+    CHECK(cb_arena_new(&p, &a) == CB_OK);
+    if (!a) return;
+    uint8_t *base = cb_arena_base(a);
+    cb_arena_stats_t st0;
+    CHECK(cb_arena_stats(a, &st0) == CB_OK);
+    size_t cap = st0.capacity;
+    CHECK(cap >= capacity && cap % mb == 0 && cap - capacity < mb);
+    blk live[MAXB];
+    int nl = 0, bad_data = 0, bad_layout = 0;
+    for (int step = 0; step < steps; step++) {
+        uint64_t r = rnd() % 10;
+        size_t n = 1 + rnd() % (r < 8 ? 6 * mb : cap / 3);
+        if (r < 4 && nl < MAXB) {
+            size_t off;
+            cb_status s = cb_arena_alloc(a, n, &off);
+            if (s == CB_OK) {
+                live[nl] = (blk){off, n, (uint8_t)rnd()};
+                fill(base, &live[nl]);
+                nl++;
+            } else {
+                CHECK(s == CB_STATUS_OUT_OF_MEMORY);
+            }
+        } else if (r < 7 && nl > 0) {
+            int i = (int)(rnd() % (uint64_t)nl);
+            if (!intact(base, &live[i])) bad_data++;
+            CHECK(cb_arena_free_block(a, live[i].off) == CB_OK);
+            live[i] = live[--nl];
+        } else if (nl > 0) {
+            int i = (int)(rnd() % (uint64_t)nl);
+            size_t nn = r == 9 ? 1 + live[i].n / 2 : live[i].n + 1 + rnd() % (4 * mb);
+            size_t off;
+            cb_arena_stats_t before, after;
+            cb_arena_stats(a, &before);
+            cb_status s = cb_arena_grow(a, live[i].off, nn, &off);
+            if (s == CB_OK) {
+                size_t keep = nn < live[i].n ? nn : live[i].n;
+                blk k = {off, keep, live[i].tag};
+                if (!intact(base, &k)) bad_data++;
+                live[i].off = off;
+                live[i].n = nn;
+                fill(base, &live[i]);
+            } else {
+                CHECK(s == CB_STATUS_OUT_OF_MEMORY);
+                cb_arena_stats(a, &after);
+                CHECK(same_stats(&before, &after));
+                if (!intact(base, &live[i])) bad_data++;
+            }
+        }
+        CHECK(cb_arena_check(a) == CB_OK);
+        /* Shadow checks: inside, aligned to the block's power-of-two size, no overlap. */
+        size_t sum_req = 0;
+        for (int i = 0; i < nl; i++) {
+            size_t req = 0, bsz = 0;
+            CHECK(cb_arena_block_info(a, live[i].off, &req, &bsz) == CB_OK);
+            sum_req += req;
+            if (req != live[i].n || bsz < req || bsz - req >= (exact ? mb : bsz) ||
+                live[i].off % (next_pow2(bsz / mb) * mb) != 0 || live[i].off + bsz > cap)
+                bad_layout++;
+            for (int j = 0; j < i; j++)
+                if (live[i].off < live[j].off + live[j].n && live[j].off < live[i].off + live[i].n)
+                    bad_layout++;
+        }
+        cb_arena_stats_t st;
+        cb_arena_stats(a, &st);
+        CHECK(st.n_blocks == (size_t)nl && st.requested == sum_req && st.used + st.free == cap);
+    }
+    CHECK(bad_data == 0);
+    CHECK(bad_layout == 0);
+    while (nl > 0) {
+        if (!intact(base, &live[nl - 1])) bad_data++;
+        CHECK(cb_arena_free_block(a, live[--nl].off) == CB_OK);
+    }
+    CHECK(bad_data == 0);
+    cb_arena_stats_t st;
+    CHECK(cb_arena_check(a) == CB_OK);
+    cb_arena_stats(a, &st);
+    CHECK(same_stats(&st, &st0) && st.used == 0 && st.n_free_blocks == st.n_roots);
+    cb_arena_free(a);
+}
+
+static void error_paths(void) {
+    cb_arena_params p = cb_arena_default_params();
+    cb_arena_t *a = NULL;
+    CHECK(cb_arena_new(&p, &a) == CB_STATUS_INVALID_ARGUMENT && a == NULL); /* capacity 0 */
+    p.capacity = 1 << 20;
+    p.min_block = 3000;
+    CHECK(cb_arena_new(&p, &a) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(cb_last_error(), "min_block 3000") != NULL);
+    p.min_block = 4096;
+    p.hugepages = CB_HUGEPAGES_AUTO;
+    CHECK(cb_arena_new(&p, &a) == CB_OK);
+    cb_arena_stats_t s0, s1;
+    cb_arena_stats(a, &s0);
+    CHECK(strlen(s0.backing) > 0);
+    size_t off, off2;
+    CHECK(cb_arena_alloc(a, 0, &off) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_arena_alloc(a, (2 << 20), &off) == CB_STATUS_OUT_OF_MEMORY);
+    CHECK(strstr(cb_last_error(), "2097152") && strstr(cb_last_error(), "largest free block is 1048576"));
+    CHECK(cb_arena_alloc(a, 5000, &off) == CB_OK);
+    cb_arena_stats(a, &s0);
+    CHECK(s0.used == 8192 && s0.requested == 5000 && s0.internal_waste == 3192);
+    CHECK(cb_arena_free_block(a, off + 4096) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_arena_free_block(a, off + 1) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_arena_free_block(a, 1 << 20) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_arena_grow(a, off, 0, &off2) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_arena_grow(a, off, 1 << 21, &off2) == CB_STATUS_OUT_OF_MEMORY);
+    void *ptr;
+    CHECK(cb_arena_view(a, off + 4000, 1001, &ptr) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_arena_view(a, off + 8192, 1, &ptr) == CB_STATUS_INVALID_ARGUMENT);
+    cb_arena_stats(a, &s1);
+    CHECK(same_stats(&s0, &s1));
+    CHECK(cb_arena_free_block(a, off) == CB_OK);
+    CHECK(cb_arena_free_block(a, off) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(cb_last_error(), "double free") != NULL);
+    /* A pinned view keeps the mapping after close. */
+    CHECK(cb_arena_alloc(a, 100, &off) == CB_OK);
+    CHECK(cb_arena_view(a, off, 100, &ptr) == CB_OK);
+    cb_arena_close(a);
+    memset(ptr, 7, 100);
+    CHECK(((uint8_t *)ptr)[99] == 7);
+    CHECK(cb_arena_alloc(a, 1, &off) == CB_STATUS_CLOSED);
+    CHECK(cb_arena_check(a) == CB_STATUS_CLOSED);
+    CHECK(cb_arena_base(a) == NULL);
+    cb_arena_unpin(a);
+    cb_arena_close(a);
+    cb_arena_free(a);
+    cb_arena_free(NULL);
+    /* Full arena with a non-power-of-two capacity: every root is usable. */
+    p.capacity = 7 * 4096;
+    CHECK(cb_arena_new(&p, &a) == CB_OK);
+    size_t o[3];
+    CHECK(cb_arena_alloc(a, 4 * 4096, &o[0]) == CB_OK);
+    CHECK(cb_arena_alloc(a, 2 * 4096, &o[1]) == CB_OK);
+    CHECK(cb_arena_alloc(a, 4096, &o[2]) == CB_OK);
+    CHECK(cb_arena_alloc(a, 1, &off) == CB_STATUS_OUT_OF_MEMORY);
+    CHECK(cb_arena_check(a) == CB_OK);
+    for (int i = 0; i < 3; i++) CHECK(cb_arena_free_block(a, o[i]) == CB_OK);
+    cb_arena_stats(a, &s0);
+    CHECK(s0.n_roots == 3 && s0.n_free_blocks == 3 && s0.largest_free == 4 * 4096);
+    cb_arena_free(a);
+    /* Grow in place when the buddy is free; move with contents otherwise. */
+    p.capacity = 64 * 4096;
+    CHECK(cb_arena_new(&p, &a) == CB_OK);
+    CHECK(cb_arena_alloc(a, 4096, &off) == CB_OK);
+    CHECK(cb_arena_grow(a, off, 3 * 4096, &off2) == CB_OK && off2 == off);
+    size_t blocker;
+    CHECK(cb_arena_alloc(a, 4096, &blocker) == CB_OK && blocker == off + 3 * 4096);
+    memset(cb_arena_base(a) + off, 0x5a, 3 * 4096);
+    CHECK(cb_arena_grow(a, off, 4 * 4096, &off2) == CB_OK && off2 != off);
+    CHECK(cb_arena_base(a)[off2] == 0x5a && cb_arena_base(a)[off2 + 3 * 4096 - 1] == 0x5a);
+    CHECK(cb_arena_check(a) == CB_OK);
+    cb_arena_free(a);
+}
+
+static void kvcache(void) {
+    cb_arena_params p = cb_arena_default_params();
+    p.capacity = 4 << 20;
+    p.hugepages = CB_HUGEPAGES_OFF;
+    cb_arena_t *a = NULL;
+    CHECK(cb_arena_new(&p, &a) == CB_OK);
+    cb_kvcache_params kp = cb_kvcache_default_params();
+    cb_kvcache_t *kv = NULL;
+    CHECK(cb_kvcache_new(a, &kp, &kv) == CB_STATUS_INVALID_ARGUMENT);
+    kp.n_layers = 3;
+    kp.n_kv_heads = 2;
+    kp.head_dim = 8;
+    kp.dtype = CB_KV_F32;
+    kp.chunk_tokens = 4;
+    CHECK(cb_kvcache_new(a, &kp, &kv) == CB_OK);
+    size_t stride = cb_kvcache_token_stride(kv);
+    CHECK(stride == 3 * 2 * 2 * 8 * 4);
+    uint32_t s[4];
+    for (int i = 0; i < 4; i++) CHECK(cb_kvcache_seq_new(kv, &s[i]) == CB_OK);
+    CHECK(s[0] == 0 && s[3] == 3);
+    /* Write every token of every sequence as it grows, re-checking all earlier values. */
+    int bad = 0;
+    for (size_t t = 0; t < 160; t++) {
+        for (int q = 0; q < 4; q++) {
+            if (t >= (size_t)(40 * (q + 1))) continue;
+            CHECK(cb_kvcache_seq_reserve(kv, s[q], t + 1) == CB_OK);
+            for (uint32_t l = 0; l < 3; l++)
+                for (uint32_t k = 0; k < 2; k++) {
+                    float *f;
+                    CHECK(cb_kvcache_token_ptr(kv, s[q], t, l, k, (void **)&f) == CB_OK);
+                    for (int e = 0; e < 16; e++) f[e] = (float)(q * 100000 + t * 100 + l * 10 + k) + e * 0.25f;
+                }
+            CHECK(cb_kvcache_seq_set_len(kv, s[q], t + 1) == CB_OK);
+        }
+    }
+    size_t off, len, cap;
+    int has;
+    for (int q = 0; q < 4; q++) {
+        CHECK(cb_kvcache_seq_len(kv, s[q], &len) == CB_OK && len == (size_t)(40 * (q + 1)));
+        CHECK(cb_kvcache_seq_capacity(kv, s[q], &cap) == CB_OK && cap >= len && cap % 4 == 0);
+        CHECK(cb_kvcache_seq_offset(kv, s[q], &off, &has) == CB_OK && has);
+        const uint8_t *base = cb_arena_base(a);
+        for (size_t t = 0; t < len; t++)
+            for (uint32_t l = 0; l < 3; l++)
+                for (uint32_t k = 0; k < 2; k++) {
+                    const float *f = (const float *)(base + off + t * stride + (l * 2 + k) * 2 * 8 * 4);
+                    for (int e = 0; e < 16; e++)
+                        if (f[e] != (float)(q * 100000 + t * 100 + l * 10 + k) + e * 0.25f) bad++;
+                }
+    }
+    CHECK(bad == 0);
+    void *ptr;
+    CHECK(cb_kvcache_token_ptr(kv, s[0], cap + 1000, 0, 0, &ptr) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_kvcache_token_ptr(kv, s[0], 0, 3, 0, &ptr) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_kvcache_seq_set_len(kv, s[0], 1000) == CB_STATUS_INVALID_ARGUMENT);
+    cb_arena_stats_t st0, st1;
+    cb_arena_stats(a, &st0);
+    CHECK(cb_kvcache_seq_reserve(kv, s[0], 1 << 20) == CB_STATUS_OUT_OF_MEMORY);
+    cb_arena_stats(a, &st1);
+    CHECK(same_stats(&st0, &st1));
+    CHECK(cb_kvcache_seq_len(kv, s[0], &len) == CB_OK && len == 40);
+    CHECK(cb_kvcache_list(kv, NULL, 0) == 4);
+    CHECK(cb_kvcache_seq_free(kv, s[1]) == CB_OK);
+    CHECK(cb_kvcache_seq_free(kv, s[1]) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_kvcache_list(kv, NULL, 0) == 3);
+    CHECK(cb_arena_check(a) == CB_OK);
+    cb_kvcache_free(kv);
+    cb_arena_stats(a, &st1);
+    CHECK(st1.used == 0 && st1.n_blocks == 0);
+    cb_arena_free(a);
+}
+
+int main(void) {
+    random_ops(1 << 20, 4096, 1, 3000);
+    random_ops(1 << 20, 4096, 0, 3000);
+    random_ops(13 * 4096 * 5 + 100, 4096, 1, 3000);
+    random_ops(100 * 64 + 1, 64, 1, 2000);
+    error_paths();
+    kvcache();
+    TEST_MAIN_END("test_arena");
+}
