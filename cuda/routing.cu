@@ -15,7 +15,8 @@
  *   - tile_expert[i]: the expert owning GEMM row-tile i (rows [i*tile, (i+1)*tile)), -1 for
  *     tiles past the end, so the GEMM grid can be sized on the host from the capacity alone;
  *   - sel_offset[t*k + j]: the byte offset of the selected expert in the expert pool, from
- *     the per-expert slot table slot_offset[e] (-1 = not resident, an error).
+ *     the per-expert slot table slot_offset[e] (-1 = not resident, an error); without a
+ *     table (NULL) every sel_offset is -1 and residency is not checked.
  *
  * Launch: ONE block (grid 1), blockDim a multiple of 32 up to 1024 (colibri uses 1024).
  * A single block is what makes the counting, the prefix sum and the stable placement
@@ -95,8 +96,11 @@ extern "C" __global__ void __launch_bounds__(1024) cb_route_topk(
             pair_pos[(size_t)t * k + j] = -1;
             if (e >= 0) {
                 atomicAdd(&s_count[e], 1);
-                if (slot_offset != nullptr) off = slot_offset[e];
-                if (off < 0) cb_kernel_fail(err, CB_KERR_NOT_RESIDENT, __LINE__, CB_FILE_ID, e);
+                if (slot_offset != nullptr) {
+                    off = slot_offset[e];
+                    if (off < 0)
+                        cb_kernel_fail(err, CB_KERR_NOT_RESIDENT, __LINE__, CB_FILE_ID, e);
+                }
             }
             sel_offset[(size_t)t * k + j] = off;
         }

@@ -1,0 +1,526 @@
+"""colibri.cuda: the MoE routing and expert kernels on an NVIDIA GPU, through PyCUDA.
+
+Importing this module never fails for lack of a GPU: :func:`available` says whether PyCUDA
+and a CUDA device are usable (and :func:`unavailable_reason` why not); everything that needs
+the device raises :class:`colibri.ColibriError` with that reason otherwise.
+
+* :class:`CudaRuntime` (one per device, :func:`get_runtime` keeps a default one): compiles
+  ``cuda/routing.cu`` and ``cuda/moe_gemm.cu`` with ``pycuda.compiler`` for the device's own
+  architecture (``-arch=sm_XY`` from its compute capability) once, caching the cubins in
+  ``~/.cache/colibri/cuda/<hash>_<file>_sm_XY.cubin`` (``COLIBRI_CUDA_CACHE`` overrides the
+  folder; the hash covers every source, the options and the architecture).
+* :meth:`CudaRuntime.route`: the fused routing kernel -> :class:`Routing` (device buffers).
+* :meth:`CudaRuntime.upload_pool` -> :class:`DevicePool`: the expert pool (layout in
+  ``colibri._cuda_ref`` and docs/ARCHITECTURE.md) copied to the device; the host bytes stay
+  owned by the caller (the expert store), which can pin them with
+  :meth:`CudaRuntime.pin_host_memory` (``cuMemHostRegister``) for fast asynchronous copies.
+* :meth:`CudaRuntime.moe_ffn`: the grouped expert FFN for a routed batch.
+
+Every launch goes through :meth:`CudaRuntime._launch`, which turns a driver error into a
+ColibriError naming the kernel and its grid; every kernel also reports bad input in a small
+device error record (cuda/common.cuh) that is read back after the batch and raised with the
+source file, line and statement.
+
+Threading: the runtime pushes the device's primary context on the thread that creates it;
+use it from that thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from colibri import _cuda_ref as ref
+from colibri._cuda_ref import (
+    ExpertLayout,
+    build_pool,
+    dequantize_int4_g128,
+    moe_ffn_reference,
+    quantize_int4_g128,
+    route_reference,
+    routing_capacity,
+)
+from colibri.errors import ColibriError
+
+__all__ = [
+    "CudaRuntime",
+    "DevicePool",
+    "ExpertLayout",
+    "Routing",
+    "available",
+    "build_pool",
+    "dequantize_int4_g128",
+    "get_runtime",
+    "kernel_dir",
+    "moe_ffn",
+    "moe_ffn_reference",
+    "pin_host_memory",
+    "quantize_int4_g128",
+    "route",
+    "route_reference",
+    "routing_capacity",
+    "unavailable_reason",
+]
+
+NVCC_OPTIONS = ["-std=c++17", "-O3"]
+MODULES = ("routing", "moe_gemm")
+ROUTE_THREADS = 1024
+MAX_EXPERTS = 1024  # CB_ROUTE_MAX_EXPERTS in cuda/routing_logic.h
+MAX_K = 32  # CB_ROUTE_MAX_K
+TILES = (16, 64)  # the GEMM row tiles (m16 and m64 kernels)
+# tile -> (columns per block, threads per block) of the GEMM kernels in cuda/moe_gemm.cu
+GEMM_CONFIG = {16: (64, 128), 64: (128, 256)}
+COMBINE_THREADS = 256
+
+# PyCUDA "prepared" argument types of every kernel: P pointer, i int32, f float32. They must
+# follow the C parameter lists; tests/test_cuda_sources.py checks them against the .cu files.
+_GEMM_SIG = "PPPPPP" + "iiii" + "PPP"
+KERNELS: dict[str, tuple[str, str]] = {
+    "cb_route_topk": ("routing", "P" + "iiii" + "P" + "if" + "ii" + "P" * 11),
+    "cb_moe_combine": ("moe_gemm", "PP" + "iii" + "PP"),
+    **{
+        f"cb_moe_{part}_{w}_m{t}": ("moe_gemm", _GEMM_SIG)
+        for part in ("gate_up", "down")
+        for w in ("f16", "i4")
+        for t in TILES
+    },
+}
+
+# The device error record (cuda/common.cuh): err[0] code, err[1] line, err[2] file id, err[3] value.
+_KERR_NAMES = {
+    1: "routing arguments out of range",
+    2: "a router logit or bias is NaN or infinite",
+    3: "the sorted token list does not fit its capacity",
+    4: "a routed expert is not resident in the expert pool",
+    5: "a GEMM dimension is not supported",
+}
+_FILE_IDS = {1: "routing.cu", 2: "moe_gemm.cu"}
+
+
+def kernel_dir() -> Path:
+    """The folder holding the .cu sources: ``COLIBRI_CUDA_DIR`` or ``cuda/`` beside the
+    package (a source checkout)."""
+    env = os.environ.get("COLIBRI_CUDA_DIR")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "cuda"
+
+
+def _import_pycuda() -> Any:
+    """pycuda.driver, initialised, or ColibriError saying what is missing."""
+    try:
+        import pycuda.driver as drv
+    except ImportError as e:
+        raise ColibriError(
+            "PyCUDA not installed (or its CUDA driver library is missing): "
+            f"pip install 'colibri[cuda]' on a machine with the CUDA toolkit ({e})"
+        ) from e
+    try:
+        drv.init()
+        n = drv.Device.count()
+    except Exception as e:  # pycuda.driver.Error and friends
+        raise ColibriError(f"no CUDA device: the CUDA driver failed to initialise ({e})") from e
+    if n == 0:
+        raise ColibriError("no CUDA device present")
+    return drv
+
+
+def unavailable_reason() -> str | None:
+    """None when PyCUDA and a CUDA device are usable, else why not. Never raises."""
+    try:
+        _import_pycuda()
+    except ColibriError as e:
+        return str(e)
+    except Exception as e:  # anything odd in a half-installed PyCUDA
+        return f"PyCUDA unusable: {e!r}"
+    return None
+
+
+def available() -> bool:
+    """True when PyCUDA and a CUDA device are usable. Never raises."""
+    return unavailable_reason() is None
+
+
+def _cache_dir() -> Path:
+    env = os.environ.get("COLIBRI_CUDA_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "colibri" / "cuda"
+
+
+def _sources_digest(arch: str) -> str:
+    h = hashlib.sha256()
+    for p in sorted(kernel_dir().glob("*")):
+        if p.suffix in (".cu", ".cuh", ".h"):
+            h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    h.update(" ".join(NVCC_OPTIONS + [arch]).encode())
+    return h.hexdigest()[:20]
+
+
+def compile_cubin(module: str, arch: str, cache_dir: Path | None = None) -> bytes:
+    """The cubin of cuda/<module>.cu for ``arch`` (e.g. "sm_90"): from the disk cache, or
+    compiled with pycuda.compiler (nvcc) and cached (written atomically)."""
+    if module not in MODULES:
+        raise ValueError(f"unknown CUDA module {module!r}; known: {MODULES}")
+    if not re.fullmatch(r"sm_\d+a?", arch):
+        raise ValueError(f"arch must look like sm_90, got {arch!r}")
+    src = kernel_dir() / f"{module}.cu"
+    if not src.is_file():
+        raise ColibriError(f"CUDA source {src} not found (set COLIBRI_CUDA_DIR)")
+    folder = cache_dir if cache_dir is not None else _cache_dir()
+    path = folder / f"{_sources_digest(arch)}_{module}_{arch}.cubin"
+    if path.is_file():
+        return path.read_bytes()
+    from pycuda import compiler
+
+    try:
+        cubin: bytes = compiler.compile(
+            src.read_text(),
+            options=list(NVCC_OPTIONS),
+            no_extern_c=True,
+            arch=arch,
+            cache_dir=False,
+            include_dirs=[str(kernel_dir())],
+        )
+    except Exception as e:
+        raise ColibriError(f"nvcc failed on cuda/{module}.cu for {arch}: {e}") from e
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(cubin)
+    os.replace(tmp, path)
+    return cubin
+
+
+def _ptr(a: Any) -> int:
+    """A device pointer as an int for a "P" argument: GPUArray, DeviceAllocation or None."""
+    if a is None:
+        return 0
+    return int(a.gpudata) if hasattr(a, "gpudata") else int(a)
+
+
+def _source_line(file_id: int, line: int) -> str:
+    name = _FILE_IDS.get(file_id, "?")
+    try:
+        text = (kernel_dir() / name).read_text().splitlines()[line - 1].strip()
+    except (OSError, IndexError):
+        text = "?"
+    return f"cuda/{name}:{line}: {text}"
+
+
+@dataclass
+class Routing:
+    """The routing of a batch, in device memory (pycuda GPUArrays), as cb_route_topk wrote it.
+
+    ``arrays``: topk_ids [T*k] int32, topk_w [T*k] float32, sel_offset [T*k] int64, counts [E],
+    seg_offset [E+1], sorted_token [cap], sorted_weight [cap], pair_pos [T*k], tile_expert
+    [cap/tile] (int32 unless said), err [4] int32.
+    """
+
+    n_tokens: int
+    k: int
+    n_experts: int
+    tile: int
+    cap: int
+    arrays: dict[str, Any] = field(repr=False)
+    inputs: list[Any] = field(default_factory=list, repr=False)  # kept alive with the outputs
+
+    def to_host(self) -> dict[str, np.ndarray]:
+        """Every array copied back (synchronously), ids/weights reshaped to [T, k]."""
+        out = {name: a.get() for name, a in self.arrays.items()}
+        for name in ("topk_ids", "topk_w", "sel_offset", "pair_pos"):
+            out[name] = out[name].reshape(self.n_tokens, self.k)
+        return out
+
+
+@dataclass
+class DevicePool:
+    """An expert pool in device memory: ``buffer`` (pycuda DeviceAllocation, owned),
+    ``offsets`` (GPUArray int64 [n_experts], byte offset of each expert's slot, -1 = absent)."""
+
+    layout: ExpertLayout
+    n_experts: int
+    nbytes: int
+    buffer: Any = field(repr=False)
+    offsets: Any = field(repr=False)
+
+
+@dataclass
+class Workspace:
+    """Scratch and output buffers of one moe_ffn launch sequence: h [cap, F] fp16, z [cap, D]
+    float32, out [T, D] float32, err [4] int32 (GPUArrays)."""
+
+    h: Any
+    z: Any
+    out: Any
+    err: Any
+
+
+class CudaRuntime:
+    """One CUDA device with colibri's kernels loaded (see the module docstring)."""
+
+    def __init__(self, device: int = 0, cache_dir: Path | None = None) -> None:
+        drv = _import_pycuda()
+        from pycuda import gpuarray
+
+        self._drv = drv
+        self._gpuarray = gpuarray
+        if not 0 <= device < drv.Device.count():
+            raise ValueError(f"CUDA device {device} does not exist ({drv.Device.count()} present)")
+        self.device = drv.Device(device)
+        self.name: str = self.device.name()
+        cc = self.device.compute_capability()
+        if tuple(cc) < (7, 0):
+            raise ColibriError(f"{self.name} (sm_{cc[0]}{cc[1]}) has no tensor cores (WMMA needs sm_70+)")
+        self.arch = f"sm_{cc[0]}{cc[1]}"
+        self._context = self.device.retain_primary_context()
+        self._context.push()
+        self._pushed = True
+        atexit.register(self.close)
+        modules = {m: drv.module_from_buffer(compile_cubin(m, self.arch, cache_dir)) for m in MODULES}
+        self._fn: dict[str, Any] = {}
+        for name, (module, sig) in KERNELS.items():
+            fn = modules[module].get_function(name)
+            fn.prepare(sig)
+            self._fn[name] = fn
+        self._modules = modules
+
+    def close(self) -> None:
+        """Pop the context this runtime pushed (idempotent)."""
+        if getattr(self, "_pushed", False):
+            self._pushed = False
+            try:
+                self._context.pop()
+            except Exception:  # interpreter shutdown: nothing left to release
+                pass
+
+    # ---------------------------------------------------------------- helpers
+    def _launch(self, name: str, grid: tuple[int, int], block: int, args: list[Any],
+                stream: Any = None) -> None:
+        """Launch a prepared kernel; a driver error becomes a ColibriError naming it."""
+        try:
+            self._fn[name].prepared_async_call(grid + (1,), (block, 1, 1), stream, *args)
+        except Exception as e:
+            caller = sys._getframe(1)
+            raise ColibriError(
+                f"{name}<<<{grid}, {block}>>> failed at {caller.f_code.co_filename}:"
+                f"{caller.f_lineno}: {e}"
+            ) from e
+
+    def _check_err(self, err: Any, what: str) -> None:
+        rec = err.get()
+        if rec[0] != 0:
+            raise ColibriError(
+                f"{what}: {_KERR_NAMES.get(int(rec[0]), f'kernel error {rec[0]}')} "
+                f"(value {int(rec[3])}) at {_source_line(int(rec[2]), int(rec[1]))}"
+            )
+
+    def to_gpu(self, a: np.ndarray) -> Any:
+        return self._gpuarray.to_gpu(np.ascontiguousarray(a))
+
+    def synchronize(self) -> None:
+        self._context.synchronize()
+
+    def pin_host_memory(self, array: np.ndarray) -> np.ndarray:
+        """Page-lock host memory owned elsewhere (e.g. the expert store's slots) with
+        cuMemHostRegister; returns a view of it whose ``.base.unregister()`` undoes that
+        (call it before the owner frees the memory). ``array`` must be C-contiguous."""
+        if not array.flags.c_contiguous:
+            raise ValueError("pin_host_memory needs a C-contiguous array")
+        try:
+            pinned: np.ndarray = self._drv.register_host_memory(array, flags=0)
+        except Exception as e:
+            raise ColibriError(f"cuMemHostRegister of {array.nbytes} bytes failed: {e}") from e
+        return pinned
+
+    # ---------------------------------------------------------------- routing
+    def route(
+        self,
+        logits: np.ndarray,
+        k: int,
+        gating: str = "softmax",
+        bias: np.ndarray | None = None,
+        renorm: bool = False,
+        scale: float = 1.0,
+        tile: int | None = None,
+        slot_offset: np.ndarray | None = None,
+        check: bool = True,
+    ) -> Routing:
+        """Route ``logits`` [n_tokens, n_experts] (float32) with the fused kernel.
+
+        ``tile`` (16 or 64) is the GEMM row tile the segments are padded to; None picks 64
+        when the batch averages at least 32 rows per expert, else 16. ``slot_offset`` (int64
+        [n_experts], pool byte offsets, -1 = absent) fills ``sel_offset`` and checks that every
+        routed expert is resident. With ``check`` the device error record is read (one sync).
+        """
+        lg = np.ascontiguousarray(logits, dtype=np.float32)
+        if lg.ndim != 2 or lg.shape[0] < 1:
+            raise ValueError(f"logits must be [n_tokens >= 1, n_experts], got shape {lg.shape}")
+        n_tokens, n_experts = lg.shape
+        if not 1 <= n_experts <= MAX_EXPERTS:
+            raise ValueError(f"n_experts={n_experts} must be in [1, {MAX_EXPERTS}]")
+        if not 1 <= k <= min(n_experts, MAX_K):
+            raise ValueError(f"k={k} must be in [1, {min(n_experts, MAX_K)}]")
+        if gating not in ref.GATINGS:
+            raise ValueError(f"gating must be one of {sorted(ref.GATINGS)}, got {gating!r}")
+        if not np.isfinite(lg).all():
+            raise ValueError("router logits contain NaN or infinite values")
+        if not np.isfinite(scale):
+            raise ValueError(f"scale must be finite, got {scale}")
+        if tile is None:
+            tile = 64 if n_tokens * k >= 32 * n_experts else 16
+        if tile not in TILES:
+            raise ValueError(f"tile must be one of {TILES}, got {tile}")
+        if n_tokens * k + n_experts * tile >= 2**31:
+            raise ValueError(f"batch of {n_tokens} tokens is too large for int32 row indices")
+        cap = routing_capacity(n_tokens, k, n_experts, tile)
+        ga = self._gpuarray
+        bias_gpu = None
+        if bias is not None:
+            b = np.ascontiguousarray(bias, dtype=np.float32)
+            if b.shape != (n_experts,) or not np.isfinite(b).all():
+                raise ValueError(f"bias must be {n_experts} finite floats, got shape {b.shape}")
+            bias_gpu = self.to_gpu(b)
+        slot_gpu = None
+        if slot_offset is not None:
+            so = np.ascontiguousarray(slot_offset, dtype=np.int64)
+            if so.shape != (n_experts,):
+                raise ValueError(f"slot_offset must have shape ({n_experts},), got {so.shape}")
+            slot_gpu = self.to_gpu(so)
+        pairs = n_tokens * k
+        arrays = {
+            "topk_ids": ga.empty(pairs, np.int32),
+            "topk_w": ga.empty(pairs, np.float32),
+            "sel_offset": ga.empty(pairs, np.int64),
+            "counts": ga.empty(n_experts, np.int32),
+            "seg_offset": ga.empty(n_experts + 1, np.int32),
+            "sorted_token": ga.empty(cap, np.int32),
+            "sorted_weight": ga.empty(cap, np.float32),
+            "pair_pos": ga.empty(pairs, np.int32),
+            "tile_expert": ga.empty(cap // tile, np.int32),
+            "err": ga.zeros(4, np.int32),
+        }
+        lg_gpu = self.to_gpu(lg)
+        r = Routing(n_tokens, k, n_experts, tile, cap, arrays, [lg_gpu, bias_gpu, slot_gpu])
+        self.route_launch(lg_gpu, r, ref.GATINGS[gating], bias_gpu, renorm, scale, slot_gpu)
+        if check:
+            self._check_err(arrays["err"], "cb_route_topk")
+        return r
+
+    def route_launch(self, logits_gpu: Any, r: Routing, gating: int, bias_gpu: Any,
+                     renorm: bool, scale: float, slot_gpu: Any, stream: Any = None) -> None:
+        """Launch cb_route_topk into the buffers of ``r`` (no checks, no sync)."""
+        a = r.arrays
+        self._launch(
+            "cb_route_topk", (1, 1), ROUTE_THREADS,
+            [_ptr(logits_gpu), r.n_tokens, r.n_experts, r.k, gating,
+             _ptr(bias_gpu), int(bool(renorm)), float(scale),
+             r.tile, r.cap, _ptr(slot_gpu),
+             _ptr(a["topk_ids"]), _ptr(a["topk_w"]), _ptr(a["sel_offset"]),
+             _ptr(a["counts"]), _ptr(a["seg_offset"]), _ptr(a["sorted_token"]),
+             _ptr(a["sorted_weight"]), _ptr(a["pair_pos"]), _ptr(a["tile_expert"]),
+             _ptr(a["err"])],
+            stream,
+        )
+
+    # ---------------------------------------------------------------- experts
+    def upload_pool(self, pool: np.ndarray, offsets: np.ndarray, layout: ExpertLayout) -> DevicePool:
+        """Copy an expert pool (uint8 host bytes, pinned or not; still owned by the caller) to
+        the device. ``offsets[e]``: byte offset of expert e's slot, or -1 if absent."""
+        buf = np.ascontiguousarray(pool).view(np.uint8).ravel()
+        off = np.ascontiguousarray(offsets, dtype=np.int64)
+        if off.ndim != 1 or off.size < 1:
+            raise ValueError(f"offsets must be a non-empty 1-D array, got shape {off.shape}")
+        need = 3 * layout.matrix_bytes
+        present = off[off >= 0]
+        if (off < -1).any() or (present % 16).any() or (present + need > buf.size).any():
+            raise ValueError(
+                f"expert offsets must be -1 or 16-byte aligned slots of {need} bytes inside the "
+                f"{buf.size}-byte pool"
+            )
+        dev = self._drv.mem_alloc(max(buf.size, 1))
+        self._drv.memcpy_htod(dev, buf)
+        return DevicePool(layout, off.size, buf.size, dev, self.to_gpu(off))
+
+    def upload_experts(self, experts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+                       layout: ExpertLayout) -> DevicePool:
+        """Pack (gate, up, down) float weights per expert into a pool and upload it."""
+        pool, offsets = build_pool(experts, layout)
+        return self.upload_pool(pool, offsets, layout)
+
+    def workspace(self, routing: Routing, layout: ExpertLayout) -> Workspace:
+        ga = self._gpuarray
+        return Workspace(
+            h=ga.empty(routing.cap * layout.ffn, np.float16),
+            z=ga.empty(routing.cap * layout.hidden, np.float32),
+            out=ga.empty(routing.n_tokens * layout.hidden, np.float32),
+            err=ga.zeros(4, np.int32),
+        )
+
+    def moe_ffn_launch(self, x_gpu: Any, pool: DevicePool, routing: Routing, act: int,
+                       ws: Workspace, stream: Any = None) -> None:
+        """Launch gate/up, down and combine for a routed batch (no checks, no sync):
+        ws.out [T, D] float32 receives the weighted sum of each token's experts."""
+        lay, r, a = pool.layout, routing, routing.arrays
+        w = "i4" if lay.fmt == "int4-g128" else "f16"
+        bn, threads = GEMM_CONFIG[r.tile]
+        tiles = r.cap // r.tile
+        common = [_ptr(a["sorted_token"]), _ptr(a["sorted_weight"]), _ptr(a["tile_expert"]),
+                  _ptr(pool.buffer), _ptr(pool.offsets), pool.n_experts]
+        self._launch(f"cb_moe_gate_up_{w}_m{r.tile}", (tiles, -(-lay.ffn // bn)), threads,
+                     [_ptr(x_gpu), *common, lay.hidden, lay.ffn, act, _ptr(ws.h), 0,
+                      _ptr(ws.err)], stream)
+        self._launch(f"cb_moe_down_{w}_m{r.tile}", (tiles, -(-lay.hidden // bn)), threads,
+                     [_ptr(ws.h), *common, lay.ffn, lay.hidden, act, 0, _ptr(ws.z),
+                      _ptr(ws.err)], stream)
+        self._launch("cb_moe_combine", (r.n_tokens, 1), COMBINE_THREADS,
+                     [_ptr(ws.z), _ptr(a["pair_pos"]), r.n_tokens, r.k, lay.hidden,
+                      _ptr(ws.out), _ptr(ws.err)], stream)
+
+    def moe_ffn(self, x: np.ndarray, pool: DevicePool, routing: Routing,
+                activation: str = "silu") -> np.ndarray:
+        """The grouped expert FFN: out [T, D] float32 = sum_j w[t, j] * expert_{id[t, j]}(x[t])
+        for x [T, D] (converted to fp16), the experts in ``pool``, routed by ``routing``."""
+        xh = np.ascontiguousarray(x, dtype=np.float16)
+        lay = pool.layout
+        if xh.shape != (routing.n_tokens, lay.hidden):
+            raise ValueError(f"x must have shape ({routing.n_tokens}, {lay.hidden}), got {xh.shape}")
+        if routing.n_experts != pool.n_experts:
+            raise ValueError(f"routing has {routing.n_experts} experts, the pool {pool.n_experts}")
+        if activation not in ref.ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ref.ACTIVATIONS)}, got {activation!r}")
+        ws = self.workspace(routing, lay)
+        self.moe_ffn_launch(self.to_gpu(xh), pool, routing, ref.ACTIVATIONS[activation], ws)
+        out: np.ndarray = ws.out.get().reshape(routing.n_tokens, lay.hidden)
+        self._check_err(ws.err, "moe_ffn")
+        return out
+
+
+_runtimes: dict[int, CudaRuntime] = {}
+
+
+def get_runtime(device: int = 0) -> CudaRuntime:
+    """The process's runtime for ``device`` (created on first use)."""
+    if device not in _runtimes:
+        _runtimes[device] = CudaRuntime(device)
+    return _runtimes[device]
+
+
+def route(logits: np.ndarray, k: int, gating: str = "softmax", bias: np.ndarray | None = None,
+          renorm: bool = False, scale: float = 1.0, tile: int | None = None,
+          slot_offset: np.ndarray | None = None) -> Routing:
+    """:meth:`CudaRuntime.route` on the default runtime."""
+    return get_runtime().route(logits, k, gating, bias, renorm, scale, tile, slot_offset)
+
+
+def moe_ffn(x: np.ndarray, pool: DevicePool, routing: Routing, activation: str = "silu") -> np.ndarray:
+    """:meth:`CudaRuntime.moe_ffn` on the default runtime."""
+    return get_runtime().moe_ffn(x, pool, routing, activation)
+
+
+def pin_host_memory(array: np.ndarray) -> np.ndarray:
+    """:meth:`CudaRuntime.pin_host_memory` on the default runtime."""
+    return get_runtime().pin_host_memory(array)

@@ -1,0 +1,163 @@
+"""cuda/routing_logic.h (the routing math shared by the CUDA kernel and the CPU router),
+compiled with gcc into a small shared object and called through ctypes, against the float64
+NumPy reference colibri._cuda_ref.route_reference; and the grouping reference (what the
+routing kernel writes besides ids and weights) against an independent formulation."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from colibri._cuda_ref import group_reference, route_reference, routing_capacity
+
+ROOT = Path(__file__).resolve().parent.parent
+WRAPPER = r"""
+#include "routing_logic.h"
+int route_rows(const float *logits, int n_tokens, int n_experts, int k, int gating,
+               const float *bias, int renorm, float scale, int *ids, float *weights) {
+    int bad = 0;
+    for (int t = 0; t < n_tokens; t++)
+        if (cb_route_token(logits + (long)t * n_experts, n_experts, k, gating, bias, renorm,
+                           scale, ids + (long)t * k, weights + (long)t * k) != CB_ROUTE_OK)
+            bad++;
+    return bad;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    cc = shutil.which("gcc") or shutil.which("cc")
+    assert cc, "a C compiler is needed to build the routing logic test library"
+    d = tmp_path_factory.mktemp("routing_logic")
+    (d / "wrap.c").write_text(WRAPPER)
+    so = d / "librouting.so"
+    subprocess.run(
+        [cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
+         f"-I{ROOT / 'cuda'}", "-o", str(so), str(d / "wrap.c"), "-lm"],
+        check=True,
+    )
+    lib = ctypes.CDLL(str(so))
+    fp = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
+    ip = np.ctypeslib.ndpointer(np.int32, flags="C_CONTIGUOUS")
+    lib.route_rows.argtypes = [fp, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                               ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ip, fp]
+    lib.route_rows.restype = ctypes.c_int
+    return lib
+
+
+def c_route(lib, logits, k, gating, bias, renorm, scale):
+    logits = np.ascontiguousarray(logits, dtype=np.float32)
+    t, e = logits.shape
+    ids = np.empty((t, k), np.int32)
+    w = np.empty((t, k), np.float32)
+    b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+    bad = lib.route_rows(logits, t, e, k, {"softmax": 0, "sigmoid": 1}[gating],
+                         None if b is None else b.ctypes.data, int(renorm), scale, ids, w)
+    return bad, ids, w
+
+
+def separated_logits(rng, t, e, gap=1e-3):
+    """Random logits whose selection values are pairwise at least `gap` apart in logit space
+    (a shuffled grid plus small noise), so float32 and float64 agree on the order."""
+    base = np.arange(e, dtype=np.float64) * (8.0 / e)
+    rows = [rng.permutation(base) for _ in range(t)]
+    return (np.array(rows) - 4.0 + rng.uniform(0, 0.25 * 8.0 / e, (t, e))).astype(np.float32)
+
+
+@pytest.mark.parametrize("gating", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("use_bias", [False, True])
+@pytest.mark.parametrize("renorm", [False, True])
+@pytest.mark.parametrize("e,k", [(8, 2), (64, 6), (128, 8), (256, 8), (16, 16)])
+def test_matches_numpy(lib, gating, use_bias, renorm, e, k):
+    rng = np.random.default_rng(e * 100 + k + 7 * use_bias + 13 * renorm)
+    logits = separated_logits(rng, 50, e)
+    # A bias that reorders experts but keeps selection values separated: multiples of a step
+    # larger than any score difference it could collide with.
+    bias = (rng.integers(-3, 4, e) * 0.37).astype(np.float32) if use_bias else None
+    scale = 2.5 if renorm else 1.0
+    bad, ids, w = c_route(lib, logits, k, gating, bias, renorm, scale)
+    rids, rw = route_reference(logits, k, gating, bias, renorm, scale)
+    assert bad == 0
+    np.testing.assert_array_equal(ids, rids)
+    np.testing.assert_allclose(w, rw, rtol=3e-6, atol=1e-9)
+
+
+def test_ties_go_to_lower_id(lib):
+    logits = np.zeros((3, 10), np.float32)
+    logits[1, [2, 7]] = 1.0
+    logits[2] = [0, 5, 0, 5, 0, 5, 0, 5, 0, 5]
+    bad, ids, _ = c_route(lib, logits, 3, "softmax", None, False, 1.0)
+    rids, _ = route_reference(logits, 3, "softmax")
+    assert bad == 0
+    np.testing.assert_array_equal(ids, rids)
+    assert ids.tolist() == [[0, 1, 2], [2, 7, 0], [1, 3, 5]]
+
+
+def test_bias_selects_but_does_not_weight(lib):
+    logits = np.array([[2.0, 1.0, 0.0, -1.0]], np.float32)
+    bias = np.array([0.0, 0.0, 0.0, 5.0], np.float32)
+    bad, ids, w = c_route(lib, logits, 2, "sigmoid", bias, False, 1.0)
+    assert bad == 0 and ids.tolist() == [[3, 0]]
+    np.testing.assert_allclose(w[0], 1 / (1 + np.exp(-np.array([-1.0, 2.0]))), rtol=1e-6)
+
+
+def test_rejects_nonfinite(lib):
+    logits = np.array([[0.0, np.nan, 1.0], [0.0, 1.0, 2.0]], np.float32)
+    bad, ids, w = c_route(lib, logits, 2, "softmax", None, False, 1.0)
+    assert bad == 1
+    assert ids[0].tolist() == [-1, -1] and w[0].tolist() == [0.0, 0.0]
+    assert ids[1].tolist() == [2, 1]
+
+
+def independent_grouping(ids, weights, n_experts, tile):
+    """Sort the (expert, token) pairs with lexsort and lay the segments out."""
+    t, k = ids.shape
+    flat_e = ids.ravel()
+    flat_t = np.repeat(np.arange(t), k)
+    order = np.lexsort((flat_t, flat_e))
+    rows = []
+    for e in range(n_experts):
+        sel = order[flat_e[order] == e]
+        rows.extend(int(i) for i in sel)
+        rows.extend([-1] * ((-len(sel)) % tile))
+    return rows
+
+
+@pytest.mark.parametrize("tile", [16, 64])
+def test_group_reference(tile):
+    rng = np.random.default_rng(tile)
+    n_tokens, n_experts, k = 37, 12, 3
+    ids, w = route_reference(rng.normal(size=(n_tokens, n_experts)), k, "softmax")
+    g = group_reference(ids, w, n_experts, tile)
+    cap = routing_capacity(n_tokens, k, n_experts, tile)
+    rows = independent_grouping(ids, w, n_experts, tile)
+    assert len(rows) <= cap and cap % tile == 0
+    expect_tok = [r // k if r >= 0 else -1 for r in rows] + [-1] * (cap - len(rows))
+    assert g["sorted_token"].tolist() == expect_tok
+    flat_w = w.ravel()
+    np.testing.assert_array_equal(
+        g["sorted_weight"], [flat_w[r] if r >= 0 else 0.0 for r in rows] + [0.0] * (cap - len(rows))
+    )
+    for row, r in enumerate(rows):
+        if r >= 0:
+            assert g["pair_pos"][r] == row
+    np.testing.assert_array_equal(g["counts"], np.bincount(ids.ravel(), minlength=n_experts))
+    assert g["seg_offset"][-1] == len(rows)
+    for i, e in enumerate(g["tile_expert"]):
+        if i * tile < len(rows):
+            seg = g["seg_offset"]
+            assert seg[e] <= i * tile < seg[e + 1]
+        else:
+            assert e == -1
+
+
+def test_capacity_bounds_worst_case():
+    # Every pair on a different expert: each needs a full tile.
+    assert routing_capacity(1, 8, 128, 16) >= 8 * 16
+    assert routing_capacity(1024, 8, 128, 64) >= 1024 * 8 + 128 * 63
