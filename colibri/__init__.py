@@ -2,7 +2,8 @@
 
 from colibri.errors import ColibriError
 from colibri.gguf import GGUFError, GGUFFile
+from colibri.kv import KVArena, KVCache
 
 __version__ = "0.1.0"
 
-__all__ = ["ColibriError", "GGUFError", "GGUFFile", "__version__"]
+__all__ = ["ColibriError", "GGUFError", "GGUFFile", "KVArena", "KVCache", "__version__"]

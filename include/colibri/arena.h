@@ -91,7 +91,6 @@ typedef struct cb_arena_stats {
     size_t mapped;        /* bytes mapped (>= capacity: hugetlb rounds to 2 MiB) */
     int exact;
     int locked;           /* mlock succeeded */
-    int closed;
     const char *backing;      /* "hugetlb", "thp", "pages", "shm" or "shm+thp"; static */
     const char *backing_note; /* why a fallback happened, "" when none; valid while the arena lives */
 } cb_arena_stats_t;
@@ -146,7 +145,7 @@ cb_status cb_arena_stats(cb_arena_t *a, cb_arena_stats_t *s);
  * equal to a recount, used + free == capacity. CB_STATUS_INTERNAL naming the first broken one. */
 cb_status cb_arena_check(cb_arena_t *a);
 
-/* Base address of the region (borrowed; NULL once closed and unpinned). */
+/* Base address of the region (borrowed; NULL once closed, even while views pin it). */
 uint8_t *cb_arena_base(const cb_arena_t *a);
 
 /* ------------------------------------------------------------------------------------------
