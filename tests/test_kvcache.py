@@ -1,0 +1,219 @@
+"""KVCache: the documented position-major layout checked against a numpy reference, K/V data
+surviving the growth (and moves) of its own and other sequences, failure leaving a sequence
+unchanged, memory returned on free, dtypes, close."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+from colibri import ColibriError, KVArena, KVCache
+
+L, H, D = 3, 2, 8
+
+
+def make(capacity: int = 1 << 20, dtype: object = "f32", **kw: object) -> tuple[KVArena, KVCache]:
+    arena = KVArena(capacity, min_block=256, hugepages="off")
+    return arena, KVCache(arena, L, H, D, dtype, **kw)
+
+
+def raw_block(kv: KVCache, seq: int, n_tokens: int) -> np.ndarray:
+    """The sequence's first n_tokens tokens as the documented layout [t][layer][K/V][head][dim]."""
+    off = kv.offset(seq)
+    assert off is not None
+    mv = kv.arena.view(off, n_tokens * kv.token_stride)
+    return np.frombuffer(mv, dtype=kv.dtype).reshape(n_tokens, L, 2, H, D)
+
+
+def test_layout_matches_the_documented_reference():
+    arena, kv = make()
+    itemsize = 4
+    assert kv.token_stride == L * 2 * H * D * itemsize
+    s = kv.new_sequence()
+    assert kv.offset(s) is None and kv.length(s) == 0 and kv.capacity(s) == 0
+    kv.reserve(s, 5)
+    kv.set_length(s, 5)
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((5, L, 2, H, D)).astype(np.float32)
+    for layer in range(L):
+        kv.keys(s, layer)[:] = ref[:, layer, 0]
+        kv.values(s, layer)[:] = ref[:, layer, 1]
+    assert np.array_equal(raw_block(kv, s, 5), ref)
+    base = kv.offset(s)
+    for t in range(5):
+        for layer in range(L):
+            for k in range(2):
+                assert kv.token_offset(s, t, layer, k) == (
+                    base + t * kv.token_stride + (layer * 2 + k) * H * D * itemsize)
+    k1 = kv.keys(s, 1)
+    assert k1.shape == (5, H, D) and k1.strides == (kv.token_stride, D * itemsize, itemsize)
+    assert k1.dtype == np.float32 and k1.flags.writeable
+
+
+def test_data_survives_growth_of_this_and_other_sequences():
+    # A small arena and interleaved growth force blocks to move.
+    arena, kv = make(capacity=96 * 1024, chunk_tokens=2)
+    seqs = [kv.new_sequence() for _ in range(3)]
+    target = {seqs[0]: 40, seqs[1]: 25, seqs[2]: 12}
+    ref = {s: np.zeros((target[s], L, 2, H, D), np.float32) for s in seqs}
+    rng = np.random.default_rng(1)
+    offsets_seen = {s: set() for s in seqs}
+    for t in range(max(target.values())):
+        for s in seqs:
+            if t >= target[s]:
+                continue
+            kv.reserve(s, t + 1)
+            kv.set_length(s, t + 1)
+            offsets_seen[s].add(kv.offset(s))
+            tok = rng.standard_normal((L, 2, H, D)).astype(np.float32)
+            ref[s][t] = tok
+            for layer in range(L):
+                kv.keys(s, layer)[t] = tok[layer, 0]
+                kv.values(s, layer)[t] = tok[layer, 1]
+            for q in seqs:  # every sequence still holds everything written so far
+                n = kv.length(q)
+                for layer in range(L):
+                    assert np.array_equal(kv.keys(q, layer), ref[q][:n, layer, 0])
+                    assert np.array_equal(kv.values(q, layer), ref[q][:n, layer, 1])
+    assert max(len(v) for v in offsets_seen.values()) > 1, "no block ever moved"
+    arena.check()
+
+
+def test_reserve_that_cannot_fit_leaves_the_sequence_unchanged():
+    arena, kv = make(capacity=64 * 1024, chunk_tokens=1)
+    s = kv.new_sequence()
+    kv.reserve(s, 10)
+    kv.set_length(s, 10)
+    kv.keys(s, 2)[:] = 7.5
+    before = (kv.length(s), kv.capacity(s), kv.offset(s), arena.stats())
+    with pytest.raises(MemoryError, match=f"sequence {s}"):
+        kv.reserve(s, 10_000)
+    assert (kv.length(s), kv.capacity(s), kv.offset(s), arena.stats()) == before
+    assert np.all(kv.keys(s, 2) == 7.5)
+    kv.reserve(s, 10)  # no-op
+    assert kv.capacity(s) == before[1]
+
+
+def test_free_returns_memory_and_ids():
+    arena, kv = make()
+    s1, s2 = kv.new_sequence(), kv.new_sequence()
+    kv.reserve(s1, 100)
+    kv.reserve(s2, 30)
+    assert kv.sequences() == [s1, s2]
+    assert arena.stats()["used"] >= 130 * kv.token_stride
+    kv.free_sequence(s1)
+    assert kv.sequences() == [s2]
+    assert arena.stats()["n_blocks"] == 1
+    with pytest.raises(ValueError, match="not live"):
+        kv.free_sequence(s1)
+    with pytest.raises(ValueError):
+        kv.length(s1)
+    kv.free_sequence(s2)
+    s = arena.stats()
+    assert s["used"] == 0 and s["n_free_blocks"] == 1
+    arena.check()
+
+
+def test_chunk_and_doubling_policies():
+    _, kv = make(chunk_tokens=16)
+    s = kv.new_sequence()
+    kv.reserve(s, 1)
+    assert kv.capacity(s) == 16
+    kv.reserve(s, 17)
+    assert kv.capacity(s) == 32
+    _, kv2 = make(chunk_tokens=4, doubling=True)
+    s = kv2.new_sequence()
+    kv2.reserve(s, 3)
+    assert kv2.capacity(s) == 4
+    for want, cap in ((5, 8), (9, 16), (17, 32), (33, 64)):
+        kv2.reserve(s, want)
+        assert kv2.capacity(s) == cap
+
+
+@pytest.mark.parametrize("dtype,np_dtype", [("f16", np.float16), ("f32", np.float32),
+                                            (np.float16, np.float16), (np.dtype("float32"), np.float32),
+                                            ("float16", np.float16)])
+def test_dtypes(dtype, np_dtype):
+    _, kv = make(dtype=dtype)
+    assert kv.dtype == np.dtype(np_dtype)
+    assert kv.token_stride == L * 2 * H * D * np.dtype(np_dtype).itemsize
+    s = kv.new_sequence()
+    kv.reserve(s, 3)
+    kv.set_length(s, 3)
+    kv.values(s, 0)[:] = np.arange(3 * H * D).reshape(3, H, D)
+    assert np.array_equal(raw_block(kv, s, 3)[:, 0, 1], np.arange(3 * H * D, dtype=np_dtype).reshape(3, H, D))
+
+
+@pytest.mark.parametrize("dtype", ["f64", np.int8, "bf16", "nonsense", np.float64])
+def test_bad_dtype(dtype):
+    arena = KVArena(1 << 16)
+    with pytest.raises(ValueError, match="dtype"):
+        KVCache(arena, L, H, D, dtype)
+
+
+def test_bad_arguments():
+    arena, kv = make()
+    for dims in ((0, H, D), (L, 0, D), (L, H, -1)):
+        with pytest.raises(ValueError):
+            KVCache(arena, *dims, "f32")
+    s = kv.new_sequence()
+    kv.reserve(s, 4)
+    with pytest.raises(ValueError, match="capacity"):
+        kv.set_length(s, 100)
+    for bad in (-1, L):
+        with pytest.raises(ValueError):
+            kv.keys(s, bad)
+    for seq in (-1, 99, 1 << 40):
+        with pytest.raises(ValueError):
+            kv.reserve(seq, 1)
+    with pytest.raises(ValueError):
+        kv.token_offset(s, kv.capacity(s), 0, 0)
+    with pytest.raises(ValueError):
+        kv.token_offset(s, 0, 0, 2)
+    assert kv.keys(s, 0).shape == (0, H, D)
+
+
+def test_sequence_ids_run_out_cleanly():
+    _, kv = make(max_sequences=2)
+    a, b = kv.new_sequence(), kv.new_sequence()
+    with pytest.raises(MemoryError, match="max_sequences"):
+        kv.new_sequence()
+    kv.free_sequence(a)
+    assert kv.new_sequence() == a
+    assert kv.sequences() == sorted([a, b])
+
+
+def test_cache_keeps_its_arena_alive_and_close_frees_blocks():
+    _, kv = make()
+    gc.collect()
+    s = kv.new_sequence()
+    kv.reserve(s, 50)
+    arena = kv.arena
+    assert arena.stats()["n_blocks"] == 1
+    kv.close()
+    kv.close()
+    assert kv.closed and arena.stats()["n_blocks"] == 0
+    with pytest.raises(ColibriError, match="closed"):
+        kv.new_sequence()
+    with pytest.raises(ColibriError, match="closed"):
+        kv.keys(s, 0)
+
+
+def test_closed_arena_makes_cache_calls_fail_cleanly():
+    arena, kv = make()
+    s = kv.new_sequence()
+    kv.reserve(s, 4)
+    kv.set_length(s, 4)
+    keys = kv.keys(s, 0)
+    arena.close()
+    keys[:] = 1.0  # the exported view pins the mapping
+    with pytest.raises(ColibriError, match="closed"):
+        kv.reserve(s, 100)
+    with pytest.raises(ColibriError, match="closed"):
+        kv.keys(s, 0)
+    with pytest.raises(ColibriError, match="closed"):
+        KVCache(arena, L, H, D, "f32")
+    kv.free_sequence(s)
+    kv.close()
