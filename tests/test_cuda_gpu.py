@@ -43,7 +43,7 @@ def test_route(rt, gating, use_bias, n_tokens, n_experts, k, tile):
     rng = np.random.default_rng(n_tokens + n_experts)
     base = np.arange(n_experts) * (8.0 / n_experts) - 4.0  # separated logits: no near-ties
     logits = np.array([rng.permutation(base) for _ in range(n_tokens)], np.float32)
-    bias = (rng.integers(-2, 3, n_experts) * 0.37).astype(np.float32) if use_bias else None
+    bias = (rng.integers(-2, 3, n_experts) * 1.5).astype(np.float32) if use_bias else None
     slot = np.arange(n_experts, dtype=np.int64) * 4096
     r = rt.route(logits, k, gating, bias, renorm=True, scale=1.5, tile=tile, slot_offset=slot)
     h = r.to_host()

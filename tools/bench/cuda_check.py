@@ -1,0 +1,473 @@
+#!/usr/bin/env python3
+"""One-call check of colibri's CUDA kernels on a lent GPU: build, verify, time.
+
+    python tools/bench/cuda_check.py            # on the GPU machine (device tool), ~3-6 min
+    python tools/bench/cuda_check.py --cpu-only # here: the CPU reference path, no GPU needed
+
+Steps on the GPU machine (each timed and printed; a JSON summary goes to $OUT/cuda_check.json
+when $OUT is set):
+  1. PyCUDA: imported if present, else built from the carried sdist and wheels in
+     build/pycuda_wheels (tools/fetch_pycuda.sh; carry=["build/pycuda_wheels"]) into
+     build/pycuda_site with `pip --no-index`; the build time is reported.
+  2. Kernels compiled for the device's own architecture (colibri.cuda, cubin cache).
+  3. Routing on fresh random logits vs colibri._cuda_ref (float64): ids exact, weights within
+     2e-5 relative, grouping (counts, segments, sorted list, pair positions, tiles) exact.
+  4. Grouped expert FFN vs the float64 reference on the weights as stored (fp16, or int4-g128
+     dequantized): relative Frobenius error < 5e-3 for both formats (fp32 accumulation, fp16
+     x and h), with every output element written (outputs pre-filled with NaN).
+  5. Timing with CUDA events (median of many runs after warm-up) of the grouped FFN (gate/up,
+     down, combine) at 1, 16, 128 and 1024 tokens, Qwen3-30B-A3B expert shapes (hidden 2048,
+     expert FFN 768, 128 experts, top-8), fp16 and int4; reported as TFLOP/s of useful work
+     (6 * D * F per routed token) against the device's measured fp16 matmul rate (PyTorch or
+     CuPy, same run), and as weight bandwidth against a measured device-to-device copy.
+     Target: at 1024 tokens, fp16, >= 50% of the matmul rate.
+
+--cpu-only runs steps 3-4 with a NumPy emulation of the kernels' data flow (router output
+layout, padded tiles, byte offsets in the pool, fp16 rounding of h, the ordered combine) in
+place of the device, so the indexing the kernels rely on is checked on any machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from colibri import _cuda_ref as ref  # noqa: E402
+from colibri._cuda_ref import ExpertLayout  # noqa: E402
+
+FFN_REL_BOUND = 5e-3
+ROUTE_W_RTOL = 2e-5
+TIMING_SHAPE = {"hidden": 2048, "ffn": 768, "experts": 128, "k": 8}
+TIMING_TOKENS = (1, 16, 128, 1024)
+RESULTS: dict[str, Any] = {}
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / max(np.linalg.norm(b), 1e-30))
+
+
+# ------------------------------------------------------------------------------ inputs
+def separated_logits(rng: np.random.Generator, n_tokens: int, n_experts: int) -> np.ndarray:
+    """Random router logits without near-ties (a shuffled grid), so float32 device results
+    and the float64 reference must choose the same experts."""
+    base = np.arange(n_experts) * (8.0 / n_experts) - 4.0
+    noise = rng.uniform(0, 2.0 / n_experts, (n_tokens, n_experts))
+    return (np.array([rng.permutation(base) for _ in range(n_tokens)]) + noise).astype(np.float32)
+
+
+def make_experts(rng: np.random.Generator, n: int, d: int, f: int) -> list[tuple[np.ndarray, ...]]:
+    return [
+        (
+            rng.standard_normal((f, d), dtype=np.float32) / np.sqrt(d),
+            rng.standard_normal((f, d), dtype=np.float32) / np.sqrt(d),
+            rng.standard_normal((d, f), dtype=np.float32) / np.sqrt(f),
+        )
+        for _ in range(n)
+    ]
+
+
+# --------------------------------------------------------------------- CPU emulation
+def emulate_route(logits, k, gating, bias, renorm, scale, tile):
+    """What cb_route_topk writes, from the float64 reference rounded to float32."""
+    ids, w = ref.route_reference(logits, k, gating, bias, renorm, scale)
+    w32 = w.astype(np.float32)
+    g = ref.group_reference(ids, w32, logits.shape[1], tile)
+    g["topk_ids"], g["topk_w"] = ids, w32
+    return g
+
+
+def emulate_moe_ffn(x16, pool, offsets, lay: ExpertLayout, g, k, act):
+    """The data flow of cb_moe_gate_up / cb_moe_down / cb_moe_combine in NumPy: tiles named
+    by tile_expert, weights found at their byte offsets, h rounded to fp16, z written only
+    for real rows, each token's k rows summed in order j = 0..k-1. Unwritten rows stay NaN."""
+    tile = len(g["sorted_token"]) // len(g["tile_expert"])
+    n_tokens, d = x16.shape
+    cap = len(g["sorted_token"])
+    h = np.full((cap, lay.ffn), np.nan, np.float16)
+    z = np.full((cap, d), np.nan, np.float32)
+    cache: dict[int, tuple[np.ndarray, ...]] = {}
+    for ti, e in enumerate(g["tile_expert"]):
+        if e < 0:
+            continue
+        rows = slice(ti * tile, (ti + 1) * tile)
+        if e not in cache:
+            cache[e] = ref.unpack_expert(pool[int(offsets[e]) :], lay)
+        gate, up, down = cache[e]
+        tok = g["sorted_token"][rows]
+        a = np.where(tok[:, None] >= 0, x16[np.maximum(tok, 0)].astype(np.float32), 0.0)
+        hg = ref.activation(a @ gate.T, act) * (a @ up.T)
+        h[rows] = hg.astype(np.float16)
+        zz = (h[rows].astype(np.float32) @ down.T) * g["sorted_weight"][rows][:, None]
+        real = tok >= 0
+        z[rows][real] = zz[real]  # z[rows] is a view: only real rows are written
+    out = np.zeros((n_tokens, d), np.float32)
+    pp = g["pair_pos"].reshape(n_tokens, k)
+    for j in range(k):
+        ok = pp[:, j] >= 0
+        out[ok] += z[pp[ok, j]]
+    return out
+
+
+# ------------------------------------------------------------------------- checks
+def check_routing(route_fn, rng) -> None:
+    cases = [
+        (1, 8, 2, "softmax", False, False, 1.0, 16),
+        (64, 64, 6, "softmax", False, True, 1.0, 16),
+        (1024, 128, 8, "softmax", False, True, 1.0, 64),
+        (333, 256, 8, "sigmoid", True, True, 2.5, 16),
+        (2048, 128, 8, "sigmoid", True, True, 2.5, 64),
+    ]
+    for n_tokens, n_exp, k, gating, use_bias, renorm, scale, tile in cases:
+        logits = separated_logits(rng, n_tokens, n_exp)
+        bias = (rng.integers(-2, 3, n_exp) * 1.5).astype(np.float32) if use_bias else None
+        got = route_fn(logits, k, gating, bias, renorm, scale, tile)
+        ids, w = ref.route_reference(logits, k, gating, bias, renorm, scale)
+        if not np.array_equal(got["topk_ids"], ids):
+            raise AssertionError(f"routing ids differ ({n_tokens}x{n_exp}, k={k}, {gating})")
+        werr = float(np.max(np.abs(got["topk_w"] - w) / np.abs(w)))
+        if werr > ROUTE_W_RTOL:
+            raise AssertionError(f"routing weights off by {werr:.2e} relative")
+        g = ref.group_reference(ids, got["topk_w"], n_exp, tile, len(got["sorted_token"]))
+        for key in ("counts", "seg_offset", "sorted_token", "pair_pos", "tile_expert"):
+            if not np.array_equal(np.ravel(got[key]), np.ravel(g[key])):
+                raise AssertionError(f"routing {key} differs ({n_tokens}x{n_exp}, k={k})")
+        log(f"  route {n_tokens:5d} tokens x {n_exp:3d} experts, k={k}, {gating:7s}"
+            f"{' +bias' if use_bias else '      '}: ids exact, weights max rel {werr:.1e}, grouping exact")
+
+
+def check_ffn(ffn_fn, rng, cases) -> list[dict[str, Any]]:
+    """ffn_fn(x16, pool, offsets, layout, logits, k, act, tile) -> (out, routing dict)."""
+    results = []
+    for fmt, d, f, n_exp, k, n_tokens, act, tile in cases:
+        lay = ExpertLayout(d, f, fmt)
+        experts = make_experts(rng, n_exp, d, f)
+        pool, offsets = ref.build_pool(experts, lay)
+        x16 = rng.standard_normal((n_tokens, d), dtype=np.float32).astype(np.float16)
+        logits = separated_logits(rng, n_tokens, n_exp)
+        out, routed = ffn_fn(x16, pool, offsets, lay, logits, k, act, tile)
+        if not np.isfinite(out).all():
+            raise AssertionError(f"{fmt} FFN left {int((~np.isfinite(out)).sum())} outputs unwritten/NaN")
+        seen = [ref.unpack_expert(pool[o:], lay) for o in offsets]
+        want = ref.moe_ffn_reference(x16, seen, routed["topk_ids"], routed["topk_w"], act)
+        err = rel_err(out, want)
+        # Quantization error of the format itself (vs the float weights), for information.
+        qerr = rel_err(want, ref.moe_ffn_reference(x16, experts, routed["topk_ids"],
+                                                   routed["topk_w"], act))
+        ok = err < FFN_REL_BOUND
+        log(f"  ffn {fmt:9s} D={d} F={f} E={n_exp} k={k} T={n_tokens:4d} {act:9s} tile={tile}: "
+            f"rel err {err:.2e} (bound {FFN_REL_BOUND:.0e}) {'ok' if ok else 'FAIL'}; "
+            f"format vs float weights {qerr:.2e}")
+        results.append({"fmt": fmt, "tokens": n_tokens, "act": act, "tile": tile,
+                        "rel_err": err, "format_err": qerr})
+        if not ok:
+            raise AssertionError(f"{fmt} FFN relative error {err:.2e} >= {FFN_REL_BOUND}")
+    return results
+
+
+FFN_CASES = [
+    ("f16", 1024, 384, 32, 4, 1, "silu", 16),
+    ("f16", 1024, 384, 32, 4, 16, "gelu_tanh", 16),
+    ("f16", 1024, 384, 32, 4, 300, "silu", 64),
+    ("int4-g128", 1024, 384, 32, 4, 1, "silu", 16),
+    ("int4-g128", 1024, 384, 32, 4, 16, "silu", 16),
+    ("int4-g128", 1024, 384, 32, 4, 300, "gelu_tanh", 64),
+]
+FFN_CASES_CPU = [  # smaller: the emulation is NumPy
+    ("f16", 256, 128, 8, 2, 1, "silu", 16),
+    ("f16", 256, 128, 8, 2, 40, "gelu_tanh", 16),
+    ("int4-g128", 256, 256, 8, 3, 70, "silu", 64),
+]
+
+
+def cpu_only() -> int:
+    rng = np.random.default_rng(int(time.time()))
+    log("== routing (NumPy emulation of cb_route_topk)")
+
+    def route_fn(logits, k, gating, bias, renorm, scale, tile):
+        return emulate_route(logits, k, gating, bias, renorm, scale, tile)
+
+    check_routing(route_fn, rng)
+    log("== grouped expert FFN (NumPy emulation of the kernels' data flow)")
+
+    def ffn_fn(x16, pool, offsets, lay, logits, k, act, tile):
+        g = emulate_route(logits, k, "softmax", None, True, 1.0, tile)
+        return emulate_moe_ffn(x16, pool, offsets, lay, g, k, act), g
+
+    RESULTS["ffn"] = check_ffn(ffn_fn, rng, FFN_CASES_CPU)
+    log("cpu-only self-check passed (no GPU used)")
+    return 0
+
+
+# ------------------------------------------------------------------------- GPU path
+def ensure_pycuda() -> float | None:
+    """Import PyCUDA, building it from build/pycuda_wheels when absent. Returns build seconds
+    (None when it was already importable)."""
+    site = ROOT / "build" / "pycuda_site"
+    if site.is_dir():
+        sys.path.insert(0, str(site))
+    try:
+        import pycuda.driver  # noqa: F401
+
+        return None
+    except ImportError:
+        pass
+    wheels = ROOT / "build" / "pycuda_wheels"
+    if not any(wheels.glob("pycuda-*.tar.gz")):
+        raise SystemExit(f"PyCUDA missing and no sdist in {wheels}: run tools/fetch_pycuda.sh "
+                         "and carry build/pycuda_wheels")
+    env = dict(os.environ)
+    nvcc = subprocess.run(["bash", "-c", "command -v nvcc"], capture_output=True, text=True).stdout.strip()
+    if nvcc:
+        env.setdefault("CUDA_ROOT", str(Path(nvcc).resolve().parent.parent))
+    t0 = time.perf_counter()
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+           "--no-index", "--find-links", str(wheels)]
+    try:
+        import setuptools  # noqa: F401
+        import wheel  # noqa: F401
+    except ImportError:
+        subprocess.run(pip + ["setuptools", "wheel"], check=True, env=env)
+    log(f"  building PyCUDA from {next(wheels.glob('pycuda-*.tar.gz')).name} (CUDA_ROOT={env.get('CUDA_ROOT')})")
+    subprocess.run(pip + ["--no-build-isolation", "--target", str(site), "pycuda"],
+                   check=True, env=env)
+    dt = time.perf_counter() - t0
+    sys.path.insert(0, str(site))
+    import importlib
+
+    importlib.invalidate_caches()
+    import pycuda.driver  # noqa: F401,F811
+
+    return dt
+
+
+def measure_matmul_peer(n: int = 8192) -> tuple[float | None, str]:
+    """fp16 matmul TFLOP/s of the device through PyTorch (or CuPy), median of 20."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            a = torch.randn(n, n, device="cuda", dtype=torch.float16)
+            b = torch.randn(n, n, device="cuda", dtype=torch.float16)
+            for _ in range(5):
+                torch.matmul(a, b)
+            times = []
+            for _ in range(20):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                torch.matmul(a, b)
+                e.record()
+                e.synchronize()
+                times.append(s.elapsed_time(e) / 1e3)
+            return 2 * n**3 / float(np.median(times)) / 1e12, f"torch {torch.__version__} matmul fp16 {n}^3"
+    except Exception as ex:  # no torch, or no CUDA torch
+        torch_note = f"torch unusable ({ex!r})"
+    else:
+        torch_note = "torch without CUDA"
+    try:
+        import cupy as cp
+
+        a = cp.random.standard_normal((n, n), dtype=cp.float32).astype(cp.float16)
+        b = cp.random.standard_normal((n, n), dtype=cp.float32).astype(cp.float16)
+        for _ in range(5):
+            a @ b
+        times = []
+        for _ in range(20):
+            s, e = cp.cuda.Event(), cp.cuda.Event()
+            s.record()
+            a @ b
+            e.record()
+            e.synchronize()
+            times.append(cp.cuda.get_elapsed_time(s, e) / 1e3)
+        return 2 * n**3 / float(np.median(times)) / 1e12, f"cupy {cp.__version__} matmul fp16 {n}^3"
+    except Exception as ex:
+        return None, f"no fp16 matmul peer: {torch_note}; cupy unusable ({ex!r})"
+
+
+def gpu_main(args: argparse.Namespace) -> int:
+    t_start = time.perf_counter()
+    log("== PyCUDA")
+    build_s = ensure_pycuda()
+    RESULTS["pycuda_build_s"] = build_s
+    log(f"  {'already importable' if build_s is None else f'built in {build_s:.1f} s'}")
+    import pycuda.driver as drv
+
+    import colibri.cuda as cuda
+
+    reason = cuda.unavailable_reason()
+    if reason:
+        raise SystemExit(f"CUDA unusable: {reason}")
+    log("== compile")
+    t0 = time.perf_counter()
+    cache = ROOT / "build" / "cuda_cache"
+    os.environ["COLIBRI_CUDA_CACHE"] = str(cache)
+    rt = cuda.CudaRuntime(0, cache_dir=cache)
+    RESULTS.update(device=rt.name, arch=rt.arch, compile_s=time.perf_counter() - t0)
+    log(f"  {rt.name} ({rt.arch}): kernels compiled and loaded in {RESULTS['compile_s']:.1f} s")
+    rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+
+    log("== routing vs reference")
+
+    def route_fn(logits, k, gating, bias, renorm, scale, tile):
+        n_exp = logits.shape[1]
+        slot = np.arange(n_exp, dtype=np.int64) * 1024
+        r = rt.route(logits, k, gating, bias, renorm, scale, tile, slot_offset=slot)
+        h = r.to_host()
+        if not np.array_equal(h["sel_offset"], h["topk_ids"].astype(np.int64) * 1024):
+            raise AssertionError("sel_offset differs from the slot table")
+        return h
+
+    check_routing(route_fn, rng)
+
+    log("== grouped expert FFN vs reference (outputs pre-filled with NaN)")
+
+    def ffn_fn(x16, pool, offsets, lay, logits, k, act, tile):
+        dp = rt.upload_pool(pool, offsets, lay)
+        r = rt.route(logits, k, "softmax", None, True, 1.0, tile)
+        ws = rt.workspace(r, lay)
+        for buf in (ws.out, ws.z):
+            buf.fill(np.float32(np.nan))
+        ws.h.fill(np.float16(np.nan))
+        rt.moe_ffn_launch(rt.to_gpu(x16), dp, r, ref.ACTIVATIONS[act], ws)
+        out = ws.out.get().reshape(x16.shape[0], lay.hidden)
+        rt._check_err(ws.err, "moe_ffn")
+        h = r.to_host()
+        total = int(h["seg_offset"][-1])
+        hh = ws.h.get().reshape(r.cap, lay.ffn)[:total]
+        if not np.isfinite(hh).all():
+            raise AssertionError("gate/up left rows of h unwritten")
+        return out, h
+
+    RESULTS["ffn"] = check_ffn(ffn_fn, rng, FFN_CASES)
+
+    log("== peers")
+    peak, peer = measure_matmul_peer()
+    RESULTS.update(matmul_tflops=peak, matmul_peer=peer)
+    log(f"  fp16 matmul: {f'{peak:.1f} TFLOP/s' if peak else 'n/a'} ({peer})")
+    nbytes = 1 << 30
+    src, dst = drv.mem_alloc(nbytes), drv.mem_alloc(nbytes)
+    s_ev, e_ev = drv.Event(), drv.Event()
+    copies = []
+    for i in range(12):
+        s_ev.record()
+        drv.memcpy_dtod(dst, src, nbytes)
+        e_ev.record()
+        e_ev.synchronize()
+        if i >= 2:
+            copies.append(e_ev.time_since(s_ev) / 1e3)
+    copy_bw = 2 * nbytes / float(np.median(copies)) / 1e9  # read + write
+    src.free()
+    dst.free()
+    RESULTS["copy_gbs"] = copy_bw
+    log(f"  device copy: {copy_bw:.0f} GB/s (read + write)")
+
+    log("== timing (median of CUDA-event runs after warm-up)")
+    d, f, n_exp, k = (TIMING_SHAPE[x] for x in ("hidden", "ffn", "experts", "k"))
+    timings = []
+    for fmt in ("f16", "int4-g128"):
+        lay = ExpertLayout(d, f, fmt)
+        # 8 distinct experts, replicated across the 128 slots on the device (the GEMM reads
+        # each slot at its own address, so the memory traffic is that of 128 experts).
+        base_pool, base_off = ref.build_pool(make_experts(rng, 8, d, f), lay)
+        sb = lay.slot_bytes
+        pool_dev = drv.mem_alloc(n_exp * sb)
+        drv.memcpy_htod(pool_dev, base_pool)
+        for e in range(8, n_exp):
+            drv.memcpy_dtod(int(pool_dev) + e * sb, int(pool_dev) + (e % 8) * sb, sb)
+        offsets = np.arange(n_exp, dtype=np.int64) * sb
+        dp = cuda.DevicePool(lay, n_exp, n_exp * sb, pool_dev, rt.to_gpu(offsets))
+        seen = [ref.unpack_expert(base_pool[o:], lay) for o in base_off]
+        for n_tokens in TIMING_TOKENS:
+            x16 = rng.standard_normal((n_tokens, d), dtype=np.float32).astype(np.float16)
+            r = rt.route(rng.standard_normal((n_tokens, n_exp), dtype=np.float32), k, "softmax",
+                         None, True, 1.0)
+            h = r.to_host()
+            ws = rt.workspace(r, lay)
+            x_gpu = rt.to_gpu(x16)
+            rt.moe_ffn_launch(x_gpu, dp, r, 0, ws)
+            out = ws.out.get().reshape(n_tokens, d)
+            rt._check_err(ws.err, "moe_ffn")
+            if n_tokens <= 128:  # the float64 reference is cheap enough up to here
+                want = ref.moe_ffn_reference(x16, [seen[e % 8] for e in range(n_exp)],
+                                             h["topk_ids"], h["topk_w"], "silu")
+                err = rel_err(out, want)
+                if err >= FFN_REL_BOUND:
+                    raise AssertionError(f"timing-shape {fmt} T={n_tokens}: rel err {err:.2e}")
+            else:
+                err = float("nan")
+            runs = args.runs if n_tokens < 1024 else max(20, args.runs // 4)
+            ts = []
+            for i in range(runs + 10):
+                s_ev.record()
+                rt.moe_ffn_launch(x_gpu, dp, r, 0, ws)
+                e_ev.record()
+                e_ev.synchronize()
+                if i >= 10:
+                    ts.append(e_ev.time_since(s_ev) / 1e3)
+            rts = []
+            lg_gpu = rt.to_gpu(rng.standard_normal((n_tokens, n_exp), dtype=np.float32))
+            for i in range(30):
+                s_ev.record()
+                rt.route_launch(lg_gpu, r, 0, None, True, 1.0, None)
+                e_ev.record()
+                e_ev.synchronize()
+                if i >= 10:
+                    rts.append(e_ev.time_since(s_ev) / 1e3)
+            t = float(np.median(ts))
+            flops = 6.0 * d * f * n_tokens * k
+            touched = int((h["counts"] > 0).sum())
+            wbytes = touched * 3 * lay.matrix_bytes
+            row = {"fmt": fmt, "tokens": n_tokens, "tile": r.tile, "ms": t * 1e3,
+                   "route_ms": float(np.median(rts)) * 1e3, "tflops": flops / t / 1e12,
+                   "frac_matmul": (flops / t / 1e12 / peak) if peak else None,
+                   "weight_gbs": wbytes / t / 1e9, "frac_copy_bw": wbytes / t / 1e9 / copy_bw,
+                   "rel_err": err}
+            timings.append(row)
+            frac = f"{row['frac_matmul']:.0%} of matmul" if peak else "no matmul peer"
+            log(f"  {fmt:9s} T={n_tokens:5d} tile={r.tile:2d}: {row['ms']:.3f} ms "
+                f"(route {row['route_ms']:.3f} ms), {row['tflops']:.1f} TFLOP/s = {frac}, "
+                f"weights {row['weight_gbs']:.0f} GB/s = {row['frac_copy_bw']:.0%} of copy bw, "
+                f"check err {err:.1e}")
+        pool_dev.free()
+    RESULTS["timings"] = timings
+    target = next((r for r in timings if r["fmt"] == "f16" and r["tokens"] == 1024), None)
+    if target and peak:
+        met = target["frac_matmul"] >= 0.5
+        RESULTS["target_met"] = met
+        log(f"== target: fp16 at 1024 tokens reaches {target['frac_matmul']:.0%} of the fp16 "
+            f"matmul rate (goal >= 50%): {'MET' if met else 'NOT MET'}")
+    RESULTS["total_s"] = time.perf_counter() - t_start
+    log(f"== all checks passed in {RESULTS['total_s']:.0f} s")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cpu-only", action="store_true", help="self-check the CPU reference path, no GPU")
+    ap.add_argument("--runs", type=int, default=100, help="timed runs per size (after warm-up)")
+    args = ap.parse_args()
+    try:
+        rc = cpu_only() if args.cpu_only else gpu_main(args)
+    finally:
+        out = os.environ.get("OUT")
+        if out:
+            Path(out, "cuda_check.json").write_text(json.dumps(RESULTS, indent=2, default=str))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
