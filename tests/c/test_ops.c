@@ -1,0 +1,152 @@
+/* ops.h under ASan/UBSan: every op against a double-precision reference on odd lengths (the
+ * SIMD tails), at both SIMD levels; argument errors; edge values (-inf rows, huge inputs). */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "colibri/cpu.h"
+#include "colibri/ops.h"
+#include "testutil.h"
+
+#define N_MAX 67
+
+static uint32_t rng_state = 12345u;
+static float frand(void) { /* uniform in [-4, 4) */
+    rng_state = rng_state * 1664525u + 1013904223u;
+    return ((float)(rng_state >> 8) / 16777216.0f) * 8.0f - 4.0f;
+}
+
+static int close_to(double got, double want, double rtol, double atol) {
+    return fabs(got - want) <= atol + rtol * fabs(want);
+}
+
+static void check_level(cb_simd_level level) {
+    cb_cpu_set_max_level(level);
+    float x[N_MAX], y[N_MAX], w[N_MAX], out[N_MAX];
+    for (int n = 1; n <= N_MAX; n += 3) {
+        for (int i = 0; i < n; i++) x[i] = frand(), y[i] = frand(), w[i] = frand();
+        /* rmsnorm, with and without the unit offset and the weight */
+        double ss = 0;
+        for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+        double sc = 1.0 / sqrt(ss / n + 1e-5);
+        CHECK(cb_rmsnorm(x, w, n, 1e-5f, 0, out) == CB_OK);
+        int ok = 1;
+        for (int i = 0; i < n; i++) ok &= close_to(out[i], x[i] * sc * w[i], 1e-5, 1e-6);
+        CHECK(ok);
+        CHECK(cb_rmsnorm(x, w, n, 1e-5f, 1, out) == CB_OK);
+        ok = 1;
+        for (int i = 0; i < n; i++) ok &= close_to(out[i], x[i] * sc * (1.0 + w[i]), 1e-5, 1e-6);
+        CHECK(ok);
+        memcpy(out, x, sizeof(float) * n);
+        CHECK(cb_rmsnorm(out, NULL, n, 1e-5f, 0, out) == CB_OK); /* in place */
+        ok = 1;
+        for (int i = 0; i < n; i++) ok &= close_to(out[i], x[i] * sc, 1e-5, 1e-6);
+        CHECK(ok);
+        /* softmax */
+        memcpy(out, x, sizeof(float) * n);
+        CHECK(cb_softmax(out, n) == CB_OK);
+        double m = -INFINITY, sum = 0;
+        for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+        for (int i = 0; i < n; i++) sum += exp((double)x[i] - m);
+        ok = 1;
+        for (int i = 0; i < n; i++) ok &= close_to(out[i], exp((double)x[i] - m) / sum, 1e-5, 1e-7);
+        CHECK(ok);
+        /* activations and gates */
+        CHECK(cb_glu(CB_ACT_SILU, x, y, n, out) == CB_OK);
+        ok = 1;
+        for (int i = 0; i < n; i++)
+            ok &= close_to(out[i], x[i] / (1.0 + exp(-(double)x[i])) * y[i], 1e-5, 1e-6);
+        CHECK(ok);
+        CHECK(cb_gelu_tanh(x, n, out) == CB_OK);
+        ok = 1;
+        for (int i = 0; i < n; i++) {
+            double v = x[i];
+            double g = 0.5 * v * (1 + tanh(sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+            ok &= close_to(out[i], g, 1e-5, 1e-6);
+        }
+        CHECK(ok);
+        /* dot, axpy, softcap */
+        double d = 0;
+        for (int i = 0; i < n; i++) d += (double)x[i] * y[i];
+        float df = 0;
+        CHECK(cb_dot_f32(x, y, n, &df) == CB_OK);
+        CHECK(close_to(df, d, 1e-5, 1e-4));
+        memcpy(out, y, sizeof(float) * n);
+        CHECK(cb_axpy(0.5f, x, n, out) == CB_OK);
+        ok = 1;
+        for (int i = 0; i < n; i++) ok &= close_to(out[i], y[i] + 0.5 * x[i], 1e-6, 1e-6);
+        CHECK(ok);
+        memcpy(out, x, sizeof(float) * n);
+        CHECK(cb_softcap(out, n, 3.0f) == CB_OK);
+        ok = 1;
+        for (int i = 0; i < n; i++) ok &= close_to(out[i], 3.0 * tanh(x[i] / 3.0), 1e-5, 1e-6);
+        CHECK(ok);
+    }
+    /* extremes: masked scores, huge activations */
+    float s[11] = {-INFINITY, 1, -INFINITY, 1, -INFINITY, -INFINITY, -INFINITY,
+                   -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    CHECK(cb_softmax(s, 11) == CB_OK);
+    CHECK(s[0] == 0 && s[2] == 0 && fabsf(s[1] - 0.5f) < 1e-6f && fabsf(s[3] - 0.5f) < 1e-6f);
+    for (int i = 0; i < 11; i++) s[i] = -INFINITY;
+    CHECK(cb_softmax(s, 11) == CB_OK);
+    int zeros = 1;
+    for (int i = 0; i < 11; i++) zeros &= s[i] == 0.0f;
+    CHECK(zeros);
+    float big[9] = {-1000, -100, -88, 88, 89, 100, 1000, 1e30f, -1e30f};
+    CHECK(cb_silu(big, 9, out) == CB_OK);
+    CHECK(out[0] == 0 && out[1] == 0 && out[3] == 88 && out[6] == 1000 && out[7] == 1e30f);
+    CHECK(out[8] == 0);
+    CHECK(cb_gelu_tanh(big, 9, out) == CB_OK);
+    CHECK(out[0] == 0 && out[6] == 1000 && out[8] == 0 && !isnan(out[7]));
+    /* rope: pos 0 is identity; rotation keeps each pair's norm */
+    float q[2 * 8], q0[2 * 8];
+    for (int i = 0; i < 16; i++) q[i] = q0[i] = frand();
+    cb_rope_params_t p = cb_rope_default_params();
+    CHECK(cb_rope(q, 2, 8, 0, &p) == CB_OK);
+    CHECK(memcmp(q, q0, sizeof q) == 0);
+    p.mode = CB_ROPE_NEOX;
+    p.n_dims = 6;
+    CHECK(cb_rope(q, 2, 8, 12345, &p) == CB_OK);
+    CHECK(q[6] == q0[6] && q[7] == q0[7] && q[14] == q0[14]); /* beyond n_dims: untouched */
+    CHECK(close_to(hypot(q[0], q[3]), hypot(q0[0], q0[3]), 1e-5, 0));
+    CHECK(close_to(hypot(q[9], q[12]), hypot(q0[9], q0[12]), 1e-5, 0));
+}
+
+int main(void) {
+    cb_simd_level best = cb_cpu_detect();
+    check_level(CB_SIMD_SCALAR);
+    if (best >= CB_SIMD_AVX2) check_level(CB_SIMD_AVX2);
+    cb_cpu_set_max_level(CB_SIMD_AVX512);
+
+    /* argument errors */
+    float x[4] = {1, 2, 3, 4}, o[4];
+    CHECK(cb_rmsnorm(NULL, NULL, 4, 1e-6f, 0, o) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_rmsnorm(x, NULL, -1, 1e-6f, 0, o) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_rmsnorm(x, NULL, 4, -1.0f, 0, o) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_rmsnorm_rows(x, 1, 2, 2, NULL, 1e-6f, 0, o, 2) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_softmax(NULL, 3) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_softmax(NULL, 0) == CB_OK);
+    CHECK(cb_softcap(x, 4, 0.0f) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_glu((cb_act)7, x, x, 4, o) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_dot_f32(x, x, 4, NULL) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_dot_rows_f32(x, x, 2, 1, 2, 1.0f, o) == CB_STATUS_INVALID_ARGUMENT);
+    cb_rope_params_t p = cb_rope_default_params();
+    CHECK(cb_rope(x, 1, 4, 3, NULL) == CB_STATUS_INVALID_ARGUMENT);
+    p.n_dims = 3;
+    CHECK(cb_rope(x, 1, 4, 3, &p) == CB_STATUS_INVALID_ARGUMENT);
+    p.n_dims = 6;
+    CHECK(cb_rope(x, 1, 4, 3, &p) == CB_STATUS_INVALID_ARGUMENT);
+    p.n_dims = 0;
+    p.mode = (cb_rope_mode)1;
+    CHECK(cb_rope(x, 1, 4, 3, &p) == CB_STATUS_INVALID_ARGUMENT);
+    p.mode = CB_ROPE_NORMAL;
+    p.freq_base = 0.0f;
+    CHECK(cb_rope(x, 1, 4, 3, &p) == CB_STATUS_INVALID_ARGUMENT);
+    p.freq_base = 10000.0f;
+    p.ext_factor = 1.0f; /* YaRN without n_ctx_orig */
+    CHECK(cb_rope(x, 1, 4, 3, &p) == CB_STATUS_INVALID_ARGUMENT);
+    p.n_ctx_orig = 4096;
+    CHECK(cb_rope(x, 1, 4, 3, &p) == CB_OK);
+    CHECK(cb_rope(x, 1, 4096, 3, &p) == CB_STATUS_INVALID_ARGUMENT); /* > CB_ROPE_MAX_DIMS */
+    TEST_MAIN_END("test_ops");
+}
