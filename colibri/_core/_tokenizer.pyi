@@ -1,0 +1,41 @@
+import numpy as np
+import numpy.typing as npt
+
+MODEL_SPM: int
+MODEL_BPE: int
+PRE_IDS: dict[str, int]
+
+def utf8_validate(data: bytes) -> None: ...
+def utf8_sanitize(data: bytes) -> bytes: ...
+
+class CStream:
+    def __init__(self, parent: CTokenizer, special: bool) -> None: ...
+    def feed(self, id: int) -> str: ...
+    def flush(self) -> str: ...
+
+class CTokenizer:
+    def __init__(
+        self,
+        model: int,
+        pre: int,
+        text: npt.NDArray[np.uint8],
+        offsets: npt.NDArray[np.int64],
+        scores: npt.NDArray[np.float32],
+        attrs: npt.NDArray[np.uint32],
+        merges: npt.NDArray[np.uint8],
+        merge_offsets: npt.NDArray[np.int64],
+        bos_id: int,
+        eos_id: int,
+        add_bos: bool,
+        add_eos: bool,
+        add_space_prefix: bool,
+        ignore_merges: bool,
+    ) -> None: ...
+    @property
+    def n_tokens(self) -> int: ...
+    def encode(
+        self, text: bytes, add_special: bool, parse_special: bool, lenient: bool
+    ) -> npt.NDArray[np.int32]: ...
+    def decode(self, ids: npt.NDArray[np.int32], special: bool) -> bytes: ...
+    def piece(self, id: int, special: bool) -> bytes: ...
+    def stream(self, special: bool) -> CStream: ...

@@ -1,0 +1,505 @@
+"""The tokenizer of a GGUF model: `Tokenizer.from_gguf(path)`.
+
+The vocabulary (`tokenizer.ggml.*` metadata) is read and checked here, in Python; the C core
+(include/colibri/tokenizer.h) receives plain, validated arrays. Ids are the same as llama.cpp's
+tokenizer for the same file:
+
+- `tokenizer.ggml.model = "llama"`: SentencePiece-style BPE by scores with `<0xNN>` byte fallback
+  (Gemma, Llama 2, Mixtral); spaces become U+2581, `add_space_prefix` prepends one.
+- `tokenizer.ggml.model = "gpt2"`: byte-level BPE by merge rank, after the pre-tokenizer named by
+  `tokenizer.ggml.pre` (see `SUPPORTED_PRE`). An unknown value is an error, never a fallback.
+
+Special tokens: user-defined tokens are always recognised in the text (as llama.cpp and HF do);
+control tokens (`<bos>`, `<start_of_turn>`, ...) only with `parse_special=True`, longest first.
+
+Errors: input text must be well-formed UTF-8. With `errors="strict"` (the default) ill-formed
+input raises ValueError naming the byte offset (for `str`, the character offset of a lone
+surrogate); with `errors="replace"` every maximal ill-formed subpart becomes U+FFFD (the WHATWG
+rule; for `str`, each lone surrogate). Choose it per tokenizer (`from_gguf(path, errors=...)`) or
+per call (`encode(..., errors=...)`). Decoded text is always a valid `str`: byte tokens that do
+not form whole characters decode to U+FFFD.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+import colibri._core._tokenizer as _tok
+
+__all__ = ["SUPPORTED_PRE", "StreamDecoder", "Tokenizer", "VocabInfo", "read_gguf_vocab"]
+
+# tokenizer.ggml.pre value -> the pre-tokenizer that implements it (llama.cpp's names).
+SUPPORTED_PRE: dict[str, str] = {
+    "default": "default",
+    "gpt2": "gpt2",
+    "gpt-2": "gpt2",
+    "olmo": "gpt2",
+    "llama3": "llama3",
+    "llama-v3": "llama3",
+    "llama-bpe": "llama3",
+    "qwen2": "qwen2",
+    "deepseek-llm": "deepseek-llm",
+    "deepseek-v3": "deepseek-v3",
+    "gpt-4o": "gpt-4o",
+}
+
+# GGUF token types (tokenizer.ggml.token_type) -> llama.cpp token attributes (tokenizer.h bits).
+ATTR_UNDEFINED, ATTR_UNKNOWN, ATTR_UNUSED, ATTR_NORMAL = 0, 1, 2, 4
+ATTR_CONTROL, ATTR_USER_DEFINED, ATTR_BYTE = 8, 16, 32
+_TYPE_TO_ATTR = {1: ATTR_NORMAL, 2: ATTR_UNKNOWN, 3: ATTR_CONTROL, 4: ATTR_USER_DEFINED,
+                 5: ATTR_UNUSED, 6: ATTR_BYTE}
+
+# Texts llama.cpp treats as control tokens whatever their declared type (end-of-generation and
+# fill-in-the-middle markers; llama-vocab.cpp, "control-looking token").
+_CONTROL_LOOKING = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<｜end▁of▁sentence｜>", "[e~[",
+}
+_FIM_LOOKING = {
+    "fim_pre": {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+                "<|code_prefix|>", "<|prefix|>"},
+    "fim_suf": {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+                "<|code_suffix|>", "<|suffix|>"},
+    "fim_mid": {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+                "<|code_middle|>", "<|middle|>"},
+    "fim_pad": {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"},
+    "fim_rep": {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"},
+    "fim_sep": {"<|file_sep|>"},
+}
+_ALWAYS_USER_DEFINED = {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"}
+
+_ERRORS = ("strict", "replace")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+@dataclass
+class VocabInfo:
+    """The tokenizer metadata of a GGUF file, checked (see read_gguf_vocab)."""
+
+    model: str                       # "llama" or "gpt2"
+    pre: str                         # tokenizer.ggml.pre ("" when absent)
+    tokens: list[bytes]
+    scores: npt.NDArray[np.float32] | None
+    token_types: npt.NDArray[np.int32] | None
+    merges: list[bytes] = field(default_factory=list)
+    bos_id: int | None = None
+    eos_id: int | None = None
+    add_bos: bool | None = None
+    add_eos: bool | None = None
+    add_space_prefix: bool | None = None
+    special_ids: dict[str, int] = field(default_factory=dict)  # other tokenizer.ggml.*_token_id
+
+
+_SCALAR = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1",
+           10: "<u8", 11: "<i8", 12: "<f8"}
+_STRING, _ARRAY = 8, 9
+
+
+class _KVReader:
+    """The metadata key/value section of a GGUF file, parsed with bounds checks.
+
+    colibri reads the tokenizer arrays itself instead of through gguf.GGUFReader because the latter
+    builds a numpy view per array element: for a 262k-token vocabulary that is tens of seconds,
+    while this takes well under one. Tensor data is never touched."""
+
+    def __init__(self, buf: memoryview, path: str, partial: bool) -> None:
+        self.buf = buf
+        self.pos = 0
+        self.path = path
+        self.partial = partial  # buf is a prefix of the file: running off its end means read more
+
+    def take(self, n: int, what: str) -> memoryview:
+        if n < 0 or self.pos + n > len(self.buf):
+            if self.partial and n >= 0:
+                raise _NeedMore()
+            raise ValueError(f"{self.path}: GGUF metadata truncated while reading {what} "
+                             f"(offset {self.pos}, {n} bytes, file {len(self.buf)} bytes)")
+        v = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return v
+
+    def u32(self, what: str) -> int:
+        return int.from_bytes(self.take(4, what), "little")
+
+    def u64(self, what: str) -> int:
+        return int.from_bytes(self.take(8, what), "little")
+
+    def string(self, what: str) -> bytes:
+        return bytes(self.take(self.u64(what), what))
+
+    def value(self, vtype: int, key: str, keep: bool) -> Any:
+        if vtype in _SCALAR:
+            dt = np.dtype(_SCALAR[vtype])
+            v = np.frombuffer(self.take(dt.itemsize, key), dtype=dt)[0].item()
+            return bool(v) if vtype == 7 else v
+        if vtype == _STRING:
+            return self.string(key)
+        if vtype != _ARRAY:
+            raise ValueError(f"{self.path}: GGUF key {key} has unknown value type {vtype}")
+        etype = self.u32(key)
+        count = self.u64(key)
+        if etype in _SCALAR:
+            dt = np.dtype(_SCALAR[etype])
+            if count > (1 << 40):
+                raise ValueError(f"{self.path}: GGUF key {key} claims {count} elements")
+            raw = self.take(count * dt.itemsize, key)
+            return np.frombuffer(raw, dtype=dt).copy() if keep else None
+        if etype == _STRING:
+            if count > (1 << 40):
+                raise ValueError(f"{self.path}: GGUF key {key} claims {count} strings")
+            buf, pos, end = self.buf, self.pos, len(self.buf)
+            out: list[bytes] = []
+            for _ in range(count):
+                if pos + 8 > end:
+                    self.pos = pos
+                    self.take(8, key)
+                n = int.from_bytes(buf[pos:pos + 8], "little")
+                pos += 8
+                if n > end - pos:
+                    self.pos = pos
+                    self.take(n, key)
+                if keep:
+                    out.append(bytes(buf[pos:pos + n]))
+                pos += n
+            self.pos = pos
+            return out if keep else None
+        raise ValueError(f"{self.path}: GGUF key {key} is an array of unsupported type {etype}")
+
+
+class _NeedMore(Exception):
+    pass
+
+
+def _read_gguf_metadata(path: str, prefix: str) -> dict[str, Any]:
+    """Metadata values whose key starts with prefix, as (GGUF type, value): ints/floats/bools,
+    bytes for strings, numpy arrays for numeric arrays and lists of bytes for string arrays."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 24:
+            raise ValueError(f"{path}: not a GGUF file ({size} bytes)")
+        chunk = min(size, 16 << 20)
+        while True:
+            f.seek(0)
+            data = f.read(chunk)
+            try:
+                return _parse_metadata(memoryview(data), path, prefix, chunk < size)
+            except _NeedMore:
+                chunk = min(size, chunk * 4)
+
+
+def _parse_metadata(view: memoryview, path: str, prefix: str, partial: bool) -> dict[str, Any]:
+    r = _KVReader(view, path, partial)
+    if bytes(r.take(4, "magic")) != b"GGUF":
+        raise ValueError(f"{path}: not a GGUF file (bad magic)")
+    version = r.u32("version")
+    if version not in (2, 3):
+        raise ValueError(f"{path}: unsupported GGUF version {version}")
+    r.u64("tensor count")
+    n_kv = r.u64("key/value count")
+    if n_kv > 1 << 24:
+        raise ValueError(f"{path}: GGUF header claims {n_kv} metadata keys")
+    out: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = r.string("key").decode("utf-8", "replace")
+        vtype = r.u32(key)
+        keep = key.startswith(prefix)
+        v = r.value(vtype, key, keep)
+        if keep:
+            out[key] = (vtype, v)
+    return out
+
+
+def read_gguf_vocab(path: str | os.PathLike[str]) -> VocabInfo:
+    """Reads and type-checks the `tokenizer.ggml.*` metadata of a GGUF file (the one function
+    that touches the file, so that it can move to colibri's own GGUF reader later)."""
+    p = os.fspath(path)
+    if not os.path.exists(p):
+        raise FileNotFoundError(f"GGUF file not found: {p}")
+    kv = _read_gguf_metadata(p, "tokenizer.ggml.")
+
+    def get(key: str, kinds: tuple[int, ...], what: str) -> Any:
+        item = kv.get("tokenizer.ggml." + key)
+        if item is None:
+            return None
+        vtype, v = item
+        ok = vtype in kinds
+        if vtype == _ARRAY:
+            ok = (isinstance(v, list) and "strings" in what) or (
+                isinstance(v, np.ndarray) and "numbers" in what)
+        if not ok:
+            raise ValueError(f"{p}: GGUF key tokenizer.ggml.{key} must be {what}")
+        return v
+
+    model = get("model", (_STRING,), "a string")
+    if model is None:
+        raise ValueError(f"{p}: no tokenizer.ggml.model in the GGUF metadata")
+    tokens = get("tokens", (_ARRAY,), "an array of strings")
+    if tokens is None:
+        raise ValueError(f"{p}: no tokenizer.ggml.tokens in the GGUF metadata")
+    pre = get("pre", (_STRING,), "a string")
+    info = VocabInfo(model=model.decode("utf-8", "replace"),
+                     pre=pre.decode("utf-8", "replace") if pre is not None else "",
+                     tokens=tokens, scores=None, token_types=None)
+    scores = get("scores", (_ARRAY,), "an array of numbers")
+    if scores is not None:
+        if scores.dtype.kind not in "fi":
+            raise ValueError(f"{p}: tokenizer.ggml.scores must be float32 or int32")
+        info.scores = scores.astype(np.float32)
+    types = get("token_type", (_ARRAY,), "an array of numbers")
+    if types is not None:
+        if types.dtype.kind not in "iu" or types.dtype.itemsize != 4:
+            raise ValueError(f"{p}: tokenizer.ggml.token_type must be int32")
+        info.token_types = types.astype(np.int32)
+    merges = get("merges", (_ARRAY,), "an array of strings")
+    if merges is not None:
+        info.merges = merges
+    ints = tuple(_SCALAR)
+    for key in kv:
+        short = key[len("tokenizer.ggml."):]
+        if short.endswith("_token_id"):
+            v = get(short, ints, "an integer")
+            if isinstance(v, float):
+                raise ValueError(f"{p}: GGUF key {key} must be an integer")
+            info.special_ids[short[:-len("_token_id")]] = int(v)
+    info.bos_id = info.special_ids.get("bos")
+    info.eos_id = info.special_ids.get("eos")
+    for attr, key in (("add_bos", "add_bos_token"), ("add_eos", "add_eos_token"),
+                      ("add_space_prefix", "add_space_prefix")):
+        v = get(key, (7,), "a bool")
+        if v is not None:
+            setattr(info, attr, bool(v))
+    return info
+
+
+def _pack(strings: Sequence[bytes]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    lengths = np.fromiter((len(s) for s in strings), dtype=np.int64, count=len(strings))
+    offsets = np.zeros(len(strings) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return np.frombuffer(b"".join(strings), dtype=np.uint8).copy(), offsets
+
+
+def _token_attrs(info: VocabInfo, tokens: list[bytes]) -> npt.NDArray[np.uint32]:
+    n = len(tokens)
+    if info.token_types is None:
+        attrs = np.full(n, ATTR_NORMAL, dtype=np.uint32)
+    else:
+        lut = np.zeros(8, dtype=np.uint32)
+        for t, a in _TYPE_TO_ATTR.items():
+            lut[t] = a
+        tt = info.token_types[:n]
+        attrs = np.where((tt >= 0) & (tt < 8), lut[np.clip(tt, 0, 7)], ATTR_UNDEFINED).astype(np.uint32)
+    # llama.cpp's fixes by token text (see _CONTROL_LOOKING)
+    index = {}
+    for i, t in enumerate(tokens):
+        if t[:1] in (b"<", b"[", b"_", b"\xe2", b"\xef") and len(t) < 40:
+            index[t.decode("utf-8", "replace")] = i
+    looking = set(_CONTROL_LOOKING)
+    if "eom" in info.special_ids:
+        looking.discard("<|eom_id|>")
+    for kind, texts in _FIM_LOOKING.items():
+        if kind not in info.special_ids:
+            looking |= texts
+    for text in looking:
+        i = index.get(text)
+        if i is not None:
+            attrs[i] |= ATTR_CONTROL
+    for text, i in index.items():
+        if attrs[i] & ATTR_CONTROL and "unused" in text:
+            attrs[i] |= ATTR_UNUSED
+    for text in _ALWAYS_USER_DEFINED:
+        i = index.get(text)
+        if i is not None:
+            attrs[i] = ATTR_USER_DEFINED
+    if all(t in index for t in ("<|return|>", "<|call|>", "<|end|>")) or \
+            all(t in index for t in ("<|calls|>", "<|flush|>", "<|end|>")):
+        attrs[index["<|end|>"]] = ATTR_USER_DEFINED
+    return attrs
+
+
+class Tokenizer:
+    """Encodes text to token ids and back, with a GGUF model's vocabulary (see module doc)."""
+
+    def __init__(self, info: VocabInfo, errors: str = "strict") -> None:
+        if errors not in _ERRORS:
+            raise ValueError(f"errors must be one of {_ERRORS}, not {errors!r}")
+        self.errors = errors
+        model = info.model
+        if model not in ("llama", "gpt2"):
+            raise ValueError(f"unsupported tokenizer.ggml.model {model!r} (supported: 'llama', 'gpt2')")
+        tokens = list(info.tokens)
+        n = len(tokens)
+        if n < 1 or n >= 2**31 - 1:
+            raise ValueError(f"tokenizer.ggml.tokens has {n} entries")
+        for i, t in enumerate(tokens):
+            if not isinstance(t, bytes):
+                raise ValueError(f"token {i} is not bytes")
+            if not t:  # as llama.cpp
+                tokens[i] = f"[EMPTY_{i}]".encode()
+        if len(set(tokens)) != n:
+            seen: dict[bytes, int] = {}
+            for i, t in enumerate(tokens):
+                if t in seen:
+                    raise ValueError(f"duplicate token in vocabulary: {t!r} has ids {seen[t]} and {i}")
+                seen[t] = i
+        scores = np.zeros(n, dtype=np.float32)
+        if info.scores is not None:
+            if len(info.scores) < n:
+                raise ValueError(f"tokenizer.ggml.scores has {len(info.scores)} entries for {n} tokens")
+            scores = np.ascontiguousarray(info.scores[:n], dtype=np.float32)
+            if np.isnan(scores).any():
+                raise ValueError(f"tokenizer.ggml.scores has NaN at id {int(np.argmax(np.isnan(scores)))}")
+        if info.token_types is not None and len(info.token_types) < n:
+            raise ValueError(f"tokenizer.ggml.token_type has {len(info.token_types)} entries for {n} tokens")
+        attrs = _token_attrs(info, tokens)
+
+        if model == "llama":
+            cmodel, cpre, pre_name = _tok.MODEL_SPM, 0, ""
+            bos, eos = 1, 2
+            add_bos, add_eos, add_space_prefix, ignore_merges = True, False, True, False
+            merges: list[bytes] = []
+        else:
+            pre = info.pre or "default"
+            if pre not in SUPPORTED_PRE:
+                raise ValueError(
+                    f"unsupported tokenizer.ggml.pre {pre!r}; supported: {', '.join(sorted(SUPPORTED_PRE))}")
+            pre_name = SUPPORTED_PRE[pre]
+            cmodel, cpre = _tok.MODEL_BPE, _tok.PRE_IDS[pre_name]
+            bos, eos = 11, 11
+            add_bos = pre_name == "llama3"
+            add_eos, add_space_prefix = False, False
+            ignore_merges = pre_name == "llama3"
+            merges = list(info.merges)
+            if not merges:
+                raise ValueError("byte-level BPE vocabulary without tokenizer.ggml.merges")
+            for i, mg in enumerate(merges):
+                if not isinstance(mg, bytes):
+                    raise ValueError(f"merge {i} is not bytes")
+        # metadata overrides the defaults; ids out of range are ignored (as llama.cpp)
+        if bos >= n:
+            bos = -1
+        if eos >= n:
+            eos = -1
+        if info.bos_id is not None and 0 <= info.bos_id < n:
+            bos = info.bos_id
+        if info.eos_id is not None and 0 <= info.eos_id < n:
+            eos = info.eos_id
+        if info.add_bos is not None:
+            add_bos = info.add_bos
+        if info.add_eos is not None:
+            add_eos = info.add_eos
+        if info.add_space_prefix is not None and model == "llama":
+            add_space_prefix = info.add_space_prefix
+        if add_bos and bos < 0:
+            raise ValueError("tokenizer.ggml.add_bos_token is true but there is no valid bos token id")
+        if add_eos and eos < 0:
+            raise ValueError("tokenizer.ggml.add_eos_token is true but there is no valid eos token id")
+
+        text, offsets = _pack(tokens)
+        mtext, moffsets = _pack(merges)
+        self._c = _tok.CTokenizer(cmodel, cpre, text, offsets, scores, attrs, mtext, moffsets,
+                                  bos, eos, add_bos, add_eos, add_space_prefix, ignore_merges)
+        self.model = model
+        self.pre = pre_name
+        self._n = n
+        self._bos = bos
+        self._eos = eos
+        self.add_bos = add_bos
+        self.add_eos = add_eos
+        self.add_space_prefix = add_space_prefix
+        self.token_attrs = attrs
+
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike[str], errors: str = "strict") -> Tokenizer:
+        """The tokenizer stored in a GGUF file. errors: "strict" or "replace" (module doc)."""
+        return cls(read_gguf_vocab(path), errors=errors)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._n
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._bos if self._bos >= 0 else None
+
+    @property
+    def eos_id(self) -> int | None:
+        return self._eos if self._eos >= 0 else None
+
+    def encode(self, text: str | bytes, add_special: bool = True, parse_special: bool = False,
+               errors: str | None = None) -> npt.NDArray[np.int32]:
+        """Token ids of text (int32 array). add_special: add BOS/EOS as the vocabulary asks;
+        parse_special: recognise control tokens written in the text. The GIL is released while
+        the C code runs."""
+        mode = self.errors if errors is None else errors
+        if mode not in _ERRORS:
+            raise ValueError(f"errors must be one of {_ERRORS}, not {mode!r}")
+        if isinstance(text, str):
+            try:
+                data = text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                if mode == "strict":
+                    raise ValueError(
+                        f"text is not valid Unicode: lone surrogate at character offset {e.start}") from None
+                data = _SURROGATE.sub("\ufffd", text).encode("utf-8")
+        elif isinstance(text, (bytes, bytearray, memoryview)):
+            data = bytes(text)
+        else:
+            raise TypeError(f"text must be str or bytes, not {type(text).__name__}")
+        return self._c.encode(data, add_special, parse_special, mode == "replace")
+
+    def _ids(self, ids: Iterable[int] | npt.NDArray[Any]) -> npt.NDArray[np.int32]:
+        arr = np.asarray(ids if not isinstance(ids, (bytes, str)) else list(ids))
+        if arr.size == 0:
+            return np.zeros(0, dtype=np.int32)
+        if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError("ids must be a one-dimensional sequence of integers")
+        bad = (arr < 0) | (arr >= self._n)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"token id {int(arr[i])} at position {i} out of range [0, {self._n})")
+        return np.ascontiguousarray(arr, dtype=np.int32)
+
+    def decode(self, ids: Iterable[int] | npt.NDArray[Any], special: bool = False) -> str:
+        """Text of ids. Control tokens render as nothing unless special=True; with
+        add_space_prefix (SentencePiece) the space encode prepended is removed again."""
+        return self._c.decode(self._ids(ids), special).decode("utf-8")
+
+    def token_to_piece(self, id: int, special: bool = False) -> bytes:
+        """The bytes one token stands for (control tokens: b"" unless special=True)."""
+        i = int(id)
+        if not 0 <= i < self._n:
+            raise ValueError(f"token id {i} out of range [0, {self._n})")
+        return self._c.piece(i, special)
+
+    def stream(self, special: bool = False) -> StreamDecoder:
+        """A decoder that takes one id at a time and returns only whole characters."""
+        return StreamDecoder(self, special)
+
+
+class StreamDecoder:
+    """Incremental decoding: feed(id) returns the complete characters now available and holds an
+    unfinished UTF-8 sequence back; flush() emits what is held (U+FFFD if unfinished). The
+    concatenation of every feed() and the final flush() equals Tokenizer.decode(ids)."""
+
+    def __init__(self, tokenizer: Tokenizer, special: bool = False) -> None:
+        self._tokenizer = tokenizer
+        self._c = tokenizer._c.stream(special)
+
+    def feed(self, id: int) -> str:
+        i = int(id)
+        n = self._tokenizer.vocab_size
+        if not 0 <= i < n:
+            raise ValueError(f"token id {i} out of range [0, {n})")
+        return self._c.feed(i)
+
+    def flush(self) -> str:
+        return self._c.flush()
