@@ -3,7 +3,8 @@
 from colibri.errors import ColibriError
 from colibri.gguf import GGUFError, GGUFFile
 from colibri.kv import KVArena, KVCache
+from colibri.tokenizer import StreamDecoder, Tokenizer
 
 __version__ = "0.1.0"
 
-__all__ = ["ColibriError", "GGUFError", "GGUFFile", "KVArena", "KVCache", "__version__"]
+__all__ = ["ColibriError", "GGUFError", "GGUFFile", "KVArena", "KVCache", "StreamDecoder", "Tokenizer", "__version__"]

