@@ -301,10 +301,12 @@ cdef class KVCache:
     cdef readonly object dtype
     cdef readonly size_t token_stride
     cdef size_t _elt
+    cdef bint _closed
 
     def __cinit__(self, KVArena arena not None, n_layers, n_kv_heads, head_dim, dtype="f16", *,
                   max_sequences=1024, chunk_tokens=16, doubling=False):
         self._kv = NULL
+        self._closed = True
         self.arena = arena
         code, dt = _kv_dtype(dtype)
         cdef cb_kvcache_params p = cb_kvcache_default_params()
@@ -323,6 +325,7 @@ cdef class KVCache:
         cdef cb_kvcache_t *kv = NULL
         check(cb_kvcache_new(arena._a, &p, &kv))
         self._kv = kv
+        self._closed = False
         self.n_layers = p.n_layers
         self.n_kv_heads = p.n_kv_heads
         self.head_dim = p.head_dim
@@ -336,13 +339,19 @@ cdef class KVCache:
             self._kv = NULL
 
     cdef int _open(self) except -1:
-        if self._kv == NULL:
-            check(cb_fail(CB_STATUS_CLOSED, "KVCache: the cache is closed"))
+        if self._closed:
+            check(cb_fail(CB_STATUS_CLOSED, "kvcache: the cache is closed"))
         return 0
+
+    def _address(self):
+        """Address of the C handle (cb_kvcache_t *), for colibri's other extension modules; the
+        caller keeps this KVCache alive while it uses it."""
+        self._open()
+        return <uintptr_t>self._kv
 
     @property
     def closed(self):
-        return self._kv == NULL
+        return self._closed
 
     def new_sequence(self):
         """A new empty sequence; returns its id."""
@@ -453,8 +462,9 @@ cdef class KVCache:
     def close(self):
         """Free every sequence's block. Idempotent; later calls raise ColibriError."""
         if self._kv != NULL:
-            cb_kvcache_free(self._kv)
-            self._kv = NULL
+            with nogil:
+                cb_kvcache_close(self._kv)
+        self._closed = True
 
     def __enter__(self):
         self._open()

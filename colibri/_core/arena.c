@@ -768,6 +768,7 @@ struct cb_kvcache {
     kv_seq *seqs;                  /* max_sequences entries */
     uint32_t *free_ids;            /* stack of unused ids */
     uint32_t n_free;
+    int closed;                    /* after cb_kvcache_close: every call fails with CLOSED */
 };
 
 cb_kvcache_params cb_kvcache_default_params(void) {
@@ -817,11 +818,27 @@ cb_status cb_kvcache_new(cb_arena_t *arena, const cb_kvcache_params *p, cb_kvcac
     return CB_OK;
 }
 
+static void kv_close_locked(cb_kvcache_t *kv) {
+    if (kv->closed) return;
+    for (uint32_t i = 0; i < kv->p.max_sequences; i++) {
+        if (kv->seqs[i].live && kv->seqs[i].has_block) cb_arena_free_block(kv->arena, kv->seqs[i].offset);
+        memset(&kv->seqs[i], 0, sizeof kv->seqs[i]);
+    }
+    kv->n_free = 0;
+    kv->closed = 1;
+    cb_clear_error();
+}
+
+void cb_kvcache_close(cb_kvcache_t *kv) {
+    if (!kv) return;
+    pthread_mutex_lock(&kv->mu);
+    kv_close_locked(kv);
+    pthread_mutex_unlock(&kv->mu);
+}
+
 void cb_kvcache_free(cb_kvcache_t *kv) {
     if (!kv) return;
-    for (uint32_t i = 0; i < kv->p.max_sequences; i++)
-        if (kv->seqs[i].live && kv->seqs[i].has_block) cb_arena_free_block(kv->arena, kv->seqs[i].offset);
-    cb_clear_error();
+    kv_close_locked(kv);
     pthread_mutex_destroy(&kv->mu);
     free(kv->seqs);
     free(kv->free_ids);
@@ -834,6 +851,10 @@ size_t cb_kvcache_token_stride(const cb_kvcache_t *kv) { return kv ? kv->stride 
     do {                                                                             \
         if (!(kv)) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: NULL handle"); \
         pthread_mutex_lock(&(kv)->mu);                                               \
+        if ((kv)->closed) {                                                          \
+            pthread_mutex_unlock(&(kv)->mu);                                         \
+            return cb_fail(CB_STATUS_CLOSED, "kvcache: the cache is closed");        \
+        }                                                                            \
     } while (0)
 
 #define KV_RETURN(kv, expr)                \
@@ -961,6 +982,7 @@ size_t cb_kvcache_list(cb_kvcache_t *kv, uint32_t *ids, size_t max_ids) {
 cb_status cb_kvcache_token_ptr(cb_kvcache_t *kv, uint32_t seq, size_t pos, uint32_t layer,
                                uint32_t kv_index, void **ptr) {
     if (!kv || !ptr) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: NULL argument");
+    if (kv->closed) return cb_fail(CB_STATUS_CLOSED, "kvcache: the cache is closed");
     if (seq >= kv->p.max_sequences || !kv->seqs[seq].live) return bad_seq(kv, seq);
     const kv_seq *s = &kv->seqs[seq];
     if (pos >= s->cap || layer >= kv->p.n_layers || kv_index > 1)

@@ -74,6 +74,7 @@ cdef extern from "colibri/arena.h" nogil:
 
     cb_kvcache_params cb_kvcache_default_params()
     cb_status cb_kvcache_new(cb_arena_t *arena, const cb_kvcache_params *params, cb_kvcache_t **out)
+    void cb_kvcache_close(cb_kvcache_t *kv)
     void cb_kvcache_free(cb_kvcache_t *kv)
     cb_status cb_kvcache_seq_new(cb_kvcache_t *kv, uint32_t *seq)
     cb_status cb_kvcache_seq_reserve(cb_kvcache_t *kv, uint32_t seq, size_t n_tokens)

@@ -194,7 +194,11 @@ cb_kvcache_params cb_kvcache_default_params(void);
  * overflows; OUT_OF_MEMORY for the table. */
 cb_status cb_kvcache_new(cb_arena_t *arena, const cb_kvcache_params *params, cb_kvcache_t **out);
 
-/* Frees every live sequence's block (when the arena is still open) and the cache. NULL ok. */
+/* Frees every live sequence's block (when the arena is still open); the handle stays valid and
+ * every later call returns CB_STATUS_CLOSED. Idempotent; safe while other threads call in. */
+void cb_kvcache_close(cb_kvcache_t *kv);
+
+/* Closes and frees the cache. NULL ok. No other thread may be using it. */
 void cb_kvcache_free(cb_kvcache_t *kv);
 
 /* A new empty sequence (length 0, capacity 0, no block yet). OUT_OF_MEMORY when all

@@ -271,9 +271,21 @@ static void kvcache(void) {
     CHECK(cb_kvcache_seq_free(kv, s[1]) == CB_STATUS_INVALID_ARGUMENT);
     CHECK(cb_kvcache_list(kv, NULL, 0) == 3);
     CHECK(cb_arena_check(a) == CB_OK);
-    cb_kvcache_free(kv);
+    cb_kvcache_close(kv);
     cb_arena_stats(a, &st1);
     CHECK(st1.used == 0 && st1.n_blocks == 0);
+    CHECK(cb_kvcache_seq_new(kv, &s[0]) == CB_STATUS_CLOSED);
+    CHECK(cb_kvcache_token_ptr(kv, s[2], 0, 0, 0, &ptr) == CB_STATUS_CLOSED);
+    CHECK(cb_kvcache_list(kv, NULL, 0) == 0);
+    cb_kvcache_close(kv);
+    cb_kvcache_free(kv);
+    cb_kvcache_free(NULL);
+    /* Freeing a cache frees its sequences' blocks. */
+    CHECK(cb_kvcache_new(a, &kp, &kv) == CB_OK);
+    CHECK(cb_kvcache_seq_new(kv, &s[0]) == CB_OK && cb_kvcache_seq_reserve(kv, s[0], 10) == CB_OK);
+    cb_kvcache_free(kv);
+    cb_arena_stats(a, &st1);
+    CHECK(st1.used == 0);
     cb_arena_free(a);
 }
 
