@@ -42,7 +42,7 @@ libraries = [
         "colibri_c",
         {
             "sources": c_sources,
-            "include_dirs": ["include", "colibri/_core"],
+            "include_dirs": ["include", "colibri/_core", "cuda"],
             "cflags": cflags,
             # Rebuild every object when any header changes (headers are few and small).
             "obj_deps": {"": sorted(glob.glob("include/colibri/*.h") + glob.glob("colibri/_core/*.h"))},
@@ -54,7 +54,7 @@ extensions = [
     Extension(
         "colibri._core." + os.path.splitext(os.path.basename(p))[0],
         [p],
-        include_dirs=["include", "colibri/_core"],
+        include_dirs=["include", "colibri/_core", "cuda"],
         extra_compile_args=[f for f in cflags if f != "-std=c11"] + ["-Wno-unused-function"],
         extra_link_args=["-pthread"],
         libraries=["m"],

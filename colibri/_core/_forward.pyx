@@ -1,0 +1,226 @@
+"""The C forward pass over a model description (colibri.arch.ModelDesc)."""
+include "_check.pxi"
+
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
+from libc.stdlib cimport calloc, free
+from libc.string cimport memset
+
+import numpy as np
+
+from colibri._core.quant cimport cb_matrix_t
+from colibri._core.threadpool cimport cb_threadpool_t
+from colibri._core.arena cimport cb_kvcache_t
+from colibri._core.forward cimport (
+    cb_experts_t, cb_experts_layer_t, cb_experts_layer_stats_t, cb_experts_new_mapped,
+    cb_experts_free, cb_experts_stats, cb_experts_route_counts, cb_experts_reset_stats,
+    cb_layer_desc_t, cb_model_desc_t, cb_forward_t, cb_batch_t, cb_forward_new, cb_forward_free,
+    cb_forward_run,
+)
+
+
+cdef uintptr_t _addr(object arr, object dtype, str what) except? 0:
+    """Address of a C-contiguous numpy array of dtype (None -> 0)."""
+    if arr is None:
+        return 0
+    if not isinstance(arr, np.ndarray) or arr.dtype != dtype or not arr.flags.c_contiguous:
+        raise ValueError(f"{what}: expected a contiguous {np.dtype(dtype).name} array")
+    if arr.ctypes.data % np.dtype(dtype).itemsize:
+        raise ValueError(f"{what}: misaligned data")
+    return <uintptr_t>arr.ctypes.data
+
+
+cdef int _mat(cb_matrix_t *m, object M, str what) except -1:
+    memset(m, 0, sizeof(cb_matrix_t))
+    if M is None:
+        return 0
+    m.type = M.type
+    m.rows = M.rows
+    m.cols = M.cols
+    m.row_bytes = M.row_bytes
+    m.data = <const void *>_addr(M.data, np.uint8, what) if M.data is not None else NULL
+    return 0
+
+
+cdef inline const float *_vec(object v, str what) except? NULL:
+    return <const float *>_addr(v, np.float32, what)
+
+
+cdef class ExpertStore:
+    """The mapped expert store over a model's stacked expert tensors (owns a cb_experts_t)."""
+    cdef cb_experts_t *s
+    cdef object desc
+    cdef readonly int n_layers
+
+    def __cinit__(self, desc):
+        self.s = NULL
+        self.desc = desc
+        n = len(desc.layers)
+        self.n_layers = n
+        cdef cb_experts_layer_t *ls = <cb_experts_layer_t *>calloc(n + 1, sizeof(cb_experts_layer_t))
+        if ls == NULL:
+            raise MemoryError("no memory for the expert table")
+        try:
+            for i, L in enumerate(desc.layers):
+                if L.n_expert == 0 or L.experts is None:
+                    continue
+                X = L.experts
+                ls[i].n_expert = L.n_expert
+                ls[i].type_gate = X.gate.type
+                ls[i].type_up = X.up.type
+                ls[i].type_down = X.down.type
+                ls[i].n_embd = desc.n_embd
+                ls[i].n_ff = L.n_ff_exp
+                ls[i].gate_base = <const uint8_t *>_addr(X.gate_base, np.uint8, "gate_exps")
+                ls[i].up_base = <const uint8_t *>_addr(X.up_base, np.uint8, "up_exps")
+                ls[i].down_base = <const uint8_t *>_addr(X.down_base, np.uint8, "down_exps")
+                ls[i].gate_stride = X.gate_stride
+                ls[i].up_stride = X.up_stride
+                ls[i].down_stride = X.down_stride
+            check(cb_experts_new_mapped(ls, <int32_t>n, &self.s))
+        finally:
+            free(ls)
+
+    def __dealloc__(self):
+        cb_experts_free(self.s)
+        self.s = NULL
+
+    def _address(self):
+        return <uintptr_t>self.s
+
+    def stats(self, int layer=-1):
+        """Hits, misses, bytes read, wait time... of one layer, or all (layer=-1)."""
+        cdef cb_experts_layer_stats_t st
+        check(cb_experts_stats(self.s, layer, &st))
+        return {"uses": st.uses, "acquired": st.acquired, "hits": st.hits, "misses": st.misses,
+                "bytes_read": st.bytes_read, "wait_s": st.wait_ns * 1e-9}
+
+    def route_counts(self, int layer):
+        """How often each expert of a layer was chosen (numpy uint64 [n_expert])."""
+        n = self.desc.layers[layer].n_expert
+        out = np.zeros(n, dtype=np.uint64)
+        if n == 0:
+            return out
+        cdef uint64_t[::1] v = out
+        check(cb_experts_route_counts(self.s, layer, &v[0], <int32_t>n))
+        return out
+
+    def reset_stats(self):
+        cb_experts_reset_stats(self.s)
+
+
+cdef class Forward:
+    """One forward-pass context: a model description, a KV cache, an expert store and a thread
+    pool (all kept alive by this object), and scratch for max_batch tokens."""
+    cdef cb_forward_t *f
+    cdef cb_model_desc_t m
+    cdef cb_layer_desc_t *layers
+    cdef readonly object desc, kv, experts, pool
+    cdef readonly int max_batch, n_vocab, n_embd
+
+    def __cinit__(self, desc, kv, ExpertStore experts, pool, int max_batch=512):
+        self.f = NULL
+        self.layers = NULL
+        self.desc, self.kv, self.experts, self.pool = desc, kv, experts, pool
+        self.max_batch = max_batch
+        self.n_vocab = desc.n_vocab
+        self.n_embd = desc.n_embd
+        cdef cb_model_desc_t *m = &self.m
+        memset(m, 0, sizeof(cb_model_desc_t))
+        m.n_embd, m.n_layer, m.n_head = desc.n_embd, desc.n_layer, desc.n_head
+        m.n_head_kv, m.head_dim, m.n_vocab = desc.n_head_kv, desc.head_dim, desc.n_vocab
+        m.norm_eps = desc.norm_eps
+        m.act, m.qk_norm, m.rope_mode = desc.act, desc.qk_norm, desc.rope_mode
+        m.rope_n_dims = desc.rope_n_dims
+        m.embd_scale, m.attn_scale = desc.embd_scale, desc.attn_scale
+        m.attn_softcap, m.final_softcap = desc.attn_softcap, desc.final_softcap
+        m.gating, m.expert_renorm, m.expert_scale = desc.gating, int(desc.expert_renorm), desc.expert_scale
+        _mat(&m.tok_embd, desc.tok_embd, "token_embd")
+        _mat(&m.output, desc.output, "output")
+        m.output_norm = _vec(desc.output_norm, "output_norm")
+        n = len(desc.layers)
+        self.layers = <cb_layer_desc_t *>calloc(n + 1, sizeof(cb_layer_desc_t))
+        if self.layers == NULL:
+            raise MemoryError("no memory for the layer table")
+        cdef cb_layer_desc_t *L
+        for i, D in enumerate(desc.layers):
+            L = &self.layers[i]
+            w = f"layer {i}"
+            L.attn_norm = _vec(D.attn_norm, w)
+            _mat(&L.wq, D.wq, w); _mat(&L.wk, D.wk, w); _mat(&L.wv, D.wv, w); _mat(&L.wo, D.wo, w)
+            L.bq = _vec(D.bq, w); L.bk = _vec(D.bk, w); L.bv = _vec(D.bv, w); L.bo = _vec(D.bo, w)
+            L.q_norm = _vec(D.q_norm, w); L.k_norm = _vec(D.k_norm, w)
+            L.attn_post_norm = _vec(D.attn_post_norm, w)
+            L.sliding_window = D.sliding_window
+            L.rope_base = D.rope_base
+            L.rope_freq_scale = D.rope_freq_scale
+            L.ffn_norm = _vec(D.ffn_norm, w)
+            L.ffn_post_norm = _vec(D.ffn_post_norm, w)
+            _mat(&L.ffn_gate, D.ffn_gate, w); _mat(&L.ffn_up, D.ffn_up, w); _mat(&L.ffn_down, D.ffn_down, w)
+            L.n_expert, L.n_expert_used = D.n_expert, D.n_expert_used
+            _mat(&L.router, D.router, w)
+            L.router_bias = _vec(D.router_bias, w)
+            L.n_ff_exp = D.n_ff_exp
+            if D.experts is not None:
+                _mat(&L.exp_gate, D.experts.gate, w)
+                _mat(&L.exp_up, D.experts.up, w)
+                _mat(&L.exp_down, D.experts.down, w)
+            _mat(&L.sh_gate, D.sh_gate, w); _mat(&L.sh_up, D.sh_up, w); _mat(&L.sh_down, D.sh_down, w)
+            _mat(&L.sh_gate_inp, D.sh_gate_inp, w)
+        m.layers = self.layers
+        cdef cb_kvcache_t *kvp = <cb_kvcache_t *><uintptr_t>kv._address()
+        cdef cb_threadpool_t *pp = <cb_threadpool_t *><uintptr_t>(pool._address() if pool is not None else 0)
+        cdef cb_experts_t *ep = <cb_experts_t *><uintptr_t>(experts._address() if experts is not None else 0)
+        check(cb_forward_new(m, kvp, ep, pp, max_batch, &self.f))
+
+    def __dealloc__(self):
+        cb_forward_free(self.f)
+        self.f = NULL
+        free(self.layers)
+        self.layers = NULL
+
+    def run(self, seq, pos, tokens=None, embd=None, logits=None):
+        """Run one batch. seq, pos: int arrays [n]; tokens int [n] or embd float32 [n, n_embd];
+        logits: bool [n] (which tokens get logits; None = all). Returns float32 [n_wanted, n_vocab]."""
+        s = np.ascontiguousarray(seq, dtype=np.uint32).reshape(-1)
+        p = np.ascontiguousarray(pos, dtype=np.int32).reshape(-1)
+        n = s.shape[0]
+        if p.shape[0] != n:
+            raise ValueError(f"seq has {n} entries but pos has {p.shape[0]}")
+        if n < 1 or n > self.max_batch:
+            raise ValueError(f"a batch holds 1..{self.max_batch} tokens, got {n}")
+        if (tokens is None) == (embd is None):
+            raise ValueError("give exactly one of tokens and embd")
+        cdef cb_batch_t b
+        memset(&b, 0, sizeof(cb_batch_t))
+        t = e = w = None
+        if tokens is not None:
+            t = np.ascontiguousarray(tokens, dtype=np.int64).reshape(-1)
+            if t.shape[0] != n:
+                raise ValueError(f"{t.shape[0]} tokens for {n} positions")
+            if n and (t.min() < 0 or t.max() >= self.n_vocab):
+                bad = int(t[(t < 0) | (t >= self.n_vocab)][0])
+                raise ValueError(f"token id {bad} is out of range [0, {self.n_vocab})")
+            t = t.astype(np.int32)
+            b.tokens = <const int32_t *><uintptr_t>t.ctypes.data
+        else:
+            e = np.ascontiguousarray(embd, dtype=np.float32)
+            if e.shape != (n, self.n_embd):
+                raise ValueError(f"embeddings of shape {e.shape}, expected ({n}, {self.n_embd})")
+            b.embd = <const float *><uintptr_t>e.ctypes.data
+        nw = n
+        if logits is not None:
+            w = np.ascontiguousarray(logits, dtype=np.int8).reshape(-1)
+            if w.shape[0] != n:
+                raise ValueError(f"logits mask has {w.shape[0]} entries for {n} tokens")
+            nw = int(np.count_nonzero(w))
+            b.logits = <const int8_t *><uintptr_t>w.ctypes.data
+        b.n_tokens = <int32_t>n
+        b.seq = <const uint32_t *><uintptr_t>s.ctypes.data
+        b.pos = <const int32_t *><uintptr_t>p.ctypes.data
+        out = np.empty((max(nw, 1), self.n_vocab), dtype=np.float32)
+        cdef float *op = <float *><uintptr_t>out.ctypes.data
+        cdef cb_status st
+        with nogil:
+            st = cb_forward_run(self.f, &b, op)
+        check(st)
+        return out[:nw]

@@ -1,0 +1,566 @@
+/* The forward pass (see include/colibri/forward.h for the math of one layer).
+ *
+ * Batch flow per layer: every projection is one cb_matmul over all tokens of the batch (the
+ * weights stream once per batch); attention is parallelised over (token, head) pairs on the
+ * thread pool; the MoE block routes every token (routing_logic.h, the code the CUDA router
+ * shares), groups the tokens by expert with a counting sort (deterministic: experts in
+ * ascending id, tokens in batch order), acquires the chosen experts from the expert store once
+ * per batch, and runs each expert's gate/up/down as gathered matmuls whose down projection
+ * accumulates w * expert(h) straight into the output rows.
+ *
+ * Invariants: scratch is sized at creation for max_batch tokens, the attention score buffers
+ * grow (only) when a longer sequence appears; K/V of the batch are written for a layer before
+ * any query of that layer reads them, and a query at position p reads positions <= p only, so
+ * tokens of one sequence can share a batch. Sequence lengths are committed only after the whole
+ * batch succeeded.
+ */
+#include "colibri/forward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "routing_logic.h"
+
+#define CHECK_OK(expr)                  \
+    do {                                \
+        cb_status _s = (expr);          \
+        if (_s != CB_OK) return _s;     \
+    } while (0)
+
+struct cb_forward {
+    const cb_model_desc_t *m;
+    cb_kvcache_t *kv;
+    cb_experts_t *experts;
+    cb_threadpool_t *pool;
+    int32_t max_batch;
+    int n_threads;
+    size_t token_stride;  /* KV bytes per token */
+    size_t kv_elt;        /* 4 (f32) or 2 (f16) */
+    int64_t max_ff;       /* widest FFN (dense, expert or shared) */
+    int32_t max_expert, max_used;
+    /* scratch, [max_batch x ...] */
+    float *x, *h, *q, *k, *v, *att, *o, *g, *u, *rlog, *rw, *shg, *lrows;
+    int32_t *rid, *lists, *cnt, *start, *used, *fill;
+    int64_t *pos64;
+    uint32_t *seqs;       /* distinct sequences of the batch */
+    size_t *seq_len0;     /* their lengths before the batch */
+    int32_t *seq_n;       /* their token counts in the batch */
+    uint8_t **tok_slot;   /* per token: its KV slot (token position) */
+    uint8_t **seq_base;   /* per token: its sequence's position 0 */
+    cb_expert_ref_t *refs;
+    float **scores;       /* per thread */
+    size_t scores_cap;    /* floats per thread buffer */
+};
+
+static int mat_present(const cb_matrix_t *w) { return w->data != NULL; }
+
+static cb_status check_mat(const cb_matrix_t *w, int64_t rows, int64_t cols, const char *what,
+                           int layer) {
+    if (!w->data)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: layer %d: %s is missing", layer, what);
+    if (w->rows != rows || w->cols != cols)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                       "forward: layer %d: %s is %lld x %lld, expected %lld x %lld", layer, what,
+                       (long long)w->rows, (long long)w->cols, (long long)rows, (long long)cols);
+    cb_status s = cb_matrix_check(w);
+    if (s != CB_OK)
+        return cb_fail(s, "forward: layer %d: %s: %s", layer, what, cb_last_error());
+    return CB_OK;
+}
+
+static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *max_expert,
+                          int32_t *max_used) {
+    if (m->n_embd <= 0 || m->n_layer <= 0 || m->n_head <= 0 || m->n_head_kv <= 0 ||
+        m->head_dim <= 0 || m->n_vocab <= 0 || m->n_head % m->n_head_kv != 0)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                       "forward: bad sizes (n_embd %d, n_layer %d, n_head %d, n_head_kv %d, "
+                       "head_dim %d, n_vocab %d)",
+                       m->n_embd, m->n_layer, m->n_head, m->n_head_kv, m->head_dim, m->n_vocab);
+    if (m->rope_n_dims < 0 || m->rope_n_dims > m->head_dim || m->rope_n_dims % 2)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: rope dims %d for head_dim %d",
+                       m->rope_n_dims, m->head_dim);
+    if (!m->layers || !m->output_norm)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: no layers or output norm");
+    if (m->act != CB_ACT_SILU && m->act != CB_ACT_GELU_TANH)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: unknown activation %d", (int)m->act);
+    const int64_t E = m->n_embd, nq = (int64_t)m->n_head * m->head_dim,
+                  nkv = (int64_t)m->n_head_kv * m->head_dim;
+    CHECK_OK(check_mat(&m->tok_embd, m->n_vocab, E, "token_embd", -1));
+    CHECK_OK(check_mat(&m->output, m->n_vocab, E, "output", -1));
+    *max_ff = 1;
+    *max_expert = 0;
+    *max_used = 0;
+    for (int l = 0; l < m->n_layer; l++) {
+        const cb_layer_desc_t *L = &m->layers[l];
+        if (!L->attn_norm || !L->ffn_norm)
+            return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: layer %d: missing norms", l);
+        if (m->qk_norm != CB_QK_NORM_NONE && (!L->q_norm || !L->k_norm))
+            return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: layer %d: missing q/k norm", l);
+        if (L->sliding_window < 0 || !(L->rope_base > 0) || !(L->rope_freq_scale > 0))
+            return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                           "forward: layer %d: bad window %d or rope base %g / scale %g", l,
+                           L->sliding_window, L->rope_base, L->rope_freq_scale);
+        CHECK_OK(check_mat(&L->wq, nq, E, "attn_q", l));
+        CHECK_OK(check_mat(&L->wk, nkv, E, "attn_k", l));
+        CHECK_OK(check_mat(&L->wv, nkv, E, "attn_v", l));
+        CHECK_OK(check_mat(&L->wo, E, nq, "attn_output", l));
+        if (L->n_expert > 0) {
+            if (L->n_expert_used < 1 || L->n_expert_used > L->n_expert ||
+                L->n_expert_used > CB_ROUTE_MAX_K || L->n_expert > CB_ROUTE_MAX_EXPERTS ||
+                L->n_ff_exp <= 0)
+                return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                               "forward: layer %d: %d of %d experts (ff %lld) not supported", l,
+                               L->n_expert_used, L->n_expert, (long long)L->n_ff_exp);
+            CHECK_OK(check_mat(&L->router, L->n_expert, E, "ffn_gate_inp", l));
+            {
+                /* the expert templates carry no data: check them with a dummy pointer */
+                cb_matrix_t tg = L->exp_gate, tu = L->exp_up, td = L->exp_down;
+                tg.data = tu.data = td.data = L;
+                CHECK_OK(check_mat(&tg, L->n_ff_exp, E, "ffn_gate_exps (one expert)", l));
+                CHECK_OK(check_mat(&tu, L->n_ff_exp, E, "ffn_up_exps (one expert)", l));
+                CHECK_OK(check_mat(&td, E, L->n_ff_exp, "ffn_down_exps (one expert)", l));
+            }
+            if (L->n_ff_exp > *max_ff) *max_ff = L->n_ff_exp;
+            if (L->n_expert > *max_expert) *max_expert = L->n_expert;
+            if (L->n_expert_used > *max_used) *max_used = L->n_expert_used;
+            if (mat_present(&L->sh_gate)) {
+                int64_t ff = L->sh_gate.rows;
+                CHECK_OK(check_mat(&L->sh_gate, ff, E, "ffn_gate_shexp", l));
+                CHECK_OK(check_mat(&L->sh_up, ff, E, "ffn_up_shexp", l));
+                CHECK_OK(check_mat(&L->sh_down, E, ff, "ffn_down_shexp", l));
+                if (mat_present(&L->sh_gate_inp))
+                    CHECK_OK(check_mat(&L->sh_gate_inp, 1, E, "ffn_gate_inp_shexp", l));
+                if (ff > *max_ff) *max_ff = ff;
+            }
+        } else {
+            int64_t ff = L->ffn_gate.rows;
+            CHECK_OK(check_mat(&L->ffn_gate, ff, E, "ffn_gate", l));
+            CHECK_OK(check_mat(&L->ffn_up, ff, E, "ffn_up", l));
+            CHECK_OK(check_mat(&L->ffn_down, E, ff, "ffn_down", l));
+            if (ff > *max_ff) *max_ff = ff;
+        }
+    }
+    if (m->gating != CB_GATING_SOFTMAX && m->gating != CB_GATING_SIGMOID)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: unknown gating %d", m->gating);
+    return CB_OK;
+}
+
+void cb_forward_free(cb_forward_t *f) {
+    if (!f) return;
+    void *bufs[] = {f->x,     f->h,     f->q,    f->k,        f->v,      f->att,
+                    f->o,     f->g,     f->u,    f->rlog,     f->rw,     f->shg,
+                    f->lrows, f->rid,   f->lists, f->cnt,     f->start,  f->used,
+                    f->fill,  f->pos64, f->seqs, f->seq_len0, f->seq_n,  f->tok_slot,
+                    f->seq_base, f->refs};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    if (f->scores)
+        for (int t = 0; t < f->n_threads; t++) free(f->scores[t]);
+    free(f->scores);
+    free(f);
+}
+
+static void *zalloc(size_t n, size_t size, int *fail) {
+    void *p = calloc(n ? n : 1, size);
+    if (!p) *fail = 1;
+    return p;
+}
+
+cb_status cb_forward_new(const cb_model_desc_t *m, cb_kvcache_t *kv, cb_experts_t *experts,
+                         cb_threadpool_t *pool, int32_t max_batch, cb_forward_t **out) {
+    if (!out) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: out is NULL");
+    *out = NULL;
+    if (!m || !kv || max_batch < 1 || max_batch > (1 << 20))
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: model, cache and 1 <= max_batch "
+                                                   "(%d) <= 2^20 are required", (int)max_batch);
+    int64_t max_ff = 1;
+    int32_t max_expert = 0, max_used = 0;
+    CHECK_OK(validate(m, &max_ff, &max_expert, &max_used));
+    if (max_expert > 0 && !experts)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: a MoE model needs an expert store");
+    size_t stride = cb_kvcache_token_stride(kv);
+    size_t per_elt = (size_t)m->n_layer * 2 * (size_t)m->n_head_kv * (size_t)m->head_dim;
+    if (stride != per_elt * 4 && stride != per_elt * 2)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                       "forward: the KV cache's token stride %zu bytes does not fit this model "
+                       "(%d layers, %d KV heads, head_dim %d)",
+                       stride, m->n_layer, m->n_head_kv, m->head_dim);
+    cb_forward_t *f = calloc(1, sizeof *f);
+    if (!f) return cb_fail(CB_STATUS_OUT_OF_MEMORY, "forward: no memory");
+    f->m = m;
+    f->kv = kv;
+    f->experts = experts;
+    f->pool = pool;
+    f->max_batch = max_batch;
+    f->n_threads = cb_threadpool_n_threads(pool);
+    f->token_stride = stride;
+    f->kv_elt = stride / per_elt;
+    f->max_ff = max_ff;
+    f->max_expert = max_expert;
+    f->max_used = max_used;
+    const size_t B = (size_t)max_batch, E = (size_t)m->n_embd;
+    const size_t nq = (size_t)m->n_head * m->head_dim, nkv = (size_t)m->n_head_kv * m->head_dim;
+    const size_t K = (size_t)(max_used > 0 ? max_used : 1), NE = (size_t)(max_expert > 0 ? max_expert : 1);
+    int fail = 0;
+    f->x = zalloc(B * E, sizeof(float), &fail);
+    f->h = zalloc(B * E, sizeof(float), &fail);
+    f->q = zalloc(B * nq, sizeof(float), &fail);
+    f->k = zalloc(B * nkv, sizeof(float), &fail);
+    f->v = zalloc(B * nkv, sizeof(float), &fail);
+    f->att = zalloc(B * nq, sizeof(float), &fail);
+    f->o = zalloc(B * E, sizeof(float), &fail);
+    f->g = zalloc(B * (size_t)max_ff, sizeof(float), &fail);
+    f->u = zalloc(B * (size_t)max_ff, sizeof(float), &fail);
+    f->rlog = zalloc(B * NE, sizeof(float), &fail);
+    f->rw = zalloc(B * K, sizeof(float), &fail);
+    f->shg = zalloc(B, sizeof(float), &fail);
+    f->lrows = zalloc(B * E, sizeof(float), &fail);
+    f->rid = zalloc(B * K, sizeof(int32_t), &fail);
+    f->lists = zalloc(B * K, sizeof(int32_t), &fail);
+    f->cnt = zalloc(NE, sizeof(int32_t), &fail);
+    f->start = zalloc(NE + 1, sizeof(int32_t), &fail);
+    f->used = zalloc(NE, sizeof(int32_t), &fail);
+    f->fill = zalloc(NE, sizeof(int32_t), &fail);
+    f->pos64 = zalloc(B, sizeof(int64_t), &fail);
+    f->seqs = zalloc(B, sizeof(uint32_t), &fail);
+    f->seq_len0 = zalloc(B, sizeof(size_t), &fail);
+    f->seq_n = zalloc(B, sizeof(int32_t), &fail);
+    f->tok_slot = zalloc(B, sizeof(uint8_t *), &fail);
+    f->seq_base = zalloc(B, sizeof(uint8_t *), &fail);
+    f->refs = zalloc(NE, sizeof(cb_expert_ref_t), &fail);
+    f->scores = zalloc((size_t)f->n_threads, sizeof(float *), &fail);
+    if (fail) {
+        cb_forward_free(f);
+        return cb_fail(CB_STATUS_OUT_OF_MEMORY,
+                       "forward: no memory for the scratch of a %d-token batch", (int)max_batch);
+    }
+    *out = f;
+    return CB_OK;
+}
+
+/* ---- attention ---------------------------------------------------------------------------- */
+
+typedef struct attn_ctx {
+    cb_forward_t *f;
+    const cb_batch_t *b;
+    int layer;
+    int32_t window;
+    cb_status status;
+} attn_ctx;
+
+static inline float kv_load(const uint8_t *p, size_t elt, int64_t i) {
+    if (elt == 4) return ((const float *)p)[i];
+    return cb_f16_to_f32(((const uint16_t *)p)[i]);
+}
+
+static void attn_task(void *vctx, int task, int thread) {
+    attn_ctx *c = vctx;
+    cb_forward_t *f = c->f;
+    const cb_model_desc_t *m = f->m;
+    const int t = task / m->n_head, hq = task % m->n_head;
+    const int hk = hq / (m->n_head / m->n_head_kv);
+    const int64_t hd = m->head_dim;
+    const int64_t p = c->b->pos[t];
+    int64_t lo = 0;
+    if (c->window > 0 && p - c->window + 1 > 0) lo = p - c->window + 1;
+    const int64_t n = p - lo + 1;
+    const float *q = f->q + (size_t)t * m->n_head * hd + (size_t)hq * hd;
+    float *out = f->att + (size_t)t * m->n_head * hd + (size_t)hq * hd;
+    float *sc = f->scores[thread];
+    const size_t elt = f->kv_elt, stride = f->token_stride;
+    const size_t koff = ((size_t)c->layer * 2 * m->n_head_kv + (size_t)hk) * hd * elt;
+    const size_t voff = koff + (size_t)m->n_head_kv * hd * elt;
+    const uint8_t *base = f->seq_base[t];
+    if (elt == 4) {
+        cb_status s = cb_dot_rows_f32(q, (const float *)(base + lo * stride + koff), n,
+                                      (int64_t)(stride / 4), hd, m->attn_scale, sc);
+        if (s != CB_OK) {
+            c->status = s;
+            return;
+        }
+    } else {
+        for (int64_t j = 0; j < n; j++) {
+            const uint8_t *kp = base + (lo + j) * stride + koff;
+            float acc = 0.0f;
+            for (int64_t d = 0; d < hd; d++) acc += q[d] * kv_load(kp, elt, d);
+            sc[j] = acc * m->attn_scale;
+        }
+    }
+    if (m->attn_softcap > 0) cb_softcap(sc, n, m->attn_softcap);
+    cb_softmax(sc, n);
+    memset(out, 0, (size_t)hd * sizeof(float));
+    for (int64_t j = 0; j < n; j++) {
+        const uint8_t *vp = base + (lo + j) * stride + voff;
+        if (elt == 4) {
+            cb_axpy(sc[j], (const float *)vp, hd, out);
+        } else {
+            for (int64_t d = 0; d < hd; d++) out[d] += sc[j] * kv_load(vp, elt, d);
+        }
+    }
+}
+
+static void kv_store(uint8_t *dst, const float *src, int64_t n, size_t elt) {
+    if (elt == 4) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    } else {
+        uint16_t *d = (uint16_t *)dst;
+        for (int64_t i = 0; i < n; i++) d[i] = cb_f32_to_f16(src[i]);
+    }
+}
+
+static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
+    const cb_model_desc_t *m = f->m;
+    const cb_layer_desc_t *L = &m->layers[l];
+    const int64_t n = b->n_tokens, E = m->n_embd, hd = m->head_dim;
+    const int64_t nq = (int64_t)m->n_head * hd, nkv = (int64_t)m->n_head_kv * hd;
+    CHECK_OK(cb_rmsnorm_rows(f->x, E, n, E, L->attn_norm, m->norm_eps, 0, f->h, E));
+    CHECK_OK(cb_matmul(&L->wq, f->h, n, E, f->q, nq, f->pool));
+    CHECK_OK(cb_matmul(&L->wk, f->h, n, E, f->k, nkv, f->pool));
+    CHECK_OK(cb_matmul(&L->wv, f->h, n, E, f->v, nkv, f->pool));
+    for (int64_t t = 0; t < n; t++) {
+        if (L->bq) cb_add(f->q + t * nq, L->bq, nq, f->q + t * nq);
+        if (L->bk) cb_add(f->k + t * nkv, L->bk, nkv, f->k + t * nkv);
+        if (L->bv) cb_add(f->v + t * nkv, L->bv, nkv, f->v + t * nkv);
+    }
+    if (m->qk_norm == CB_QK_NORM_HEAD) {
+        CHECK_OK(cb_rmsnorm_rows(f->q, hd, n * m->n_head, hd, L->q_norm, m->norm_eps, 0, f->q, hd));
+        CHECK_OK(cb_rmsnorm_rows(f->k, hd, n * m->n_head_kv, hd, L->k_norm, m->norm_eps, 0, f->k, hd));
+    } else if (m->qk_norm == CB_QK_NORM_FULL) {
+        CHECK_OK(cb_rmsnorm_rows(f->q, nq, n, nq, L->q_norm, m->norm_eps, 0, f->q, nq));
+        CHECK_OK(cb_rmsnorm_rows(f->k, nkv, n, nkv, L->k_norm, m->norm_eps, 0, f->k, nkv));
+    }
+    cb_rope_params_t rp = cb_rope_default_params();
+    rp.n_dims = m->rope_n_dims ? m->rope_n_dims : hd;
+    rp.mode = m->rope_mode;
+    rp.freq_base = L->rope_base;
+    rp.freq_scale = L->rope_freq_scale;
+    CHECK_OK(cb_rope_batch(f->q, n, nq, m->n_head, hd, f->pos64, &rp));
+    CHECK_OK(cb_rope_batch(f->k, n, nkv, m->n_head_kv, hd, f->pos64, &rp));
+    /* K/V of every token of the batch into the cache before any query reads */
+    const size_t layer_off = (size_t)l * 2 * (size_t)nkv * f->kv_elt;
+    for (int64_t t = 0; t < n; t++) {
+        uint8_t *slot = f->tok_slot[t] + layer_off;
+        kv_store(slot, f->k + t * nkv, nkv, f->kv_elt);
+        kv_store(slot + (size_t)nkv * f->kv_elt, f->v + t * nkv, nkv, f->kv_elt);
+    }
+    attn_ctx c = {f, b, l, L->sliding_window, CB_OK};
+    CHECK_OK(cb_threadpool_run(f->pool, attn_task, &c, (int)(n * m->n_head)));
+    if (c.status != CB_OK) return c.status;
+    CHECK_OK(cb_matmul(&L->wo, f->att, n, nq, f->o, E, f->pool));
+    for (int64_t t = 0; t < n; t++) {
+        float *o = f->o + t * E;
+        if (L->bo) cb_add(o, L->bo, E, o);
+        if (L->attn_post_norm) CHECK_OK(cb_rmsnorm(o, L->attn_post_norm, E, m->norm_eps, 0, o));
+        cb_add(f->x + t * E, o, E, f->x + t * E);
+    }
+    return CB_OK;
+}
+
+/* ---- feed-forward ------------------------------------------------------------------------- */
+
+/* out[rows of h] = down(act(gate h) * up h), for n tokens (rows of h, E floats). g/u: n x ff. */
+static cb_status dense_ffn(cb_forward_t *f, const cb_matrix_t *gate, const cb_matrix_t *up,
+                           const cb_matrix_t *down, int64_t n, float *out) {
+    const int64_t E = f->m->n_embd, ff = gate->rows;
+    CHECK_OK(cb_matmul(gate, f->h, n, E, f->g, ff, f->pool));
+    CHECK_OK(cb_matmul(up, f->h, n, E, f->u, ff, f->pool));
+    CHECK_OK(cb_glu(f->m->act, f->g, f->u, n * ff, f->g));
+    return cb_matmul(down, f->g, n, ff, out, E, f->pool);
+}
+
+static cb_status moe_ffn(cb_forward_t *f, int l, int64_t n) {
+    const cb_model_desc_t *m = f->m;
+    const cb_layer_desc_t *L = &m->layers[l];
+    const int64_t E = m->n_embd, NE = L->n_expert, K = L->n_expert_used, ff = L->n_ff_exp;
+    CHECK_OK(cb_matmul(&L->router, f->h, n, E, f->rlog, NE, f->pool));
+    memset(f->cnt, 0, (size_t)NE * sizeof(int32_t));
+    for (int64_t t = 0; t < n; t++) {
+        int r = cb_route_token(f->rlog + t * NE, (int)NE, (int)K, m->gating, L->router_bias,
+                               m->expert_renorm, m->expert_scale, f->rid + t * K, f->rw + t * K);
+        if (r != CB_ROUTE_OK)
+            return cb_fail(r == CB_ROUTE_ENONFINITE ? CB_STATUS_CORRUPT : CB_STATUS_INTERNAL,
+                           "forward: layer %d: routing of token %lld failed (%s)", l,
+                           (long long)t,
+                           r == CB_ROUTE_ENONFINITE ? "non-finite router logits" : "bad arguments");
+        for (int64_t i = 0; i < K; i++) f->cnt[f->rid[t * K + i]]++;
+    }
+    /* counting sort: lists[start[e] ..) = (token t) of expert e, in batch order */
+    int32_t n_used = 0;
+    f->start[0] = 0;
+    for (int64_t e = 0; e < NE; e++) {
+        f->start[e + 1] = f->start[e] + f->cnt[e];
+        f->fill[e] = f->start[e];
+        if (f->cnt[e] > 0) f->used[n_used++] = (int32_t)e;
+    }
+    /* per-entry routing weights, in list order: rlog is free again after routing */
+    float *lw = f->rlog;
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t i = 0; i < K; i++) {
+            int32_t e = f->rid[t * K + i];
+            int32_t at = f->fill[e]++;
+            f->lists[at] = (int32_t)t;
+            lw[at] = f->rw[t * K + i];
+        }
+    for (int32_t i = 0; i < n_used; i++) f->fill[i] = f->cnt[f->used[i]]; /* tokens per expert */
+    CHECK_OK(cb_experts_acquire(f->experts, l, f->used, n_used, f->fill, f->refs));
+    memset(f->o, 0, (size_t)n * E * sizeof(float));
+    cb_status st = CB_OK;
+    for (int32_t i = 0; i < n_used && st == CB_OK; i++) {
+        int32_t e = f->used[i];
+        int32_t ne = f->cnt[e];
+        const int32_t *ids = f->lists + f->start[e];
+        cb_matrix_t wg = L->exp_gate, wu = L->exp_up, wd = L->exp_down;
+        wg.data = f->refs[i].gate;
+        wu.data = f->refs[i].up;
+        wd.data = f->refs[i].down;
+        cb_matmul_opts_t op = cb_matmul_default_opts();
+        op.token_ids = ids;
+        op.n_rows_xy = n;
+        st = cb_matmul_ex(&wg, f->h, ne, E, f->g, ff, &op, f->pool);
+        if (st == CB_OK) st = cb_matmul_ex(&wu, f->h, ne, E, f->u, ff, &op, f->pool);
+        if (st != CB_OK) break;
+        for (int32_t j = 0; j < ne && st == CB_OK; j++)
+            st = cb_glu(m->act, f->g + (size_t)ids[j] * ff, f->u + (size_t)ids[j] * ff, ff,
+                        f->g + (size_t)ids[j] * ff);
+        if (st != CB_OK) break;
+        cb_matmul_opts_t od = op;
+        od.accumulate = 1;
+        od.token_scale = lw + f->start[e];
+        st = cb_matmul_ex(&wd, f->g, ne, ff, f->o, E, &od, f->pool);
+    }
+    cb_status rs = cb_experts_release(f->experts, l, f->used, n_used);
+    if (st != CB_OK) return st;
+    CHECK_OK(rs);
+    if (mat_present(&L->sh_gate)) {
+        /* shared expert into lrows, scaled by sigmoid(sh_gate_inp . h) when that gate exists */
+        CHECK_OK(dense_ffn(f, &L->sh_gate, &L->sh_up, &L->sh_down, n, f->lrows));
+        if (mat_present(&L->sh_gate_inp))
+            CHECK_OK(cb_matmul(&L->sh_gate_inp, f->h, n, E, f->shg, 1, f->pool));
+        for (int64_t t = 0; t < n; t++) {
+            float s = 1.0f;
+            if (mat_present(&L->sh_gate_inp)) s = 1.0f / (1.0f + expf(-f->shg[t]));
+            cb_axpy(s, f->lrows + t * E, E, f->o + t * E);
+        }
+    }
+    return CB_OK;
+}
+
+static cb_status ffn(cb_forward_t *f, int l, int64_t n) {
+    const cb_model_desc_t *m = f->m;
+    const cb_layer_desc_t *L = &m->layers[l];
+    const int64_t E = m->n_embd;
+    CHECK_OK(cb_rmsnorm_rows(f->x, E, n, E, L->ffn_norm, m->norm_eps, 0, f->h, E));
+    if (L->n_expert > 0)
+        CHECK_OK(moe_ffn(f, l, n));
+    else
+        CHECK_OK(dense_ffn(f, &L->ffn_gate, &L->ffn_up, &L->ffn_down, n, f->o));
+    for (int64_t t = 0; t < n; t++) {
+        float *o = f->o + t * E;
+        if (L->ffn_post_norm) CHECK_OK(cb_rmsnorm(o, L->ffn_post_norm, E, m->norm_eps, 0, o));
+        cb_add(f->x + t * E, o, E, f->x + t * E);
+    }
+    return CB_OK;
+}
+
+/* ---- the batch ---------------------------------------------------------------------------- */
+
+/* Groups the batch by sequence, checks positions, reserves KV room and computes slots. */
+static cb_status prepare(cb_forward_t *f, const cb_batch_t *b, int32_t *n_seqs_out,
+                         int64_t *max_ctx) {
+    const int64_t n = b->n_tokens;
+    int32_t ns = 0;
+    *max_ctx = 0;
+    for (int64_t t = 0; t < n; t++) {
+        uint32_t s = b->seq[t];
+        int32_t i = 0;
+        while (i < ns && f->seqs[i] != s) i++;
+        if (i == ns) {
+            size_t len;
+            CHECK_OK(cb_kvcache_seq_len(f->kv, s, &len));
+            f->seqs[ns] = s;
+            f->seq_len0[ns] = len;
+            f->seq_n[ns] = 0;
+            ns++;
+        }
+        int64_t want = (int64_t)f->seq_len0[i] + f->seq_n[i];
+        if (b->pos[t] != want)
+            return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                           "forward: token %lld of sequence %u is at position %d, expected %lld "
+                           "(tokens of a sequence append at consecutive positions)",
+                           (long long)t, s, b->pos[t], (long long)want);
+        f->seq_n[i]++;
+        f->pos64[t] = b->pos[t];
+        if (b->pos[t] + 1 > *max_ctx) *max_ctx = b->pos[t] + 1;
+    }
+    for (int32_t i = 0; i < ns; i++)
+        CHECK_OK(cb_kvcache_seq_reserve(f->kv, f->seqs[i], f->seq_len0[i] + (size_t)f->seq_n[i]));
+    /* pointers only after every reserve (a reserve may move that sequence's block) */
+    for (int64_t t = 0; t < n; t++) {
+        void *p0;
+        CHECK_OK(cb_kvcache_token_ptr(f->kv, b->seq[t], 0, 0, 0, &p0));
+        f->seq_base[t] = p0;
+        f->tok_slot[t] = (uint8_t *)p0 + (size_t)b->pos[t] * f->token_stride;
+    }
+    *n_seqs_out = ns;
+    return CB_OK;
+}
+
+static cb_status ensure_scores(cb_forward_t *f, int64_t max_ctx) {
+    if ((size_t)max_ctx <= f->scores_cap) return CB_OK;
+    size_t cap = f->scores_cap ? f->scores_cap : 256;
+    while (cap < (size_t)max_ctx) cap *= 2;
+    for (int t = 0; t < f->n_threads; t++) {
+        float *p = realloc(f->scores[t], cap * sizeof(float));
+        if (!p) return cb_fail(CB_STATUS_OUT_OF_MEMORY, "forward: no memory for %zu scores", cap);
+        f->scores[t] = p;
+    }
+    f->scores_cap = cap;
+    return CB_OK;
+}
+
+cb_status cb_forward_run(cb_forward_t *f, const cb_batch_t *b, float *logits_out) {
+    if (!f || !b || !logits_out || !b->seq || !b->pos || (!b->tokens && !b->embd))
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                       "forward: batch needs seq, pos, tokens or embd, and an output");
+    const cb_model_desc_t *m = f->m;
+    const int64_t n = b->n_tokens, E = m->n_embd;
+    if (n < 1 || n > f->max_batch)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: batch of %lld tokens (1..%d)",
+                       (long long)n, f->max_batch);
+    for (int64_t t = 0; t < n; t++)
+        if (b->pos[t] < 0)
+            return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: negative position %d",
+                           b->pos[t]);
+    int32_t ns = 0;
+    int64_t max_ctx = 0;
+    CHECK_OK(prepare(f, b, &ns, &max_ctx));
+    CHECK_OK(ensure_scores(f, max_ctx));
+    if (b->tokens) {
+        CHECK_OK(cb_get_rows(&m->tok_embd, b->tokens, n, f->x));
+        if (m->embd_scale != 1.0f && m->embd_scale != 0.0f) cb_scale(f->x, n * E, m->embd_scale);
+    } else {
+        for (int64_t i = 0; i < n * E; i++)
+            if (!isfinite(b->embd[i]))
+                return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                               "forward: input embedding of token %lld is not finite",
+                               (long long)(i / E));
+        memcpy(f->x, b->embd, (size_t)(n * E) * sizeof(float));
+    }
+    for (int l = 0; l < m->n_layer; l++) {
+        CHECK_OK(attention(f, b, l));
+        CHECK_OK(ffn(f, l, n));
+    }
+    int64_t nw = 0;
+    for (int64_t t = 0; t < n; t++) {
+        if (b->logits && !b->logits[t]) continue;
+        CHECK_OK(cb_rmsnorm(f->x + t * E, m->output_norm, E, m->norm_eps, 0, f->lrows + nw * E));
+        nw++;
+    }
+    if (nw > 0) {
+        CHECK_OK(cb_matmul(&m->output, f->lrows, nw, E, logits_out, m->n_vocab, f->pool));
+        if (m->final_softcap > 0) cb_softcap(logits_out, nw * m->n_vocab, m->final_softcap);
+    }
+    for (int32_t i = 0; i < ns; i++)
+        CHECK_OK(cb_kvcache_seq_set_len(f->kv, f->seqs[i], f->seq_len0[i] + (size_t)f->seq_n[i]));
+    return CB_OK;
+}

@@ -1,0 +1,88 @@
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
+
+from colibri._core.status cimport cb_status
+from colibri._core.quant cimport cb_matrix_t
+from colibri._core.threadpool cimport cb_threadpool_t
+from colibri._core.arena cimport cb_kvcache_t
+
+
+cdef extern from "colibri/experts.h" nogil:
+    ctypedef struct cb_experts_t:
+        pass
+    ctypedef struct cb_experts_layer_t:
+        int32_t n_expert
+        int32_t type_gate, type_up, type_down
+        int64_t n_embd, n_ff
+        const uint8_t *gate_base
+        const uint8_t *up_base
+        const uint8_t *down_base
+        size_t gate_stride, up_stride, down_stride
+    ctypedef struct cb_experts_layer_stats_t:
+        uint64_t uses, acquired, hits, misses, bytes_read, wait_ns
+    cb_status cb_experts_new_mapped(const cb_experts_layer_t *layers, int32_t n_layers,
+                                    cb_experts_t **out)
+    void cb_experts_free(cb_experts_t *s)
+    cb_status cb_experts_stats(const cb_experts_t *s, int32_t layer, cb_experts_layer_stats_t *out)
+    cb_status cb_experts_route_counts(const cb_experts_t *s, int32_t layer, uint64_t *counts,
+                                      int32_t n_expert)
+    void cb_experts_reset_stats(cb_experts_t *s)
+
+
+cdef extern from "colibri/forward.h" nogil:
+    ctypedef struct cb_layer_desc_t:
+        const float *attn_norm
+        cb_matrix_t wq, wk, wv, wo
+        const float *bq
+        const float *bk
+        const float *bv
+        const float *bo
+        const float *q_norm
+        const float *k_norm
+        const float *attn_post_norm
+        int32_t sliding_window
+        float rope_base
+        float rope_freq_scale
+        const float *ffn_norm
+        const float *ffn_post_norm
+        cb_matrix_t ffn_gate, ffn_up, ffn_down
+        int32_t n_expert, n_expert_used
+        cb_matrix_t router
+        const float *router_bias
+        int64_t n_ff_exp
+        cb_matrix_t exp_gate, exp_up, exp_down
+        cb_matrix_t sh_gate, sh_up, sh_down, sh_gate_inp
+
+    ctypedef struct cb_model_desc_t:
+        int32_t n_embd, n_layer, n_head, n_head_kv, head_dim, n_vocab
+        float norm_eps
+        int act
+        int qk_norm
+        int rope_mode
+        int32_t rope_n_dims
+        float embd_scale
+        float attn_scale
+        float attn_softcap
+        float final_softcap
+        int32_t gating
+        int32_t expert_renorm
+        float expert_scale
+        cb_matrix_t tok_embd
+        const float *output_norm
+        cb_matrix_t output
+        const cb_layer_desc_t *layers
+
+    ctypedef struct cb_forward_t:
+        pass
+
+    ctypedef struct cb_batch_t:
+        int32_t n_tokens
+        const int32_t *tokens
+        const float *embd
+        const uint32_t *seq
+        const int32_t *pos
+        const int8_t *logits
+
+    cb_status cb_forward_new(const cb_model_desc_t *model, cb_kvcache_t *kv, cb_experts_t *experts,
+                             cb_threadpool_t *pool, int32_t max_batch, cb_forward_t **out)
+    void cb_forward_free(cb_forward_t *f)
+    cb_status cb_forward_run(cb_forward_t *f, const cb_batch_t *batch, float *logits_out)

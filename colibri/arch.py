@@ -1,0 +1,413 @@
+"""Architectures as data: from a validated GGUF file to the model description the C forward pass
+runs (include/colibri/forward.h).
+
+Every supported `general.architecture` is one entry of FAMILIES: its quirks are fields (RoPE
+pairing, q/k norm kind, activation, gating and renormalisation, embedding scale, which norms
+exist), read together with the standard GGUF keys. Nothing here computes; it only finds
+tensors, checks their shapes and types, and hands pointers (numpy views of the file mapping)
+to C. The behaviour follows llama.cpp's for each family (see docs/ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from colibri.gguf import GGUFError, GGUFFile, TensorInfo
+
+# ops.h / forward.h enum values
+ACT_SILU, ACT_GELU_TANH = 0, 1
+QK_NONE, QK_HEAD, QK_FULL = 0, 1, 2
+ROPE_NORMAL, ROPE_NEOX = 0, 2
+GATING_SOFTMAX, GATING_SIGMOID = 0, 1
+
+F32 = 0
+
+
+@dataclass(frozen=True)
+class Family:
+    rope_mode: int = ROPE_NEOX
+    act: int = ACT_SILU
+    qk_norm: int = QK_NONE
+    renorm: bool = True          # renormalise the top-k expert weights
+    gating: int = GATING_SOFTMAX
+    embd_scale: bool = False     # multiply token embeddings by sqrt(n_embd)
+    post_norms: bool = False     # gemma: norms after attention and FFN
+    swa_pattern: int = 0         # gemma3: every n-th layer is global, the others sliding
+    swa_rope_base: float = 0.0   # rope base of sliding-window layers (0: same as global)
+    moe: bool = False            # the family can have experts
+    shared_expert: bool = False
+
+
+FAMILIES: dict[str, Family] = {
+    "llama": Family(rope_mode=ROPE_NORMAL, moe=True, renorm=True),
+    "qwen2": Family(),
+    "qwen2moe": Family(moe=True, renorm=False, shared_expert=True),
+    "qwen3": Family(qk_norm=QK_HEAD),
+    "qwen3moe": Family(qk_norm=QK_HEAD, moe=True, renorm=True),
+    "olmoe": Family(qk_norm=QK_FULL, moe=True, renorm=False),
+    "gemma3": Family(
+        act=ACT_GELU_TANH, qk_norm=QK_HEAD, embd_scale=True, post_norms=True, swa_pattern=6,
+        swa_rope_base=10000.0,
+    ),
+}
+
+
+class UnsupportedModel(ValueError):
+    """The file is a valid GGUF, but its architecture or a required key/tensor is missing or
+    not supported."""
+
+
+@dataclass
+class Mat:
+    """A weight matrix for C: rows x cols of GGML type `type`, row r at data[r*row_bytes:]."""
+
+    type: int
+    rows: int
+    cols: int
+    row_bytes: int
+    data: np.ndarray | None  # uint8 view (None: an expert template, data from the store)
+
+
+@dataclass
+class ExpertTensors:
+    """One layer's stacked experts: three 3-D tensors, expert e at base + e*stride."""
+
+    gate: Mat
+    up: Mat
+    down: Mat
+    gate_base: np.ndarray
+    up_base: np.ndarray
+    down_base: np.ndarray
+    gate_stride: int
+    up_stride: int
+    down_stride: int
+    gate_info: TensorInfo
+    up_info: TensorInfo
+    down_info: TensorInfo
+
+
+@dataclass
+class LayerDesc:
+    attn_norm: np.ndarray
+    wq: Mat
+    wk: Mat
+    wv: Mat
+    wo: Mat
+    ffn_norm: np.ndarray
+    bq: np.ndarray | None = None
+    bk: np.ndarray | None = None
+    bv: np.ndarray | None = None
+    bo: np.ndarray | None = None
+    q_norm: np.ndarray | None = None
+    k_norm: np.ndarray | None = None
+    attn_post_norm: np.ndarray | None = None
+    ffn_post_norm: np.ndarray | None = None
+    sliding_window: int = 0
+    rope_base: float = 10000.0
+    rope_freq_scale: float = 1.0
+    ffn_gate: Mat | None = None
+    ffn_up: Mat | None = None
+    ffn_down: Mat | None = None
+    n_expert: int = 0
+    n_expert_used: int = 0
+    router: Mat | None = None
+    router_bias: np.ndarray | None = None
+    n_ff_exp: int = 0
+    experts: ExpertTensors | None = None
+    sh_gate: Mat | None = None
+    sh_up: Mat | None = None
+    sh_down: Mat | None = None
+    sh_gate_inp: Mat | None = None
+
+
+@dataclass
+class ModelDesc:
+    arch: str
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_vocab: int
+    n_ctx_train: int
+    norm_eps: float
+    act: int
+    qk_norm: int
+    rope_mode: int
+    rope_n_dims: int
+    embd_scale: float
+    attn_scale: float
+    attn_softcap: float
+    final_softcap: float
+    gating: int
+    expert_renorm: bool
+    expert_scale: float
+    tok_embd: Mat
+    output_norm: np.ndarray
+    output: Mat
+    layers: list[LayerDesc] = field(default_factory=list)
+
+    @property
+    def is_moe(self) -> bool:
+        return any(layer.n_expert > 0 for layer in self.layers)
+
+    def dense_bytes(self) -> int:
+        """Bytes of every tensor except the routed experts."""
+        return self._bytes(experts=False)
+
+    def expert_bytes(self) -> int:
+        return self._bytes(experts=True)
+
+    def _bytes(self, experts: bool) -> int:
+        total = 0
+        seen: set[int] = set()
+
+        def add(a: np.ndarray | None) -> None:
+            nonlocal total
+            if a is not None and id(a) not in seen:
+                seen.add(id(a))
+                total += a.nbytes
+
+        if not experts:
+            add(self.tok_embd.data)
+            if self.output.data is not self.tok_embd.data:
+                add(self.output.data)
+            add(self.output_norm)
+        for layer in self.layers:
+            if experts:
+                if layer.experts:
+                    add(layer.experts.gate_base)
+                    add(layer.experts.up_base)
+                    add(layer.experts.down_base)
+                continue
+            for v in vars(layer).values():
+                if isinstance(v, Mat):
+                    add(v.data)
+                elif isinstance(v, np.ndarray):
+                    add(v)
+        return total
+
+
+class _Reader:
+    def __init__(self, gf: GGUFFile, arch: str):
+        self.gf = gf
+        self.arch = arch
+        self.md = gf.metadata
+        self.keep: list[Any] = []  # arrays made here (dequantized vectors)
+
+    def key(self, name: str, default: Any = None, required: bool = False) -> Any:
+        full = f"{self.arch}.{name}"
+        if full in self.md:
+            return self.md[full]
+        if required:
+            raise UnsupportedModel(f"{self.gf.path}: required key {full!r} is missing")
+        return default
+
+    def has(self, name: str) -> bool:
+        return name in self.gf.tensors
+
+    def info(self, name: str) -> TensorInfo:
+        t = self.gf.tensors.get(name)
+        if t is None:
+            raise UnsupportedModel(f"{self.gf.path}: required tensor {name!r} is missing")
+        return t
+
+    def vec(self, name: str, n: int, required: bool = True) -> np.ndarray | None:
+        """A 1-D float32 vector of n values (dequantized to a new array if not F32)."""
+        if not self.has(name):
+            if required:
+                raise UnsupportedModel(f"{self.gf.path}: required tensor {name!r} is missing")
+            return None
+        t = self.info(name)
+        if t.n_elements != n:
+            raise UnsupportedModel(
+                f"{self.gf.path}: tensor {name!r} has {t.n_elements} values, expected {n}"
+            )
+        raw = self.gf.data(name)
+        if t.type == F32:
+            return raw.view(np.float32)
+        from gguf import quants
+
+        arr = np.ascontiguousarray(quants.dequantize(raw, t.type).reshape(-1), dtype=np.float32)
+        self.keep.append(arr)
+        return arr
+
+    def mat(self, name: str, rows: int, cols: int, required: bool = True) -> Mat | None:
+        if not self.has(name):
+            if required:
+                raise UnsupportedModel(f"{self.gf.path}: required tensor {name!r} is missing")
+            return None
+        t = self.info(name)
+        if len(t.shape) != 2 or t.shape[0] != cols or t.shape[1] != rows:
+            raise UnsupportedModel(
+                f"{self.gf.path}: tensor {name!r} has shape {list(t.shape)}, expected "
+                f"[{cols}, {rows}] (GGUF order)"
+            )
+        return Mat(t.type, rows, cols, t.row_nbytes, self.gf.data(name))
+
+    def experts(self, bid: int, n_expert: int, n_embd: int, n_ff: int) -> ExpertTensors:
+        mats = {}
+        for kind, rows, cols in (("gate", n_ff, n_embd), ("up", n_ff, n_embd), ("down", n_embd, n_ff)):
+            name = f"blk.{bid}.ffn_{kind}_exps.weight"
+            t = self.info(name)
+            if tuple(t.shape) != (cols, rows, n_expert):
+                raise UnsupportedModel(
+                    f"{self.gf.path}: tensor {name!r} has shape {list(t.shape)}, expected "
+                    f"[{cols}, {rows}, {n_expert}] (GGUF order)"
+                )
+            mats[kind] = (t, Mat(t.type, rows, cols, t.row_nbytes, None), self.gf.data(name))
+        return ExpertTensors(
+            gate=mats["gate"][1], up=mats["up"][1], down=mats["down"][1],
+            gate_base=mats["gate"][2], up_base=mats["up"][2], down_base=mats["down"][2],
+            gate_stride=mats["gate"][0].nbytes // n_expert,
+            up_stride=mats["up"][0].nbytes // n_expert,
+            down_stride=mats["down"][0].nbytes // n_expert,
+            gate_info=mats["gate"][0], up_info=mats["up"][0], down_info=mats["down"][0],
+        )
+
+
+def _int(v: Any, what: str, path: str) -> int:
+    if isinstance(v, list | tuple | np.ndarray):
+        vals = {int(x) for x in v}
+        if len(vals) != 1:
+            raise UnsupportedModel(f"{path}: per-layer {what} values {sorted(vals)} are not supported")
+        return vals.pop()
+    return int(v)
+
+
+def describe(gf: GGUFFile) -> ModelDesc:
+    """Build the model description of a GGUF file, or raise UnsupportedModel naming what is
+    missing or not supported."""
+    arch = gf.architecture
+    if arch is None:
+        raise UnsupportedModel(f"{gf.path}: no general.architecture key: not a model file")
+    fam = FAMILIES.get(arch)
+    if fam is None:
+        raise UnsupportedModel(
+            f"{gf.path}: architecture {arch!r} is not supported; supported: "
+            f"{', '.join(sorted(FAMILIES))}"
+        )
+    r = _Reader(gf, arch)
+    p = gf.path
+    n_embd = _int(r.key("embedding_length", required=True), "embedding_length", p)
+    n_layer = _int(r.key("block_count", required=True), "block_count", p)
+    n_head = _int(r.key("attention.head_count", required=True), "head_count", p)
+    n_head_kv = _int(r.key("attention.head_count_kv", n_head), "head_count_kv", p)
+    head_dim = _int(r.key("attention.key_length", n_embd // max(n_head, 1)), "key_length", p)
+    v_dim = _int(r.key("attention.value_length", head_dim), "value_length", p)
+    if v_dim != head_dim:
+        raise UnsupportedModel(f"{p}: key_length {head_dim} != value_length {v_dim} is not supported")
+    n_rot = _int(r.key("rope.dimension_count", head_dim), "rope.dimension_count", p)
+    eps = float(r.key("attention.layer_norm_rms_epsilon", required=True))
+    n_ctx = _int(r.key("context_length", 4096), "context_length", p)
+    rope_base = float(r.key("rope.freq_base", 10000.0))
+    scaling_type = r.key("rope.scaling.type", "none")
+    factor = float(r.key("rope.scaling.factor", 0.0) or 0.0)
+    if scaling_type not in ("none", "linear") and factor not in (0.0, 1.0):
+        raise UnsupportedModel(f"{p}: rope scaling {scaling_type!r} is not supported")
+    freq_scale = 1.0 / factor if factor > 0 else 1.0
+    if r.has("rope_freqs.weight"):
+        raise UnsupportedModel(f"{p}: rope_freqs (llama3-style rope scaling) is not supported yet")
+    if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv or n_embd <= 0 or n_layer <= 0:
+        raise UnsupportedModel(f"{p}: bad attention sizes: {n_head} heads, {n_head_kv} KV heads")
+
+    tok = r.info("token_embd.weight")
+    n_vocab = tok.shape[1] if len(tok.shape) == 2 else 0
+    tok_embd = r.mat("token_embd.weight", n_vocab, n_embd)
+    assert tok_embd is not None
+    output = r.mat("output.weight", n_vocab, n_embd, required=False) or tok_embd
+    output_norm = r.vec("output_norm.weight", n_embd)
+    assert output_norm is not None
+
+    n_expert = _int(r.key("expert_count", 0), "expert_count", p)
+    n_used = _int(r.key("expert_used_count", 0), "expert_used_count", p)
+    if n_expert and not fam.moe:
+        raise UnsupportedModel(f"{p}: {arch} with experts is not supported")
+    swa = _int(r.key("attention.sliding_window", 0) or 0, "sliding_window", p)
+    pattern_layers = gf.metadata.get(f"{arch}.attention.sliding_window_pattern_layers")
+
+    nq, nkv = n_head * head_dim, n_head_kv * head_dim
+    layers = []
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        attn_norm = r.vec(b + "attn_norm.weight", n_embd)
+        ffn_norm_name = b + "ffn_norm.weight"
+        if not r.has(ffn_norm_name) and r.has(b + "post_attention_norm.weight") and not fam.post_norms:
+            ffn_norm_name = b + "post_attention_norm.weight"
+        ffn_norm = r.vec(ffn_norm_name, n_embd)
+        wq, wk = r.mat(b + "attn_q.weight", nq, n_embd), r.mat(b + "attn_k.weight", nkv, n_embd)
+        wv, wo = r.mat(b + "attn_v.weight", nkv, n_embd), r.mat(b + "attn_output.weight", n_embd, nq)
+        assert attn_norm is not None and ffn_norm is not None
+        assert wq is not None and wk is not None and wv is not None and wo is not None
+        L = LayerDesc(attn_norm=attn_norm, wq=wq, wk=wk, wv=wv, wo=wo, ffn_norm=ffn_norm)
+        L.bq = r.vec(b + "attn_q.bias", nq, required=False)
+        L.bk = r.vec(b + "attn_k.bias", nkv, required=False)
+        L.bv = r.vec(b + "attn_v.bias", nkv, required=False)
+        L.bo = r.vec(b + "attn_output.bias", n_embd, required=False)
+        if fam.qk_norm == QK_HEAD:
+            L.q_norm = r.vec(b + "attn_q_norm.weight", head_dim)
+            L.k_norm = r.vec(b + "attn_k_norm.weight", head_dim)
+        elif fam.qk_norm == QK_FULL:
+            L.q_norm = r.vec(b + "attn_q_norm.weight", nq)
+            L.k_norm = r.vec(b + "attn_k_norm.weight", nkv)
+        if fam.post_norms:
+            L.attn_post_norm = r.vec(b + "post_attention_norm.weight", n_embd)
+            L.ffn_post_norm = r.vec(b + "post_ffw_norm.weight", n_embd)
+        L.rope_base, L.rope_freq_scale = rope_base, freq_scale
+        if fam.swa_pattern and swa > 0:
+            if pattern_layers is not None and len(pattern_layers) == n_layer:
+                sliding = bool(pattern_layers[i])
+            else:
+                sliding = (i + 1) % fam.swa_pattern != 0
+            if sliding:
+                L.sliding_window = swa
+                L.rope_base, L.rope_freq_scale = fam.swa_rope_base or rope_base, 1.0
+        if n_expert and r.has(b + "ffn_gate_inp.weight"):
+            n_ff_exp = _int(
+                r.key("expert_feed_forward_length", 0) or r.info(b + "ffn_gate_exps.weight").shape[1],
+                "expert_feed_forward_length", p,
+            )
+            L.n_expert, L.n_expert_used, L.n_ff_exp = n_expert, n_used, n_ff_exp
+            L.router = r.mat(b + "ffn_gate_inp.weight", n_expert, n_embd)
+            L.router_bias = r.vec(b + "exp_probs_b.bias", n_expert, required=False)
+            L.experts = r.experts(i, n_expert, n_embd, n_ff_exp)
+            if fam.shared_expert and r.has(b + "ffn_gate_shexp.weight"):
+                ff_sh = r.info(b + "ffn_gate_shexp.weight").shape[1]
+                L.sh_gate = r.mat(b + "ffn_gate_shexp.weight", ff_sh, n_embd)
+                L.sh_up = r.mat(b + "ffn_up_shexp.weight", ff_sh, n_embd)
+                L.sh_down = r.mat(b + "ffn_down_shexp.weight", n_embd, ff_sh)
+                L.sh_gate_inp = r.mat(b + "ffn_gate_inp_shexp.weight", 1, n_embd, required=False)
+        else:
+            ff = r.info(b + "ffn_gate.weight").shape[1]
+            L.ffn_gate = r.mat(b + "ffn_gate.weight", ff, n_embd)
+            L.ffn_up = r.mat(b + "ffn_up.weight", ff, n_embd)
+            L.ffn_down = r.mat(b + "ffn_down.weight", n_embd, ff)
+        layers.append(L)
+
+    desc = ModelDesc(
+        arch=arch, n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv,
+        head_dim=head_dim, n_vocab=n_vocab, n_ctx_train=n_ctx, norm_eps=eps, act=fam.act,
+        qk_norm=fam.qk_norm, rope_mode=fam.rope_mode, rope_n_dims=n_rot,
+        embd_scale=math.sqrt(n_embd) if fam.embd_scale else 1.0,
+        attn_scale=1.0 / math.sqrt(head_dim),
+        attn_softcap=float(r.key("attn_logit_softcapping", 0.0) or 0.0),
+        final_softcap=float(r.key("final_logit_softcapping", 0.0) or 0.0),
+        gating=fam.gating, expert_renorm=fam.renorm, expert_scale=1.0,
+        tok_embd=tok_embd, output_norm=output_norm, output=output, layers=layers,
+    )
+    desc._keep = r.keep  # type: ignore[attr-defined]
+    return desc
+
+
+def open_model(path: str) -> tuple[GGUFFile, ModelDesc]:
+    """Open and describe a model file; errors are GGUFError / UnsupportedModel (ValueErrors)."""
+    gf = GGUFFile(path)
+    try:
+        return gf, describe(gf)
+    except (GGUFError, UnsupportedModel):
+        gf.close()
+        raise

@@ -1,0 +1,137 @@
+/* The forward pass: one C implementation for every supported architecture.
+ *
+ * Architectures are data. Python reads the GGUF metadata and fills a cb_model_desc_t: sizes,
+ * per-layer tensor pointers and types, and the family's quirks as fields (norm placement,
+ * q/k norm kind, RoPE ordering and bases, sliding windows, softcaps, embedding scale, MoE
+ * gating). This file computes logits for a batch of tokens drawn from several sequences at
+ * once, each at its own position, with K/V in a cb_kvcache_t.
+ *
+ * One layer, for the batch (x: the residual stream, [n_tokens x n_embd] float32):
+ *   h = rmsnorm(x) * attn_norm
+ *   q = Wq h (+bq), k = Wk h (+bk), v = Wv h (+bv)
+ *   q/k norm: per head ([head_dim] weights, qwen3/gemma3) or over the whole projection
+ *             (olmoe); then RoPE at each token's position (normal or NeoX pairing)
+ *   K/V of each token written into its sequence's KV block; then causal attention of each
+ *   query over its sequence's positions 0..pos (only pos-window+1..pos on a sliding-window
+ *   layer), scaled by attn_scale, optional tanh softcap, softmax, weighted sum of V
+ *   a = Wo attn (+bo); with attn_post_norm: a = rmsnorm(a) * attn_post_norm
+ *   x += a
+ *   h = rmsnorm(x) * ffn_norm
+ *   dense: f = Wdown (act(Wgate h) * Wup h)
+ *   MoE:   router logits = Wr h; per token top-k (routing_logic.h: gating, selection bias,
+ *          renormalisation, scale); tokens grouped by expert so each chosen expert's weights
+ *          stream once per batch; f = sum_k w_k * expert_k(h); plus the shared expert (scaled
+ *          by sigmoid(Wsg h) when that gate exists)
+ *   with ffn_post_norm: f = rmsnorm(f) * ffn_post_norm
+ *   x += f
+ * then logits = Wout (rmsnorm(x) * output_norm) for the tokens that want logits, with an
+ * optional final tanh softcap.
+ *
+ * Ownership: the description and everything it points to are borrowed by cb_forward_t for its
+ * whole life (Python keeps the file mapping and arrays alive). The KV cache, expert store and
+ * thread pool are borrowed too. cb_forward_t owns its scratch buffers, sized at creation for
+ * max_batch tokens (the attention score buffer grows with the longest sequence seen).
+ *
+ * Threads: cb_forward_run uses the pool for matmuls and attention; one run at a time per
+ * cb_forward_t (the Cython wrapper releases the GIL around it).
+ */
+#ifndef COLIBRI_FORWARD_H
+#define COLIBRI_FORWARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "colibri/arena.h"
+#include "colibri/experts.h"
+#include "colibri/ops.h"
+#include "colibri/quant.h"
+#include "colibri/status.h"
+#include "colibri/threadpool.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum cb_qk_norm {
+    CB_QK_NORM_NONE = 0,
+    CB_QK_NORM_HEAD = 1, /* RMSNorm of each head, weights [head_dim] (qwen3, gemma3) */
+    CB_QK_NORM_FULL = 2, /* RMSNorm over the whole q / k projection (olmoe) */
+} cb_qk_norm;
+
+/* A matrix with no data (type F32, data NULL) means "absent". */
+typedef struct cb_layer_desc {
+    const float *attn_norm;             /* [n_embd] */
+    cb_matrix_t wq, wk, wv, wo;         /* [n_head*head_dim x n_embd], [n_kv*hd x n_embd] x2,
+                                           [n_embd x n_head*head_dim] */
+    const float *bq, *bk, *bv, *bo;     /* biases or NULL */
+    const float *q_norm, *k_norm;       /* see qk_norm; NULL when NONE */
+    const float *attn_post_norm;        /* [n_embd] or NULL */
+    int32_t sliding_window;             /* 0: global attention; else attend to pos-w+1..pos */
+    float rope_base;                    /* frequency base of this layer */
+    float rope_freq_scale;              /* linear scaling: positions multiplied by this (1 = none) */
+    const float *ffn_norm;              /* [n_embd] */
+    const float *ffn_post_norm;         /* [n_embd] or NULL */
+    /* dense FFN (n_expert == 0) */
+    cb_matrix_t ffn_gate, ffn_up, ffn_down;
+    /* MoE (n_expert > 0): experts come from the expert store, layer index = this layer */
+    int32_t n_expert, n_expert_used;
+    cb_matrix_t router;                 /* [n_expert x n_embd] */
+    const float *router_bias;           /* [n_expert] selection bias or NULL */
+    int64_t n_ff_exp;                   /* expert FFN width */
+    /* type, shape and row stride of ONE expert's gate [n_ff_exp x n_embd], up (same) and down
+     * [n_embd x n_ff_exp]; data is ignored (the expert store provides it per expert) */
+    cb_matrix_t exp_gate, exp_up, exp_down;
+    /* shared expert (absent: data NULL) and its optional scalar sigmoid gate [1 x n_embd] */
+    cb_matrix_t sh_gate, sh_up, sh_down, sh_gate_inp;
+} cb_layer_desc_t;
+
+typedef struct cb_model_desc {
+    int32_t n_embd, n_layer, n_head, n_head_kv, head_dim, n_vocab;
+    float norm_eps;          /* RMSNorm epsilon */
+    cb_act act;              /* FFN activation (ops.h): CB_ACT_SILU or CB_ACT_GELU_TANH */
+    cb_qk_norm qk_norm;
+    cb_rope_mode rope_mode;  /* ops.h: CB_ROPE_NORMAL (llama) or CB_ROPE_NEOX (qwen, olmoe, gemma) */
+    int32_t rope_n_dims;     /* rotated dims per head (<= head_dim) */
+    float embd_scale;        /* token embeddings are multiplied by this (gemma: sqrt(n_embd)); 1 = none */
+    float attn_scale;        /* score scale (1/sqrt(head_dim) usually) */
+    float attn_softcap;      /* 0 = none */
+    float final_softcap;     /* 0 = none */
+    int32_t gating;          /* CB_GATING_SOFTMAX or CB_GATING_SIGMOID (routing_logic.h) */
+    int32_t expert_renorm;   /* renormalise the top-k weights */
+    float expert_scale;      /* weights multiplied by this (1 = none) */
+    cb_matrix_t tok_embd;    /* [n_vocab x n_embd] */
+    const float *output_norm;/* [n_embd] */
+    cb_matrix_t output;      /* [n_vocab x n_embd] (tok_embd when tied) */
+    const cb_layer_desc_t *layers; /* [n_layer] */
+} cb_model_desc_t;
+
+typedef struct cb_forward cb_forward_t;
+
+typedef struct cb_batch {
+    int32_t n_tokens;
+    const int32_t *tokens;   /* [n_tokens] token ids, or NULL when embd is given */
+    const float *embd;       /* [n_tokens x n_embd] input embeddings (used as-is), or NULL */
+    const uint32_t *seq;     /* [n_tokens] KV cache sequence of each token */
+    const int32_t *pos;      /* [n_tokens] position of each token in its sequence */
+    const int8_t *logits;    /* [n_tokens] non-zero: compute this token's logits; NULL = all */
+} cb_batch_t;
+
+/* Validates the description (sizes, matrix shapes against the sizes, types supported) and
+ * allocates scratch for up to max_batch tokens. kv must have been made with this model's
+ * n_layer, n_head_kv and head_dim. experts may be NULL for a dense model. pool may be NULL. */
+cb_status cb_forward_new(const cb_model_desc_t *model, cb_kvcache_t *kv, cb_experts_t *experts,
+                         cb_threadpool_t *pool, int32_t max_batch, cb_forward_t **out);
+
+void cb_forward_free(cb_forward_t *f);
+
+/* Runs one batch. Positions: for every sequence, its tokens in the batch must be at
+ * consecutive positions, in batch order, starting at the sequence's current length (they
+ * append; cb_kvcache_seq_set_len truncates first to rewrite). The K/V block is reserved as
+ * needed. logits_out receives [n_wanted x n_vocab] rows, in batch order of the tokens that
+ * want logits. On error nothing of the cache's lengths has changed. */
+cb_status cb_forward_run(cb_forward_t *f, const cb_batch_t *batch, float *logits_out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
