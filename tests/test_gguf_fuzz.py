@@ -164,7 +164,7 @@ def test_no_segfault_in_subprocess(tmp_path):
         rng = random.Random(42)
         path = {str(tmp_path / "m.gguf")!r}
         ok = err = 0
-        for i in range(3000):
+        for i in range(2000):
             data = bytearray(RAW_BYTES)
             kind = i % 3
             if kind == 0:
@@ -191,7 +191,7 @@ def test_no_segfault_in_subprocess(tmp_path):
                        timeout=120, cwd=HERE)
     assert r.returncode == 0, r.stderr[-2000:]
     ok, err = map(int, r.stdout.split())
-    assert ok + err == 3000 and err > 1000
+    assert ok + err == 2000 and err > 600
 
 
 def test_random_mutation_reference_reader_agrees_when_valid(tmp_path):

@@ -417,25 +417,34 @@ static cb_status rope_resolve(const cb_rope_params_t *p, int64_t head_dim, int64
     return CB_OK;
 }
 
-static void rope_cache_impl(int64_t pos, int64_t nd, const cb_rope_params_t *p, float *cs,
-                            float *sn) {
-    double base = p->freq_base, fscale = p->freq_scale;
-    double mscale = p->attn_factor;
+/* Every rotation angle is linear in the position: theta_i(p) = p * a_i. With YaRN,
+ * theta = interp (1 - mix) + extrap mix = extrap (freq_scale (1 - mix) + mix). So the per-pair
+ * factors a_i (and mscale) are computed once per call, and each token costs n_dims/2 sincos. */
+static double rope_factors(int64_t nd, const cb_rope_params_t *p, double *a) {
+    double base = p->freq_base, fscale = p->freq_scale, mscale = p->attn_factor;
     float corr[2] = {0, 0};
     if (p->ext_factor != 0.0f) {
         cb_rope_yarn_corr_dims(nd, p->n_ctx_orig, p->freq_base, p->beta_fast, p->beta_slow, corr);
         mscale *= 1.0 + 0.1 * log(1.0 / fscale);
     }
     for (int64_t i = 0; i < nd / 2; i++) {
-        double theta_extrap = (double)pos * pow(base, -2.0 * (double)i / (double)nd);
-        if (p->freq_factors) theta_extrap /= p->freq_factors[i];
-        double theta_interp = fscale * theta_extrap, theta = theta_interp;
+        double f = pow(base, -2.0 * (double)i / (double)nd);
+        if (p->freq_factors) f /= p->freq_factors[i];
+        double k = fscale;
         if (p->ext_factor != 0.0f) {
             double y = ((double)i - corr[0]) / fmax(0.001, (double)corr[1] - corr[0]);
-            double ramp = 1.0 - fmin(1.0, fmax(0.0, y));
-            double mix = ramp * p->ext_factor;
-            theta = theta_interp * (1.0 - mix) + theta_extrap * mix;
+            double mix = (1.0 - fmin(1.0, fmax(0.0, y))) * p->ext_factor;
+            k = fscale * (1.0 - mix) + mix;
         }
+        a[i] = f * k;
+    }
+    return mscale;
+}
+
+static void rope_cache_impl(int64_t pos, int64_t nd, const double *a, double mscale, float *cs,
+                            float *sn) {
+    for (int64_t i = 0; i < nd / 2; i++) {
+        double theta = (double)pos * a[i];
         cs[i] = (float)(cos(theta) * mscale);
         sn[i] = (float)(sin(theta) * mscale);
     }
@@ -448,7 +457,9 @@ cb_status cb_rope_cache(int64_t pos, int64_t head_dim, const cb_rope_params_t *p
     if (s != CB_OK) return s;
     if (!cos_out || !sin_out)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "cb_rope_cache: cos_out or sin_out is NULL");
-    rope_cache_impl(pos, nd, p, cos_out, sin_out);
+    double a[CB_ROPE_MAX_DIMS / 2];
+    double mscale = rope_factors(nd, p, a);
+    rope_cache_impl(pos, nd, a, mscale, cos_out, sin_out);
     return CB_OK;
 }
 
@@ -513,8 +524,10 @@ cb_status cb_rope_batch(float *x, int64_t n_tokens, int64_t token_stride, int64_
                        (long long)token_stride, (long long)(n_heads * head_dim));
     if (!x || !positions) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "cb_rope: NULL pointer");
     float cs[CB_ROPE_MAX_DIMS / 2], sn[CB_ROPE_MAX_DIMS / 2];
+    double a[CB_ROPE_MAX_DIMS / 2];
+    double mscale = rope_factors(nd, p, a);
     for (int64_t t = 0; t < n_tokens; t++) {
-        rope_cache_impl(positions[t], nd, p, cs, sn);
+        rope_cache_impl(positions[t], nd, a, mscale, cs, sn);
         rope_apply_impl(x + t * token_stride, n_heads, head_dim, nd, p->mode, cs, sn);
     }
     return CB_OK;

@@ -112,7 +112,43 @@ static void check_level(cb_simd_level level) {
     CHECK(close_to(hypot(q[9], q[12]), hypot(q0[9], q0[12]), 1e-5, 0));
 }
 
+/* cb_rope == cb_rope_cache + cb_rope_apply; cb_rope_batch honours token strides. */
+static void check_rope_paths(void) {
+    enum { NH = 3, HD = 16, NT = 4, TS = NH * HD + 5 };
+    float x[NT * TS], y[NT * TS];
+    for (int i = 0; i < NT * TS; i++) x[i] = y[i] = frand();
+    cb_rope_params_t p = cb_rope_default_params();
+    p.mode = CB_ROPE_NEOX;
+    p.freq_scale = 0.5f;
+    p.ext_factor = 1.0f;
+    p.n_ctx_orig = 512;
+    int64_t pos[NT] = {0, 3, 1000, 77};
+    CHECK(cb_rope_batch(x, NT, TS, NH, HD, pos, &p) == CB_OK);
+    int same = 1, pad_kept = 1;
+    for (int t = 0; t < NT; t++) {
+        float c[HD / 2], s[HD / 2];
+        CHECK(cb_rope_cache(pos[t], HD, &p, c, s) == CB_OK);
+        CHECK(cb_rope_apply(y + t * TS, NH, HD, HD, HD, p.mode, c, s) == CB_OK);
+        for (int i = 0; i < NH * HD; i++) same &= x[t * TS + i] == y[t * TS + i];
+        for (int i = NH * HD; i < TS; i++) pad_kept &= x[t * TS + i] == y[t * TS + i];
+    }
+    CHECK(same);
+    CHECK(pad_kept);
+    /* dot_rows == scale * dot per row */
+    float q[HD], out[NT];
+    for (int i = 0; i < HD; i++) q[i] = frand();
+    CHECK(cb_dot_rows_f32(q, x, NT, TS, HD, 0.25f, out) == CB_OK);
+    int ok = 1;
+    for (int t = 0; t < NT; t++) {
+        float d = 0;
+        CHECK(cb_dot_f32(q, x + t * TS, HD, &d) == CB_OK);
+        ok &= close_to(out[t], 0.25 * d, 1e-6, 1e-6);
+    }
+    CHECK(ok);
+}
+
 int main(void) {
+    check_rope_paths();
     cb_simd_level best = cb_cpu_detect();
     check_level(CB_SIMD_SCALAR);
     if (best >= CB_SIMD_AVX2) check_level(CB_SIMD_AVX2);
