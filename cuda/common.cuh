@@ -1,4 +1,4 @@
-/* common.cuh: helpers shared by colibri's CUDA kernels (cuda/*.cu).
+/* common.cuh: helpers shared by colibri's CUDA kernels (the .cu files in cuda/).
  *
  * The kernels are launched by PyCUDA (colibri/cuda.py), which checks every launch and every
  * driver call on the host and raises with the kernel name and the Python call site. Inside the
@@ -13,6 +13,10 @@
  * text is kept in the host-side table in colibri/cuda.py by (file, line), because device code
  * cannot hand strings back cheaply. CB_CUDA_CHECK(stmt) is the host-side macro for code using
  * the CUDA runtime directly (standalone harnesses); it reports the statement, file and line.
+ *
+ * The kernels also compile as plain C++20 with g++ against tests/cuda_emu/cuda_emu.h, a small
+ * CPU emulation of the CUDA features they use (threads, barriers, ballots, atomics, WMMA), so
+ * their indexing is tested under ASan/UBSan on machines without a GPU.
  */
 #ifndef COLIBRI_CUDA_COMMON_CUH
 #define COLIBRI_CUDA_COMMON_CUH
@@ -45,7 +49,7 @@ __device__ __forceinline__ void cb_kernel_fail(int *err, int code, int line, int
         }                                                             \
     } while (0)
 
-#ifndef __CUDA_ARCH__
+#if defined(__CUDACC__) && !defined(__CUDA_ARCH__)
 #include <cstdio>
 #include <cuda_runtime.h>
 /* Host side: evaluate a CUDA runtime call; on failure print the statement, file, line and the
