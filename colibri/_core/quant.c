@@ -1,0 +1,821 @@
+/* GGUF block types: type table, scalar dequantizers, activation quantizers and dot products,
+ * the run-time dispatch to SIMD kernels, and the drivers cb_matmul / cb_get_rows.
+ *
+ * Math (shared by every SIMD level, see quant.h): activations are quantized once per call to
+ * cb_q8a_t (32-blocks) or cb_q8k_t (256-blocks), products of integer blocks are summed exactly
+ * in int32 and scaled in float per block. The scalar kernels here are the reference the SIMD
+ * kernels must agree with (up to float summation order).
+ * Dequantizers follow gguf-py's float32 operation order exactly (no FMA contraction: this file
+ * is compiled with -std=c11, where GCC does not contract), so that they match bit for bit.
+ * Ownership: every pointer is borrowed for one call; cb_matmul's activation buffer is the
+ * pool's scratch (or one malloc per call without a pool).
+ */
+#include "quant_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "colibri/cpu.h"
+#include "threadpool_impl.h"
+
+/* ---------------------------------------------------------------- type table */
+
+typedef struct {
+    int id;
+    const char *name;
+    int64_t block_size;
+    size_t block_bytes;
+    int supported;
+} type_info;
+
+static const type_info TYPES[] = {
+    {CB_TYPE_F32, "F32", 1, 4, 1},        {CB_TYPE_F16, "F16", 1, 2, 1},
+    {CB_TYPE_Q4_0, "Q4_0", 32, 18, 1},    {CB_TYPE_Q4_1, "Q4_1", 32, 20, 1},
+    {CB_TYPE_Q5_0, "Q5_0", 32, 22, 1},    {CB_TYPE_Q5_1, "Q5_1", 32, 24, 1},
+    {CB_TYPE_Q8_0, "Q8_0", 32, 34, 1},    {CB_TYPE_Q8_1, "Q8_1", 32, 40, 0},
+    {CB_TYPE_Q2_K, "Q2_K", 256, 84, 0},   {CB_TYPE_Q3_K, "Q3_K", 256, 110, 0},
+    {CB_TYPE_Q4_K, "Q4_K", 256, 144, 1},  {CB_TYPE_Q5_K, "Q5_K", 256, 176, 1},
+    {CB_TYPE_Q6_K, "Q6_K", 256, 210, 1},  {CB_TYPE_Q8_K, "Q8_K", 256, 292, 0},
+    {CB_TYPE_BF16, "BF16", 1, 2, 1},      {CB_TYPE_MXFP4, "MXFP4", 32, 17, 1},
+};
+
+static const type_info *type_get(int type) {
+    for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++)
+        if (TYPES[i].id == type) return &TYPES[i];
+    return NULL;
+}
+
+int64_t cb_type_block_size(int type) {
+    const type_info *t = type_get(type);
+    return t ? t->block_size : 0;
+}
+
+size_t cb_type_block_bytes(int type) {
+    const type_info *t = type_get(type);
+    return t ? t->block_bytes : 0;
+}
+
+const char *cb_type_name(int type) {
+    const type_info *t = type_get(type);
+    return t ? t->name : "unknown";
+}
+
+int cb_type_supported(int type) {
+    const type_info *t = type_get(type);
+    return t ? t->supported : 0;
+}
+
+cb_status cb_type_row_bytes(int type, int64_t n, size_t *out) {
+    const type_info *t = type_get(type);
+    if (!out) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "type_row_bytes: out is NULL");
+    *out = 0;
+    if (!t) return cb_fail(CB_STATUS_UNSUPPORTED, "unknown GGML type id %d", type);
+    if (n < 0) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "row of %lld values", (long long)n);
+    if (n % t->block_size != 0)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                       "%s: a row of %lld values is not a multiple of the block size %lld",
+                       t->name, (long long)n, (long long)t->block_size);
+    uint64_t blocks = (uint64_t)(n / t->block_size);
+    if (blocks > SIZE_MAX / t->block_bytes)
+        return cb_fail(CB_STATUS_OUT_OF_MEMORY, "%s: row of %lld values overflows", t->name,
+                       (long long)n);
+    *out = (size_t)blocks * t->block_bytes;
+    return CB_OK;
+}
+
+cb_status cb_matrix_check(const cb_matrix_t *w) {
+    if (!w) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "matrix is NULL");
+    const type_info *t = type_get(w->type);
+    if (!t) return cb_fail(CB_STATUS_UNSUPPORTED, "unknown GGML type id %d", w->type);
+    if (!t->supported)
+        return cb_fail(CB_STATUS_UNSUPPORTED, "type %s has no kernels", t->name);
+    if (w->rows < 0 || w->cols < 0)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "matrix shape %lld x %lld is negative",
+                       (long long)w->rows, (long long)w->cols);
+    size_t rb;
+    cb_status s = cb_type_row_bytes(w->type, w->cols, &rb);
+    if (s != CB_OK) return s;
+    if (w->row_bytes < rb)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                       "%s matrix: row stride %zu bytes < %zu bytes of a %lld-value row", t->name,
+                       w->row_bytes, rb, (long long)w->cols);
+    if (!w->data && w->rows > 0 && rb > 0)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "matrix data is NULL");
+    return CB_OK;
+}
+
+/* ---------------------------------------------------------------- scalars */
+
+float cb_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1Fu;
+    uint32_t man = h & 0x3FFu;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: man * 2^-24, exact in float */
+            float f = (float)man * 5.9604644775390625e-08f;
+            return sign ? -f : f;
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t cb_f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    x &= 0x7FFFFFFFu;
+    if (x >= 0x7F800000u) return (uint16_t)(sign | 0x7C00u | (x > 0x7F800000u ? 0x200u : 0u));
+    if (x >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u); /* rounds to infinity */
+    if (x < 0x38800000u) {                                   /* below 2^-14: subnormal */
+        float a;
+        memcpy(&a, &x, 4);
+        float r = nearbyintf(a * 16777216.0f); /* exact scaling, ties to even */
+        return (uint16_t)(sign | (uint16_t)r);
+    }
+    uint32_t h = ((x >> 23) - 112u) << 10 | ((x & 0x7FFFFFu) >> 13);
+    uint32_t rem = x & 0x1FFFu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+float cb_bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+const int8_t cb_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* ---------------------------------------------------------------- dequantize (scalar) */
+
+static void deq_f32(const uint8_t *b, float *y) { memcpy(y, b, 4); }
+static void deq_f16(const uint8_t *b, float *y) { *y = cb_f16_to_f32(cb_rd16(b)); }
+static void deq_bf16(const uint8_t *b, float *y) { *y = cb_bf16_to_f32(cb_rd16(b)); }
+
+static void deq_q4_0(const uint8_t *b, float *y) {
+    float d = cb_f16_to_f32(cb_rd16(b));
+    const uint8_t *qs = b + 2;
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)((qs[j] & 0x0F) - 8);
+        y[j + 16] = d * (float)((qs[j] >> 4) - 8);
+    }
+}
+
+static void deq_q4_1(const uint8_t *b, float *y) {
+    float d = cb_f16_to_f32(cb_rd16(b)), m = cb_f16_to_f32(cb_rd16(b + 2));
+    const uint8_t *qs = b + 4;
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)(qs[j] & 0x0F) + m;
+        y[j + 16] = d * (float)(qs[j] >> 4) + m;
+    }
+}
+
+static void deq_q5_0(const uint8_t *b, float *y) {
+    float d = cb_f16_to_f32(cb_rd16(b));
+    uint32_t qh = cb_rd32(b + 2);
+    const uint8_t *qs = b + 6;
+    for (int j = 0; j < 16; j++) {
+        int lo = (qs[j] & 0x0F) | (int)((qh >> j) & 1u) << 4;
+        int hi = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1u) << 4;
+        y[j] = d * (float)(lo - 16);
+        y[j + 16] = d * (float)(hi - 16);
+    }
+}
+
+static void deq_q5_1(const uint8_t *b, float *y) {
+    float d = cb_f16_to_f32(cb_rd16(b)), m = cb_f16_to_f32(cb_rd16(b + 2));
+    uint32_t qh = cb_rd32(b + 4);
+    const uint8_t *qs = b + 8;
+    for (int j = 0; j < 16; j++) {
+        int lo = (qs[j] & 0x0F) | (int)((qh >> j) & 1u) << 4;
+        int hi = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1u) << 4;
+        y[j] = d * (float)lo + m;
+        y[j + 16] = d * (float)hi + m;
+    }
+}
+
+static void deq_q8_0(const uint8_t *b, float *y) {
+    float d = cb_f16_to_f32(cb_rd16(b));
+    const int8_t *qs = (const int8_t *)(b + 2);
+    for (int j = 0; j < 32; j++) y[j] = (float)qs[j] * d;
+}
+
+static void deq_mxfp4(const uint8_t *b, float *y) {
+    float d = cb_e8m0_half(b[0]);
+    const uint8_t *qs = b + 1;
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)cb_mxfp4_values[qs[j] & 0x0F];
+        y[j + 16] = d * (float)cb_mxfp4_values[qs[j] >> 4];
+    }
+}
+
+static void deq_q4_k(const uint8_t *b, float *y) {
+    float d = cb_f16_to_f32(cb_rd16(b)), dmin = cb_f16_to_f32(cb_rd16(b + 2));
+    const uint8_t *sc = b + 4, *qs = b + 16;
+    for (int j = 0; j < 8; j++) {
+        uint8_t s, m;
+        cb_scale_min_k4(j, sc, &s, &m);
+        float dl = d * (float)s, ml = dmin * (float)m;
+        const uint8_t *q = qs + 32 * (j / 2);
+        int shift = (j & 1) * 4;
+        for (int l = 0; l < 32; l++) y[32 * j + l] = dl * (float)((q[l] >> shift) & 0x0F) - ml;
+    }
+}
+
+static void deq_q5_k(const uint8_t *b, float *y) {
+    float d = cb_f16_to_f32(cb_rd16(b)), dmin = cb_f16_to_f32(cb_rd16(b + 2));
+    const uint8_t *sc = b + 4, *qh = b + 16, *qs = b + 48;
+    for (int j = 0; j < 8; j++) {
+        uint8_t s, m;
+        cb_scale_min_k4(j, sc, &s, &m);
+        float dl = d * (float)s, ml = dmin * (float)m;
+        const uint8_t *q = qs + 32 * (j / 2);
+        int shift = (j & 1) * 4;
+        for (int l = 0; l < 32; l++) {
+            int v = ((q[l] >> shift) & 0x0F) | ((qh[l] >> j) & 1) << 4;
+            y[32 * j + l] = dl * (float)v - ml;
+        }
+    }
+}
+
+/* Q6_K value i = 128h + 32k + l: low 4 bits from ql[64h + 32(k&1) + l] (low nibble for k<2,
+ * high for k>=2), high 2 bits from qh[32h + l] >> 2k. */
+static inline int q6k_value(const uint8_t *ql, const uint8_t *qh, int i) {
+    int h = i >> 7, k = (i >> 5) & 3, l = i & 31;
+    int lo = (ql[64 * h + 32 * (k & 1) + l] >> (4 * (k >> 1))) & 0x0F;
+    int hi = (qh[32 * h + l] >> (2 * k)) & 3;
+    return (lo | hi << 4) - 32;
+}
+
+static void deq_q6_k(const uint8_t *b, float *y) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    float d = cb_f16_to_f32(cb_rd16(b + 208));
+    for (int i = 0; i < 256; i++) y[i] = (d * (float)sc[i / 16]) * (float)q6k_value(ql, qh, i);
+}
+
+typedef void (*deq_fn)(const uint8_t *b, float *y);
+
+static deq_fn deq_for(int type) {
+    switch (type) {
+    case CB_TYPE_F32: return deq_f32;
+    case CB_TYPE_F16: return deq_f16;
+    case CB_TYPE_BF16: return deq_bf16;
+    case CB_TYPE_Q4_0: return deq_q4_0;
+    case CB_TYPE_Q4_1: return deq_q4_1;
+    case CB_TYPE_Q5_0: return deq_q5_0;
+    case CB_TYPE_Q5_1: return deq_q5_1;
+    case CB_TYPE_Q8_0: return deq_q8_0;
+    case CB_TYPE_MXFP4: return deq_mxfp4;
+    case CB_TYPE_Q4_K: return deq_q4_k;
+    case CB_TYPE_Q5_K: return deq_q5_k;
+    case CB_TYPE_Q6_K: return deq_q6_k;
+    default: return NULL;
+    }
+}
+
+static void dequantize_unchecked(int type, const uint8_t *src, int64_t n, float *dst) {
+    const type_info *t = type_get(type);
+    deq_fn f = deq_for(type);
+    if (type == CB_TYPE_F32) {
+        memcpy(dst, src, (size_t)n * 4);
+        return;
+    }
+    int64_t nb = n / t->block_size;
+    for (int64_t i = 0; i < nb; i++) f(src + i * t->block_bytes, dst + i * t->block_size);
+}
+
+cb_status cb_dequantize_rows(int type, const void *src, int64_t n_values, float *dst) {
+    size_t rb;
+    cb_status s = cb_type_row_bytes(type, n_values, &rb);
+    if (s != CB_OK) return s;
+    if (!cb_type_supported(type))
+        return cb_fail(CB_STATUS_UNSUPPORTED, "dequantize: type %s has no kernels",
+                       cb_type_name(type));
+    if (n_values == 0) return CB_OK;
+    if (!src || !dst) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "dequantize: NULL buffer");
+    dequantize_unchecked(type, src, n_values, dst);
+    return CB_OK;
+}
+
+cb_status cb_get_rows(const cb_matrix_t *w, const int32_t *ids, int64_t n, float *out) {
+    cb_status s = cb_matrix_check(w);
+    if (s != CB_OK) return s;
+    if (n < 0) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "get_rows: n %lld < 0", (long long)n);
+    if (n == 0) return CB_OK;
+    if (!ids || !out) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "get_rows: NULL buffer");
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= w->rows)
+            return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                           "get_rows: id %d at position %lld is out of range [0, %lld)",
+                           (int)ids[i], (long long)i, (long long)w->rows);
+    for (int64_t i = 0; i < n; i++)
+        dequantize_unchecked(w->type, (const uint8_t *)w->data + (size_t)ids[i] * w->row_bytes,
+                             w->cols, out + i * w->cols);
+    return CB_OK;
+}
+
+cb_status cb_quantize_q8_0(const float *x, int64_t n, void *dst) {
+    if (n < 0 || n % 32 != 0)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                       "quantize_q8_0: %lld values is not a multiple of the block size 32",
+                       (long long)n);
+    if (n == 0) return CB_OK;
+    if (!x || !dst) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "quantize_q8_0: NULL buffer");
+    uint8_t *o = dst;
+    for (int64_t b = 0; b < n / 32; b++, o += 34) {
+        const float *v = x + b * 32;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(v[j]));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t dh = cb_f32_to_f16(d);
+        memcpy(o, &dh, 2);
+        for (int j = 0; j < 32; j++) {
+            float q = roundf(v[j] * id);
+            q = q > 127.0f ? 127.0f : (q < -128.0f ? -128.0f : q);
+            o[2 + j] = (uint8_t)(int8_t)(q == q ? q : 0.0f);
+        }
+    }
+    return CB_OK;
+}
+
+/* ---------------------------------------------------------------- activations (scalar) */
+
+static inline int8_t act_round(float v) {
+    v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
+    if (v != v) v = 0.0f;
+    return (int8_t)nearbyintf(v);
+}
+
+static void quantize_q8a_scalar(const float *x, int64_t n, void *dst) {
+    cb_q8a_t *o = dst;
+    for (int64_t b = 0; b < n / CB_QK; b++) {
+        const float *v = x + b * CB_QK;
+        float amax = 0.0f;
+        for (int j = 0; j < CB_QK; j++) amax = fmaxf(amax, fabsf(v[j]));
+        float d = amax / 127.0f;
+        float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < CB_QK; j++) {
+            o[b].qs[j] = act_round(v[j] * id);
+            sum += o[b].qs[j];
+        }
+        o[b].d = d;
+        o[b].s = d * (float)sum;
+    }
+}
+
+static void quantize_q8k_scalar(const float *x, int64_t n, void *dst) {
+    cb_q8k_t *o = dst;
+    for (int64_t b = 0; b < n / CB_QKK; b++) {
+        const float *v = x + b * CB_QKK;
+        float amax = 0.0f;
+        for (int j = 0; j < CB_QKK; j++) amax = fmaxf(amax, fabsf(v[j]));
+        float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        o[b].d = amax / 127.0f;
+        for (int g = 0; g < 16; g++) {
+            int sum = 0;
+            for (int j = 16 * g; j < 16 * g + 16; j++) {
+                o[b].qs[j] = act_round(v[j] * id);
+                sum += o[b].qs[j];
+            }
+            o[b].bsums[g] = (int16_t)sum;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- dot products (scalar) */
+
+static float dot_f32(int64_t n, const uint8_t *w, const uint8_t *x) {
+    const float *xf = (const float *)(const void *)x;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        float v;
+        memcpy(&v, w + 4 * i, 4);
+        acc += v * xf[i];
+    }
+    return acc;
+}
+
+static float dot_f16(int64_t n, const uint8_t *w, const uint8_t *x) {
+    const float *xf = (const float *)(const void *)x;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; i++) acc += cb_f16_to_f32(cb_rd16(w + 2 * i)) * xf[i];
+    return acc;
+}
+
+static float dot_bf16(int64_t n, const uint8_t *w, const uint8_t *x) {
+    const float *xf = (const float *)(const void *)x;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; i++) acc += cb_bf16_to_f32(cb_rd16(w + 2 * i)) * xf[i];
+    return acc;
+}
+
+static float dot_q4_0(int64_t nb, const uint8_t *w, const uint8_t *x) {
+    const cb_q8a_t *a = (const cb_q8a_t *)(const void *)x;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 18) {
+        const uint8_t *qs = w + 2;
+        int sum = 0;
+        for (int j = 0; j < 16; j++)
+            sum += ((qs[j] & 0x0F) - 8) * a[b].qs[j] + ((qs[j] >> 4) - 8) * a[b].qs[j + 16];
+        acc += (cb_f16_to_f32(cb_rd16(w)) * a[b].d) * (float)sum;
+    }
+    return acc;
+}
+
+static float dot_q4_1(int64_t nb, const uint8_t *w, const uint8_t *x) {
+    const cb_q8a_t *a = (const cb_q8a_t *)(const void *)x;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 20) {
+        const uint8_t *qs = w + 4;
+        int sum = 0;
+        for (int j = 0; j < 16; j++)
+            sum += (qs[j] & 0x0F) * a[b].qs[j] + (qs[j] >> 4) * a[b].qs[j + 16];
+        acc += (cb_f16_to_f32(cb_rd16(w)) * a[b].d) * (float)sum;
+        acc += cb_f16_to_f32(cb_rd16(w + 2)) * a[b].s;
+    }
+    return acc;
+}
+
+static float dot_q5_0(int64_t nb, const uint8_t *w, const uint8_t *x) {
+    const cb_q8a_t *a = (const cb_q8a_t *)(const void *)x;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 22) {
+        uint32_t qh = cb_rd32(w + 2);
+        const uint8_t *qs = w + 6;
+        int sum = 0;
+        for (int j = 0; j < 16; j++) {
+            int lo = ((qs[j] & 0x0F) | (int)((qh >> j) & 1u) << 4) - 16;
+            int hi = ((qs[j] >> 4) | (int)((qh >> (j + 16)) & 1u) << 4) - 16;
+            sum += lo * a[b].qs[j] + hi * a[b].qs[j + 16];
+        }
+        acc += (cb_f16_to_f32(cb_rd16(w)) * a[b].d) * (float)sum;
+    }
+    return acc;
+}
+
+static float dot_q5_1(int64_t nb, const uint8_t *w, const uint8_t *x) {
+    const cb_q8a_t *a = (const cb_q8a_t *)(const void *)x;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 24) {
+        uint32_t qh = cb_rd32(w + 4);
+        const uint8_t *qs = w + 8;
+        int sum = 0;
+        for (int j = 0; j < 16; j++) {
+            int lo = (qs[j] & 0x0F) | (int)((qh >> j) & 1u) << 4;
+            int hi = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1u) << 4;
+            sum += lo * a[b].qs[j] + hi * a[b].qs[j + 16];
+        }
+        acc += (cb_f16_to_f32(cb_rd16(w)) * a[b].d) * (float)sum;
+        acc += cb_f16_to_f32(cb_rd16(w + 2)) * a[b].s;
+    }
+    return acc;
+}
+
+static float dot_q8_0(int64_t nb, const uint8_t *w, const uint8_t *x) {
+    const cb_q8a_t *a = (const cb_q8a_t *)(const void *)x;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 34) {
+        const int8_t *qs = (const int8_t *)(w + 2);
+        int sum = 0;
+        for (int j = 0; j < 32; j++) sum += qs[j] * a[b].qs[j];
+        acc += (cb_f16_to_f32(cb_rd16(w)) * a[b].d) * (float)sum;
+    }
+    return acc;
+}
+
+static float dot_mxfp4(int64_t nb, const uint8_t *w, const uint8_t *x) {
+    const cb_q8a_t *a = (const cb_q8a_t *)(const void *)x;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 17) {
+        const uint8_t *qs = w + 1;
+        int sum = 0;
+        for (int j = 0; j < 16; j++)
+            sum += cb_mxfp4_values[qs[j] & 0x0F] * a[b].qs[j] +
+                   cb_mxfp4_values[qs[j] >> 4] * a[b].qs[j + 16];
+        acc += (cb_e8m0_half(w[0]) * a[b].d) * (float)sum;
+    }
+    return acc;
+}
+
+static float dot_q4_k(int64_t nb, const uint8_t *w, const uint8_t *x) {
+    const cb_q8k_t *a = (const cb_q8k_t *)(const void *)x;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 144) {
+        const uint8_t *sc = w + 4, *qs = w + 16;
+        int sumi = 0, summ = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t s, m;
+            cb_scale_min_k4(j, sc, &s, &m);
+            const uint8_t *q = qs + 32 * (j / 2);
+            int shift = (j & 1) * 4, p = 0;
+            for (int l = 0; l < 32; l++) p += ((q[l] >> shift) & 0x0F) * a[b].qs[32 * j + l];
+            sumi += s * p;
+            summ += m * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
+        }
+        acc += (cb_f16_to_f32(cb_rd16(w)) * a[b].d) * (float)sumi;
+        acc -= (cb_f16_to_f32(cb_rd16(w + 2)) * a[b].d) * (float)summ;
+    }
+    return acc;
+}
+
+static float dot_q5_k(int64_t nb, const uint8_t *w, const uint8_t *x) {
+    const cb_q8k_t *a = (const cb_q8k_t *)(const void *)x;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 176) {
+        const uint8_t *sc = w + 4, *qh = w + 16, *qs = w + 48;
+        int sumi = 0, summ = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t s, m;
+            cb_scale_min_k4(j, sc, &s, &m);
+            const uint8_t *q = qs + 32 * (j / 2);
+            int shift = (j & 1) * 4, p = 0;
+            for (int l = 0; l < 32; l++) {
+                int v = ((q[l] >> shift) & 0x0F) | ((qh[l] >> j) & 1) << 4;
+                p += v * a[b].qs[32 * j + l];
+            }
+            sumi += s * p;
+            summ += m * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
+        }
+        acc += (cb_f16_to_f32(cb_rd16(w)) * a[b].d) * (float)sumi;
+        acc -= (cb_f16_to_f32(cb_rd16(w + 2)) * a[b].d) * (float)summ;
+    }
+    return acc;
+}
+
+static float dot_q6_k(int64_t nb, const uint8_t *w, const uint8_t *x) {
+    const cb_q8k_t *a = (const cb_q8k_t *)(const void *)x;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 210) {
+        const uint8_t *ql = w, *qh = w + 128;
+        const int8_t *sc = (const int8_t *)(w + 192);
+        int sumi = 0;
+        for (int g = 0; g < 16; g++) {
+            int p = 0;
+            for (int i = 16 * g; i < 16 * g + 16; i++) p += q6k_value(ql, qh, i) * a[b].qs[i];
+            sumi += sc[g] * p;
+        }
+        acc += (cb_f16_to_f32(cb_rd16(w + 208)) * a[b].d) * (float)sumi;
+    }
+    return acc;
+}
+
+typedef float (*dot_fn)(int64_t n, const uint8_t *w, const uint8_t *x);
+
+static dot_fn dot_for(int type) {
+    switch (type) {
+    case CB_TYPE_F32: return dot_f32;
+    case CB_TYPE_F16: return dot_f16;
+    case CB_TYPE_BF16: return dot_bf16;
+    case CB_TYPE_Q4_0: return dot_q4_0;
+    case CB_TYPE_Q4_1: return dot_q4_1;
+    case CB_TYPE_Q5_0: return dot_q5_0;
+    case CB_TYPE_Q5_1: return dot_q5_1;
+    case CB_TYPE_Q8_0: return dot_q8_0;
+    case CB_TYPE_MXFP4: return dot_mxfp4;
+    case CB_TYPE_Q4_K: return dot_q4_k;
+    case CB_TYPE_Q5_K: return dot_q5_k;
+    case CB_TYPE_Q6_K: return dot_q6_k;
+    default: return NULL;
+    }
+}
+
+static cb_act_kind act_for(int type) {
+    switch (type) {
+    case CB_TYPE_F32:
+    case CB_TYPE_F16:
+    case CB_TYPE_BF16: return CB_ACT_F32;
+    case CB_TYPE_Q4_K:
+    case CB_TYPE_Q5_K:
+    case CB_TYPE_Q6_K: return CB_ACT_Q8K;
+    default: return CB_ACT_Q8A;
+    }
+}
+
+/* ---------------------------------------------------------------- drivers */
+
+typedef struct {
+    const uint8_t *w;
+    size_t w_stride;
+    int64_t rows;
+    cb_tile_fn tile;
+    dot_fn dot;      /* scalar path when tile is NULL */
+    int64_t kn;      /* the n of the tile / dot functions */
+    const uint8_t *xa; /* activation rows (quantized or float) */
+    size_t xa_stride;
+    int64_t n_tokens;
+    float *y;
+    int64_t y_stride;
+    int accumulate;
+    const float *token_scale;
+    const int32_t *token_ids;
+    int64_t rows_per_task;
+    /* activation quantization phase */
+    const float *x;
+    int64_t x_stride, cols;
+    cb_act_fn act;
+    int64_t tokens_per_task;
+    uint8_t *xa_out;
+} mm_ctx;
+
+static void mm_quantize_task(void *vctx, int task, int thread) {
+    (void)thread;
+    mm_ctx *c = vctx;
+    int64_t t0 = (int64_t)task * c->tokens_per_task;
+    int64_t t1 = t0 + c->tokens_per_task < c->n_tokens ? t0 + c->tokens_per_task : c->n_tokens;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t src = c->token_ids ? c->token_ids[t] : t;
+        c->act(c->x + src * c->x_stride, c->cols, c->xa_out + t * c->xa_stride);
+    }
+}
+
+static void mm_copy_task(void *vctx, int task, int thread) {
+    (void)thread;
+    mm_ctx *c = vctx;
+    int64_t t0 = (int64_t)task * c->tokens_per_task;
+    int64_t t1 = t0 + c->tokens_per_task < c->n_tokens ? t0 + c->tokens_per_task : c->n_tokens;
+    for (int64_t t = t0; t < t1; t++)
+        memcpy(c->xa_out + t * c->xa_stride, c->x + c->token_ids[t] * c->x_stride,
+               (size_t)c->cols * 4);
+}
+
+static void mm_store(const mm_ctx *c, int64_t r0, int nr, int64_t t0, int nt, const float *out) {
+    for (int t = 0; t < nt; t++) {
+        int64_t tt = t0 + t;
+        int64_t yrow = c->token_ids ? c->token_ids[tt] : tt;
+        float s = c->token_scale ? c->token_scale[tt] : 1.0f;
+        float *y = c->y + yrow * c->y_stride + r0;
+        if (c->accumulate) {
+            for (int r = 0; r < nr; r++) y[r] += s * out[r * nt + t];
+        } else if (c->token_scale) {
+            for (int r = 0; r < nr; r++) y[r] = s * out[r * nt + t];
+        } else {
+            for (int r = 0; r < nr; r++) y[r] = out[r * nt + t];
+        }
+    }
+}
+
+static void mm_task(void *vctx, int task, int thread) {
+    (void)thread;
+    const mm_ctx *c = vctx;
+    int64_t r_begin = (int64_t)task * c->rows_per_task;
+    int64_t r_end = r_begin + c->rows_per_task < c->rows ? r_begin + c->rows_per_task : c->rows;
+    float out[CB_TILE_R * CB_TILE_T];
+    for (int64_t t0 = 0; t0 < c->n_tokens; t0 += CB_TILE_T) {
+        int nt = c->n_tokens - t0 < CB_TILE_T ? (int)(c->n_tokens - t0) : CB_TILE_T;
+        const uint8_t *x = c->xa + t0 * c->xa_stride;
+        for (int64_t r0 = r_begin; r0 < r_end; r0 += CB_TILE_R) {
+            int nr = r_end - r0 < CB_TILE_R ? (int)(r_end - r0) : CB_TILE_R;
+            const uint8_t *w = c->w + r0 * c->w_stride;
+            if (c->tile) {
+                c->tile(c->kn, w, c->w_stride, nr, x, c->xa_stride, nt, out);
+            } else {
+                for (int r = 0; r < nr; r++)
+                    for (int t = 0; t < nt; t++)
+                        out[r * nt + t] =
+                            c->dot(c->kn, w + r * c->w_stride, x + t * c->xa_stride);
+            }
+            mm_store(c, r0, nr, t0, nt, out);
+        }
+    }
+}
+
+cb_matmul_opts_t cb_matmul_default_opts(void) {
+    cb_matmul_opts_t o;
+    memset(&o, 0, sizeof o);
+    return o;
+}
+
+cb_status cb_matmul(const cb_matrix_t *w, const float *x, int64_t n_tokens, int64_t x_stride,
+                    float *y, int64_t y_stride, cb_threadpool_t *pool) {
+    return cb_matmul_ex(w, x, n_tokens, x_stride, y, y_stride, NULL, pool);
+}
+
+cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, int64_t x_stride,
+                       float *y, int64_t y_stride, const cb_matmul_opts_t *opts,
+                       cb_threadpool_t *pool) {
+    cb_status s = cb_matrix_check(w);
+    if (s != CB_OK) return s;
+    cb_matmul_opts_t o = opts ? *opts : cb_matmul_default_opts();
+    if (n_tokens < 0)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "matmul: n_tokens %lld < 0",
+                       (long long)n_tokens);
+    if (n_tokens == 0 || w->rows == 0) return CB_OK;
+    if (!x || !y) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "matmul: x or y is NULL");
+    if (x_stride < w->cols || y_stride < w->rows)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                       "matmul: x_stride %lld < cols %lld or y_stride %lld < rows %lld",
+                       (long long)x_stride, (long long)w->cols, (long long)y_stride,
+                       (long long)w->rows);
+    if (n_tokens > INT32_MAX / 2)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "matmul: %lld tokens is too many",
+                       (long long)n_tokens);
+    if (o.token_ids) {
+        for (int64_t t = 0; t < n_tokens; t++)
+            if (o.token_ids[t] < 0 || o.token_ids[t] >= o.n_rows_xy)
+                return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                               "matmul: token id %d at %lld not in [0, %lld)",
+                               (int)o.token_ids[t], (long long)t, (long long)o.n_rows_xy);
+    }
+
+    cb_simd_level level = cb_cpu_level();
+    cb_act_kind ak = act_for(w->type);
+    mm_ctx c;
+    memset(&c, 0, sizeof c);
+    c.w = w->data;
+    c.w_stride = w->row_bytes;
+    c.rows = w->rows;
+    c.dot = dot_for(w->type);
+    c.tile = level >= CB_SIMD_AVX2 ? cb_avx2_tile(w->type) : NULL;
+    c.n_tokens = n_tokens;
+    c.y = y;
+    c.y_stride = y_stride;
+    c.accumulate = o.accumulate;
+    c.token_scale = o.token_scale;
+    c.token_ids = o.token_ids;
+    c.x = x;
+    c.x_stride = x_stride;
+    c.cols = w->cols;
+
+    size_t need = 0;
+    if (ak == CB_ACT_F32) {
+        c.kn = w->cols;
+        c.xa_stride = (size_t)w->cols * 4;
+        if (o.token_ids) need = c.xa_stride * (size_t)n_tokens;
+    } else if (ak == CB_ACT_Q8A) {
+        c.kn = w->cols / CB_QK;
+        c.xa_stride = (size_t)c.kn * sizeof(cb_q8a_t);
+        c.act = level >= CB_SIMD_AVX2 ? cb_avx2_quantize_q8a : quantize_q8a_scalar;
+        need = c.xa_stride * (size_t)n_tokens;
+    } else {
+        c.kn = w->cols / CB_QKK;
+        c.xa_stride = (size_t)c.kn * sizeof(cb_q8k_t);
+        c.act = level >= CB_SIMD_AVX2 ? cb_avx2_quantize_q8k : quantize_q8k_scalar;
+        need = c.xa_stride * (size_t)n_tokens;
+    }
+    if (need > 0 && need / (size_t)n_tokens != c.xa_stride)
+        return cb_fail(CB_STATUS_OUT_OF_MEMORY, "matmul: activation buffer size overflows");
+
+    int n_threads = cb_threadpool_n_threads(pool);
+    s = cb_threadpool_lock(pool);
+    if (s != CB_OK) return s;
+    void *owned = NULL, *buf = NULL;
+    if (need > 0) {
+        if (pool) {
+            s = cb_threadpool_scratch(pool, need, &buf);
+        } else if (posix_memalign(&owned, 64, need) != 0) {
+            s = cb_fail(CB_STATUS_OUT_OF_MEMORY, "matmul: no memory for %zu activation bytes",
+                        need);
+        } else {
+            buf = owned;
+        }
+    }
+    if (s == CB_OK && need > 0) {
+        c.xa_out = buf;
+        c.tokens_per_task = (n_tokens + 4 * n_threads - 1) / (4 * n_threads);
+        if (c.tokens_per_task < 1) c.tokens_per_task = 1;
+        int n_tasks = (int)((n_tokens + c.tokens_per_task - 1) / c.tokens_per_task);
+        s = cb_threadpool_run_locked(pool, ak == CB_ACT_F32 ? mm_copy_task : mm_quantize_task,
+                                     &c, n_tasks);
+        c.xa = buf;
+    } else if (s == CB_OK) {
+        c.xa = (const uint8_t *)x;
+        c.xa_stride = (size_t)x_stride * 4;
+    }
+    if (s == CB_OK) {
+        /* Rows per task: a multiple of the tile height; enough tasks to balance threads, few
+         * enough that a task's weight rows are reused across all tokens while in cache. */
+        int64_t rpt;
+        if (n_tokens == 1) {
+            rpt = w->rows / ((int64_t)n_threads * 16);
+            rpt = rpt < 4 ? 4 : (rpt > 64 ? 64 : rpt);
+        } else {
+            rpt = w->rows / ((int64_t)n_threads * 4);
+            rpt = rpt < 4 ? 4 : (rpt > 16 ? 16 : rpt);
+        }
+        rpt = (rpt + CB_TILE_R - 1) / CB_TILE_R * CB_TILE_R;
+        c.rows_per_task = rpt;
+        int64_t n_tasks = (w->rows + rpt - 1) / rpt;
+        if (n_tasks > INT32_MAX) {
+            s = cb_fail(CB_STATUS_INVALID_ARGUMENT, "matmul: %lld rows is too many",
+                        (long long)w->rows);
+        } else {
+            s = cb_threadpool_run_locked(pool, mm_task, &c, (int)n_tasks);
+        }
+    }
+    cb_threadpool_unlock(pool);
+    free(owned);
+    return s;
+}

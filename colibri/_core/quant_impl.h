@@ -1,0 +1,86 @@
+/* Private declarations shared by the quant kernels (quant.c: types, scalar kernels, drivers;
+ * quant_avx2.c: AVX2 kernels). */
+#ifndef COLIBRI_QUANT_IMPL_H
+#define COLIBRI_QUANT_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "colibri/quant.h"
+
+#define CB_QK 32   /* values per block of the 32-blocks (Q4_0 ... MXFP4) */
+#define CB_QKK 256 /* values per K-quant super-block */
+
+/* Quantized activations for the 32-block weight types: q = round(x/d), d = max|x|/127,
+ * s = d * sum(q) (used by the offset m of Q4_1/Q5_1). */
+typedef struct {
+    float d;
+    float s;
+    int8_t qs[CB_QK];
+} cb_q8a_t;
+
+/* Quantized activations for the K-quants: d = max|x|/127, q = round(x/d), bsums[g] = sum of the
+ * q of values 16g..16g+15. */
+typedef struct {
+    float d;
+    int16_t bsums[CB_QKK / 16];
+    int8_t qs[CB_QKK];
+} cb_q8k_t;
+
+/* How a weight type wants its activations. */
+typedef enum { CB_ACT_F32 = 0, CB_ACT_Q8A = 1, CB_ACT_Q8K = 2 } cb_act_kind;
+
+/* The largest tile a kernel is asked for (rows x tokens). */
+#define CB_TILE_R 4
+#define CB_TILE_T 4
+
+/* out[r*nt + t] = dot(weight row r, activation row t), r < nr <= CB_TILE_R, t < nt <= CB_TILE_T.
+ * n: number of activation blocks per row (CB_ACT_F32: number of values).
+ * w: first weight row, rows w_stride bytes apart; x: first activation row (quantized blocks or
+ * floats), rows x_stride bytes apart. */
+typedef void (*cb_tile_fn)(int64_t n, const uint8_t *w, size_t w_stride, int nr, const uint8_t *x,
+                           size_t x_stride, int nt, float *out);
+
+/* Quantizes n floats (a multiple of the activation block) to activation blocks at dst. */
+typedef void (*cb_act_fn)(const float *x, int64_t n, void *dst);
+
+/* AVX2 kernels (quant_avx2.c); NULL where a type has none. */
+cb_tile_fn cb_avx2_tile(int type);
+void cb_avx2_quantize_q8a(const float *x, int64_t n, void *dst);
+void cb_avx2_quantize_q8k(const float *x, int64_t n, void *dst);
+
+static inline uint16_t cb_rd16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+static inline uint32_t cb_rd32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* MXFP4's e8m0 scale halved (the kvalues table is doubled): 2^(e-128), exact for every e. */
+static inline float cb_e8m0_half(uint8_t e) {
+    uint32_t bits = e < 2 ? (uint32_t)0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+extern const int8_t cb_mxfp4_values[16];
+
+/* Q4_K/Q5_K: the 6-bit scale and min of sub-block j from the 12 packed bytes. */
+static inline void cb_scale_min_k4(int j, const uint8_t *s, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
+        *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+#endif

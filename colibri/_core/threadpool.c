@@ -1,0 +1,238 @@
+/* Persistent thread pool (see include/colibri/threadpool.h).
+ *
+ * Design: n-1 worker pthreads wait for a new "generation" of work. run() publishes the job
+ * (fn, ctx, n_tasks), resets the atomic task counter, bumps the generation under `wake_mtx`
+ * and broadcasts only when some worker sleeps. Every thread (the caller as thread 0) then takes
+ * task indices with atomic_fetch_add until they run out; each worker bumps `done` when it finds
+ * no more tasks, and the caller waits (spinning, then yielding) until every worker has checked
+ * in, so that no worker still touches the job when run() returns.
+ * Workers spin ~CB_TP_SPIN polls on the generation before sleeping: a forward pass issues
+ * kernels back to back and a sleeping worker costs a futex wake-up (tens of microseconds).
+ * Invariants: the job fields are written only while every worker is idle (done == n-1);
+ * `call_mtx` serialises callers; a thread-local marks threads inside a task so that a nested
+ * run() on the same pool is refused instead of deadlocking.
+ * Ownership: the pool owns its threads and its scratch buffer; ctx is borrowed for one run().
+ */
+#include "threadpool_impl.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CB_CPU_RELAX() _mm_pause()
+#else
+#define CB_CPU_RELAX() ((void)0)
+#endif
+
+#define CB_TP_SPIN 20000
+
+struct cb_threadpool {
+    int n_threads;
+    pthread_t *threads;
+    int n_started;
+
+    pthread_mutex_t call_mtx; /* one caller at a time */
+    pthread_mutex_t wake_mtx; /* guards sleeping + the condition */
+    pthread_cond_t wake_cv;
+    int sleeping;
+
+    atomic_uint generation;
+    atomic_int next_task;
+    atomic_int done;
+    atomic_int stop;
+
+    cb_task_fn fn;
+    void *ctx;
+    int n_tasks;
+
+    void *scratch;
+    size_t scratch_bytes;
+};
+
+typedef struct {
+    cb_threadpool_t *pool;
+    int index;
+} worker_arg;
+
+static _Thread_local const cb_threadpool_t *tp_current = NULL;
+
+static void tp_work(cb_threadpool_t *p, int thread) {
+    const cb_threadpool_t *saved = tp_current;
+    tp_current = p;
+    cb_task_fn fn = p->fn;
+    void *ctx = p->ctx;
+    int n = p->n_tasks;
+    for (;;) {
+        int t = atomic_fetch_add_explicit(&p->next_task, 1, memory_order_relaxed);
+        if (t >= n) break;
+        fn(ctx, t, thread);
+    }
+    tp_current = saved;
+}
+
+static void *tp_worker(void *arg) {
+    worker_arg wa = *(worker_arg *)arg;
+    free(arg);
+    cb_threadpool_t *p = wa.pool;
+    /* Generation 0 is the pool's initial one (not the current value: a run() may already
+     * have bumped it before this thread started). */
+    unsigned seen = 0;
+    for (;;) {
+        unsigned g = seen;
+        for (int i = 0; i < CB_TP_SPIN; i++) {
+            g = atomic_load_explicit(&p->generation, memory_order_acquire);
+            if (g != seen) break;
+            CB_CPU_RELAX();
+        }
+        if (g == seen) {
+            pthread_mutex_lock(&p->wake_mtx);
+            p->sleeping++;
+            while ((g = atomic_load(&p->generation)) == seen && !atomic_load(&p->stop))
+                pthread_cond_wait(&p->wake_cv, &p->wake_mtx);
+            p->sleeping--;
+            pthread_mutex_unlock(&p->wake_mtx);
+        }
+        if (atomic_load(&p->stop)) break;
+        seen = g;
+        tp_work(p, wa.index);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+    }
+    return NULL;
+}
+
+cb_status cb_threadpool_new(int n_threads, cb_threadpool_t **out) {
+    if (!out) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "threadpool_new: out is NULL");
+    *out = NULL;
+    if (n_threads < 1 || n_threads > CB_THREADPOOL_MAX_THREADS)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "threadpool_new: n_threads %d not in [1, %d]",
+                       n_threads, CB_THREADPOOL_MAX_THREADS);
+    cb_threadpool_t *p = calloc(1, sizeof *p);
+    if (!p) return cb_fail(CB_STATUS_OUT_OF_MEMORY, "threadpool_new: no memory for the pool");
+    p->n_threads = n_threads;
+    pthread_mutex_init(&p->call_mtx, NULL);
+    pthread_mutex_init(&p->wake_mtx, NULL);
+    pthread_cond_init(&p->wake_cv, NULL);
+    atomic_init(&p->generation, 0);
+    atomic_init(&p->next_task, 0);
+    atomic_init(&p->done, 0);
+    atomic_init(&p->stop, 0);
+    if (n_threads > 1) {
+        p->threads = calloc((size_t)n_threads - 1, sizeof *p->threads);
+        if (!p->threads) {
+            cb_threadpool_free(p);
+            return cb_fail(CB_STATUS_OUT_OF_MEMORY, "threadpool_new: no memory for %d threads",
+                           n_threads);
+        }
+        for (int i = 1; i < n_threads; i++) {
+            worker_arg *wa = malloc(sizeof *wa);
+            if (!wa) {
+                cb_threadpool_free(p);
+                return cb_fail(CB_STATUS_OUT_OF_MEMORY, "threadpool_new: no memory");
+            }
+            wa->pool = p;
+            wa->index = i;
+            int rc = pthread_create(&p->threads[i - 1], NULL, tp_worker, wa);
+            if (rc != 0) {
+                free(wa);
+                cb_threadpool_free(p);
+                return cb_fail(CB_STATUS_OUT_OF_MEMORY,
+                               "threadpool_new: pthread_create failed for thread %d (error %d)",
+                               i, rc);
+            }
+            p->n_started++;
+        }
+    }
+    *out = p;
+    return CB_OK;
+}
+
+void cb_threadpool_free(cb_threadpool_t *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->wake_mtx);
+    atomic_store(&p->stop, 1);
+    atomic_fetch_add(&p->generation, 1);
+    pthread_cond_broadcast(&p->wake_cv);
+    pthread_mutex_unlock(&p->wake_mtx);
+    for (int i = 0; i < p->n_started; i++) pthread_join(p->threads[i], NULL);
+    free(p->threads);
+    free(p->scratch);
+    pthread_cond_destroy(&p->wake_cv);
+    pthread_mutex_destroy(&p->wake_mtx);
+    pthread_mutex_destroy(&p->call_mtx);
+    free(p);
+}
+
+int cb_threadpool_n_threads(const cb_threadpool_t *pool) { return pool ? pool->n_threads : 1; }
+
+cb_status cb_threadpool_lock(cb_threadpool_t *pool) {
+    if (!pool) return CB_OK;
+    if (tp_current == pool)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                       "threadpool: run() called from inside a task of the same pool");
+    pthread_mutex_lock(&pool->call_mtx);
+    return CB_OK;
+}
+
+void cb_threadpool_unlock(cb_threadpool_t *pool) {
+    if (pool) pthread_mutex_unlock(&pool->call_mtx);
+}
+
+cb_status cb_threadpool_run_locked(cb_threadpool_t *p, cb_task_fn fn, void *ctx, int n_tasks) {
+    if (!fn) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "threadpool_run: fn is NULL");
+    if (n_tasks < 0)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "threadpool_run: n_tasks %d < 0", n_tasks);
+    if (n_tasks == 0) return CB_OK;
+    if (!p || p->n_threads == 1 || n_tasks == 1) {
+        const cb_threadpool_t *saved = tp_current;
+        tp_current = p;
+        for (int t = 0; t < n_tasks; t++) fn(ctx, t, 0);
+        tp_current = saved;
+        return CB_OK;
+    }
+    p->fn = fn;
+    p->ctx = ctx;
+    p->n_tasks = n_tasks;
+    atomic_store_explicit(&p->next_task, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    pthread_mutex_lock(&p->wake_mtx);
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    if (p->sleeping) pthread_cond_broadcast(&p->wake_cv);
+    pthread_mutex_unlock(&p->wake_mtx);
+    tp_work(p, 0);
+    int workers = p->n_threads - 1;
+    for (long spins = 0; atomic_load_explicit(&p->done, memory_order_acquire) < workers; spins++) {
+        if (spins < CB_TP_SPIN) CB_CPU_RELAX();
+        else sched_yield();
+    }
+    return CB_OK;
+}
+
+cb_status cb_threadpool_run(cb_threadpool_t *pool, cb_task_fn fn, void *ctx, int n_tasks) {
+    cb_status s = cb_threadpool_lock(pool);
+    if (s != CB_OK) return s;
+    s = cb_threadpool_run_locked(pool, fn, ctx, n_tasks);
+    cb_threadpool_unlock(pool);
+    return s;
+}
+
+cb_status cb_threadpool_scratch(cb_threadpool_t *p, size_t bytes, void **out) {
+    if (!p) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "threadpool_scratch: pool is NULL");
+    if (bytes > p->scratch_bytes) {
+        size_t want = bytes + bytes / 4 + 64;
+        want = (want + 63) & ~(size_t)63;
+        void *nb = NULL;
+        if (posix_memalign(&nb, 64, want) != 0)
+            return cb_fail(CB_STATUS_OUT_OF_MEMORY, "threadpool: no memory for %zu scratch bytes",
+                           want);
+        free(p->scratch);
+        p->scratch = nb;
+        p->scratch_bytes = want;
+    }
+    *out = p->scratch;
+    return CB_OK;
+}

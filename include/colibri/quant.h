@@ -1,0 +1,155 @@
+/* GGUF block types and the CPU kernels that compute on them as stored: dequantize, embedding
+ * row lookup, and matrix products (matvec for decode, matmul for a batch of tokens).
+ *
+ * Types. cb_type uses GGML's ids (the `type` field of a GGUF tensor), so a GGUF tensor's type
+ * can be passed through unchanged. A type is a run of blocks: block_size values stored in
+ * block_bytes bytes (F32/F16/BF16: blocks of one value). Layouts are GGML's (ggml-common.h):
+ *   Q4_0  {f16 d; u8 qs[16]}               v = d*(q-8), q = nibble; value j<16 is the low
+ *                                           nibble of qs[j], value j+16 its high nibble
+ *   Q4_1  {f16 d, m; u8 qs[16]}            v = d*q + m
+ *   Q5_0  {f16 d; u32 qh; u8 qs[16]}       q = nibble | (bit j of qh) << 4, v = d*(q-16)
+ *   Q5_1  {f16 d, m; u32 qh; u8 qs[16]}    v = d*q + m
+ *   Q8_0  {f16 d; i8 qs[32]}               v = d*q
+ *   MXFP4 {u8 e; u8 qs[16]}                v = 2^(e-128) * K[nibble], K = doubled e2m1 values
+ *                                           {0,1,2,3,4,6,8,12,0,-1,-2,-3,-4,-6,-8,-12}
+ *   Q4_K  {f16 d, dmin; u8 scales[12]; u8 qs[128]}  256 values in 8 sub-blocks of 32 with
+ *         6-bit scale sc_j and min m_j: v = d*sc_j*q - dmin*m_j; qs[32c..32c+31] hold
+ *         sub-block 2c in the low and 2c+1 in the high nibbles
+ *   Q5_K  {f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}  as Q4_K, bit j of qh[l] is
+ *         bit 4 of value l of sub-block j
+ *   Q6_K  {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}  v = d*scales[i/16]*(q-32), 6-bit q
+ *
+ * Activations (the x of W·x). Like llama.cpp, cb_matmul quantizes the activations once per
+ * call, then multiplies integer blocks:
+ *   - Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4 weights: x in blocks of 32 as int8 with an f32 scale
+ *     (d = max|x|/127, q = round(x/d)) and d*sum(q) for the offset (m) of Q4_1/Q5_1;
+ *   - Q4_K, Q5_K, Q6_K weights: x in blocks of 256 as int8, f32 scale and 16 int16 sums of 16;
+ *   - F32, F16, BF16 weights: x stays float (f32 products).
+ * The error this adds is bounded by sum_b max|x_b|/254 * sum_{c in b} |W[r,c]| (the per-value
+ * rounding of x), the same as llama.cpp's CPU backend. The integer sums are exact; the AVX2
+ * and scalar paths compute the same products and differ only in float summation order.
+ *
+ * SIMD: AVX2 (+FMA, F16C) kernels chosen at run time with cb_cpu_level(); a scalar path for
+ * every type (tests cap the level to exercise it). On AVX-512 machines the AVX2 kernels run.
+ *
+ * Threads: pass a cb_threadpool_t (threadpool.h) to split output rows across its threads, or
+ * NULL to compute on the calling thread. Every call is synchronous: pointers are borrowed for
+ * the call only.
+ */
+#ifndef COLIBRI_QUANT_H
+#define COLIBRI_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "colibri/status.h"
+#include "colibri/threadpool.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum cb_type {
+    CB_TYPE_F32 = 0,
+    CB_TYPE_F16 = 1,
+    CB_TYPE_Q4_0 = 2,
+    CB_TYPE_Q4_1 = 3,
+    CB_TYPE_Q5_0 = 6,
+    CB_TYPE_Q5_1 = 7,
+    CB_TYPE_Q8_0 = 8,
+    CB_TYPE_Q8_1 = 9,  /* known (sizes), no kernels */
+    CB_TYPE_Q2_K = 10, /* known (sizes), no kernels */
+    CB_TYPE_Q3_K = 11, /* known (sizes), no kernels */
+    CB_TYPE_Q4_K = 12,
+    CB_TYPE_Q5_K = 13,
+    CB_TYPE_Q6_K = 14,
+    CB_TYPE_Q8_K = 15, /* known (sizes), no kernels */
+    CB_TYPE_BF16 = 30,
+    CB_TYPE_MXFP4 = 39,
+} cb_type;
+
+/* Values per block; 0 for an id this library does not know. */
+int64_t cb_type_block_size(int type);
+
+/* Bytes per block; 0 for an unknown id. */
+size_t cb_type_block_bytes(int type);
+
+/* Bytes of a row of n values: fails (INVALID_ARGUMENT) when n < 0 or n is not a multiple of the
+ * block size, UNSUPPORTED for an unknown id, OUT_OF_MEMORY when the size overflows. */
+cb_status cb_type_row_bytes(int type, int64_t n, size_t *out);
+
+/* GGML's name ("Q4_K", "F32"); "unknown" for an unknown id. Static string. */
+const char *cb_type_name(int type);
+
+/* Non-zero when dequantize, get_rows and matmul support the type. */
+int cb_type_supported(int type);
+
+/* A weight matrix: rows x cols values of `type`, row r at data + r*row_bytes. data is
+ * borrowed (often a mapped GGUF tensor); row_bytes >= cb_type_row_bytes(type, cols). */
+typedef struct cb_matrix {
+    int type;          /* a cb_type */
+    int64_t rows;      /* output features */
+    int64_t cols;      /* input features; a multiple of the block size */
+    size_t row_bytes;  /* stride between rows in bytes */
+    const void *data;  /* borrowed */
+} cb_matrix_t;
+
+/* Checks a matrix: supported type, rows/cols >= 0, cols a multiple of the block size,
+ * row_bytes large enough, data non-NULL when non-empty. */
+cb_status cb_matrix_check(const cb_matrix_t *w);
+
+/* Dequantizes n_values values of `type` (a multiple of the block size) from src (borrowed,
+ * n_values/block_size blocks) to dst (caller-owned, n_values floats). */
+cb_status cb_dequantize_rows(int type, const void *src, int64_t n_values, float *dst);
+
+/* Embedding lookup: out[i*w->cols + c] = W[ids[i], c] for i < n (out: caller-owned, n*cols
+ * floats). Every id is checked against [0, rows): an out-of-range id fails with
+ * INVALID_ARGUMENT naming it, before anything is written. */
+cb_status cb_get_rows(const cb_matrix_t *w, const int32_t *ids, int64_t n, float *out);
+
+/* y = W x for a batch of tokens:
+ *   y[t*y_stride + r] = sum_c W[r,c] * x[t*x_stride + c]   for t < n_tokens, r < rows.
+ * x: n_tokens rows of cols floats (borrowed), y: n_tokens rows of at least `rows` floats
+ * (caller-owned; must not overlap x). Strides are in floats, >= cols and >= rows.
+ * n_tokens == 1 is the decode matvec; larger batches run a tiled kernel that streams each
+ * weight row block once per call. pool NULL = calling thread only. The pool's scratch holds the
+ * quantized activations; without a pool one buffer is allocated per call. */
+cb_status cb_matmul(const cb_matrix_t *w, const float *x, int64_t n_tokens, int64_t x_stride,
+                    float *y, int64_t y_stride, cb_threadpool_t *pool);
+
+/* Options of cb_matmul_ex (zero-initialise, or use cb_matmul_default_opts()). */
+typedef struct cb_matmul_opts {
+    /* Non-zero: y += scale * (W x) instead of y = W x. */
+    int accumulate;
+    /* Optional per-token factor (n_tokens floats, borrowed): y = token_scale[t] * (W x_t)
+     * (or += with accumulate). NULL = 1. MoE: the router weight of each token. */
+    const float *token_scale;
+    /* Optional token indices (n_tokens int32, borrowed): token t reads x row token_ids[t] and
+     * writes y row token_ids[t] (gather/scatter without copies; MoE: the tokens routed to
+     * one expert). Ids must be >= 0 and < n_rows_xy. Repeated ids are allowed with
+     * accumulate (each adds). NULL = identity. */
+    const int32_t *token_ids;
+    /* Number of x / y rows the ids may address (required when token_ids is set). */
+    int64_t n_rows_xy;
+} cb_matmul_opts_t;
+
+cb_matmul_opts_t cb_matmul_default_opts(void);
+
+/* cb_matmul with options (opts NULL = defaults, i.e. cb_matmul). */
+cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, int64_t x_stride,
+                       float *y, int64_t y_stride, const cb_matmul_opts_t *opts,
+                       cb_threadpool_t *pool);
+
+/* Quantizes n floats (a multiple of 32) to Q8_0 blocks (dst: n/32*34 bytes, caller-owned), with
+ * GGML's rounding (d = max|x|/127 stored as f16, q = round(x/d)). For tools. */
+cb_status cb_quantize_q8_0(const float *x, int64_t n, void *dst);
+
+/* Half/bfloat conversions used by the kernels (exact, round-to-nearest-even for to_f16). */
+float cb_f16_to_f32(uint16_t h);
+uint16_t cb_f32_to_f16(float f);
+float cb_bf16_to_f32(uint16_t h);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,190 @@
+"""Quantized kernels (include/colibri/quant.h) against outside references: gguf-py's
+dequantizers and a float64 product of the gguf-dequantized weights.
+
+Tolerance of matvec/matmul: the kernels quantize the activations to 8 bits (blocks of 32 or
+256, see quant.h), so |y - W x| may reach sum_b max|x_b|/254 * sum_{c in b} |W[r, c]|; the tests
+require the error to stay under that rigorous bound (plus float32 rounding slack), which a wrong
+nibble order, scale or offset exceeds by orders of magnitude. Float weights (F32/F16/BF16) get
+only the float32 slack.
+"""
+
+from __future__ import annotations
+
+import gguf
+import gguf.quants
+import numpy as np
+import pytest
+from quant_util import (
+    GT,
+    TYPES,
+    block,
+    matmul_bound,
+    quantized_raw,
+    random_raw,
+    reference_dequant,
+)
+
+import colibri._core._quant as q
+import colibri.simd as simd
+
+LEVELS = ["scalar", "avx2"] if simd.detected() != "scalar" else ["scalar"]
+
+
+def test_type_table_matches_gguf():
+    for name, tid in q.TYPES.items():
+        assert GT[name].value == tid
+        bs, bb = gguf.GGML_QUANT_SIZES[GT[name]]
+        assert q.block_size(tid) == bs
+        assert q.block_bytes(name) == bb
+        assert q.type_name(tid) == name
+    assert set(q.SUPPORTED) == set(TYPES)
+
+
+def test_row_bytes_and_bad_shapes():
+    assert q.row_bytes("Q4_K", 512) == 2 * 144
+    assert q.row_bytes("F16", 3) == 6
+    with pytest.raises(ValueError, match="not a multiple of the block size 256"):
+        q.row_bytes("Q6_K", 300)
+    with pytest.raises(ValueError, match="block size 32"):
+        q.dequantize("Q4_0", np.zeros(18, np.uint8), (1, 20))
+    with pytest.raises(ValueError, match="multiple of the block size"):
+        q.matmul("Q8_0", np.zeros(34, np.uint8), 1, 33, np.zeros((1, 33), np.float32))
+    with pytest.raises(ValueError, match="needs"):
+        q.matmul("Q8_0", np.zeros(33, np.uint8), 1, 32, np.zeros((1, 32), np.float32))
+    with pytest.raises(ValueError, match="columns"):
+        q.matmul("Q8_0", np.zeros(34, np.uint8), 1, 32, np.zeros((1, 64), np.float32))
+    with pytest.raises(ValueError, match="unknown"):
+        q.row_bytes(5, 32)
+    with pytest.raises(ValueError, match="not supported"):
+        q.matmul("Q2_K", np.zeros(84, np.uint8), 1, 256, np.zeros((1, 256), np.float32))
+    with pytest.raises(ValueError):
+        q.ThreadPool(0)
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_dequantize_matches_gguf_exactly(t):
+    rng = np.random.default_rng(1)
+    bs, _ = block(t)
+    rows, cols = 5, 2 * max(bs, 32) * 2
+    raws = [random_raw(t, rows, cols, rng)]
+    qr = quantized_raw(t, rows, cols, rng)
+    if qr is not None:
+        raws.append(qr)
+    for raw in raws:
+        ref = reference_dequant(t, raw, rows, cols)
+        got = q.dequantize(t, raw, (rows, cols))
+        assert got.shape == (rows, cols)
+        np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_get_rows(t):
+    rng = np.random.default_rng(2)
+    bs, _ = block(t)
+    rows, cols = 9, max(bs, 32) * 2
+    raw = random_raw(t, rows, cols, rng)
+    ref = reference_dequant(t, raw, rows, cols)
+    ids = np.array([3, 0, 8, 3], dtype=np.int32)
+    got = q.get_rows(t, raw, rows, cols, ids)
+    np.testing.assert_array_equal(got.view(np.uint32), ref[ids].view(np.uint32))
+    for bad in ([9], [-1], [0, 2**31 - 1]):
+        with pytest.raises(ValueError, match="out of range"):
+            q.get_rows(t, raw, rows, cols, np.array(bad, dtype=np.int64))
+
+
+def _check_matmul(t, raw, rows, cols, x, **kw):
+    w = reference_dequant(t, raw, rows, cols)
+    yref = x.astype(np.float64) @ w.astype(np.float64).T
+    bound = matmul_bound(t, w, x)
+    y = q.matmul(t, raw, rows, cols, x, **kw)
+    assert y.shape == (x.shape[0], rows)
+    err = np.abs(y - yref)
+    worst = np.unravel_index(np.argmax(err / bound), err.shape)
+    assert np.all(err <= bound), (
+        f"{t}: error {err[worst]:.3g} > bound {bound[worst]:.3g} at {worst} "
+        f"(y={y[worst]:.6g}, ref={yref[worst]:.6g})")
+    return y
+
+
+@pytest.mark.parametrize("t", TYPES)
+@pytest.mark.parametrize("level", LEVELS)
+def test_matvec_and_matmul_random_shapes(t, level):
+    rng = np.random.default_rng(abs(hash((t, level))) % 2**32)
+    bs, _ = block(t)
+    ab = 256 if t.endswith("_K") else 32
+    pool = q.ThreadPool(2)
+    with simd.max_simd(level):
+        for trial in range(4):
+            rows = int(rng.integers(1, 40)) | (trial & 1)  # odd counts included
+            cols = ab * int(rng.integers(1, 5)) if bs > 1 else int(rng.integers(1, 300))
+            n = [1, int(rng.integers(2, 34)), 1, int(rng.integers(2, 34))][trial]
+            raw = random_raw(t, rows, cols, rng) if trial % 2 == 0 or bs == 1 else (
+                quantized_raw(t, rows, cols, rng))
+            if raw is None:
+                raw = random_raw(t, rows, cols, rng)
+            x = (rng.standard_normal((n, cols)) * rng.uniform(0.1, 10)).astype(np.float32)
+            y1 = _check_matmul(t, raw, rows, cols, x)
+            y2 = _check_matmul(t, raw, rows, cols, x, pool=pool)
+            # threads split rows: each row is computed the same way
+            np.testing.assert_array_equal(y1, y2)
+            yv = q.matmul(t, raw, rows, cols, x[0])
+            assert yv.shape == (rows,)
+            np.testing.assert_array_equal(yv, q.matmul(t, raw, rows, cols, x[:1])[0])
+
+
+@pytest.mark.parametrize("t", ["Q4_0", "Q4_K", "F16"])
+def test_simd_agrees_with_scalar(t):
+    rng = np.random.default_rng(3)
+    rows, cols = 13, 512
+    raw = random_raw(t, rows, cols, rng)
+    x = rng.standard_normal((6, cols)).astype(np.float32)
+    with simd.max_simd("scalar"):
+        ys = q.matmul(t, raw, rows, cols, x)
+    ya = q.matmul(t, raw, rows, cols, x)
+    # same integer block sums, only the float summation order differs
+    np.testing.assert_allclose(ya, ys, rtol=1e-4, atol=1e-4 * np.abs(ys).max())
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_matmul_ex_accumulate_scale_ids(level):
+    rng = np.random.default_rng(4)
+    t, rows, cols = "Q4_K", 11, 256
+    raw = random_raw(t, rows, cols, rng)
+    w = reference_dequant(t, raw, rows, cols).astype(np.float64)
+    x = rng.standard_normal((6, cols)).astype(np.float32)
+    ids = np.array([4, 1, 4, 0], dtype=np.int32)  # token 4 twice: both add
+    scale = np.array([0.5, -2.0, 1.5, 3.0], dtype=np.float32)
+    out = rng.standard_normal((6, rows)).astype(np.float32)
+    expect = out.astype(np.float64)
+    bound = np.zeros_like(expect)
+    xq = x[ids]
+    part = xq.astype(np.float64) @ w.T
+    b = matmul_bound(t, w, xq)
+    for i, tok in enumerate(ids):
+        expect[tok] += scale[i] * part[i]
+        bound[tok] += abs(scale[i]) * b[i]
+    with simd.max_simd(level):
+        q.matmul(t, raw, rows, cols, x, out=out, accumulate=True, token_scale=scale,
+                 token_ids=ids, threads=2)
+    assert np.all(np.abs(out - expect) <= bound + 1e-5)
+    # scale without accumulate overwrites
+    y = q.matmul(t, raw, rows, cols, x[:4], token_scale=scale)
+    ref = (x[:4].astype(np.float64) @ w.T) * scale[:, None]
+    assert np.all(np.abs(y - ref) <= matmul_bound(t, w, x[:4]) * np.abs(scale)[:, None])
+    with pytest.raises(ValueError, match="out of range"):
+        q.matmul(t, raw, rows, cols, x, out=out, token_ids=np.array([6], np.int32))
+
+
+def test_quantize_q8_0_matches_gguf():
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((8, 128)) * rng.uniform(0.01, 100, size=(8, 1))).astype(np.float32)
+    x[0, :32] = 0.0
+    ref = gguf.quants.quantize(x, GT.Q8_0).view(np.uint8).reshape(-1)
+    np.testing.assert_array_equal(q.quantize_q8_0(x), ref)
+
+
+def test_empty_and_zero_rows():
+    y = q.matmul("Q8_0", np.zeros(0, np.uint8), 0, 32, np.ones((3, 32), np.float32))
+    assert y.shape == (3, 0)
+    y = q.matmul("Q8_0", np.zeros(34 * 2, np.uint8), 2, 32, np.ones((0, 32), np.float32))
+    assert y.shape == (0, 2)
