@@ -1,0 +1,292 @@
+"""colibri/cuda.py end to end without a GPU: a stand-in `pycuda` package (driver, gpuarray,
+compiler) backed by host memory launches the real kernels compiled for the CPU with
+tests/cuda_emu (emu_lib.cpp + cuda_emu.h). This exercises the runtime's argument packing
+(against the kernels' C signatures, through ctypes), buffer sizes, grids, tile choice, the
+cubin cache and the device error records; results are compared with the NumPy references."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from colibri import ColibriError
+from colibri._cuda_ref import (
+    ExpertLayout,
+    build_pool,
+    group_reference,
+    moe_ffn_reference,
+    route_reference,
+    unpack_expert,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cuda_include() -> Path | None:
+    cands = []
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        cands.append(Path(nvcc).resolve().parent.parent / "include")
+    cands.append(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include")
+    return next((c for c in cands if (c / "cuda_fp16.h").is_file()), None)
+
+
+def separated_logits(rng, n_tokens, n_experts):
+    """Random logits on a shuffled grid: no near-ties between experts."""
+    base = np.arange(n_experts) * (8.0 / n_experts) - 4.0
+    noise = rng.uniform(0, 2.0 / n_experts, (n_tokens, n_experts))
+    return (np.array([rng.permutation(base) for _ in range(n_tokens)]) + noise).astype(np.float32)
+
+
+INC = cuda_include()
+pytestmark = [
+    pytest.mark.slow,  # ~20 s to compile the kernels for the CPU
+    pytest.mark.skipif(INC is None or shutil.which("g++") is None,
+                       reason="CUDA toolkit headers (cuda_fp16.h) or g++ not installed"),
+]
+
+
+@pytest.fixture(scope="module")
+def emu_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    so = tmp_path_factory.mktemp("cuda_emu_lib") / "libemu.so"
+    subprocess.run(
+        ["g++", "-std=c++20", "-O1", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas",
+         "-shared", "-fPIC", "-pthread", f"-I{INC}", "-o", str(so),
+         str(ROOT / "tests" / "cuda_emu" / "emu_lib.cpp")],
+        check=True, timeout=600,
+    )
+    return ctypes.CDLL(str(so))
+
+
+class Ptr:
+    """A 'device pointer': the address of host memory kept alive by `owner`."""
+
+    def __init__(self, owner: np.ndarray) -> None:
+        self.owner = owner
+
+    def __int__(self) -> int:
+        return int(self.owner.ctypes.data)
+
+    __index__ = __int__
+
+    def free(self) -> None:
+        pass
+
+
+def poisoned(n: int, dtype) -> np.ndarray:
+    a = np.empty(n, dtype)
+    a.view(np.uint8)[:] = 0xFF if np.dtype(dtype).kind == "f" else 0x7F
+    return a
+
+
+def make_fake_pycuda(lib: ctypes.CDLL, calls: dict[str, int]) -> dict[str, types.ModuleType]:
+    drv = types.ModuleType("pycuda.driver")
+    ga = types.ModuleType("pycuda.gpuarray")
+    comp = types.ModuleType("pycuda.compiler")
+    pkg = types.ModuleType("pycuda")
+
+    class Error(Exception):
+        pass
+
+    class Ctx:
+        def push(self):
+            pass
+
+        def pop(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+    class Device:
+        def __init__(self, i):
+            assert i == 0
+
+        @staticmethod
+        def count():
+            return 1
+
+        def name(self):
+            return "emulated sm_90"
+
+        def compute_capability(self):
+            return (9, 0)
+
+        def retain_primary_context(self):
+            return Ctx()
+
+    class Function:
+        def __init__(self, name):
+            self.name = name
+            self.fmt: str | None = None
+
+        def prepare(self, fmt):
+            self.fmt = fmt
+
+        def prepared_async_call(self, grid, block, stream, *args):
+            assert self.fmt is not None and len(args) == len(self.fmt), (self.name, args)
+            conv = []
+            for c, a in zip(self.fmt, args, strict=True):
+                if c == "P":
+                    assert isinstance(a, int), (self.name, a)
+                    conv.append(ctypes.c_void_p(a or None))
+                elif c == "i":
+                    assert isinstance(a, int) and -(2**31) <= a < 2**31, (self.name, a)
+                    conv.append(ctypes.c_int(a))
+                else:
+                    assert c == "f" and isinstance(a, float), (self.name, a)
+                    conv.append(ctypes.c_float(a))
+            assert len(grid) == 3 and grid[2] == 1 and block[1:] == (1, 1)
+            calls[self.name] = calls.get(self.name, 0) + 1
+            getattr(lib, f"emu_{self.name}")(ctypes.c_uint(grid[0]), ctypes.c_uint(grid[1]),
+                                              ctypes.c_uint(block[0]), *conv)
+
+    class Module:
+        def get_function(self, name):
+            return Function(name)
+
+    def mem_alloc(n):
+        return Ptr(poisoned(n, np.uint8))
+
+    def memcpy_htod(dest, src):
+        src = np.ascontiguousarray(src)
+        ctypes.memmove(int(dest), src.ctypes.data, src.nbytes)
+
+    def memcpy_dtod(dest, src, n):
+        ctypes.memmove(int(dest), int(src), n)
+
+    drv.Error = Error
+    drv.init = lambda: None
+    drv.Device = Device
+    drv.module_from_buffer = lambda cubin: Module()
+    drv.mem_alloc = mem_alloc
+    drv.memcpy_htod = memcpy_htod
+    drv.memcpy_dtod = memcpy_dtod
+    drv.register_host_memory = lambda a, flags=0: a
+
+    class GPUArray:
+        def __init__(self, a):
+            self.a = a
+            self.gpudata = Ptr(a)
+
+        def get(self):
+            return self.a.copy()
+
+        def fill(self, v):
+            self.a.fill(v)
+            return self
+
+    ga.GPUArray = GPUArray
+    ga.to_gpu = lambda a: GPUArray(np.array(a, copy=True))
+    ga.empty = lambda n, dtype: GPUArray(poisoned(n, dtype))
+    ga.zeros = lambda n, dtype: GPUArray(np.zeros(n, dtype))
+
+    def compile_(source, **kw):
+        calls["nvcc"] = calls.get("nvcc", 0) + 1
+        assert kw["arch"] == "sm_90" and kw["no_extern_c"] is True
+        return b"emulated cubin"
+
+    comp.compile = compile_
+    pkg.driver, pkg.gpuarray, pkg.compiler = drv, ga, comp
+    return {"pycuda": pkg, "pycuda.driver": drv, "pycuda.gpuarray": ga, "pycuda.compiler": comp}
+
+
+@pytest.fixture()
+def rt(emu_lib, monkeypatch, tmp_path):
+    calls: dict[str, int] = {}
+    for name, mod in make_fake_pycuda(emu_lib, calls).items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setenv("COLIBRI_CUDA_CACHE", str(tmp_path / "cache"))
+    import colibri.cuda as cuda
+
+    assert cuda.available()
+    r = cuda.CudaRuntime(0)
+    r.calls = calls  # type: ignore[attr-defined]
+    yield r
+    r.close()
+
+
+def test_compile_once_and_cache(rt, tmp_path):
+    import colibri.cuda as cuda
+
+    assert rt.arch == "sm_90" and rt.calls["nvcc"] == 2
+    cached = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert len(cached) == 2 and all(n.endswith("_sm_90.cubin") for n in cached)
+    cuda.CudaRuntime(0).close()
+    assert rt.calls["nvcc"] == 2  # second runtime: both cubins from the cache
+
+
+@pytest.mark.parametrize("n_tokens,n_experts,k,gating,bias_on,tile", [
+    (3, 16, 2, "softmax", False, None), (200, 32, 4, "sigmoid", True, None),
+])
+def test_route(rt, n_tokens, n_experts, k, gating, bias_on, tile):
+    rng = np.random.default_rng(n_tokens)
+    logits = separated_logits(rng, n_tokens, n_experts)
+    bias = (rng.integers(-2, 3, n_experts) * 1.5).astype(np.float32) if bias_on else None
+    slot = np.arange(n_experts, dtype=np.int64)[::-1] * 512
+    r = rt.route(logits, k, gating, bias, renorm=True, scale=2.0, tile=tile, slot_offset=slot)
+    assert r.tile == (64 if n_tokens * k >= 32 * n_experts else 16)
+    h = r.to_host()
+    ids, w = route_reference(logits, k, gating, bias, True, 2.0)
+    np.testing.assert_array_equal(h["topk_ids"], ids)
+    np.testing.assert_allclose(h["topk_w"], w, rtol=2e-6)
+    np.testing.assert_array_equal(h["sel_offset"], slot[ids])
+    g = group_reference(ids, h["topk_w"], n_experts, r.tile, r.cap)
+    for key in ("counts", "seg_offset", "sorted_token", "pair_pos", "tile_expert"):
+        np.testing.assert_array_equal(h[key].ravel(), g[key].ravel(), err_msg=key)
+
+
+def test_route_errors(rt):
+    with pytest.raises(ColibriError, match=r"not resident.*cuda/routing\.cu:\d+"):
+        rt.route(np.array([[0.0, 5.0, 1.0]], np.float32), 1, slot_offset=np.array([0, -1, 0]))
+    with pytest.raises(ValueError, match="NaN"):
+        rt.route(np.array([[np.nan, 1.0]], np.float32), 1)
+    with pytest.raises(ValueError, match="k="):
+        rt.route(np.zeros((1, 4), np.float32), 5)
+    with pytest.raises(ValueError, match="tile"):
+        rt.route(np.zeros((1, 4), np.float32), 1, tile=32)
+
+
+@pytest.mark.parametrize("fmt,tile,act", [("f16", 16, "silu"), ("int4-g128", 64, "gelu_tanh")])
+def test_moe_ffn(rt, fmt, tile, act):
+    rng = np.random.default_rng(11)
+    d, f, n_exp, k, n_tokens = 128, 128, 4, 2, 21
+    lay = ExpertLayout(d, f, fmt)
+    experts = [(rng.normal(0, d**-0.5, (f, d)), rng.normal(0, d**-0.5, (f, d)),
+                rng.normal(0, f**-0.5, (d, f))) for _ in range(n_exp)]
+    pool, offsets = build_pool(experts, lay)
+    dp = rt.upload_pool(pool, offsets, lay)
+    x = rng.normal(size=(n_tokens, d)).astype(np.float16)
+    r = rt.route(rng.normal(size=(n_tokens, n_exp)).astype(np.float32), k, renorm=True, tile=tile)
+    out = rt.moe_ffn(x, dp, r, act)
+    h = r.to_host()
+    seen = [unpack_expert(pool[o:], lay) for o in offsets]
+    ref = moe_ffn_reference(x, seen, h["topk_ids"], h["topk_w"], act)
+    assert np.isfinite(out).all()
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
+    w = "i4" if fmt == "int4-g128" else "f16"
+    assert rt.calls[f"cb_moe_gate_up_{w}_m{tile}"] == 1 and rt.calls["cb_moe_combine"] == 1
+
+
+def test_bad_pools_and_inputs(rt):
+    lay = ExpertLayout(128, 128, "f16")
+    pool = np.zeros(3 * lay.matrix_bytes, np.uint8)
+    with pytest.raises(ValueError, match="offsets"):
+        rt.upload_pool(pool, np.array([8]), lay)  # runs past the end
+    with pytest.raises(ValueError, match="offsets"):
+        rt.upload_pool(pool, np.array([-2]), lay)
+    dp = rt.upload_pool(pool, np.array([0, -1]), lay)
+    r = rt.route(np.array([[0.0, 1.0]], np.float32), 1)
+    with pytest.raises(ValueError, match="x must have shape"):
+        rt.moe_ffn(np.zeros((1, 64), np.float16), dp, r)
+    with pytest.raises(ColibriError, match=r"not resident.*moe_gemm\.cu"):
+        rt.moe_ffn(np.zeros((1, 128), np.float16), dp, r)
+    assert rt.pin_host_memory(pool) is pool
