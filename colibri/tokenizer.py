@@ -293,15 +293,15 @@ def _token_attrs(info: VocabInfo, tokens: list[bytes]) -> npt.NDArray[np.uint32]
         attrs = np.full(n, ATTR_NORMAL, dtype=np.uint32)
     else:
         lut = np.zeros(8, dtype=np.uint32)
-        for t, a in _TYPE_TO_ATTR.items():
-            lut[t] = a
+        for ttype, attr in _TYPE_TO_ATTR.items():
+            lut[ttype] = attr
         tt = info.token_types[:n]
         attrs = np.where((tt >= 0) & (tt < 8), lut[np.clip(tt, 0, 7)], ATTR_UNDEFINED).astype(np.uint32)
     # llama.cpp's fixes by token text (see _CONTROL_LOOKING)
-    index = {}
-    for i, t in enumerate(tokens):
-        if t[:1] in (b"<", b"[", b"_", b"\xe2", b"\xef") and len(t) < 40:
-            index[t.decode("utf-8", "replace")] = i
+    index: dict[str, int] = {}
+    for i, tok in enumerate(tokens):
+        if tok[:1] in (b"<", b"[", b"_", b"\xe2", b"\xef") and len(tok) < 40:
+            index[tok.decode("utf-8", "replace")] = i
     looking = set(_CONTROL_LOOKING)
     if "eom" in info.special_ids:
         looking.discard("<|eom_id|>")
@@ -309,16 +309,16 @@ def _token_attrs(info: VocabInfo, tokens: list[bytes]) -> npt.NDArray[np.uint32]
         if kind not in info.special_ids:
             looking |= texts
     for text in looking:
-        i = index.get(text)
-        if i is not None:
-            attrs[i] |= ATTR_CONTROL
-    for text, i in index.items():
-        if attrs[i] & ATTR_CONTROL and "unused" in text:
+        found = index.get(text)
+        if found is not None:
+            attrs[found] |= ATTR_CONTROL
+    for i in np.nonzero(attrs & ATTR_CONTROL)[0].tolist():
+        if b"unused" in tokens[i]:
             attrs[i] |= ATTR_UNUSED
     for text in _ALWAYS_USER_DEFINED:
-        i = index.get(text)
-        if i is not None:
-            attrs[i] = ATTR_USER_DEFINED
+        found = index.get(text)
+        if found is not None:
+            attrs[found] = ATTR_USER_DEFINED
     if all(t in index for t in ("<|return|>", "<|call|>", "<|end|>")) or \
             all(t in index for t in ("<|calls|>", "<|flush|>", "<|end|>")):
         attrs[index["<|end|>"]] = ATTR_USER_DEFINED

@@ -91,7 +91,7 @@ def test_bytes_input_gives_same_ids(tok: Tokenizer, corpus: list[str]) -> None:
 
 def test_every_token_piece_matches_llama_cpp(tok: Tokenizer, refs: dict[str, np.ndarray]) -> None:
     pieces, off = refs["pieces"].tobytes(), refs["piece_offsets"]
-    special = dict(zip(refs["special_piece_ids"].tolist(), range(len(refs["special_piece_ids"]))))
+    special = {t: k for k, t in enumerate(refs["special_piece_ids"].tolist())}
     sp, spo = refs["special_pieces"].tobytes(), refs["special_piece_offsets"]
     bad = []
     for t in range(tok.vocab_size):

@@ -1367,13 +1367,16 @@ static int bvec_add(bvec *b, const uint8_t *p, size_t n) {
     return 0;
 }
 
-/* The piece of id as decode renders it; *strip: in/out state of the leading-space rule. */
+/* The piece of id as decode renders it; *strip: in/out state of the leading-space rule (drop one
+ * leading space of the first non-control piece, the one SPM encode prepended). */
 static void render(const cb_tokenizer_t *t, int32_t id, unsigned flags, int *strip, const uint8_t **p,
                    size_t *n) {
     *p = t->piece + t->piece_off[id];
     *n = (size_t)(t->piece_off[id + 1] - t->piece_off[id]);
-    if (!(flags & CB_DECODE_SPECIAL) && (t->attr[id] & (CB_TOKEN_ATTR_UNKNOWN | CB_TOKEN_ATTR_CONTROL)))
-        *n = 0;
+    if (t->attr[id] & (CB_TOKEN_ATTR_UNKNOWN | CB_TOKEN_ATTR_CONTROL)) {
+        if (!(flags & CB_DECODE_SPECIAL)) *n = 0;
+        return; /* control tokens (BOS, ...) never carry the prefix space */
+    }
     if (*strip && *n) {
         if ((*p)[0] == ' ') {
             (*p)++;

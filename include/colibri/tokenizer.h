@@ -131,7 +131,7 @@ cb_status cb_tokenizer_piece(const cb_tokenizer_t *tok, int32_t id, int special,
 
 /* Decodes ids[0..n) to well-formed UTF-8 (U+FFFD for byte sequences that do not form characters).
  * With add_space_prefix (SPM) the space encode prepended is removed: one leading space of the first
- * non-empty piece. *out is caller-freed with cb_tokenizer_buffer_free; fails on ids out of range. */
+ * non-empty piece that is not a control token. *out is caller-freed with cb_tokenizer_buffer_free; fails on ids out of range. */
 cb_status cb_tokenizer_decode(const cb_tokenizer_t *tok, const int32_t *ids, size_t n,
                               unsigned flags, uint8_t **out, size_t *out_len);
 
