@@ -307,9 +307,14 @@ __device__ __forceinline__ void moe_gemm_body(
     a, sorted_token, sorted_weight, tile_expert, pool, expert_offset, n_experts, K, N, act, \
         h_out, z_out, err
 
-#define CB_MOE_GEMM_KERNEL(name, threads, BM, BN, WM, WN, INT4, GATE_UP)        \
-    extern "C" __global__ void __launch_bounds__(threads) name(CB_MOE_GEMM_PARAMS) { \
-        moe_gemm_body<BM, BN, WM, WN, INT4, GATE_UP>(CB_MOE_GEMM_ARGS);           \
+/* Occupancy: at least 2 blocks of 256 threads (16 warps) or 4 of 128 per SM, which caps
+ * registers at 128 per thread; ptxas then spills 8-12 bytes in the m64 gate/up kernels
+ * (64 accumulator registers for gate and up), a fair trade for twice the warps to hide the
+ * global loads behind. */
+#define CB_MOE_GEMM_KERNEL(name, threads, BM, BN, WM, WN, INT4, GATE_UP)              \
+    extern "C" __global__ void __launch_bounds__(threads, (threads) == 256 ? 2 : 4) name( \
+        CB_MOE_GEMM_PARAMS) {                                                          \
+        moe_gemm_body<BM, BN, WM, WN, INT4, GATE_UP>(CB_MOE_GEMM_ARGS);                 \
     }
 
 CB_MOE_GEMM_KERNEL(cb_moe_gate_up_f16_m16, 128, 16, 64, 16, 16, false, true)
