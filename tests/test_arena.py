@@ -27,6 +27,10 @@ def next_pow2(x: int) -> int:
     return 1 << (x - 1).bit_length()
 
 
+def prev_pow2(x: int) -> int:
+    return 1 << (x.bit_length() - 1)
+
+
 def pattern(n: int, tag: int) -> np.ndarray:
     return ((np.arange(n, dtype=np.uint32) * 7 + tag) & 0xFF).astype(np.uint8)
 
@@ -125,7 +129,9 @@ class ArenaMachine(RuleBasedStateMachine):
             req, blk = self.arena.block_info(off)
             assert req == n and blk == self.units_block(n)
             assert 0 <= off and off + blk <= self.cap
-            assert off % (next_pow2(blk // self.MIN_BLOCK) * self.MIN_BLOCK) == 0
+            # aligned to the largest power of two <= its size (its size for power-of-two blocks)
+            assert off % (prev_pow2(blk // self.MIN_BLOCK) * self.MIN_BLOCK) == 0
+            assert len(self.arena.view(off + n - 1, 1)) == 1  # its last byte is inside it
             spans.append((off, off + blk))
         spans.sort()
         for (_, end), (start, _) in zip(spans, spans[1:], strict=False):

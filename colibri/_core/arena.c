@@ -12,7 +12,8 @@
  * Invariants (cb_arena_check verifies them all):
  *   - every unit belongs to exactly one block (free or used); heads tile [0, n_units);
  *   - a free block of order k starts at a multiple of 2^k and lies inside one root;
- *   - a used block of m units starts at a multiple of 2^ceil(log2 m);
+ *   - a used block of m units starts at a multiple of 2^floor(log2 m) (the largest power of two
+ *     not above its size: "aligned to its size" for power-of-two blocks);
  *   - no free block has a free buddy of the same order (coalescing is complete), so the set of
  *     free blocks is the unique maximal buddy decomposition of the free units;
  *   - free list k holds exactly the free heads of order k; bit k of nonempty <=> list k non-empty;
@@ -181,10 +182,27 @@ static void carve_range(cb_arena_t *a, uint32_t s, uint32_t e) {
     }
 }
 
-/* Takes m units from the smallest free block that fits; NIL when none does. The run starts at
- * a multiple of 2^ceil(log2 m); in exact mode the tail of that buddy block is freed again. */
+/* Candidates of the order-floor(log2 m) free list looked at by take_run before it splits a
+ * larger block (a constant, so take_run stays O(log n)). */
+#define FIT_SCAN 16
+
+/* Takes a run of m units; NIL when none fits. The run starts at a multiple of 2^floor(log2 m).
+ * When m is not a power of two (exact mode) it first looks for a free block of order
+ * floor(log2 m) followed by enough free units (keeping larger blocks whole for later); else it
+ * takes the smallest free block of order >= ceil(log2 m), splits it down and, in exact mode,
+ * frees the unused tail again. */
 static uint32_t take_run(cb_arena_t *a, uint32_t m) {
-    unsigned k = ceil_log2_u32(m);
+    unsigned k = ceil_log2_u32(m), f = floor_log2_u32(m);
+    if (f < k) {
+        unsigned scanned = 0;
+        for (uint32_t h = a->head[f]; h != NIL && scanned < FIT_SCAN; h = a->meta[h].link.next, scanned++) {
+            if ((uint64_t)h + m <= a->n_units && range_is_free(a, h + (1u << f), h + m)) {
+                list_remove(a, h);
+                carve_range(a, h + (1u << f), h + m);
+                return h;
+            }
+        }
+    }
     uint64_t avail = a->nonempty >> k;
     if (avail == 0) return NIL;
     unsigned j = k + (unsigned)__builtin_ctzll(avail);
@@ -593,7 +611,7 @@ cb_status cb_arena_grow(cb_arena_t *a, size_t offset, size_t n, size_t *new_offs
         *new_offset = offset;
         RETURN_UNLOCK(a, CB_OK);
     }
-    uint32_t align = 1u << ceil_log2_u32(m_new);
+    uint32_t align = 1u << floor_log2_u32(m_new);
     size_t keep = old_n < n ? (size_t)old_n : n;
     if (u % align == 0 && (uint64_t)u + m_new <= a->n_units && range_is_free(a, u + m_old, u + m_new)) {
         carve_range(a, u + m_old, u + m_new); /* in place */
@@ -645,8 +663,16 @@ cb_status cb_arena_view(cb_arena_t *a, size_t offset, size_t n, void **ptr) {
                                  "arena: view at offset %zu is outside the arena (%zu bytes)",
                                  offset, a->capacity));
     uint32_t uo = (uint32_t)(offset >> a->shift);
-    for (unsigned i = 0; i <= MAX_ORDER; i++) {
-        uint32_t h = (uint32_t)((uint64_t)uo & ~(((uint64_t)1 << i) - 1));
+    /* The run holding uo starts at a multiple of 2^f (f = floor(log2 m)) and uo < head + 2^(f+1),
+     * so the head is uo rounded down to 2^f, or that minus 2^f: two candidates per order. */
+    for (unsigned c = 0; c <= 2 * MAX_ORDER + 1; c++) {
+        unsigned i = c / 2;
+        uint64_t h64 = (uint64_t)uo & ~(((uint64_t)1 << i) - 1);
+        if (c & 1) {
+            if (h64 < ((uint64_t)1 << i)) continue;
+            h64 -= (uint64_t)1 << i;
+        }
+        uint32_t h = (uint32_t)h64;
         if (a->state[h] != UNIT_USED) continue;
         uint64_t req = a->meta[h].requested;
         if ((uint64_t)h + run_units(a, req) <= uo) continue;
@@ -707,7 +733,7 @@ cb_status cb_arena_check(cb_arena_t *a) {
             uint64_t n = a->meta[u].requested;
             if (n == 0 || n > a->capacity) BROKEN("used block at unit %llu has requested size %llu", (unsigned long long)u, (unsigned long long)n);
             size = run_units(a, n);
-            uint64_t align = (uint64_t)1 << ceil_log2_u32((uint32_t)size);
+            uint64_t align = (uint64_t)1 << floor_log2_u32((uint32_t)size);
             if (u % align) BROKEN("used block at unit %llu of %llu units is not aligned to %llu", (unsigned long long)u, (unsigned long long)size, (unsigned long long)align);
             used += size;
             blocks++;

@@ -17,20 +17,24 @@
  * to exactly these roots.
  *
  * Allocation. Sizes are in bytes; offsets are byte offsets from the region base. A request of
- * n bytes takes m = ceil(n / min_block) units. The allocator finds the smallest free buddy
- * block of 2^k >= m units (k = ceil(log2 m)), splits it down, and - in the default EXACT mode,
- * like Linux's alloc_pages_exact() - returns the unused tail of that block to the free lists
- * as buddy blocks, so internal waste is < min_block per allocation instead of up to 50%.
- * With exact = 0, m is rounded up to 2^k (a classic power-of-two buddy). Either way a block
- * (an allocation) is a run of m units starting at an offset aligned to 2^ceil(log2 m) units
- * ("aligned to its size"). All operations are O(log n) in the number of units (grow and free
- * of an exact run: O(log^2 n) elementary steps at worst, log n <= 32); no malloc after init:
+ * n bytes takes m = ceil(n / min_block) units. In the default EXACT mode (like Linux's
+ * alloc_pages_exact()) a block is a run of exactly m units made of buddy blocks, so internal
+ * waste is < min_block per allocation instead of up to 50%: the allocator first looks (among
+ * a bounded number of candidates) for a free buddy block of 2^floor(log2 m) units followed by
+ * enough free units, else takes the smallest free block of 2^ceil(log2 m) or more units, splits
+ * it down and returns the unused tail to the free lists. With exact = 0, m is rounded up to a
+ * power of two (the classic buddy). Either way a block of m units starts at a multiple of
+ * 2^floor(log2 m) units, the largest power of two not above its size ("aligned to its size"
+ * for power-of-two blocks). stats' largest_free is the largest free buddy block; an exact run
+ * may be larger when it spans a free block and the free units after it. All operations are
+ * O(log n) in the number of units (grow and free of an exact run: O(log^2 n) elementary steps
+ * at worst, log n <= 32); no malloc after init:
  * metadata is a side table of 10 bytes per min_block unit allocated at init, free lists are
  * intrusive doubly linked lists through that table (arena memory itself is never touched by
  * the allocator, so a free block costs no RSS).
  *
  * Grow. cb_arena_grow extends a block in place when the units after it are free and its
- * offset is aligned to the new size; otherwise it allocates a new block (first with the old
+ * offset is a multiple of the new size's 2^floor(log2 m); otherwise it allocates a new block (first with the old
  * block still held, then, if that fails, by temporarily returning the old block so the new one
  * may overlap it) and moves the old block's requested bytes (memmove). If no block fits, it
  * fails with CB_STATUS_OUT_OF_MEMORY and the old block, its contents and the free lists are
@@ -139,7 +143,7 @@ void cb_arena_unpin(cb_arena_t *a);
 /* Fills *s (see cb_arena_stats_t). CB_STATUS_CLOSED once closed. */
 cb_status cb_arena_stats(cb_arena_t *a, cb_arena_stats_t *s);
 
-/* Verifies every invariant: blocks inside the region, aligned to their size, no overlap,
+/* Verifies every invariant: blocks inside the region, aligned (see above), no overlap,
  * every unit covered exactly once, free lists consistent (doubly linked, right order, counts),
  * coalescing complete (no free block whose buddy is a free block of the same order), counters
  * equal to a recount, used + free == capacity. CB_STATUS_INTERNAL naming the first broken one. */

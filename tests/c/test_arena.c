@@ -38,9 +38,9 @@ static int same_stats(const cb_arena_stats_t *x, const cb_arena_stats_t *y) {
            x->requested == y->requested;
 }
 
-static size_t next_pow2(size_t x) {
+static size_t prev_pow2(size_t x) {
     size_t p = 1;
-    while (p < x) p <<= 1;
+    while (p * 2 <= x) p <<= 1;
     return p;
 }
 
@@ -100,15 +100,25 @@ static void random_ops(size_t capacity, size_t mb, int exact, int steps) {
             }
         }
         CHECK(cb_arena_check(a) == CB_OK);
-        /* Shadow checks: inside, aligned to the block's power-of-two size, no overlap. */
+        /* Shadow checks: inside, aligned to the largest power of two <= its size, no overlap. */
         size_t sum_req = 0;
         for (int i = 0; i < nl; i++) {
             size_t req = 0, bsz = 0;
             CHECK(cb_arena_block_info(a, live[i].off, &req, &bsz) == CB_OK);
             sum_req += req;
             if (req != live[i].n || bsz < req || bsz - req >= (exact ? mb : bsz) ||
-                live[i].off % (next_pow2(bsz / mb) * mb) != 0 || live[i].off + bsz > cap)
+                live[i].off % (prev_pow2(bsz / mb) * mb) != 0 || live[i].off + bsz > cap)
                 bad_layout++;
+            void *vp = NULL; /* every byte of a block is viewable through its own block */
+            if (cb_arena_view(a, live[i].off + live[i].n - 1, 1, &vp) != CB_OK ||
+                vp != base + live[i].off + live[i].n - 1)
+                bad_layout++;
+            else
+                cb_arena_unpin(a);
+            if (cb_arena_view(a, live[i].off + live[i].n / 2, live[i].n - live[i].n / 2, &vp) != CB_OK)
+                bad_layout++;
+            else
+                cb_arena_unpin(a);
             for (int j = 0; j < i; j++)
                 if (live[i].off < live[j].off + live[j].n && live[j].off < live[i].off + live[i].n)
                     bad_layout++;
