@@ -6,8 +6,10 @@ Trace: Poisson arrivals (rate --rate per decode step), log-normal prompt and out
 each request capped by the context limit (--context, default 4096). A fixed KV budget
 (--arena-mib) is shared by the running sequences; every step each running sequence decodes
 one token. Admission is FIFO while the policy can allocate the prompt (keeping a watermark of
---watermark of the budget free for growth); when a sequence cannot grow, the most recently
-admitted sequence is preempted (freed and requeued, recompute-style, as vLLM does).
+--watermark of the budget free for growth; the arena policies also admit only while the
+largest free block is at least --contig tokens, default half the context, so that a long
+sequence that must move still finds a contiguous block); when a sequence cannot grow, the most
+recently admitted sequence is preempted (freed and requeued, recompute-style, as vLLM does).
 
 Policies, all replaying the same trace:
   arena         colibri.KVArena (exact mode), one block per sequence, grown by --chunk tokens
@@ -73,8 +75,10 @@ class Lat:
 class ArenaPolicy:
     """One KVArena block per sequence, grown chunk by chunk."""
 
-    def __init__(self, budget: int, stride: int, chunk: int, exact: bool, min_block: int) -> None:
+    def __init__(self, budget: int, stride: int, chunk: int, exact: bool, min_block: int,
+                 contig: int) -> None:
         self.arena = KVArena(budget, min_block=min_block, hugepages="auto", exact=exact)
+        self.contig = contig  # admit only while the largest free block has this many bytes
         self.budget = self.arena.capacity
         self.stride, self.chunk = stride, chunk
         self.blocks: dict[int, tuple[int, int]] = {}  # rid -> (offset, capacity tokens)
@@ -98,6 +102,8 @@ class ArenaPolicy:
     def admit(self, rid: int, tokens: int, watermark: int) -> bool:
         cap = self._round(tokens)
         if self.free_bytes() - cap * self.stride < watermark:
+            return False
+        if self.arena.stats()["largest_free"] < self.contig:
             return False
         t0 = time.perf_counter_ns()
         try:
@@ -329,10 +335,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk", type=int, default=16, help="arena growth step in tokens")
     ap.add_argument("--min-block", type=int, default=4096)
     ap.add_argument("--watermark", type=float, default=0.05, help="budget fraction kept free at admission")
+    ap.add_argument("--contig", type=int, default=None,
+                    help="arena admission: largest free block >= this many tokens (default context/2; 0 = off)")
     args = ap.parse_args(argv)
 
     stride = args.layers * 2 * args.kv_heads * args.head_dim * args.elt
     budget = args.arena_mib << 20
+    contig = (args.context // 2 if args.contig is None else args.contig) * stride
     trace = make_trace(args.seed, args.steps, args.rate, args.context, args.prompt_median,
                        args.prompt_sigma, args.output_median, args.output_sigma)
     total = trace.prompt + trace.output
@@ -342,11 +351,12 @@ def main(argv: list[str] | None = None) -> int:
           f"total capped at {args.context} (max {int(total.max())})")
     print(f"budget {args.arena_mib} MiB, {stride} bytes/token "
           f"({args.layers} layers x 2 x {args.kv_heads} kv heads x {args.head_dim} x {args.elt} B), "
-          f"{budget // stride} tokens; arena growth step {args.chunk} tokens, min_block {args.min_block}")
+          f"{budget // stride} tokens; arena growth step {args.chunk} tokens, min_block {args.min_block}, "
+          f"admission: {100 * args.watermark:.0f}% free, arena largest free block >= {contig >> 20} MiB")
 
     policies = [
-        ("arena", lambda: ArenaPolicy(budget, stride, args.chunk, True, args.min_block)),
-        ("arena-pow2", lambda: ArenaPolicy(budget, stride, args.chunk, False, args.min_block)),
+        ("arena", lambda: ArenaPolicy(budget, stride, args.chunk, True, args.min_block, contig)),
+        ("arena-pow2", lambda: ArenaPolicy(budget, stride, args.chunk, False, args.min_block, contig)),
         ("static", lambda: StaticPolicy(budget, stride, args.context)),
         ("paged-16", lambda: PagedPolicy(budget, stride, 16)),
     ]
