@@ -457,6 +457,8 @@ class Tokenizer:
         return self._c.encode(data, add_special, parse_special, mode == "replace")
 
     def _ids(self, ids: Iterable[int] | npt.NDArray[Any]) -> npt.NDArray[np.int32]:
+        if isinstance(ids, np.ndarray) and ids.dtype == np.int32 and ids.ndim == 1:
+            return np.ascontiguousarray(ids)  # the C code checks the range
         arr = np.asarray(ids if not isinstance(ids, (bytes, str)) else list(ids))
         if arr.size == 0:
             return np.zeros(0, dtype=np.int32)
@@ -466,12 +468,12 @@ class Tokenizer:
         if bad.any():
             i = int(np.argmax(bad))
             raise ValueError(f"token id {int(arr[i])} at position {i} out of range [0, {self._n})")
-        return np.ascontiguousarray(arr, dtype=np.int32)
+        return arr.astype(np.int32)
 
     def decode(self, ids: Iterable[int] | npt.NDArray[Any], special: bool = False) -> str:
         """Text of ids. Control tokens render as nothing unless special=True; with
         add_space_prefix (SentencePiece) the space encode prepended is removed again."""
-        return self._c.decode(self._ids(ids), special).decode("utf-8")
+        return self._c.decode(self._ids(ids), special)
 
     def token_to_piece(self, id: int, special: bool = False) -> bytes:
         """The bytes one token stands for (control tokens: b"" unless special=True)."""

@@ -7,6 +7,7 @@ import numpy as np
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 from libc.string cimport memcpy
+from cpython.unicode cimport PyUnicode_DecodeUTF8
 
 from colibri._core.tokenizer cimport *
 
@@ -120,7 +121,7 @@ cdef class CTokenizer:
         return out
 
     def decode(self, const int32_t[::1] ids not None, bint special):
-        """UTF-8 bytes (well-formed) of ids."""
+        """The text of ids (str; the C code guarantees well-formed UTF-8)."""
         cdef size_t n = ids.shape[0]
         cdef const int32_t *p = &ids[0] if n else NULL
         cdef uint8_t *out = NULL
@@ -129,7 +130,7 @@ cdef class CTokenizer:
             s = cb_tokenizer_decode(self.tok, p, n, CB_DECODE_SPECIAL if special else 0, &out, &on)
         check(s)
         try:
-            return out[:on] if on else b""
+            return PyUnicode_DecodeUTF8(<const char *>out, on, NULL)
         finally:
             cb_tokenizer_buffer_free(out)
 
@@ -162,10 +163,10 @@ cdef class CStream:
         cdef const uint8_t *p = NULL
         cdef size_t n = 0
         check(cb_tok_stream_feed(self.s, id, &p, &n))
-        return p[:n].decode("utf-8") if n else ""
+        return PyUnicode_DecodeUTF8(<const char *>p, n, NULL)
 
     def flush(self):
         cdef const uint8_t *p = NULL
         cdef size_t n = 0
         check(cb_tok_stream_flush(self.s, &p, &n))
-        return p[:n].decode("utf-8") if n else ""
+        return PyUnicode_DecodeUTF8(<const char *>p, n, NULL)

@@ -1408,9 +1408,19 @@ cb_status cb_tokenizer_decode(const cb_tokenizer_t *t, const int32_t *ids, size_
             return NOMEM("decoded text");
         }
     }
+    if (!raw.v) {
+        raw.v = malloc(1);
+        if (!raw.v) return NOMEM("decoded text");
+    }
+    if (cb_utf8_validate(raw.v, raw.n, NULL) == CB_OK) { /* the common case: no repair, no copy */
+        *out = raw.v;
+        *out_len = raw.n;
+        return CB_OK;
+    }
+    cb_clear_error();
     uint8_t *res;
     size_t rn;
-    const cb_status st = cb_utf8_sanitize(raw.v ? raw.v : (const uint8_t *)"", raw.n, &res, &rn, NULL);
+    const cb_status st = cb_utf8_sanitize(raw.v, raw.n, &res, &rn, NULL);
     free(raw.v);
     if (st != CB_OK) return st;
     *out = res;
