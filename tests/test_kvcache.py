@@ -1,10 +1,11 @@
 """KVCache: the documented position-major layout checked against a numpy reference, K/V data
 surviving the growth (and moves) of its own and other sequences, failure leaving a sequence
-unchanged, memory returned on free, dtypes, close."""
+unchanged, memory returned on free, dtypes, close, threads."""
 
 from __future__ import annotations
 
 import gc
+import threading
 
 import numpy as np
 import pytest
@@ -217,3 +218,37 @@ def test_closed_arena_makes_cache_calls_fail_cleanly():
         KVCache(arena, L, H, D, "f32")
     kv.free_sequence(s)
     kv.close()
+
+
+def test_threads_grow_their_own_sequences():
+    arena, kv = make(capacity=2 << 20, chunk_tokens=4)
+    errors: list[BaseException] = []
+
+    def worker(w: int) -> None:
+        try:
+            rng = np.random.default_rng(w)
+            for _round in range(5):
+                s = kv.new_sequence()
+                n = int(rng.integers(20, 60))
+                ref = rng.standard_normal((n, L, 2, H, D)).astype(np.float32)
+                for t in range(n):
+                    kv.reserve(s, t + 1)
+                    kv.set_length(s, t + 1)
+                    for layer in range(L):
+                        kv.keys(s, layer)[t] = ref[t, layer, 0]
+                        kv.values(s, layer)[t] = ref[t, layer, 1]
+                for layer in range(L):
+                    assert np.array_equal(kv.keys(s, layer), ref[:, layer, 0])
+                    assert np.array_equal(kv.values(s, layer), ref[:, layer, 1])
+                kv.free_sequence(s)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert kv.sequences() == [] and arena.stats()["used"] == 0
+    arena.check()
