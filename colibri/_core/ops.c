@@ -110,7 +110,8 @@ AVX2_FN static inline float hmax8(__m256 v) {
 }
 
 /* exp(x): Cody-Waite reduction x = k ln2 + r, |r| <= ln2/2, degree-6 polynomial for e^r,
- * scale by 2^k built in the exponent bits (as 2^(k-1) * 2 so k = 128 does not overflow early).
+ * scale by 2^k built in the exponent bits as 2^(k/2) * 2^(k - k/2), so that k = 128 and
+ * k = -126 stay exact (one factor alone would leave the normal range).
  * x > 88.72 -> inf, x < -87.33 -> 0, NaN -> NaN (min/max keep a NaN second operand). */
 AVX2_FN static inline __m256 exp8(__m256 x) {
     const __m256 hi = _mm256_set1_ps(88.7228f), lo = _mm256_set1_ps(-87.3365f);
@@ -128,8 +129,10 @@ AVX2_FN static inline __m256 exp8(__m256 x) {
     __m256 r2 = _mm256_mul_ps(r, r);
     p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     __m256i ki = _mm256_cvtps_epi32(k);
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(ki, _mm256_set1_epi32(126)), 23);
-    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), _mm256_set1_ps(2.0f));
+    __m256i k1 = _mm256_srai_epi32(ki, 1), k2 = _mm256_sub_epi32(ki, k1);
+    __m256i e1 = _mm256_slli_epi32(_mm256_add_epi32(k1, _mm256_set1_epi32(127)), 23);
+    __m256i e2 = _mm256_slli_epi32(_mm256_add_epi32(k2, _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e1)), _mm256_castsi256_ps(e2));
     y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
     y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
     return y;
