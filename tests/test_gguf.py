@@ -293,3 +293,18 @@ def test_real_gemma3(gemma3_path):
         np.testing.assert_array_equal(
             f.data(emb.name)[:4096], np.asarray(ref.tensors[
                 [t.name for t in ref.tensors].index(emb.name)].data).reshape(-1)[:4096])
+
+
+def test_version_2_is_read(tmp_path):
+    r = _base()
+    r.version = 2
+    data = r.build()
+    p = tmp_path / "v2.gguf"
+    p.write_bytes(data)
+    ref = gguf.GGUFReader(p)
+    with GGUFFile(p) as f:
+        assert f.version == 2
+        assert {t.name: t.offset for t in ref.tensors} == {
+            n: t.offset for n, t in f.tensors.items()}
+        a, b = f.data("a.weight"), f.data("a.weight")
+        assert np.shares_memory(a, b)  # both views of the one mapping, no copies
