@@ -304,7 +304,7 @@ def test_version_2_is_read(tmp_path):
     ref = gguf.GGUFReader(p)
     with GGUFFile(p) as f:
         assert f.version == 2
-        assert {t.name: t.offset for t in ref.tensors} == {
+        assert {t.name: t.data_offset for t in ref.tensors} == {
             n: t.offset for n, t in f.tensors.items()}
         a, b = f.data("a.weight"), f.data("a.weight")
         assert np.shares_memory(a, b)  # both views of the one mapping, no copies
