@@ -84,7 +84,7 @@ void cb_rope_yarn_corr_dims(int64_t n_dims, int64_t n_ctx_orig, float freq_base,
 
 /* cos/sin of every rotated pair at position pos, mscale included: cos_out, sin_out each
  * n_dims/2 floats (n_dims resolved against head_dim). Lets a caller compute them once per
- * token for both Q and K. */
+ * token for Q and K of every layer that shares the parameters. */
 cb_status cb_rope_cache(int64_t pos, int64_t head_dim, const cb_rope_params_t *p,
                         float *cos_out, float *sin_out);
 
@@ -99,7 +99,7 @@ cb_status cb_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t pos,
                   const cb_rope_params_t *p);
 
 /* In place on n_tokens tokens: token t's heads start at x + t*token_stride (token_stride >=
- * n_heads*head_dim, heads contiguous) and rotate by positions[t] (>= 0). */
+ * n_heads*head_dim, heads contiguous) and rotate by positions[t] (any int64). */
 cb_status cb_rope_batch(float *x, int64_t n_tokens, int64_t token_stride, int64_t n_heads,
                         int64_t head_dim, const int64_t *positions, const cb_rope_params_t *p);
 
