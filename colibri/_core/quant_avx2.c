@@ -90,9 +90,343 @@ void cb_avx2_quantize_q8k(const float *x, int64_t n, void *dst) {
     }
 }
 
+/* ------------------------------------------------------------ 32-blocks with cb_q8a_t */
+
+INL float f16(const uint8_t *p) { return _cvtsh_ss(cb_rd16(p)); }
+
+/* 16 bytes of nibbles -> 32 bytes: values 0..15 from the low nibbles, 16..31 from the high. */
+INL __m256i nibbles(const uint8_t *p) {
+    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+    __m256i both = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+/* bit j of the 32-bit qh -> 0x10 in byte j (Q5_0/Q5_1 fifth bit). */
+INL __m256i fifth_bits(const uint8_t *p) {
+    __m256i v = _mm256_set1_epi32((int)cb_rd32(p));
+    v = _mm256_shuffle_epi8(v, _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/* Unpacks one block: w (signed int8 for the symmetric types, unsigned for Q4_1/Q5_1), d, m. */
+INL __m256i unpack32(int type, const uint8_t *b, float *d, float *m) {
+    switch (type) {
+    case CB_TYPE_Q4_0:
+        *d = f16(b);
+        return _mm256_sub_epi8(nibbles(b + 2), _mm256_set1_epi8(8));
+    case CB_TYPE_Q4_1:
+        *d = f16(b);
+        *m = f16(b + 2);
+        return nibbles(b + 4);
+    case CB_TYPE_Q5_0:
+        *d = f16(b);
+        return _mm256_sub_epi8(_mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2)),
+                               _mm256_set1_epi8(16));
+    case CB_TYPE_Q5_1:
+        *d = f16(b);
+        *m = f16(b + 2);
+        return _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4));
+    case CB_TYPE_Q8_0:
+        *d = f16(b);
+        return _mm256_loadu_si256((const __m256i *)(const void *)(b + 2));
+    default: { /* MXFP4 */
+        *d = cb_e8m0_half(b[0]);
+        const __m256i table = _mm256_broadcastsi128_si256(
+            _mm_loadu_si128((const __m128i *)(const void *)cb_mxfp4_values));
+        return _mm256_shuffle_epi8(table, nibbles(b + 1));
+    }
+    }
+}
+
+INL size_t bytes32(int type) {
+    switch (type) {
+    case CB_TYPE_Q4_0: return 18;
+    case CB_TYPE_Q4_1: return 20;
+    case CB_TYPE_Q5_0: return 22;
+    case CB_TYPE_Q5_1: return 24;
+    case CB_TYPE_Q8_0: return 34;
+    default: return 17;
+    }
+}
+
+INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
+                const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
+    const int offset = type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_1;
+    const size_t bb = bytes32(type);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[2][4];
+    float off[2][4];
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            acc[r][t] = _mm256_setzero_ps();
+            off[r][t] = 0.0f;
+        }
+    for (int64_t b = 0; b < nb; b++) {
+        #pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) {
+            float d, m = 0.0f;
+            __m256i wq = unpack32(type, w + (size_t)r * ws + (size_t)b * bb, &d, &m);
+            __m256i aw = offset ? wq : _mm256_sign_epi8(wq, wq);
+            #pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const cb_q8a_t *a = (const cb_q8a_t *)(const void *)(x + (size_t)t * xs) + b;
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)a->qs);
+                if (!offset) xv = _mm256_sign_epi8(xv, wq);
+                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * a->d),
+                                            acc[r][t]);
+                if (offset) off[r][t] += m * a->s;
+            }
+        }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum_ps(acc[r][t]) + off[r][t];
+}
+
+/* ------------------------------------------------------------ K-quants with cb_q8k_t */
+
+INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
+                  const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
+    const size_t bb = q5 ? 176 : 144;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[2][4];
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        #pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *blk = w + (size_t)r * ws + (size_t)b * bb;
+            const uint8_t *qs = blk + (q5 ? 48 : 16);
+            float d = f16(blk), dmin = f16(blk + 2);
+            uint8_t sc[8], mn[8];
+            #pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) cb_scale_min_k4(j, blk + 4, &sc[j], &mn[j]);
+            __m256i qhv = q5 ? _mm256_loadu_si256((const __m256i *)(const void *)(blk + 16))
+                             : _mm256_setzero_si256();
+            __m256i isum[4];
+            #pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) isum[t] = _mm256_setzero_si256();
+            #pragma GCC unroll 8
+            for (int j2 = 0; j2 < 4; j2++) {
+                __m256i qb = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * j2));
+                __m256i lo = _mm256_and_si256(qb, m4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4);
+                if (q5) {
+                    const __m256i b16 = _mm256_set1_epi8(0x10);
+                    __m256i ml = _mm256_set1_epi8((char)(1 << (2 * j2)));
+                    __m256i mh = _mm256_set1_epi8((char)(1 << (2 * j2 + 1)));
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(
+                        _mm256_cmpeq_epi8(_mm256_and_si256(qhv, ml), ml), b16));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(
+                        _mm256_cmpeq_epi8(_mm256_and_si256(qhv, mh), mh), b16));
+                }
+                __m256i slo = _mm256_set1_epi16(sc[2 * j2]), shi = _mm256_set1_epi16(sc[2 * j2 + 1]);
+                #pragma GCC unroll 8
+                for (int t = 0; t < NT; t++) {
+                    const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
+                    __m256i xl = _mm256_loadu_si256((const __m256i *)(const void *)(a->qs + 64 * j2));
+                    __m256i xh = _mm256_loadu_si256((const __m256i *)(const void *)(a->qs + 64 * j2 + 32));
+                    __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), slo);
+                    __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), shi);
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(pl, ph));
+                }
+            }
+            __m256i mins = _mm256_setr_epi16(mn[0], mn[0], mn[1], mn[1], mn[2], mn[2], mn[3], mn[3],
+                                             mn[4], mn[4], mn[5], mn[5], mn[6], mn[6], mn[7], mn[7]);
+            #pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
+                __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)a->bsums);
+                __m256i mm = _mm256_madd_epi16(bs, mins);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * a->d),
+                                            acc[r][t]);
+                acc[r][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mm), _mm256_set1_ps(dmin * a->d),
+                                             acc[r][t]);
+            }
+        }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum_ps(acc[r][t]);
+}
+
+INL void tile_q6k(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
+                  const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
+    (void)unused;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc[2][4];
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        #pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *blk = w + (size_t)r * ws + (size_t)b * 210;
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            float d = f16(blk + 208);
+            __m256i isum[4];
+            #pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) isum[t] = _mm256_setzero_si256();
+            #pragma GCC unroll 8
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
+                __m256i qa = _mm256_loadu_si256((const __m256i *)(const void *)ql);
+                __m256i qb = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
+                __m256i hv = _mm256_loadu_si256((const __m256i *)(const void *)qh);
+                __m256i q[4];
+                q[0] = _mm256_or_si256(_mm256_and_si256(qa, m4),
+                                       _mm256_and_si256(_mm256_slli_epi16(hv, 4), m30));
+                q[1] = _mm256_or_si256(_mm256_and_si256(qb, m4),
+                                       _mm256_and_si256(_mm256_slli_epi16(hv, 2), m30));
+                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qa, 4), m4),
+                                       _mm256_and_si256(hv, m30));
+                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), m4),
+                                       _mm256_and_si256(_mm256_srli_epi16(hv, 2), m30));
+                #pragma GCC unroll 8
+                for (int k = 0; k < 4; k++) {
+                    int g = 8 * h + 2 * k;
+                    __m256i s16 = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+                    #pragma GCC unroll 8
+                    for (int t = 0; t < NT; t++) {
+                        const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
+                        __m256i xv = _mm256_loadu_si256(
+                            (const __m256i *)(const void *)(a->qs + 128 * h + 32 * k));
+                        isum[t] = _mm256_add_epi32(
+                            isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], xv), s16));
+                    }
+                }
+            }
+            __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)sc));
+            #pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
+                __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)a->bsums);
+                __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[t], corr)),
+                                            _mm256_set1_ps(d * a->d), acc[r][t]);
+            }
+        }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum_ps(acc[r][t]);
+}
+
+/* ------------------------------------------------------------ float weights */
+
+INL __m256 load8(int type, const uint8_t *p) {
+    if (type == CB_TYPE_F32) return _mm256_loadu_ps((const float *)(const void *)p);
+    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
+    if (type == CB_TYPE_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+INL float load1(int type, const uint8_t *p) {
+    if (type == CB_TYPE_F32) {
+        float f;
+        memcpy(&f, p, 4);
+        return f;
+    }
+    return type == CB_TYPE_F16 ? _cvtsh_ss(cb_rd16(p)) : cb_bf16_to_f32(cb_rd16(p));
+}
+
+INL void tile_float(int type, int NR, int NT, int64_t n, const uint8_t *w, size_t ws,
+                    const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
+    const size_t es = type == CB_TYPE_F32 ? 4 : 2;
+    __m256 acc[2][4];
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+        #pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) {
+            __m256 wv = load8(type, w + (size_t)r * ws + (size_t)c * es);
+            #pragma GCC unroll 8
+            for (int t = 0; t < NT; t++)
+                acc[r][t] = _mm256_fmadd_ps(
+                    wv, _mm256_loadu_ps((const float *)(const void *)(x + (size_t)t * xs) + c),
+                    acc[r][t]);
+        }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            float s = hsum_ps(acc[r][t]);
+            const float *xf = (const float *)(const void *)(x + (size_t)t * xs);
+            for (int64_t cc = c; cc < n; cc++) s += load1(type, w + (size_t)r * ws + (size_t)cc * es) * xf[cc];
+            out[(r + r_off) * out_nt + t] = s;
+        }
+}
+
+/* ------------------------------------------------------------ dispatch: rows in pairs */
+
+#define CB_DEFINE_TILE(NAME, BODY, TYPE)                                                        \
+    static void NAME(int64_t n, const uint8_t *w, size_t ws, int nr, const uint8_t *x,         \
+                     size_t xs, int nt, float *out) {                                          \
+        for (int r = 0; r < nr; r += 2) {                                                      \
+            const uint8_t *wr = w + (size_t)r * ws;                                            \
+            if (nr - r >= 2) {                                                                 \
+                switch (nt) {                                                                  \
+                case 1: BODY(TYPE, 2, 1, n, wr, ws, x, xs, out, nt, r); break;                 \
+                case 2: BODY(TYPE, 2, 2, n, wr, ws, x, xs, out, nt, r); break;                 \
+                case 3: BODY(TYPE, 2, 3, n, wr, ws, x, xs, out, nt, r); break;                 \
+                default: BODY(TYPE, 2, 4, n, wr, ws, x, xs, out, nt, r); break;                \
+                }                                                                              \
+            } else {                                                                           \
+                switch (nt) {                                                                  \
+                case 1: BODY(TYPE, 1, 1, n, wr, ws, x, xs, out, nt, r); break;                 \
+                case 2: BODY(TYPE, 1, 2, n, wr, ws, x, xs, out, nt, r); break;                 \
+                case 3: BODY(TYPE, 1, 3, n, wr, ws, x, xs, out, nt, r); break;                 \
+                default: BODY(TYPE, 1, 4, n, wr, ws, x, xs, out, nt, r); break;                \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+    }
+
+CB_DEFINE_TILE(tile_avx2_q4_0, tile32, CB_TYPE_Q4_0)
+CB_DEFINE_TILE(tile_avx2_q4_1, tile32, CB_TYPE_Q4_1)
+CB_DEFINE_TILE(tile_avx2_q5_0, tile32, CB_TYPE_Q5_0)
+CB_DEFINE_TILE(tile_avx2_q5_1, tile32, CB_TYPE_Q5_1)
+CB_DEFINE_TILE(tile_avx2_q8_0, tile32, CB_TYPE_Q8_0)
+CB_DEFINE_TILE(tile_avx2_mxfp4, tile32, CB_TYPE_MXFP4)
+CB_DEFINE_TILE(tile_avx2_q4_k, tile_q4k, 0)
+CB_DEFINE_TILE(tile_avx2_q5_k, tile_q4k, 1)
+CB_DEFINE_TILE(tile_avx2_q6_k, tile_q6k, 0)
+CB_DEFINE_TILE(tile_avx2_f32, tile_float, CB_TYPE_F32)
+CB_DEFINE_TILE(tile_avx2_f16, tile_float, CB_TYPE_F16)
+CB_DEFINE_TILE(tile_avx2_bf16, tile_float, CB_TYPE_BF16)
+
 cb_tile_fn cb_avx2_tile(int type) {
-    (void)type;
-    return NULL;
+    switch (type) {
+    case CB_TYPE_F32: return tile_avx2_f32;
+    case CB_TYPE_F16: return tile_avx2_f16;
+    case CB_TYPE_BF16: return tile_avx2_bf16;
+    case CB_TYPE_Q4_0: return tile_avx2_q4_0;
+    case CB_TYPE_Q4_1: return tile_avx2_q4_1;
+    case CB_TYPE_Q5_0: return tile_avx2_q5_0;
+    case CB_TYPE_Q5_1: return tile_avx2_q5_1;
+    case CB_TYPE_Q8_0: return tile_avx2_q8_0;
+    case CB_TYPE_MXFP4: return tile_avx2_mxfp4;
+    case CB_TYPE_Q4_K: return tile_avx2_q4_k;
+    case CB_TYPE_Q5_K: return tile_avx2_q5_k;
+    case CB_TYPE_Q6_K: return tile_avx2_q6_k;
+    default: return NULL;
+    }
 }
 
 #pragma GCC pop_options
