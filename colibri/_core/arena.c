@@ -385,8 +385,10 @@ static cb_status map_anon(cb_arena_t *a, const cb_arena_params *pr) {
     }
     uint8_t *p = map_aligned(a->capacity);
     if (!p)
-        return cb_fail(CB_STATUS_OUT_OF_MEMORY, "arena: mmap of %zu bytes failed: %s", a->capacity,
-                       strerror(errno));
+        return cb_fail(CB_STATUS_OUT_OF_MEMORY,
+                       "arena: mmap of %zu bytes failed: %s (the arena's capacity is committed "
+                       "up front: see free memory and vm.overcommit_memory)",
+                       a->capacity, strerror(errno));
     a->base = p;
     a->mapped = a->capacity;
     a->backing = "pages";
