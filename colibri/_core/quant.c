@@ -372,6 +372,7 @@ static void quantize_q8a_scalar(const float *x, int64_t n, void *dst) {
             sum += o[b].qs[j];
         }
         o[b].d = d;
+        o[b].isum = sum;
         o[b].s = d * (float)sum;
     }
 }

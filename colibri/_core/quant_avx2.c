@@ -69,6 +69,7 @@ void cb_avx2_quantize_q8a(const float *x, int64_t n, void *dst) {
         int s0, s1;
         _mm256_storeu_si256((__m256i *)(void *)o[b].qs, quant32(v, id, &s0, &s1));
         o[b].d = d;
+        o[b].isum = s0 + s1;
         o[b].s = d * (float)(s0 + s1);
     }
 }
@@ -114,17 +115,16 @@ INL __m256i fifth_bits(const uint8_t *p) {
 /* Unpacks one block: w (signed int8 for the symmetric types, unsigned for Q4_1/Q5_1), d, m. */
 INL __m256i unpack32(int type, const uint8_t *b, float *d, float *m) {
     switch (type) {
-    case CB_TYPE_Q4_0:
+    case CB_TYPE_Q4_0: /* unsigned here; the zero point 8 is taken out with isum */
         *d = f16(b);
-        return _mm256_sub_epi8(nibbles(b + 2), _mm256_set1_epi8(8));
+        return nibbles(b + 2);
     case CB_TYPE_Q4_1:
         *d = f16(b);
         *m = f16(b + 2);
         return nibbles(b + 4);
-    case CB_TYPE_Q5_0:
+    case CB_TYPE_Q5_0: /* unsigned here; the zero point 16 is taken out with isum */
         *d = f16(b);
-        return _mm256_sub_epi8(_mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2)),
-                               _mm256_set1_epi8(16));
+        return _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2));
     case CB_TYPE_Q5_1:
         *d = f16(b);
         *m = f16(b + 2);
@@ -155,6 +155,10 @@ INL size_t bytes32(int type) {
 INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
                 const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
     const int offset = type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_1;
+    /* Q4_0/Q5_0: unsigned q times x, minus zero point * sum(x): spread over the 8 lanes of the
+     * int32 partial sums that is isum (Q4_0: 8*isum/8) or 2*isum (Q5_0) per lane. */
+    const int zp = type == CB_TYPE_Q4_0 ? 1 : (type == CB_TYPE_Q5_0 ? 2 : 0);
+    const int unsig = offset || zp;
     const size_t bb = bytes32(type);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[2][4];
@@ -171,13 +175,18 @@ INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
         for (int r = 0; r < NR; r++) {
             float d, m = 0.0f;
             __m256i wq = unpack32(type, w + (size_t)r * ws + (size_t)b * bb, &d, &m);
-            __m256i aw = offset ? wq : _mm256_sign_epi8(wq, wq);
+            __m256i aw = unsig ? wq : _mm256_sign_epi8(wq, wq);
             #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
                 const cb_q8a_t *a = (const cb_q8a_t *)(const void *)(x + (size_t)t * xs) + b;
                 __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)a->qs);
-                if (!offset) xv = _mm256_sign_epi8(xv, wq);
+                if (!unsig) xv = _mm256_sign_epi8(xv, wq);
                 __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones);
+                if (zp) {
+                    __m256i zs = _mm256_set1_epi32(a->isum);
+                    p = _mm256_sub_epi32(p, zs);
+                    if (zp == 2) p = _mm256_sub_epi32(p, zs);
+                }
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * a->d),
                                             acc[r][t]);
                 if (offset) off[r][t] += m * a->s;
@@ -207,9 +216,17 @@ INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
             const uint8_t *blk = w + (size_t)r * ws + (size_t)b * bb;
             const uint8_t *qs = blk + (q5 ? 48 : 16);
             float d = f16(blk), dmin = f16(blk + 2);
-            uint8_t sc[8], mn[8];
-            #pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) cb_scale_min_k4(j, blk + 4, &sc[j], &mn[j]);
+            /* the 12 packed bytes -> bytes sc[0..7], m[0..7] (6 bits each, see
+             * cb_scale_min_k4) with 32-bit word operations */
+            uint32_t u[4];
+            memcpy(u, blk + 4, 12);
+            u[3] = ((u[2] >> 4) & 0x0F0F0F0Fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+            uint32_t m_lo = u[1] & 0x3F3F3F3Fu;
+            u[1] = (u[2] & 0x0F0F0F0Fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+            u[2] = m_lo;
+            u[0] &= 0x3F3F3F3Fu;
+            __m128i scm = _mm_loadu_si128((const __m128i *)(const void *)u);
+            __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
             __m256i qhv = q5 ? _mm256_loadu_si256((const __m256i *)(const void *)(blk + 16))
                              : _mm256_setzero_si256();
             __m256i isum[4];
@@ -229,7 +246,8 @@ INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
                     hi = _mm256_or_si256(hi, _mm256_and_si256(
                         _mm256_cmpeq_epi8(_mm256_and_si256(qhv, mh), mh), b16));
                 }
-                __m256i slo = _mm256_set1_epi16(sc[2 * j2]), shi = _mm256_set1_epi16(sc[2 * j2 + 1]);
+                __m256i slo = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * j2))));
+                __m256i shi = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * j2 + 1))));
                 #pragma GCC unroll 8
                 for (int t = 0; t < NT; t++) {
                     const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
@@ -240,8 +258,8 @@ INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
                     isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(pl, ph));
                 }
             }
-            __m256i mins = _mm256_setr_epi16(mn[0], mn[0], mn[1], mn[1], mn[2], mn[2], mn[3], mn[3],
-                                             mn[4], mn[4], mn[5], mn[5], mn[6], mn[6], mn[7], mn[7]);
+            __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+                scm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
             #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
                 const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
@@ -275,6 +293,10 @@ INL void tile_q6k(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size
             const uint8_t *blk = w + (size_t)r * ws + (size_t)b * 210;
             const int8_t *sc = (const int8_t *)(blk + 192);
             float d = f16(blk + 208);
+            /* scales as int16: lo = groups 0..7, hi = groups 8..15, each in both lanes */
+            __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)sc));
+            __m256i sch[2] = {_mm256_permute2x128_si256(scw, scw, 0x00),
+                              _mm256_permute2x128_si256(scw, scw, 0x11)};
             __m256i isum[4];
             #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) isum[t] = _mm256_setzero_si256();
@@ -295,8 +317,16 @@ INL void tile_q6k(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size
                                        _mm256_and_si256(_mm256_srli_epi16(hv, 2), m30));
                 #pragma GCC unroll 8
                 for (int k = 0; k < 4; k++) {
-                    int g = 8 * h + 2 * k;
-                    __m256i s16 = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+                    /* groups 8h+2k (low lane) and 8h+2k+1 (high lane) */
+                    __m256i s16 = _mm256_shuffle_epi8(sch[h], _mm256_setr_epi8(
+                        (char)(4 * k), (char)(4 * k + 1), (char)(4 * k), (char)(4 * k + 1),
+                        (char)(4 * k), (char)(4 * k + 1), (char)(4 * k), (char)(4 * k + 1),
+                        (char)(4 * k), (char)(4 * k + 1), (char)(4 * k), (char)(4 * k + 1),
+                        (char)(4 * k), (char)(4 * k + 1), (char)(4 * k), (char)(4 * k + 1),
+                        (char)(4 * k + 2), (char)(4 * k + 3), (char)(4 * k + 2), (char)(4 * k + 3),
+                        (char)(4 * k + 2), (char)(4 * k + 3), (char)(4 * k + 2), (char)(4 * k + 3),
+                        (char)(4 * k + 2), (char)(4 * k + 3), (char)(4 * k + 2), (char)(4 * k + 3),
+                        (char)(4 * k + 2), (char)(4 * k + 3), (char)(4 * k + 2), (char)(4 * k + 3)));
                     #pragma GCC unroll 8
                     for (int t = 0; t < NT; t++) {
                         const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
@@ -307,12 +337,11 @@ INL void tile_q6k(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size
                     }
                 }
             }
-            __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)sc));
             #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
                 const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
                 __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)a->bsums);
-                __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
+                __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(bs, scw), 5);
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[t], corr)),
                                             _mm256_set1_ps(d * a->d), acc[r][t]);
             }

@@ -13,10 +13,12 @@
 #define CB_QKK 256 /* values per K-quant super-block */
 
 /* Quantized activations for the 32-block weight types: q = round(x/d), d = max|x|/127,
- * s = d * sum(q) (used by the offset m of Q4_1/Q5_1). */
+ * isum = sum(q) (the zero point of Q4_0/Q5_0 is taken out as -8*isum / -16*isum), s = d*isum
+ * (used by the offset m of Q4_1/Q5_1). */
 typedef struct {
     float d;
     float s;
+    int32_t isum;
     int8_t qs[CB_QK];
 } cb_q8a_t;
 

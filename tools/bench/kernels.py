@@ -1,0 +1,211 @@
+"""Benchmark of the quantized CPU kernels (colibri.quant) against their peers, in one run.
+
+- Read bandwidth: tools/bench/membw.c (a plain streaming read), compiled here, 1 and 2 threads.
+- matvec (decode, 1 token) per block type on a weight several times the L3 cache, 1 and 2
+  threads: GB/s of weight bytes streamed and % of the measured read bandwidth.
+- matmul with 32 and 128 tokens on a 4096x4096 weight: GFLOP/s (2*rows*cols*tokens) next to
+  numpy's float32 matmul of the dequantized weight with the same thread count (OpenBLAS threads
+  set through OPENBLAS_NUM_THREADS in a subprocess).
+Every kernel's output is first checked against gguf's dequantizer + a float64 product (within
+the activation-quantization bound) before it is timed. Times are the best of repeated runs
+(other processes share the machine; best-of is the least noisy estimate for both sides).
+
+Usage: python tools/bench/kernels.py [--types Q4_0,Q4_K] [--threads 1,2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import gguf
+import gguf.quants
+import numpy as np
+
+import colibri.quant as cq
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ALL = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16",
+       "F32"]
+TARGET_MATVEC = ("Q4_0", "Q8_0", "Q4_K", "Q6_K")
+
+NUMPY_PEER = r"""
+import sys, time, numpy as np
+w = np.load(sys.argv[1]); res = {}
+for n in map(int, sys.argv[2].split(",")):
+    x = np.random.default_rng(n).standard_normal((n, w.shape[1])).astype(np.float32)
+    x @ w.T
+    best, t_end = 1e9, time.perf_counter() + float(sys.argv[3])
+    while True:
+        t0 = time.perf_counter(); x @ w.T; best = min(best, time.perf_counter() - t0)
+        if time.perf_counter() > t_end: break
+    res[n] = best
+print(repr(res))
+"""
+
+
+def l3_bytes() -> int:
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
+            s = f.read().strip()
+        mult = {"K": 1 << 10, "M": 1 << 20}.get(s[-1], 1)
+        return int(s.rstrip("KM")) * mult
+    except (OSError, ValueError):
+        return 32 << 20
+
+
+def membw(threads: int, mib: int) -> float:
+    exe = os.path.join(tempfile.gettempdir(), f"colibri_membw_{os.getpid()}")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise SystemExit("a C compiler is needed for the bandwidth probe")
+    if not os.path.exists(exe):
+        subprocess.run([cc, "-O2", "-march=native", "-pthread", os.path.join(HERE, "membw.c"),
+                        "-o", exe], check=True)
+    out = subprocess.run([exe, str(mib), str(threads), "8"], check=True, capture_output=True,
+                         text=True).stdout
+    return float(out.split()[0])
+
+
+def best_time(fn, seconds: float, min_reps: int = 3) -> float:
+    fn()
+    best, reps, end = 1e9, 0, time.perf_counter() + seconds
+    while reps < min_reps or time.perf_counter() < end:
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+        reps += 1
+    return best
+
+
+def reference_rows(t: str, raw: np.ndarray, cols: int, row_ids: np.ndarray) -> np.ndarray:
+    rb = cq.row_bytes(t, cols)
+    sub = raw.reshape(-1, rb)[row_ids]
+    if t in ("F32", "F16"):
+        return np.asarray(gguf.quants.dequantize(
+            sub.view(np.float32 if t == "F32" else np.float16), gguf.GGMLQuantizationType[t]),
+            dtype=np.float32).reshape(len(row_ids), cols)
+    return np.asarray(gguf.quants.dequantize(sub, gguf.GGMLQuantizationType[t]),
+                      dtype=np.float32).reshape(len(row_ids), cols)
+
+
+def validate(t: str, raw: np.ndarray, rows: int, cols: int, x: np.ndarray, y: np.ndarray) -> None:
+    ids = np.unique(np.concatenate([np.arange(min(32, rows)), np.arange(max(0, rows - 32), rows)]))
+    w = reference_rows(t, raw, cols, ids)
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    bound = cq.error_bound(t, w, x)
+    err = np.abs(y[:, ids] - ref)
+    if not np.all(err <= bound):
+        raise SystemExit(f"{t}: kernel output differs from the gguf reference "
+                         f"(max error/bound {float((err / bound).max()):.3g})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--types", default=",".join(ALL))
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--tokens", default="32,128")
+    ap.add_argument("--seconds", type=float, default=0.6, help="time budget per measurement")
+    ap.add_argument("--json", help="write the figures to this file")
+    args = ap.parse_args()
+    types = [cq.type_name(t) for t in args.types.split(",")]
+    threads = [int(n) for n in args.threads.split(",")]
+    tokens = [int(n) for n in args.tokens.split(",")]
+    rng = np.random.default_rng(0)
+    l3 = l3_bytes()
+    result: dict = {"l3_bytes": l3, "bandwidth_gbs": {}, "matvec": {}, "matmul": {}, "numpy": {}}
+
+    print(f"L3 {l3 >> 20} MiB; SIMD {__import__('colibri.simd').simd.level()}; "
+          f"cpus {os.cpu_count()}; load average {os.getloadavg()[0]:.1f}")
+    mib = max(512, 8 * l3 >> 20)
+    for th in threads:
+        result["bandwidth_gbs"][th] = membw(th, mib)
+        print(f"streaming read, {th} thread(s): {result['bandwidth_gbs'][th]:.2f} GB/s ({mib} MiB)")
+
+    pools = {th: cq.ThreadPool(th) for th in threads}
+    cols = 4096
+    print("\nmatvec (1 token), weight >= 4x L3:")
+    print(f"{'type':6s} {'rows x cols':>13s} {'MiB':>6s} " +
+          " ".join(f"{f'{th}T GB/s':>9s} {'%bw':>5s}" for th in threads))
+    for t in types:
+        rb = cq.row_bytes(t, cols)
+        rows = max(14336, -(-4 * l3 // rb))
+        rows = -(-rows // 256) * 256
+        raw = cq.random_weight(t, rows, cols, rng)
+        x = rng.standard_normal((1, cols)).astype(np.float32)
+        y = cq.matmul(t, raw, rows, cols, x, pool=pools[threads[-1]])
+        validate(t, raw, rows, cols, x, y)
+        line = f"{t:6s} {rows:>6d} x {cols:<5d} {raw.nbytes / 2**20:6.0f} "
+        for th in threads:
+            dt = best_time(lambda t=t, raw=raw, rows=rows, x=x, th=th: cq.matmul(
+                t, raw, rows, cols, x, pool=pools[th]), args.seconds)
+            gbs = raw.nbytes / dt / 1e9
+            pct = 100 * gbs / result["bandwidth_gbs"][th]
+            result["matvec"].setdefault(t, {})[th] = {"gbs": gbs, "pct_bw": pct, "rows": rows}
+            line += f"{gbs:9.2f} {pct:4.0f}% "
+        print(line, flush=True)
+        del raw
+
+    rows = 4096
+    print(f"\nmatmul {rows}x{cols} weight, GFLOP/s (numpy: float32 matmul of the dequantized weight):")
+    with tempfile.TemporaryDirectory() as tmp:
+        wf = rng.standard_normal((rows, cols)).astype(np.float32)
+        path = os.path.join(tmp, "w.npy")
+        np.save(path, wf)
+        del wf
+        for th in threads:
+            env = dict(os.environ, OPENBLAS_NUM_THREADS=str(th), OMP_NUM_THREADS=str(th),
+                       MKL_NUM_THREADS=str(th))
+            out = subprocess.run([sys.executable, "-c", NUMPY_PEER, path, ",".join(map(str, tokens)),
+                                  str(args.seconds * 2)], env=env, check=True, capture_output=True,
+                                 text=True).stdout
+            times = eval(out)  # noqa: S307 - our own subprocess's repr of a dict of floats
+            result["numpy"][th] = {n: 2 * rows * cols * n / times[n] / 1e9 for n in tokens}
+    hdr = " ".join(f"{f'{th}T n={n}':>10s} {'x np':>5s}" for th in threads for n in tokens)
+    print(f"{'type':6s} {hdr}")
+    print(f"{'numpy':6s} " + " ".join(f"{result['numpy'][th][n]:10.1f} {'':5s}" for th in threads
+                                       for n in tokens))
+    for t in types:
+        raw = cq.random_weight(t, rows, cols, rng)
+        line = f"{t:6s} "
+        for th in threads:
+            for n in tokens:
+                x = rng.standard_normal((n, cols)).astype(np.float32)
+                y = cq.matmul(t, raw, rows, cols, x, pool=pools[th])
+                validate(t, raw, rows, cols, x, y)
+                dt = best_time(lambda t=t, raw=raw, x=x, th=th: cq.matmul(
+                    t, raw, rows, cols, x, pool=pools[th]), args.seconds)
+                gf = 2 * rows * cols * n / dt / 1e9
+                ratio = gf / result["numpy"][th][n]
+                result["matmul"].setdefault(t, {}).setdefault(th, {})[n] = {"gflops": gf,
+                                                                            "vs_numpy": ratio}
+                line += f"{gf:10.1f} {ratio:5.2f} "
+        print(line, flush=True)
+
+    thmax = threads[-1]
+    print("\ntargets:")
+    for t in TARGET_MATVEC:
+        if t in result["matvec"]:
+            pct = result["matvec"][t][thmax]["pct_bw"]
+            print(f"  matvec {t} {thmax}T: {pct:.0f}% of bandwidth (target 80%): "
+                  f"{'met' if pct >= 80 else 'NOT met'}")
+    for t in types:
+        if t in ("F32", "F16", "BF16"):
+            continue
+        worst = min(v["vs_numpy"] for d in result["matmul"][t].values() for v in d.values())
+        print(f"  matmul {t}: worst ratio to numpy {worst:.2f} (target 1.00): "
+              f"{'met' if worst >= 1 else 'NOT met'}")
+    print(f"load average after the run: {os.getloadavg()[0]:.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
