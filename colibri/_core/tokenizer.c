@@ -143,8 +143,7 @@ struct cb_tokenizer {
     uint8_t *key;
     int64_t *key_off;
     uint32_t vmask;     /* vocab table: capacity-1 */
-    uint32_t *vfp;      /* fingerprints (0 = empty) */
-    int32_t *vid;
+    uint64_t *vslot;    /* (fingerprint << 32 | id); fingerprint 0 = empty slot */
     /* merges */
     int32_t n_merges;
     uint8_t *mkey;      /* left ++ right raw bytes */
@@ -180,7 +179,7 @@ void cb_tokenizer_buffer_free(void *p) { free(p); }
 void cb_tokenizer_free(cb_tokenizer_t *t) {
     if (!t) return;
     free(t->text); free(t->off); free(t->score); free(t->attr); free(t->piece); free(t->piece_off);
-    free(t->key); free(t->key_off); free(t->vfp); free(t->vid);
+    free(t->key); free(t->key_off); free(t->vslot);
     free(t->mkey); free(t->moff); free(t->mleft); free(t->mfp); free(t->midx);
     free(t->special_rank); free(t->trie); free(t->bmp_flags);
     free(t);
@@ -196,10 +195,11 @@ static int32_t vocab_find(const cb_tokenizer_t *t, const uint8_t *p, size_t n) {
     const uint32_t fp = (uint32_t)(h >> 32) | 1u;
     uint32_t i = (uint32_t)h & t->vmask;
     for (;;) {
-        const uint32_t f = t->vfp[i];
+        const uint64_t slot = t->vslot[i];
+        const uint32_t f = (uint32_t)(slot >> 32);
         if (f == 0) return -1;
         if (f == fp) {
-            const int32_t id = t->vid[i];
+            const int32_t id = (int32_t)(uint32_t)slot;
             const int64_t a = t->key_off[id], b = t->key_off[id + 1];
             if ((size_t)(b - a) == n && memcmp(t->key + a, p, n) == 0) return id;
         }
@@ -343,9 +343,8 @@ static cb_status build_vocab_table(cb_tokenizer_t *t, const int16_t *cp_byte) {
         t->key_off[t->n] = o;
     }
     t->vmask = table_mask((size_t)t->n);
-    t->vfp = calloc((size_t)t->vmask + 1, sizeof(uint32_t));
-    t->vid = malloc(((size_t)t->vmask + 1) * sizeof(int32_t));
-    if (!t->vfp || !t->vid) return NOMEM("vocabulary table");
+    t->vslot = calloc((size_t)t->vmask + 1, sizeof(uint64_t));
+    if (!t->vslot) return NOMEM("vocabulary table");
     for (int32_t id = 0; id < t->n; id++) {
         const uint8_t *k = t->key + t->key_off[id];
         const size_t kn = (size_t)(t->key_off[id + 1] - t->key_off[id]);
@@ -357,9 +356,8 @@ static cb_status build_vocab_table(cb_tokenizer_t *t, const int16_t *cp_byte) {
         }
         const uint64_t h = hash_bytes(k, kn, 0x1234567ull);
         uint32_t i = (uint32_t)h & t->vmask;
-        while (t->vfp[i]) i = (i + 1) & t->vmask;
-        t->vfp[i] = (uint32_t)(h >> 32) | 1u;
-        t->vid[i] = id;
+        while (t->vslot[i]) i = (i + 1) & t->vmask;
+        t->vslot[i] = ((uint64_t)((uint32_t)(h >> 32) | 1u) << 32) | (uint32_t)id;
     }
     return CB_OK;
 }
