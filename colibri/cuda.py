@@ -321,6 +321,22 @@ class CudaRuntime:
     def to_gpu(self, a: np.ndarray) -> Any:
         return self._gpuarray.to_gpu(np.ascontiguousarray(a))
 
+    def zeros_i32(self, n: int) -> Any:
+        """An int32 GPUArray of zeros, set with cuMemsetD32 (no kernel compiled at run time)."""
+        a = self._gpuarray.empty(n, np.int32)
+        self._drv.memset_d32(_ptr(a), 0, n)
+        return a
+
+    def poison(self, a: Any) -> None:
+        """Fill a float32 or float16 GPUArray with NaN bit patterns (cuMemsetD32 / D16), so
+        that elements a kernel fails to write show up."""
+        if a.dtype == np.float16:
+            self._drv.memset_d16(_ptr(a), 0xFFFF, a.size)
+        elif a.dtype == np.float32:
+            self._drv.memset_d32(_ptr(a), 0xFFFFFFFF, a.size)
+        else:
+            raise ValueError(f"poison: float16 or float32 arrays only, got {a.dtype}")
+
     def synchronize(self) -> None:
         self._context.synchronize()
 
@@ -401,7 +417,7 @@ class CudaRuntime:
             "sorted_weight": ga.empty(cap, np.float32),
             "pair_pos": ga.empty(pairs, np.int32),
             "tile_expert": ga.empty(cap // tile, np.int32),
-            "err": ga.zeros(4, np.int32),
+            "err": self.zeros_i32(4),
         }
         lg_gpu = self.to_gpu(lg)
         r = Routing(n_tokens, k, n_experts, tile, cap, arrays, [lg_gpu, bias_gpu, slot_gpu])
@@ -457,7 +473,7 @@ class CudaRuntime:
             h=ga.empty(routing.cap * layout.ffn, np.float16),
             z=ga.empty(routing.cap * layout.hidden, np.float32),
             out=ga.empty(routing.n_tokens * layout.hidden, np.float32),
-            err=ga.zeros(4, np.int32),
+            err=self.zeros_i32(4),
         )
 
     def moe_ffn_launch(self, x_gpu: Any, pool: DevicePool, routing: Routing, act: int,

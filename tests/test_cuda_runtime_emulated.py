@@ -163,7 +163,25 @@ def make_fake_pycuda(lib: ctypes.CDLL, calls: dict[str, int]) -> dict[str, types
     def memcpy_dtod(dest, src, n):
         ctypes.memmove(int(dest), int(src), n)
 
+    class Event:
+        def record(self, stream=None):
+            import time
+
+            self.t = time.perf_counter()
+
+        def synchronize(self):
+            pass
+
+        def time_since(self, other):
+            return (self.t - other.t) * 1e3
+
+    def memset(ptr, value, count, ctype):
+        np.ctypeslib.as_array((ctype * count).from_address(int(ptr)))[:] = value
+
+    drv.memset_d16 = lambda ptr, v, n: memset(ptr, v, n, ctypes.c_uint16)
+    drv.memset_d32 = lambda ptr, v, n: memset(ptr, v, n, ctypes.c_uint32)
     drv.Error = Error
+    drv.Event = Event
     drv.init = lambda: None
     drv.Device = Device
     drv.module_from_buffer = lambda cubin: Module()
@@ -180,14 +198,17 @@ def make_fake_pycuda(lib: ctypes.CDLL, calls: dict[str, int]) -> dict[str, types
         def get(self):
             return self.a.copy()
 
-        def fill(self, v):
-            self.a.fill(v)
-            return self
+        @property
+        def dtype(self):
+            return self.a.dtype
+
+        @property
+        def size(self):
+            return self.a.size
 
     ga.GPUArray = GPUArray
     ga.to_gpu = lambda a: GPUArray(np.array(a, copy=True))
     ga.empty = lambda n, dtype: GPUArray(poisoned(n, dtype))
-    ga.zeros = lambda n, dtype: GPUArray(np.zeros(n, dtype))
 
     def compile_(source, **kw):
         calls["nvcc"] = calls.get("nvcc", 0) + 1
@@ -290,3 +311,21 @@ def test_bad_pools_and_inputs(rt):
     with pytest.raises(ColibriError, match=r"not resident.*moe_gemm\.cu"):
         rt.moe_ffn(np.zeros((1, 128), np.float16), dp, r)
     assert rt.pin_host_memory(pool) is pool
+
+
+def test_every_output_written(rt):
+    rng = np.random.default_rng(12)
+    lay = ExpertLayout(64, 64, "f16")
+    experts = [tuple(rng.normal(0, 0.1, (64, 64)) for _ in range(3)) for _ in range(3)]
+    dp = rt.upload_experts(experts, lay)
+    r = rt.route(rng.normal(size=(5, 3)).astype(np.float32), 2, tile=16)
+    ws = rt.workspace(r, lay)
+    for buf in (ws.out, ws.z, ws.h):
+        rt.poison(buf)
+    assert np.isnan(ws.out.get()).all() and np.isnan(ws.h.get()).all()
+    rt.moe_ffn_launch(rt.to_gpu(rng.normal(size=(5, 64)).astype(np.float16)), dp, r, 0, ws)
+    rt._check_err(ws.err, "moe_ffn")
+    assert np.isfinite(ws.out.get()).all()
+    real = r.to_host()["sorted_token"] >= 0
+    z = ws.z.get().reshape(r.cap, 64)
+    assert np.isfinite(z[real]).all() and np.isnan(z[~real]).all()

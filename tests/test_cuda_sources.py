@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 
 
+@pytest.mark.slow  # ~10-30 s: eight cubins
 @needs_nvcc
 def test_build_cuda_script():
     r = subprocess.run(["bash", str(ROOT / "tools" / "build_cuda.sh")], capture_output=True,
