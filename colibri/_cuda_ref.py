@@ -204,7 +204,7 @@ class ExpertLayout:
     def __post_init__(self) -> None:
         if self.fmt not in WEIGHT_FORMATS:
             raise ValueError(f"weight format must be one of {WEIGHT_FORMATS}, got {self.fmt!r}")
-        mult = INT4_GROUP if self.fmt == "int4-g128" else 32
+        mult = INT4_GROUP if self.fmt == "int4-g128" else 64  # the m16 kernels' K slice
         for name, v in (("hidden", self.hidden), ("ffn", self.ffn)):
             if v <= 0 or v % mult:
                 raise ValueError(f"{name}={v} must be a positive multiple of {mult} for {self.fmt}")

@@ -11,9 +11,10 @@
  *   cb_moe_gate_up_{f16,i4}_{m16,m64}: grid (cap / BM, ceil(F / BN)), block THREADS
  *   cb_moe_down_{f16,i4}_{m16,m64}:    grid (cap / BM, ceil(D / BN)), block THREADS
  *   cb_moe_combine:                    grid (n_tokens), block 256
- *   m16: BM = 16 rows per tile, BN = 64, 4 warps (128 threads), warp tile 16x16; for decode
- *        and small batches. m64: BM = 64, BN = 128, 8 warps (256 threads), warp tile 32x32;
- *        for prefill. The routing `tile` must equal BM: every row tile then lies inside one
+ *   m16: BM = 16 rows per tile, BN = 64, BK = 64, 4 warps (128 threads), warp tile 16x16;
+ *        for decode and small batches, where the weights stream from memory: the deeper
+ *        slice keeps more bytes in flight per barrier. m64: BM = 64, BN = 128, BK = 32,
+ *        8 warps (256 threads), warp tile 32x32; for prefill. The routing `tile` must equal BM: every row tile then lies inside one
  *        expert's segment, and tile_expert[] (from the router) names it; tiles marked -1 exit.
  *
  * Why a separate, deterministic combine instead of atomicAdd into the output: a token's k
@@ -42,11 +43,11 @@
  *   Both layouts give the three matrices the same M, as R*C = F*D for each.
  *
  * Shape requirements (checked here, reported as CB_KERR_SHAPE; colibri.cuda checks first):
- * the reduction dimension (D for gate/up, F for down) a multiple of 32 (fp16) or 128 (int4),
+ * the reduction dimension (D for gate/up, F for down) a multiple of 64 (fp16) or 128 (int4),
  * the output dimension a multiple of 16; pointers 16-byte aligned.
  *
  * Pipelining: one shared-memory stage per operand with register prefetch: while the warps
- * multiply the BK = 32 slice in shared memory, each thread holds the next slice in registers
+ * multiply the BK-wide slice in shared memory, each thread holds the next slice in registers
  * (fp16 vectors, or packed int4 + scale), and writes it (dequantizing) after a barrier.
  */
 #define CB_FILE_ID 2
@@ -58,9 +59,6 @@ using namespace nvcuda;
 
 namespace {
 
-constexpr int BK = 32;      /* reduction slice per stage */
-constexpr int SK = BK + 8;  /* shared row stride in halves: 80 bytes, spreads banks, keeps
-                               every 16-row fragment start 32-byte aligned */
 
 /* Eight int4 values (one 32-bit word: nibble p = bits 4p..4p+3 is column p) times a scale,
  * as eight fp16 in column order. */
@@ -77,7 +75,7 @@ __device__ __forceinline__ uint4 cb_dequant8(unsigned word, float s) {
     return out;
 }
 
-template <int BM, int BN, int WM, int WN, bool INT4, bool GATE_UP>
+template <int BM, int BN, int BK, int WM, int WN, bool INT4, bool GATE_UP>
 __device__ __forceinline__ void moe_gemm_body(
     const __half *__restrict__ a,            /* GATE_UP: x [n_tokens, K]; else h [cap, K] */
     const int *__restrict__ sorted_token,    /* [cap] */
@@ -88,6 +86,9 @@ __device__ __forceinline__ void moe_gemm_body(
     __half *__restrict__ h_out,              /* GATE_UP: [cap, N] */
     float *__restrict__ z_out,               /* !GATE_UP: [cap, N] */
     int *__restrict__ err) {
+    /* Shared row stride in halves: BK + 8 spreads the rows over the banks and keeps every
+     * 16-row fragment start 32-byte aligned (16 * (BK + 8) * 2 is a multiple of 32). */
+    constexpr int SK = BK + 8;
     constexpr int WARPS_N = BN / WN;
     constexpr int THREADS = (BM / WM) * WARPS_N * 32;
     constexpr int FM = WM / 16, FN = WN / 16;
@@ -99,6 +100,7 @@ __device__ __forceinline__ void moe_gemm_body(
     constexpr int SMEM = (A_BYTES + B_BYTES) > C_BYTES ? (A_BYTES + B_BYTES) : C_BYTES;
     static_assert(A_BYTES % 128 == 0, "B operand must stay aligned");
     static_assert(BM % WM == 0 && BN % WN == 0 && WM % 16 == 0 && WN % 16 == 0, "tiles");
+    static_assert(BK % 32 == 0 && 128 % BK == 0, "a slice is whole int4 words within a group");
 
     __shared__ __align__(128) unsigned char smem[SMEM];
     __shared__ int s_row[BM];  /* source row of A for each tile row, -1 = zero row */
@@ -133,7 +135,9 @@ __device__ __forceinline__ void moe_gemm_body(
     /* Register prefetch buffers. */
     constexpr int A_VECS = BM * (BK / 8);
     constexpr int A_PER = (A_VECS + THREADS - 1) / THREADS;
-    constexpr int B_ITEMS = INT4 ? NW * BN : NW * BN * (BK / 8); /* rows (int4) or vectors */
+    /* B items: 16-byte vectors, holding 32 int4 values (INT4) or 8 fp16 values. */
+    constexpr int B_VEC = INT4 ? BK / 32 : BK / 8; /* vectors per row and slice */
+    constexpr int B_ITEMS = NW * BN * B_VEC;
     constexpr int B_PER = (B_ITEMS + THREADS - 1) / THREADS;
     uint4 ra[A_PER];
     uint4 rb[B_PER];
@@ -158,19 +162,20 @@ __device__ __forceinline__ void moe_gemm_body(
             if (INT4) {
                 rs[i] = 0.0f;
                 if (idx < B_ITEMS) {
-                    const int m = idx / BN, n = n0 + idx % BN;
+                    const int row = idx / B_VEC, c = idx % B_VEC; /* row = m * BN + n */
+                    const int m = row / BN, n = n0 + row % BN;
                     if (n < N) {
                         const unsigned char *wq = wbase + m * mat_bytes;
                         const __half *ws =
                             reinterpret_cast<const __half *>(wq + (size_t)N * K / 2);
                         rb[i] = *reinterpret_cast<const uint4 *>(wq + (size_t)n * (K / 2) +
-                                                                 k0 / 2);
-                        rs[i] = __half2float(ws[(size_t)n * (K / 128) + k0 / 128]);
+                                                                 k0 / 2 + c * 16);
+                        rs[i] = __half2float(ws[(size_t)n * (K / 128) + (k0 + c * 32) / 128]);
                     }
                 }
             } else if (idx < B_ITEMS) {
-                const int m = idx / (BN * (BK / 8)), rem = idx % (BN * (BK / 8));
-                const int n = n0 + rem / (BK / 8), c = rem % (BK / 8);
+                const int m = idx / (BN * B_VEC), rem = idx % (BN * B_VEC);
+                const int n = n0 + rem / B_VEC, c = rem % B_VEC;
                 if (n < N) {
                     const __half *w = reinterpret_cast<const __half *>(wbase + m * mat_bytes);
                     rb[i] = *reinterpret_cast<const uint4 *>(w + (size_t)n * K + k0 + c * 8);
@@ -192,7 +197,8 @@ __device__ __forceinline__ void moe_gemm_body(
             const int idx = tid + i * THREADS;
             if (idx >= B_ITEMS) continue;
             if (INT4) {
-                __half *dst = sB + idx * SK; /* idx = m * BN + n: row of the stacked tile */
+                /* row idx / B_VEC (= m * BN + n) of the stacked tile, columns c * 32.. */
+                __half *dst = sB + (idx / B_VEC) * SK + (idx % B_VEC) * 32;
                 *reinterpret_cast<uint4 *>(dst + 0) = cb_dequant8(rb[i].x, rs[i]);
                 *reinterpret_cast<uint4 *>(dst + 8) = cb_dequant8(rb[i].y, rs[i]);
                 *reinterpret_cast<uint4 *>(dst + 16) = cb_dequant8(rb[i].z, rs[i]);
@@ -311,20 +317,20 @@ __device__ __forceinline__ void moe_gemm_body(
  * registers at 128 per thread; ptxas then spills 8-12 bytes in the m64 gate/up kernels
  * (64 accumulator registers for gate and up), a fair trade for twice the warps to hide the
  * global loads behind. */
-#define CB_MOE_GEMM_KERNEL(name, threads, BM, BN, WM, WN, INT4, GATE_UP)              \
+#define CB_MOE_GEMM_KERNEL(name, threads, BM, BN, BK, WM, WN, INT4, GATE_UP)          \
     extern "C" __global__ void __launch_bounds__(threads, (threads) == 256 ? 2 : 4) name( \
         CB_MOE_GEMM_PARAMS) {                                                          \
-        moe_gemm_body<BM, BN, WM, WN, INT4, GATE_UP>(CB_MOE_GEMM_ARGS);                 \
+        moe_gemm_body<BM, BN, BK, WM, WN, INT4, GATE_UP>(CB_MOE_GEMM_ARGS);             \
     }
 
-CB_MOE_GEMM_KERNEL(cb_moe_gate_up_f16_m16, 128, 16, 64, 16, 16, false, true)
-CB_MOE_GEMM_KERNEL(cb_moe_gate_up_f16_m64, 256, 64, 128, 32, 32, false, true)
-CB_MOE_GEMM_KERNEL(cb_moe_gate_up_i4_m16, 128, 16, 64, 16, 16, true, true)
-CB_MOE_GEMM_KERNEL(cb_moe_gate_up_i4_m64, 256, 64, 128, 32, 32, true, true)
-CB_MOE_GEMM_KERNEL(cb_moe_down_f16_m16, 128, 16, 64, 16, 16, false, false)
-CB_MOE_GEMM_KERNEL(cb_moe_down_f16_m64, 256, 64, 128, 32, 32, false, false)
-CB_MOE_GEMM_KERNEL(cb_moe_down_i4_m16, 128, 16, 64, 16, 16, true, false)
-CB_MOE_GEMM_KERNEL(cb_moe_down_i4_m64, 256, 64, 128, 32, 32, true, false)
+CB_MOE_GEMM_KERNEL(cb_moe_gate_up_f16_m16, 128, 16, 64, 64, 16, 16, false, true)
+CB_MOE_GEMM_KERNEL(cb_moe_gate_up_f16_m64, 256, 64, 128, 32, 32, 32, false, true)
+CB_MOE_GEMM_KERNEL(cb_moe_gate_up_i4_m16, 128, 16, 64, 64, 16, 16, true, true)
+CB_MOE_GEMM_KERNEL(cb_moe_gate_up_i4_m64, 256, 64, 128, 32, 32, 32, true, true)
+CB_MOE_GEMM_KERNEL(cb_moe_down_f16_m16, 128, 16, 64, 64, 16, 16, false, false)
+CB_MOE_GEMM_KERNEL(cb_moe_down_f16_m64, 256, 64, 128, 32, 32, 32, false, false)
+CB_MOE_GEMM_KERNEL(cb_moe_down_i4_m16, 128, 16, 64, 64, 16, 16, true, false)
+CB_MOE_GEMM_KERNEL(cb_moe_down_i4_m64, 256, 64, 128, 32, 32, 32, true, false)
 
 /* out[t, :] = sum over j = 0..k-1 (in that order) of z[pair_pos[t*k + j], :]; a pair whose
  * token failed routing (pair_pos -1) adds nothing. D a multiple of 4. Grid (n_tokens),

@@ -138,9 +138,9 @@ def test_route_kernel_errors(emu, tmp_path):
 
 @pytest.mark.parametrize(
     "fmt,d,f,n_exp,k,n_tokens,act,tile",
-    [("f16", 64, 96, 6, 2, 1, "silu", 16),
-     ("f16", 96, 64, 5, 2, 23, "gelu_tanh", 16),
-     ("f16", 64, 160, 4, 2, 40, "silu", 64),
+    [("f16", 64, 192, 6, 2, 1, "silu", 16),
+     ("f16", 128, 64, 5, 2, 23, "gelu_tanh", 16),
+     ("f16", 64, 320, 4, 2, 40, "silu", 64),
      ("int4-g128", 128, 256, 4, 2, 9, "silu", 16),
      ("int4-g128", 256, 128, 3, 2, 35, "gelu_tanh", 64)],
 )
