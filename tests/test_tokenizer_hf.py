@@ -145,7 +145,7 @@ def test_ids_match_hf_on_held_out_text(pair: tuple[str, HFTokenizer, Tokenizer],
     assert not bad, f"{pre}: {len(bad)} of {len(held_out)} differ, e.g.\n" + "\n".join(bad[:5])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(s=st.text(st.characters(blacklist_categories=("Cs", "Cn", "Co")), max_size=40))
 def test_ids_match_hf_hypothesis(pair: tuple[str, HFTokenizer, Tokenizer], s: str) -> None:
     pre, hf, tok = pair
