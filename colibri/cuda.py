@@ -461,6 +461,22 @@ class CudaRuntime:
         self._drv.memcpy_htod(dev, buf)
         return DevicePool(layout, off.size, buf.size, dev, self.to_gpu(off))
 
+    def write_slot(self, pool: DevicePool, byte_offset: int, data: np.ndarray,
+                   stream: Any = None) -> None:
+        """Copy host bytes (e.g. one expert slot the expert store just filled) into the device
+        pool at ``byte_offset``; asynchronous on ``stream`` when given (the host memory must
+        then be pinned and stay untouched until the stream reaches the copy)."""
+        buf = np.ascontiguousarray(data).view(np.uint8).ravel()
+        if byte_offset < 0 or byte_offset + buf.size > pool.nbytes:
+            raise ValueError(
+                f"write of {buf.size} bytes at {byte_offset} is outside the {pool.nbytes}-byte pool"
+            )
+        dest = int(pool.buffer) + byte_offset
+        if stream is None:
+            self._drv.memcpy_htod(dest, buf)
+        else:
+            self._drv.memcpy_htod_async(dest, buf, stream)
+
     def upload_experts(self, experts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
                        layout: ExpertLayout) -> DevicePool:
         """Pack (gate, up, down) float weights per expert into a pool and upload it."""

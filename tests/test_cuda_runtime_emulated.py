@@ -188,6 +188,7 @@ def make_fake_pycuda(lib: ctypes.CDLL, calls: dict[str, int]) -> dict[str, types
     drv.mem_alloc = mem_alloc
     drv.memcpy_htod = memcpy_htod
     drv.memcpy_dtod = memcpy_dtod
+    drv.memcpy_htod_async = lambda dest, src, stream: memcpy_htod(dest, src)
     drv.register_host_memory = lambda a, flags=0: a
 
     class GPUArray:
@@ -329,3 +330,25 @@ def test_every_output_written(rt):
     real = r.to_host()["sorted_token"] >= 0
     z = ws.z.get().reshape(r.cap, 64)
     assert np.isfinite(z[real]).all() and np.isnan(z[~real]).all()
+
+
+def test_write_slot_replaces_an_expert(rt):
+    """The expert store refills slot 1 with another expert: results follow the new weights."""
+    rng = np.random.default_rng(13)
+    lay = ExpertLayout(64, 64, "f16")
+    experts = [tuple(rng.normal(0, 0.1, (64, 64)) for _ in range(3)) for _ in range(3)]
+    pool, offsets = build_pool(experts, lay)
+    dp = rt.upload_pool(pool, offsets, lay)
+    new = tuple(rng.normal(0, 0.1, (64, 64)) for _ in range(3))
+    pool2, _ = build_pool([experts[0], new, experts[2]], lay)
+    sb = lay.slot_bytes
+    rt.write_slot(dp, int(offsets[1]), pool2[sb : 2 * sb], stream=object())
+    x = rng.normal(size=(4, 64)).astype(np.float16)
+    r = rt.route(np.tile(np.array([[0.0, 3.0, 1.0]], np.float32), (4, 1)), 2, tile=16)
+    out = rt.moe_ffn(x, dp, r)
+    h = r.to_host()
+    seen = [unpack_expert(pool2[o:], lay) for o in offsets]
+    ref = moe_ffn_reference(x, seen, h["topk_ids"], h["topk_w"], "silu")
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
+    with pytest.raises(ValueError, match="outside"):
+        rt.write_slot(dp, dp.nbytes - 1, pool2[:2])
