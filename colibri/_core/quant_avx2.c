@@ -176,6 +176,7 @@ INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
             float d, m = 0.0f;
             __m256i wq = unpack32(type, w + (size_t)r * ws + (size_t)b * bb, &d, &m);
             __m256i aw = unsig ? wq : _mm256_sign_epi8(wq, wq);
+            const __m256 dv = _mm256_set1_ps(d); /* d*dx as a vector op on a broadcast load */
             #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
                 const cb_q8a_t *a = (const cb_q8a_t *)(const void *)(x + (size_t)t * xs) + b;
@@ -187,7 +188,8 @@ INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
                     p = _mm256_sub_epi32(p, zs);
                     if (zp == 2) p = _mm256_sub_epi32(p, zs);
                 }
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * a->d),
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
+                                            _mm256_mul_ps(dv, _mm256_broadcast_ss(&a->d)),
                                             acc[r][t]);
                 if (offset) off[r][t] += m * a->s;
             }
