@@ -188,3 +188,18 @@ def test_empty_and_zero_rows():
     assert y.shape == (3, 0)
     y = q.matmul("Q8_0", np.zeros(34 * 2, np.uint8), 2, 32, np.ones((0, 32), np.float32))
     assert y.shape == (0, 2)
+
+
+def test_read_only_and_typed_buffers():
+    # mapped GGUF tensors are read-only; raw may be any array (its bytes are used, not cast)
+    rng = np.random.default_rng(6)
+    w16 = rng.standard_normal((3, 64)).astype(np.float16)
+    w16.setflags(write=False)
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    x.setflags(write=False)
+    ref = x.astype(np.float64) @ w16.astype(np.float64).T
+    np.testing.assert_allclose(q.matmul("F16", w16, 3, 64, x), ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(q.dequantize("F16", w16.tobytes(), (3, 64)),
+                                  w16.astype(np.float32))
+    np.testing.assert_array_equal(q.get_rows("F16", memoryview(w16.tobytes()), 3, 64, [2])[0],
+                                  w16[2].astype(np.float32))

@@ -87,6 +87,15 @@ cdef class ThreadPool:
         return <uintptr_t>self.pool
 
 
+def _as_bytes(raw):
+    """The bytes of `raw` (any C-contiguous array or buffer, read-only ones included, e.g. a
+    mapped GGUF tensor) as a flat uint8 array, without converting values."""
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        return np.frombuffer(raw, dtype=np.uint8)
+    arr = np.ascontiguousarray(raw)
+    return arr.reshape(-1).view(np.uint8)
+
+
 cdef _raw_matrix(cb_matrix_t *m, int type, raw, int64_t rows, int64_t cols):
     """Fill m from a uint8 array of exactly rows*row_bytes bytes; returns the contiguous array."""
     if rows < 0 or cols < 0:
@@ -94,12 +103,12 @@ cdef _raw_matrix(cb_matrix_t *m, int type, raw, int64_t rows, int64_t cols):
     rb = row_bytes(type, cols)
     if not cb_type_supported(type):
         raise ValueError(f"block type {type_name(type)} is not supported by the kernels")
-    arr = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
+    arr = _as_bytes(raw)
     if arr.size != rows * rb:
         raise ValueError(
             f"{type_name(type)} weight of shape ({rows}, {cols}) needs {rows * rb} bytes, "
             f"got {arr.size}")
-    cdef uint8_t[::1] view = arr
+    cdef const uint8_t[::1] view = arr
     m.type = type
     m.rows = rows
     m.cols = cols
@@ -118,14 +127,14 @@ def dequantize(t, raw, shape):
     rb = row_bytes(type, cols)
     if not cb_type_supported(type):
         raise ValueError(f"block type {type_name(type)} is not supported by the kernels")
-    arr = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
+    arr = _as_bytes(raw)
     rows = n // cols if cols else 0
     if arr.size != rows * rb:
         raise ValueError(f"{type_name(type)} of shape {shape} needs {rows * rb} bytes, got {arr.size}")
     out = np.empty(shape, dtype=np.float32)
     if n == 0:
         return out
-    cdef uint8_t[::1] src = arr
+    cdef const uint8_t[::1] src = arr
     cdef float[::1] dst = out.reshape(-1)
     cdef int64_t nn = n
     with nogil:
@@ -150,7 +159,7 @@ def get_rows(t, raw, int64_t rows, int64_t cols, ids):
         if ids32.size and rows == 0:
             raise ValueError(f"get_rows: id {int(ids32[0])} out of range [0, 0)")
         return out
-    cdef int32_t[::1] iv = ids32
+    cdef const int32_t[::1] iv = ids32
     cdef float[:, ::1] ov = out
     cdef int64_t n = ids32.size
     with nogil:
@@ -211,10 +220,10 @@ def matmul(t, raw, int64_t rows, int64_t cols, x, ThreadPool pool=None, int thre
             raise ValueError(f"token_scale has {sc.size} values for {n_tokens} tokens")
     if n_tokens == 0 or rows == 0:
         return y[0] if single else y
-    cdef float[:, ::1] xv = xa
+    cdef const float[:, ::1] xv = xa
     cdef float[:, ::1] yv = y
-    cdef float[::1] scv
-    cdef int32_t[::1] idv
+    cdef const float[::1] scv
+    cdef const int32_t[::1] idv
     if token_scale is not None:
         scv = sc
         opts.token_scale = &scv[0]
@@ -241,7 +250,7 @@ def quantize_q8_0(x):
     out = np.empty(xa.size // 32 * 34, dtype=np.uint8)
     if xa.size == 0:
         return out
-    cdef float[::1] xv = xa
+    cdef const float[::1] xv = xa
     cdef uint8_t[::1] ov = out
     cdef int64_t n = xa.size
     with nogil:
