@@ -1,6 +1,8 @@
 /* UTF-8 validator and repair (colibri/_core/utf8.c) on the hard cases: overlongs, surrogates,
  * values above U+10FFFF, bytes that never occur, and sequences truncated by the end of the input.
- * Inputs are copied into exactly-sized heap buffers so that ASan catches any read past the end. */
+ * Inputs are copied into exactly-sized heap buffers so that ASan catches any read past the end.
+ * Then the tokenizer (colibri/_core/tokenizer.c) on random bytes and random ids, SPM and every
+ * byte-level BPE pre-tokenizer, strict and lenient, under the same sanitizers. */
 #include <string.h>
 
 #include "colibri/tokenizer.h"
@@ -46,6 +48,186 @@ static void check_sanitize(const char *s, size_t n, const char *want, size_t wan
 #define V(lit, bad) check_validate(lit, sizeof(lit) - 1, bad)
 #define S(lit, want, reps) check_sanitize(lit, sizeof(lit) - 1, want, sizeof(want) - 1, reps)
 #define R "\xEF\xBF\xBD"
+
+/* ---- tokenizer under the sanitizers ------------------------------------------------------ */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+
+/* text pool: ASCII, spaces, newlines, and multi-byte characters of several categories */
+static const char *const POOL[] = {"a", "b", "Z", " ", "  ", "\n", "\r\n", "\t", "'s", "'LL", "1", "23",
+                                   "\xc3\xa9", "\xe2\x96\x81", "\xe4\xb8\xad", "\xf0\x9f\x98\x80",
+                                   "\xcc\x81", "\xe3\x80\x80", "<s>", "<ctrl>", "\xff", "\xed\xa0\x80",
+                                   "\xe2\x82", ".", "!?", "\xd9\xa3", "\xe0\xa4\x95\xe0\xa4\xbf"};
+
+static unsigned char *random_text(size_t *n) {
+    const size_t parts = rnd() % 24;
+    unsigned char *buf = malloc(parts * 8 + 1);
+    size_t o = 0;
+    for (size_t i = 0; i < parts; i++) {
+        const char *p = POOL[rnd() % (sizeof POOL / sizeof POOL[0])];
+        const size_t k = strlen(p);
+        memcpy(buf + o, p, k);
+        o += k;
+    }
+    unsigned char *exact = malloc(o ? o : 1); /* exactly sized, so ASan sees over-reads */
+    memcpy(exact, buf, o);
+    free(buf);
+    *n = o;
+    return exact;
+}
+
+static void build_vocab(cb_tokenizer_model model, cb_pretokenizer pre, cb_tokenizer_t **out) {
+    /* tokens: control <s> and <ctrl>, 256 byte tokens (SPM: <0xNN>; BPE: the byte alphabet),
+     * a few merges/pieces */
+    char texts[8192];
+    int64_t offs[300];
+    uint32_t attrs[300];
+    float scores[300];
+    int n = 0;
+    size_t o = 0;
+#define ADD(str, attr, score)                      \
+    do {                                           \
+        const size_t k_ = strlen(str);             \
+        offs[n] = (int64_t)o;                      \
+        memcpy(texts + o, str, k_);                \
+        o += k_;                                   \
+        attrs[n] = (attr);                         \
+        scores[n] = (score);                       \
+        n++;                                       \
+    } while (0)
+    ADD("<s>", CB_TOKEN_ATTR_CONTROL, 0.0f);
+    ADD("<ctrl>", CB_TOKEN_ATTR_CONTROL, 0.0f);
+    for (int b = 0; b < 256; b++) {
+        char t[8];
+        if (model == CB_TOKENIZER_SPM) {
+            snprintf(t, sizeof t, "<0x%02X>", b);
+            ADD(t, CB_TOKEN_ATTR_BYTE, 0.0f);
+        } else {
+            /* GPT-2 byte alphabet as UTF-8 */
+            static int extra = 0;
+            if (b == 0) extra = 0;
+            const int direct = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+            const unsigned cp = direct ? (unsigned)b : 256u + (unsigned)extra++;
+            if (cp < 0x80) {
+                t[0] = (char)cp;
+                t[1] = 0;
+            } else {
+                t[0] = (char)(0xC0 | (cp >> 6));
+                t[1] = (char)(0x80 | (cp & 0x3F));
+                t[2] = 0;
+            }
+            ADD(t, CB_TOKEN_ATTR_NORMAL, 0.0f);
+        }
+    }
+    if (model == CB_TOKENIZER_SPM) {
+        ADD("\xe2\x96\x81" "a", CB_TOKEN_ATTR_NORMAL, -1.0f);
+        ADD("ab", CB_TOKEN_ATTR_NORMAL, -2.0f);
+        ADD("\xe2\x96\x81" "ab", CB_TOKEN_ATTR_NORMAL, -0.5f);
+        ADD("\xe4\xb8\xad", CB_TOKEN_ATTR_NORMAL, -3.0f);
+    } else {
+        ADD("\xc4\xa0" "a", CB_TOKEN_ATTR_NORMAL, 0.0f); /* "Ġa" */
+        ADD("ab", CB_TOKEN_ATTR_NORMAL, 0.0f);
+    }
+    offs[n] = (int64_t)o;
+    const char *merges = "\xc4\xa0 a" "a b"; /* "Ġ a", "a b" */
+    const int64_t moffs[3] = {0, 4, 7};
+    cb_tokenizer_params p = cb_tokenizer_default_params();
+    p.model = model;
+    p.pre = pre;
+    p.n_tokens = n;
+    p.text = (const uint8_t *)texts;
+    p.text_offsets = offs;
+    p.scores = scores;
+    p.attrs = attrs;
+    p.n_merges = model == CB_TOKENIZER_BPE ? 2 : 0;
+    p.merges = (const uint8_t *)merges;
+    p.merge_offsets = moffs;
+    p.bos_id = 0;
+    p.eos_id = 1;
+    p.add_bos = 1;
+    p.add_eos = model == CB_TOKENIZER_SPM;
+    p.add_space_prefix = model == CB_TOKENIZER_SPM;
+    p.ignore_merges = pre == CB_PRE_LLAMA3;
+    CHECK(cb_tokenizer_new(&p, out) == CB_OK);
+#undef ADD
+}
+
+static void fuzz_tokenizer(cb_tokenizer_model model, cb_pretokenizer pre) {
+    cb_tokenizer_t *tok = NULL;
+    build_vocab(model, pre, &tok);
+    if (!tok) return;
+    const int32_t nt = cb_tokenizer_n_tokens(tok);
+    for (int iter = 0; iter < 300; iter++) {
+        size_t n;
+        unsigned char *text = random_text(&n);
+        for (unsigned flags = 0; flags < 8; flags++) {
+            int32_t *ids = NULL;
+            size_t nids = 0;
+            const cb_status st = cb_tokenizer_encode(tok, text, n, flags, &ids, &nids);
+            const int valid = cb_utf8_validate(text, n, NULL) == CB_OK;
+            cb_clear_error();
+            CHECK(st == CB_OK || (!valid && !(flags & CB_ENCODE_LENIENT) && st == CB_STATUS_CORRUPT));
+            cb_clear_error();
+            for (size_t i = 0; i < nids; i++) CHECK(ids[i] >= 0 && ids[i] < nt);
+            if (st == CB_OK && valid && !(flags & CB_ENCODE_PARSE_SPECIAL) && model == CB_TOKENIZER_BPE) {
+                /* byte-level BPE is lossless */
+                uint8_t *back = NULL;
+                size_t bn = 0;
+                CHECK(cb_tokenizer_decode(tok, ids, nids, 0, &back, &bn) == CB_OK);
+                CHECK(bn == n && (n == 0 || memcmp(back, text, n) == 0));
+                cb_tokenizer_buffer_free(back);
+            }
+            cb_tokenizer_buffer_free(ids);
+        }
+        free(text);
+        /* random ids: decode and stream agree */
+        int32_t rid[16];
+        const size_t k = rnd() % 16;
+        for (size_t i = 0; i < k; i++) rid[i] = (int32_t)(rnd() % (uint32_t)nt);
+        uint8_t *dec = NULL;
+        size_t dn = 0;
+        CHECK(cb_tokenizer_decode(tok, rid, k, 0, &dec, &dn) == CB_OK);
+        CHECK(cb_utf8_validate(dec, dn, NULL) == CB_OK);
+        cb_tok_stream_t *s = NULL;
+        CHECK(cb_tok_stream_new(tok, 0, &s) == CB_OK);
+        unsigned char acc[16 * 64 + 16];
+        size_t an = 0;
+        for (size_t i = 0; i < k; i++) {
+            const uint8_t *o;
+            size_t on;
+            CHECK(cb_tok_stream_feed(s, rid[i], &o, &on) == CB_OK);
+            memcpy(acc + an, o, on);
+            an += on;
+        }
+        const uint8_t *o;
+        size_t on;
+        CHECK(cb_tok_stream_flush(s, &o, &on) == CB_OK);
+        memcpy(acc + an, o, on);
+        an += on;
+        CHECK(an == dn && (dn == 0 || memcmp(acc, dec, dn) == 0));
+        cb_tok_stream_free(s);
+        cb_tokenizer_buffer_free(dec);
+    }
+    int32_t bad = nt;
+    uint8_t *dec = NULL;
+    size_t dn = 0;
+    CHECK(cb_tokenizer_decode(tok, &bad, 1, 0, &dec, &dn) == CB_STATUS_INVALID_ARGUMENT);
+    cb_clear_error();
+    cb_tokenizer_free(tok);
+}
+
+static void test_tokenizer_fuzz(void) {
+    fuzz_tokenizer(CB_TOKENIZER_SPM, CB_PRE_NONE);
+    for (int pre = CB_PRE_DEFAULT; pre <= CB_PRE_GPT4O; pre++) fuzz_tokenizer(CB_TOKENIZER_BPE, (cb_pretokenizer)pre);
+    cb_tokenizer_free(NULL);
+    cb_tok_stream_free(NULL);
+}
 
 int main(void) {
     /* well-formed */
@@ -129,5 +311,6 @@ int main(void) {
     }
     CHECK(cb_utf8_validate(NULL, 3, NULL) == CB_STATUS_INVALID_ARGUMENT);
     cb_clear_error();
+    test_tokenizer_fuzz();
     TEST_MAIN_END("test_utf8");
 }
