@@ -84,14 +84,18 @@ def train_hf(regexes: list[str], texts: list[str], ignore_merges: bool) -> HFTok
     return hf
 
 
-def write_gguf(hf: HFTokenizer, pre: str, path: Path) -> None:
+def hf_vocab(hf: HFTokenizer) -> tuple[list[str], list[str], int]:
+    """(tokens by id, merges as "a b", id of the special token) of a trained HF BPE tokenizer."""
     model = json.loads(hf.to_str())["model"]
     vocab: dict[str, int] = model["vocab"]
     tokens = [""] * len(vocab)
     for t, i in vocab.items():
         tokens[i] = t
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
-    special_id = vocab[SPECIAL]
+    return tokens, merges, vocab[SPECIAL]
+
+
+def write_vocab_gguf(tokens: list[str], merges: list[str], special_id: int, pre: str, path: Path) -> None:
     w = gguf.GGUFWriter(str(path), arch="llama")
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
@@ -105,6 +109,10 @@ def write_gguf(hf: HFTokenizer, pre: str, path: Path) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def write_gguf(hf: HFTokenizer, pre: str, path: Path) -> None:
+    write_vocab_gguf(*hf_vocab(hf), pre, path)
 
 
 def training_text(corpus: list[str]) -> list[str]:
@@ -189,3 +197,26 @@ def test_special_token_only_when_asked(pair: tuple[str, HFTokenizer, Tokenizer])
     assert sid in tok.encode("a<|endoftext|>b", add_special=False, parse_special=True).tolist()
     assert sid not in tok.encode("a<|endoftext|>b", add_special=False).tolist()
     assert np.array_equal(tok.encode("ab", add_special=True), tok.encode("ab", add_special=False))
+
+
+# llama.cpp's ids on the same kind of vocabulary, recorded by tools/record_tokenizer_refs.py (the
+# pre-tokenizers on which llama.cpp agrees with HF; see docs/ARCHITECTURE.md, Tokenizer)
+LLAMA_CPP_PRES = ["default", "gpt-2", "olmo", "llama-bpe", "qwen2", "deepseek-v3"]
+
+
+@pytest.mark.parametrize("pre", LLAMA_CPP_PRES)
+def test_ids_match_llama_cpp(pre: str, corpus: list[str], tmp_path: Path) -> None:
+    with gzip.open(DATA / "bpe_vocab.json.gz", "rt", encoding="utf-8") as f:
+        v = json.load(f)
+    path = tmp_path / "v.gguf"
+    write_vocab_gguf(v["tokens"], v["merges"], v["special"], pre, path)
+    tok = Tokenizer.from_gguf(path)
+    with np.load(DATA / "bpe_refs.npz") as z:
+        ids, off, first = z[pre + "_ids"], z[pre + "_offsets"], int(z["first_line"])
+    bad = []
+    for i in range(len(off) - 1):
+        s = corpus[first + i]
+        got = tok.encode(s, add_special=False, parse_special=True)
+        if not np.array_equal(got, ids[off[i]:off[i + 1]]):
+            bad.append(f"{s!r}: got {got.tolist()[:16]} want {ids[off[i]:off[i + 1]].tolist()[:16]}")
+    assert not bad, f"{pre}: {len(bad)} of {len(off) - 1} lines differ, e.g.\n" + "\n".join(bad[:5])

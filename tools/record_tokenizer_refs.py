@@ -12,6 +12,9 @@ Writes, under tests/data/tokenizer/:
                     llama_detokenize of a subset of the id lists; and the ids and detokenized
                     text of the first 3,000 lines with the same vocabulary but
                     add_space_prefix = true (the Llama 2 convention).
+  bpe_vocab.json.gz a byte-level BPE vocabulary trained with HF tokenizers on the corpus, and
+  bpe_refs.npz      llama.cpp's ids for 2,000 corpus lines with that vocabulary under each
+                    pre-tokenizer name on which llama.cpp agrees with HF.
 
 The test (tests/test_tokenizer_gemma.py) compares colibri against these files and needs neither
 llama-cpp-python nor network access. Rerun this script after changing the corpus generator:
@@ -218,6 +221,50 @@ def write_space_prefix_variant(model_path: str, out: Path) -> None:
     w.close()
 
 
+BPE_FIRST, BPE_LINES = 6000, 2000
+
+
+def record_bpe(out: Path, corpus: list[str], llama_cpp) -> None:  # type: ignore[no-untyped-def]
+    """A byte-level BPE vocabulary trained with HF tokenizers (bpe_vocab.json.gz) and llama.cpp's
+    ids for corpus lines BPE_FIRST.. under each pre-tokenizer name (bpe_refs.npz)."""
+    import tempfile
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_tokenizer_hf import (
+        LLAMA_CPP_PRES,
+        hf_vocab,
+        train_hf,
+        training_text,
+        write_vocab_gguf,
+    )
+
+    tokens, merges, special = hf_vocab(train_hf([r"\n"], training_text(corpus), ignore_merges=False))
+    with open(out / "bpe_vocab.json.gz", "wb") as raw:
+        with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as gz:
+            gz.write(json.dumps({"tokens": tokens, "merges": merges, "special": special},
+                                ensure_ascii=False).encode("utf-8"))
+    arrays: dict[str, np.ndarray] = {"first_line": np.array(BPE_FIRST)}
+    lines = [s.encode("utf-8") for s in corpus[BPE_FIRST:BPE_FIRST + BPE_LINES]]
+    with tempfile.TemporaryDirectory() as d:
+        for pre in LLAMA_CPP_PRES:
+            path = Path(d) / f"{pre}.gguf"
+            write_vocab_gguf(tokens, merges, special, pre, path)
+            llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+            ids = [_tokenize_with(llama_cpp, llm._model.vocab, b) for b in lines]
+            arrays[pre + "_ids"], arrays[pre + "_offsets"] = _pack_lists(ids)
+    np.savez_compressed(out / "bpe_refs.npz", **arrays)
+
+
+def _tokenize_with(llama_cpp, vocab, data: bytes) -> list[int]:  # type: ignore[no-untyped-def]
+    cap = len(data) + 8
+    while True:
+        buf = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, cap, False, True)
+        if n >= 0:
+            return list(buf[:n])
+        cap = -n
+
+
 def _pack_lists(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.zeros(len(lists) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(x) for x in lists])
@@ -326,6 +373,7 @@ def main(argv: list[str]) -> int:
         arrays[name] = np.frombuffer(b"".join(blobs), dtype=np.uint8)
         arrays[name + "_offsets"] = off
     np.savez_compressed(out / "gemma3_refs.npz", **arrays)
+    record_bpe(out, corpus, llama_cpp)
     print(f"wrote {len(corpus)} lines, {len(arrays['plain_ids'])} + {len(arrays['special_ids'])} ids, "
           f"{n_vocab} pieces to {out}")
     return 0
