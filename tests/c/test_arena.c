@@ -2,6 +2,7 @@
  * cb_arena_check and data patterns verified after every step (both exact and power-of-two
  * modes, a non-power-of-two capacity); every error path leaves the stats unchanged; close and
  * pins; the KV cache layout and growth. */
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -299,6 +300,72 @@ static void kvcache(void) {
     cb_arena_free(a);
 }
 
+/* Threads allocate, grow, verify and free their own blocks concurrently. */
+typedef struct {
+    cb_arena_t *a;
+    uint64_t seed;
+    int bad;
+} thread_arg;
+
+static void *thread_ops(void *p) {
+    thread_arg *t = p;
+    uint64_t r = t->seed;
+    blk mine[16];
+    int n = 0;
+    uint8_t *base = cb_arena_base(t->a);
+    for (int step = 0; step < 3000; step++) {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        if ((r % 3 == 0 || n == 0) && n < 16) {
+            size_t sz = 1 + (r >> 8) % 20000, off;
+            if (cb_arena_alloc(t->a, sz, &off) == CB_OK) {
+                mine[n] = (blk){off, sz, (uint8_t)(r >> 40)};
+                fill(base, &mine[n++]);
+            }
+        } else {
+            int i = (int)((r >> 16) % (uint64_t)n);
+            if (!intact(base, &mine[i])) t->bad++;
+            size_t off;
+            if (r % 3 == 1 && cb_arena_grow(t->a, mine[i].off, mine[i].n * 2, &off) == CB_OK) {
+                blk moved = {off, mine[i].n, mine[i].tag};
+                if (!intact(base, &moved)) t->bad++;
+                mine[i].off = off;
+                mine[i].n *= 2;
+                fill(base, &mine[i]);
+            } else {
+                if (cb_arena_free_block(t->a, mine[i].off) != CB_OK) t->bad++;
+                mine[i] = mine[--n];
+            }
+        }
+    }
+    while (n > 0)
+        if (cb_arena_free_block(t->a, mine[--n].off) != CB_OK) t->bad++;
+    return NULL;
+}
+
+static void threads(void) {
+    cb_arena_params p = cb_arena_default_params();
+    p.capacity = 8 << 20;
+    p.min_block = 512;
+    cb_arena_t *a = NULL;
+    CHECK(cb_arena_new(&p, &a) == CB_OK);
+    pthread_t th[4];
+    thread_arg args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (thread_arg){a, 0x1234567ull * (uint64_t)(i + 1), 0};
+        CHECK(pthread_create(&th[i], NULL, thread_ops, &args[i]) == 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        CHECK(args[i].bad == 0);
+    }
+    cb_arena_stats_t st;
+    CHECK(cb_arena_check(a) == CB_OK);
+    CHECK(cb_arena_stats(a, &st) == CB_OK && st.used == 0 && st.n_free_blocks == 1);
+    cb_arena_free(a);
+}
+
 int main(void) {
     random_ops(1 << 20, 4096, 1, 3000);
     random_ops(1 << 20, 4096, 0, 3000);
@@ -306,5 +373,6 @@ int main(void) {
     random_ops(100 * 64 + 1, 64, 1, 2000);
     error_paths();
     kvcache();
+    threads();
     TEST_MAIN_END("test_arena");
 }
