@@ -50,6 +50,26 @@ print(repr(res))
 """
 
 
+def blas_thread_setter():
+    """A function that sets numpy's OpenBLAS thread count in this process (ctypes), or None."""
+    import ctypes
+    import glob
+
+    libdir = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
+    for lib in glob.glob(os.path.join(libdir, "*openblas*.so*")):
+        try:
+            dll = ctypes.CDLL(lib)
+        except OSError:
+            continue
+        for sym in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
+                    "openblas_set_num_threads"):
+            fn = getattr(dll, sym, None)
+            if fn is not None:
+                fn.argtypes = [ctypes.c_int]
+                return fn
+    return None
+
+
 def l3_bytes() -> int:
     try:
         with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
@@ -60,7 +80,7 @@ def l3_bytes() -> int:
         return 32 << 20
 
 
-def membw(threads: int, mib: int) -> float:
+def membw(threads: int, mib: int, passes: int = 8) -> float:
     exe = os.path.join(tempfile.gettempdir(), f"colibri_membw_{os.getpid()}")
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
@@ -68,7 +88,7 @@ def membw(threads: int, mib: int) -> float:
     if not os.path.exists(exe):
         subprocess.run([cc, "-O2", "-march=native", "-pthread", os.path.join(HERE, "membw.c"),
                         "-o", exe], check=True)
-    out = subprocess.run([exe, str(mib), str(threads), "8"], check=True, capture_output=True,
+    out = subprocess.run([exe, str(mib), str(threads), str(passes)], check=True, capture_output=True,
                          text=True).stdout
     return float(out.split()[0])
 
@@ -111,7 +131,7 @@ def main() -> None:
     ap.add_argument("--types", default=",".join(ALL))
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--tokens", default="32,128")
-    ap.add_argument("--seconds", type=float, default=0.6, help="time budget per measurement")
+    ap.add_argument("--seconds", type=float, default=0.5, help="time budget per measurement")
     ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args()
     types = [cq.type_name(t) for t in args.types.split(",")]
@@ -145,13 +165,17 @@ def main() -> None:
         for th in threads:
             dt = best_time(lambda t=t, raw=raw, rows=rows, x=x, th=th: cq.matmul(
                 t, raw, rows, cols, x, pool=pools[th]), args.seconds)
+            # the peer, measured again right after: the machine may be shared and busy
+            bw = max(membw(th, max(256, 4 * l3 >> 20), 3), 1e-9)
             gbs = raw.nbytes / dt / 1e9
-            pct = 100 * gbs / result["bandwidth_gbs"][th]
-            result["matvec"].setdefault(t, {})[th] = {"gbs": gbs, "pct_bw": pct, "rows": rows}
+            pct = 100 * gbs / bw
+            result["matvec"].setdefault(t, {})[th] = {"gbs": gbs, "pct_bw": pct, "rows": rows,
+                                                      "bandwidth_gbs": bw}
             line += f"{gbs:9.2f} {pct:4.0f}% "
         print(line, flush=True)
         del raw
 
+    set_blas = blas_thread_setter()
     rows = 4096
     print(f"\nmatmul {rows}x{cols} weight, GFLOP/s (numpy: float32 matmul of the dequantized weight):")
     with tempfile.TemporaryDirectory() as tmp:
@@ -170,10 +194,14 @@ def main() -> None:
     hdr = " ".join(f"{f'{th}T n={n}':>10s} {'x np':>5s}" for th in threads for n in tokens)
     print(f"{'type':6s} {hdr}")
     print(f"{'numpy':6s} " + " ".join(f"{result['numpy'][th][n]:10.1f} {'':5s}" for th in threads
-                                       for n in tokens))
+                                       for n in tokens) + "  (subprocess, once)")
+    if set_blas is not None:
+        print("       ratios below are against numpy timed right after each kernel on that "
+              "type's dequantized weight (its GFLOP/s in parentheses)")
     for t in types:
         raw = cq.random_weight(t, rows, cols, rng)
         line = f"{t:6s} "
+        wdq = cq.dequantize(t, raw, (rows, cols)) if set_blas else None
         for th in threads:
             for n in tokens:
                 x = rng.standard_normal((n, cols)).astype(np.float32)
@@ -182,10 +210,20 @@ def main() -> None:
                 dt = best_time(lambda t=t, raw=raw, x=x, th=th: cq.matmul(
                     t, raw, rows, cols, x, pool=pools[th]), args.seconds)
                 gf = 2 * rows * cols * n / dt / 1e9
-                ratio = gf / result["numpy"][th][n]
+                peer = result["numpy"][th][n]
+                if set_blas is not None and wdq is not None:
+                    # numpy right next to ours, same thread count, on this type's weight
+                    set_blas(th)
+                    dtn = best_time(lambda x=x, wdq=wdq: x @ wdq.T, args.seconds)
+                    peer = 2 * rows * cols * n / dtn / 1e9
+                    result["numpy_per_type"] = result.get("numpy_per_type", {})
+                    result["numpy_per_type"].setdefault(t, {}).setdefault(th, {})[n] = peer
+                ratio = gf / peer
                 result["matmul"].setdefault(t, {}).setdefault(th, {})[n] = {"gflops": gf,
                                                                             "vs_numpy": ratio}
                 line += f"{gf:10.1f} {ratio:5.2f} "
+                if set_blas is not None:
+                    line = line[:-1] + f"({peer:.0f}) "
         print(line, flush=True)
 
     thmax = threads[-1]
