@@ -286,6 +286,22 @@ def ensure_pycuda() -> float | None:
                                 cuda_root / "targets" / "x86_64-linux" / "lib",
                                 cuda_root / "targets" / "x86_64-linux" / "lib" / "stubs")
                if d.is_dir()]
+    # The driver library: linkers look for libcuda.so, which some driver installs ship only
+    # as libcuda.so.1; give them a link to it then.
+    have_so = any((Path(d) / "libcuda.so").exists() for d in
+                  libdirs + ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"])
+    if not have_so:
+        found = re.findall(r"=>\s*(\S*libcuda\.so\.1)\b",
+                           subprocess.run(["bash", "-c", "ldconfig -p 2>/dev/null"],
+                                          capture_output=True, text=True).stdout)
+        if found:
+            link_dir = ROOT / "build" / "pycuda_libcuda"
+            link_dir.mkdir(parents=True, exist_ok=True)
+            link = link_dir / "libcuda.so"
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(found[0])
+            libdirs.append(str(link_dir))
     curand = (cuda_root / "include" / "curand.h").is_file()
     (src / "siteconf.py").write_text(
         f"CUDA_ROOT = {str(cuda_root)!r}\n"
