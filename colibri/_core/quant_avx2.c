@@ -91,6 +91,14 @@ void cb_avx2_quantize_q8k(const float *x, int64_t n, void *dst) {
     }
 }
 
+/* Decode (one token) streams each weight row once, and rows are short (a few KiB), so the
+ * hardware prefetcher restarts at every row. While a tile reads rows r..r+NR-1 at some offset,
+ * prefetch the same offset of the next tile's rows (they follow in memory). */
+INL void prefetch_span(const uint8_t *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+    __builtin_prefetch(p + bytes - 1, 0, 3);
+}
+
 /* ------------------------------------------------------------ 32-blocks with cb_q8a_t */
 
 INL float f16(const uint8_t *p) { return _cvtsh_ss(cb_rd16(p)); }
@@ -174,6 +182,7 @@ INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             float d, m = 0.0f;
+            if (NT == 1) __builtin_prefetch(w + (size_t)(r + NR) * ws + (size_t)b * bb, 0, 3);
             __m256i wq = unpack32(type, w + (size_t)r * ws + (size_t)b * bb, &d, &m);
             __m256i aw = unsig ? wq : _mm256_sign_epi8(wq, wq);
             const __m256 dv = _mm256_set1_ps(d); /* d*dx as a vector op on a broadcast load */
@@ -216,6 +225,7 @@ INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)b * bb;
+            if (NT == 1) prefetch_span(blk + (size_t)NR * ws, bb);
             const uint8_t *qs = blk + (q5 ? 48 : 16);
             float d = f16(blk), dmin = f16(blk + 2);
             /* the 12 packed bytes -> bytes sc[0..7], m[0..7] (6 bits each, see
@@ -293,6 +303,7 @@ INL void tile_q6k(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)b * 210;
+            if (NT == 1) prefetch_span(blk + (size_t)NR * ws, 210);
             const int8_t *sc = (const int8_t *)(blk + 192);
             float d = f16(blk + 208);
             /* scales as int16: lo = groups 0..7, hi = groups 8..15, each in both lanes */
