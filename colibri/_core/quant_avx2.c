@@ -103,6 +103,9 @@ INL void prefetch_span(const uint8_t *p, size_t bytes) {
 
 INL float f16(const uint8_t *p) { return _cvtsh_ss(cb_rd16(p)); }
 
+/* An f16 broadcast to 8 floats: a broadcast load and one conversion. */
+INL __m256 f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_set1_epi16((short)cb_rd16(p))); }
+
 /* 16 bytes of nibbles -> 32 bytes: values 0..15 from the low nibbles, 16..31 from the high. */
 INL __m256i nibbles(const uint8_t *p) {
     __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
@@ -121,27 +124,27 @@ INL __m256i fifth_bits(const uint8_t *p) {
 }
 
 /* Unpacks one block: w (signed int8 for the symmetric types, unsigned for Q4_1/Q5_1), d, m. */
-INL __m256i unpack32(int type, const uint8_t *b, float *d, float *m) {
+INL __m256i unpack32(int type, const uint8_t *b, __m256 *d, float *m) {
     switch (type) {
     case CB_TYPE_Q4_0: /* unsigned here; the zero point 8 is taken out with isum */
-        *d = f16(b);
+        *d = f16x8(b);
         return nibbles(b + 2);
     case CB_TYPE_Q4_1:
-        *d = f16(b);
+        *d = f16x8(b);
         *m = f16(b + 2);
         return nibbles(b + 4);
     case CB_TYPE_Q5_0: /* unsigned here; the zero point 16 is taken out with isum */
-        *d = f16(b);
+        *d = f16x8(b);
         return _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2));
     case CB_TYPE_Q5_1:
-        *d = f16(b);
+        *d = f16x8(b);
         *m = f16(b + 2);
         return _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4));
     case CB_TYPE_Q8_0:
-        *d = f16(b);
+        *d = f16x8(b);
         return _mm256_loadu_si256((const __m256i *)(const void *)(b + 2));
     default: { /* MXFP4 */
-        *d = cb_e8m0_half(b[0]);
+        *d = _mm256_set1_ps(cb_e8m0_half(b[0]));
         const __m256i table = _mm256_broadcastsi128_si256(
             _mm_loadu_si128((const __m128i *)(const void *)cb_mxfp4_values));
         return _mm256_shuffle_epi8(table, nibbles(b + 1));
@@ -181,11 +184,11 @@ INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
     for (int64_t b = 0; b < nb; b++) {
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
-            float d, m = 0.0f;
+            __m256 dv;
+            float m = 0.0f;
             if (NT == 1) __builtin_prefetch(w + (size_t)(r + NR) * ws + (size_t)b * bb, 0, 3);
-            __m256i wq = unpack32(type, w + (size_t)r * ws + (size_t)b * bb, &d, &m);
+            __m256i wq = unpack32(type, w + (size_t)r * ws + (size_t)b * bb, &dv, &m);
             __m256i aw = unsig ? wq : _mm256_sign_epi8(wq, wq);
-            const __m256 dv = _mm256_set1_ps(d); /* d*dx as a vector op on a broadcast load */
             #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
                 const cb_q8a_t *a = (const cb_q8a_t *)(const void *)(x + (size_t)t * xs) + b;
