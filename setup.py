@@ -58,6 +58,9 @@ extensions = [
         extra_compile_args=[f for f in cflags if f != "-std=c11"] + ["-Wno-unused-function"],
         extra_link_args=["-pthread"],
         libraries=["m"],
+        # relink (and recompile) when any C source or header of the static library changes
+        depends=c_sources + sorted(glob.glob("include/colibri/*.h") + glob.glob("colibri/_core/*.h")
+                                   + glob.glob("cuda/*.h")),
     )
     for p in pyx_modules
 ]

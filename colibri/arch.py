@@ -230,9 +230,11 @@ class _Reader:
         raw = self.gf.data(name)
         if t.type == F32:
             return raw.view(np.float32)
-        from gguf import quants
+        from gguf import GGMLQuantizationType, quants
 
-        arr = np.ascontiguousarray(quants.dequantize(raw, t.type).reshape(-1), dtype=np.float32)
+        arr = np.ascontiguousarray(
+            quants.dequantize(raw, GGMLQuantizationType(t.type)).reshape(-1), dtype=np.float32
+        )
         self.keep.append(arr)
         return arr
 

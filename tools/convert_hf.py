@@ -254,7 +254,7 @@ def write_tokenizer(w: gguf.GGUFWriter, model_dir: Path, cfg: dict[str, Any], pr
             merges.append(m if isinstance(m, str) else " ".join(m))
     else:
         # Placeholder: the 256 byte tokens, then merges of byte pairs up to vocab_size.
-        byte_chars = _bytes_to_unicode()
+        byte_chars = bytes_to_unicode()
         tokens = [byte_chars[i] for i in range(min(256, vocab_size))]
         letters = [byte_chars[b] for b in range(ord("a"), ord("z") + 1)]
         pairs = ((a, b) for a in letters for b in letters)
@@ -278,7 +278,8 @@ def write_tokenizer(w: gguf.GGUFWriter, model_dir: Path, cfg: dict[str, Any], pr
     w.add_add_bos_token(False)
 
 
-def _bytes_to_unicode() -> list[str]:
+def bytes_to_unicode() -> list[str]:
+    """GPT-2's byte -> printable character table (byte-level BPE token spelling)."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
     cs = bs[:]
     n = 0

