@@ -247,7 +247,8 @@ INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
             __m256i isum[4];
             #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) isum[t] = _mm256_setzero_si256();
-            #pragma GCC unroll 8
+            /* not unrolled: unrolling makes GCC hoist all four chunks and spill */
+            #pragma GCC unroll 1
             for (int j2 = 0; j2 < 4; j2++) {
                 __m256i qb = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * j2));
                 __m256i lo = _mm256_and_si256(qb, m4);
@@ -316,7 +317,7 @@ INL void tile_q6k(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size
             __m256i isum[4];
             #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) isum[t] = _mm256_setzero_si256();
-            #pragma GCC unroll 8
+            #pragma GCC unroll 1
             for (int h = 0; h < 2; h++) {
                 const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
                 __m256i qa = _mm256_loadu_si256((const __m256i *)(const void *)ql);
