@@ -182,28 +182,34 @@ INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
             off[r][t] = 0.0f;
         }
     for (int64_t b = 0; b < nb; b++) {
+        /* unpack the NR weight blocks once, then let every token pass over them (each token's
+         * scale and sum are broadcast once per block, not once per row) */
+        __m256i wq[2], aw[2];
+        __m256 dv[2];
+        float m[2] = {0.0f, 0.0f};
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
-            __m256 dv;
-            float m = 0.0f;
             if (NT == 1) __builtin_prefetch(w + (size_t)(r + NR) * ws + (size_t)b * bb, 0, 3);
-            __m256i wq = unpack32(type, w + (size_t)r * ws + (size_t)b * bb, &dv, &m);
-            __m256i aw = unsig ? wq : _mm256_sign_epi8(wq, wq);
+            wq[r] = unpack32(type, w + (size_t)r * ws + (size_t)b * bb, &dv[r], &m[r]);
+            aw[r] = unsig ? wq[r] : _mm256_sign_epi8(wq[r], wq[r]);
+        }
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            const cb_q8a_t *a = (const cb_q8a_t *)(const void *)(x + (size_t)t * xs) + b;
+            const __m256 dx = _mm256_broadcast_ss(&a->d);
+            const __m256i zs = _mm256_set1_epi32(a->isum);
             #pragma GCC unroll 8
-            for (int t = 0; t < NT; t++) {
-                const cb_q8a_t *a = (const cb_q8a_t *)(const void *)(x + (size_t)t * xs) + b;
+            for (int r = 0; r < NR; r++) {
                 __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)a->qs);
-                if (!unsig) xv = _mm256_sign_epi8(xv, wq);
-                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones);
+                if (!unsig) xv = _mm256_sign_epi8(xv, wq[r]);
+                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], xv), ones);
                 if (zp) {
-                    __m256i zs = _mm256_set1_epi32(a->isum);
                     p = _mm256_sub_epi32(p, zs);
                     if (zp == 2) p = _mm256_sub_epi32(p, zs);
                 }
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
-                                            _mm256_mul_ps(dv, _mm256_broadcast_ss(&a->d)),
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dv[r], dx),
                                             acc[r][t]);
-                if (offset) off[r][t] += m * a->s;
+                if (offset) off[r][t] += m[r] * a->s;
             }
         }
     }
