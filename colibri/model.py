@@ -72,10 +72,55 @@ def _check_memory(path: str, need: int) -> None:
         )
 
 
+_UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
+          "T": 10**12, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_budget(budget: str | float | int | None, expert_bytes: int) -> int | None:
+    """Bytes of an expert budget: "4GB" / "512MiB" / "1e9" (bytes), an int (bytes), a float in
+    (0, 1] (a fraction of the experts' size) or None (no budget)."""
+    if budget is None:
+        return None
+    if isinstance(budget, bool):
+        raise ValueError(f"expert budget {budget!r}: expected bytes, a size string or a fraction")
+    if isinstance(budget, float):
+        if not 0.0 < budget <= 1.0:
+            raise ValueError(f"expert budget {budget}: a float is a fraction of the experts' size "
+                             f"and must be in (0, 1]")
+        return max(1, int(budget * expert_bytes))
+    if isinstance(budget, int):
+        if budget <= 0:
+            raise ValueError(f"expert budget {budget} must be positive")
+        return budget
+    text = str(budget).strip().upper().replace(" ", "")
+    num = text.rstrip("KMGTIB")
+    unit = text[len(num):]
+    try:
+        value = float(num)
+    except ValueError:
+        raise ValueError(f"expert budget {budget!r}: expected e.g. '4GB', '512MiB' or a "
+                         f"fraction such as 0.5") from None
+    if unit not in _UNITS or not value > 0 or value != value:
+        raise ValueError(f"expert budget {budget!r}: expected e.g. '4GB', '512MiB' or a "
+                         f"fraction such as 0.5")
+    if unit == "" and value <= 1.0 and "." in num:
+        return max(1, int(value * expert_bytes))
+    return int(value * _UNITS[unit])
+
+
+def min_expert_slots(desc: ModelDesc, max_batch: int) -> int:
+    """The most experts one MoE layer can need in one batch: over the layers,
+    min(n_expert, n_expert_used * max_batch). Every budgeted store holds at least that many."""
+    return max([min(L.n_expert, L.n_expert_used * max_batch) for L in desc.layers
+                if L.n_expert > 0] or [1])
+
+
 class Model:
     """A GGUF language model.
 
-    Model(path=None, threads=None, ctx=None, max_batch=None, kv_dtype="f32")
+    Model(path=None, threads=None, ctx=None, max_batch=None, kv_dtype="f32",
+          expert_mode=None, expert_budget=None, expert_policy="lru", pin=None,
+          mlock_experts=False)
 
     Each knob: the argument when given, else its environment variable, else the default.
 
@@ -84,7 +129,20 @@ class Model:
     - ctx: KV cache size in tokens, shared by all live sequences (COLIBRI_KV_CACHE_SIZE,
       default 4096).
     - max_batch: tokens per forward batch (COLIBRI_MAX_BATCH, default 512).
-    - kv_dtype: "f32" (exact) or "f16" (half the KV memory, an approximation).
+    - kv_dtype: "f32" (exact) or "f16" (half the KV memory, an approximation; with it the
+      attention rounds q and the probabilities to f16 as llama.cpp does).
+    - dequantize: expand every weight to float32 at load (4 bytes per weight): exact products
+      instead of llama.cpp-style 8-bit activations, for comparing implementations.
+    - expert_mode (MoE models): "mapped" (the whole file mapping, the full-RAM path), "cache"
+      (a slot pool of expert_budget bytes filled with pread) or "mmap" (the mapping with the
+      resident experts trimmed to expert_budget by madvise/fadvise). Default: "mapped"
+      without a budget, "cache" with one (COLIBRI_EXPERT_MODE).
+    - expert_budget: bytes of experts kept resident: "4GB", "512MiB", an int, or a float in
+      (0, 1] (a fraction of the experts' size) (COLIBRI_EXPERT_BUDGET). The pool is raised to
+      hold at least the experts one layer can need in one batch (see min_expert_slots).
+    - expert_policy: "lru" or "lfru" (frequency-aware with aging).
+    - pin: [(layer, expert), ...] loaded at start and never evicted.
+    Logits never depend on the expert mode, budget or policy.
     """
 
     def __init__(
@@ -95,6 +153,12 @@ class Model:
         max_batch: int | None = None,
         kv_dtype: str = "f32",
         tokenizer: bool = True,
+        dequantize: bool = False,
+        expert_mode: str | None = None,
+        expert_budget: str | float | int | None = None,
+        expert_policy: str = "lru",
+        pin: Sequence[tuple[int, int]] | None = None,
+        mlock_experts: bool = False,
     ) -> None:
         t0 = time.perf_counter()
         self.path = os.fspath(path) if path is not None else default_model_path()
@@ -103,7 +167,7 @@ class Model:
         self.threads = _env_int("COLIBRI_ROUTING_THREADS", threads, os.cpu_count() or 1)
         self.ctx = _env_int("COLIBRI_KV_CACHE_SIZE", ctx, 4096)
         self.max_batch = _env_int("COLIBRI_MAX_BATCH", max_batch, 512)
-        self.gguf, self.desc = open_model(self.path)
+        self.gguf, self.desc = open_model(self.path, dequantize)
         d: ModelDesc = self.desc
         self.n_vocab = d.n_vocab
         self.n_embd = d.n_embd
@@ -116,11 +180,35 @@ class Model:
         _check_memory(self.path, d.dense_bytes() + max(self.ctx, 1) * stride)
         self.arena = KVArena(max(self.ctx, 1) * stride + (1 << 20))
         self.kv = KVCache(self.arena, d.n_layer, d.n_head_kv, d.head_dim, kv_dtype)
-        self.experts = _fw.ExpertStore(d) if d.is_moe else None
+        self.experts = self._make_store(expert_mode, expert_budget, expert_policy, pin,
+                                        mlock_experts) if d.is_moe else None
         self.pool = _quant.ThreadPool(self.threads)
         self._fw = _fw.Forward(d, self.kv, self.experts, self.pool, self.max_batch)
         self.load_s = time.perf_counter() - t0
         self.last_stats: Any = None
+
+    def _make_store(self, mode: str | None, budget: str | float | int | None, policy: str,
+                    pin: Sequence[tuple[int, int]] | None, mlock: bool) -> Any:
+        d = self.desc
+        if budget is None and os.environ.get("COLIBRI_EXPERT_BUDGET"):
+            budget = os.environ["COLIBRI_EXPERT_BUDGET"]
+        if mode is None:
+            mode = os.environ.get("COLIBRI_EXPERT_MODE") or None
+        nbytes = parse_budget(budget, d.expert_bytes())
+        if mode is None:
+            mode = "mapped" if nbytes is None else "cache"
+        if mode not in ("mapped", "cache", "mmap"):
+            raise ValueError(f"expert_mode {mode!r}: expected 'mapped', 'cache' or 'mmap'")
+        if mode != "mapped" and nbytes is None:
+            nbytes = d.expert_bytes()
+        store = _fw.ExpertStore(d, mode=mode, path=self.path, budget_bytes=nbytes or 0,
+                                policy=policy, min_slots=min_expert_slots(d, self.max_batch),
+                                mlock=mlock)
+        for layer, expert in pin or ():
+            if not 0 <= int(layer) < d.n_layer or d.layers[int(layer)].n_expert == 0:
+                raise ValueError(f"pin: layer {layer} has no experts")
+            store.pin(int(layer), int(expert))
+        return store
 
     # ---- metadata ----
 
@@ -302,9 +390,22 @@ class Model:
     # ---- statistics ----
 
     def expert_stats(self, layer: int = -1) -> dict[str, float]:
+        """Expert store statistics of one layer or all (layer=-1): uses, acquired, hits, misses,
+        bytes_read, wait_s, evictions, resident, resident_bytes. {} for a dense model."""
         if self.experts is None:
             return {}
         return dict(self.experts.stats(layer))
+
+    def expert_info(self) -> dict[str, Any]:
+        """The expert store: mode, policy, n_slots, n_pinned, slot_bytes, pool_bytes,
+        expert_bytes. {} for a dense model."""
+        if self.experts is None:
+            return {}
+        return dict(self.experts.info())
+
+    def reset_expert_stats(self) -> None:
+        if self.experts is not None:
+            self.experts.reset_stats()
 
     def route_counts(self, layer: int) -> np.ndarray:
         if self.experts is None:
@@ -312,4 +413,4 @@ class Model:
         return np.asarray(self.experts.route_counts(layer))
 
 
-__all__ = ["Model", "UnsupportedModel", "default_model_path"]
+__all__ = ["Model", "UnsupportedModel", "default_model_path", "min_expert_slots", "parse_budget"]

@@ -5,13 +5,16 @@ from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t, 
 from libc.stdlib cimport calloc, free
 from libc.string cimport memset
 
+import os
+
 import numpy as np
 
 from colibri._core.quant cimport cb_matrix_t
 from colibri._core.threadpool cimport cb_threadpool_t
 from colibri._core.arena cimport cb_kvcache_t
 from colibri._core.forward cimport (
-    cb_experts_t, cb_experts_layer_t, cb_experts_layer_stats_t, cb_experts_new_mapped,
+    cb_experts_t, cb_experts_layer_t, cb_experts_layer_stats_t, cb_experts_params_t,
+    cb_experts_info_t, cb_experts_default_params, cb_experts_new, cb_experts_info, cb_experts_pin,
     cb_experts_free, cb_experts_stats, cb_experts_route_counts, cb_experts_reset_stats,
     cb_layer_desc_t, cb_model_desc_t, cb_forward_t, cb_batch_t, cb_forward_new, cb_forward_free,
     cb_forward_run,
@@ -45,17 +48,48 @@ cdef inline const float *_vec(object v, str what) except? NULL:
     return <const float *>_addr(v, np.float32, what)
 
 
+_MODES = {"mapped": 0, "cache": 1, "mmap": 2}
+_POLICIES = {"lru": 0, "lfru": 1}
+
+
 cdef class ExpertStore:
-    """The mapped expert store over a model's stacked expert tensors (owns a cb_experts_t)."""
+    """The expert store over a model's stacked expert tensors (owns a cb_experts_t).
+
+    ExpertStore(desc, mode="mapped", path=None, budget_bytes=0, policy="lru", min_slots=1,
+    huge_pages=True, mlock=False). Cache and mmap modes read/advise the file `path`; the
+    ranges come from the description's validated TensorInfo offsets."""
     cdef cb_experts_t *s
     cdef object desc
     cdef readonly int n_layers
+    cdef readonly str mode, policy
 
-    def __cinit__(self, desc):
+    def __cinit__(self, desc, str mode="mapped", path=None, budget_bytes=0, str policy="lru",
+                  int min_slots=1, bint huge_pages=True, bint mlock=False):
         self.s = NULL
         self.desc = desc
+        if mode not in _MODES:
+            raise ValueError(f"expert mode {mode!r}: expected one of {sorted(_MODES)}")
+        if policy not in _POLICIES:
+            raise ValueError(f"expert policy {policy!r}: expected one of {sorted(_POLICIES)}")
+        if mode != "mapped" and path is None:
+            raise ValueError(f"expert mode {mode!r} needs the model path")
+        if budget_bytes < 0:
+            raise ValueError(f"expert budget {budget_bytes} is negative")
+        self.mode, self.policy = mode, policy
         n = len(desc.layers)
         self.n_layers = n
+        cdef cb_experts_params_t p = cb_experts_default_params()
+        cdef cb_status st = CB_OK
+        cdef int32_t nl = <int32_t>n
+        cdef cb_experts_t *sp = NULL
+        p.mode = _MODES[mode]
+        p.policy = _POLICIES[policy]
+        p.budget_bytes = <uint64_t>min(int(budget_bytes), 2**63)
+        p.min_slots = min_slots
+        p.huge_pages = huge_pages
+        p.mlock = mlock
+        bpath = os.fsencode(path) if path is not None else None
+        p.path = <const char *>bpath if bpath is not None else NULL
         cdef cb_experts_layer_t *ls = <cb_experts_layer_t *>calloc(n + 1, sizeof(cb_experts_layer_t))
         if ls == NULL:
             raise MemoryError("no memory for the expert table")
@@ -76,9 +110,30 @@ cdef class ExpertStore:
                 ls[i].gate_stride = X.gate_stride
                 ls[i].up_stride = X.up_stride
                 ls[i].down_stride = X.down_stride
-            check(cb_experts_new_mapped(ls, <int32_t>n, &self.s))
+                ls[i].gate_off = X.gate_info.offset
+                ls[i].up_off = X.up_info.offset
+                ls[i].down_off = X.down_info.offset
+            with nogil:
+                st = cb_experts_new(&p, ls, nl, &sp)
+            self.s = sp
+            check(st)
         finally:
             free(ls)
+
+    def info(self):
+        """mode, policy, n_slots, n_pinned, slot_bytes, pool_bytes, expert_bytes."""
+        cdef cb_experts_info_t x
+        check(cb_experts_info(self.s, &x))
+        return {"mode": self.mode, "policy": self.policy, "n_slots": x.n_slots,
+                "n_pinned": x.n_pinned, "slot_bytes": x.slot_bytes, "pool_bytes": x.pool_bytes,
+                "expert_bytes": x.expert_bytes}
+
+    def pin(self, int layer, int expert):
+        """Load expert (layer, expert) and never evict it (cache and mmap modes)."""
+        cdef cb_status st
+        with nogil:
+            st = cb_experts_pin(self.s, layer, expert)
+        check(st)
 
     def __dealloc__(self):
         cb_experts_free(self.s)
@@ -92,7 +147,9 @@ cdef class ExpertStore:
         cdef cb_experts_layer_stats_t st
         check(cb_experts_stats(self.s, layer, &st))
         return {"uses": st.uses, "acquired": st.acquired, "hits": st.hits, "misses": st.misses,
-                "bytes_read": st.bytes_read, "wait_s": st.wait_ns * 1e-9}
+                "bytes_read": st.bytes_read, "wait_s": st.wait_ns * 1e-9,
+                "evictions": st.evictions, "resident": st.resident,
+                "resident_bytes": st.resident_bytes}
 
     def route_counts(self, int layer):
         """How often each expert of a layer was chosen (numpy uint64 [n_expert])."""

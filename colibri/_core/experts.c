@@ -1,27 +1,314 @@
-/* Expert store (see include/colibri/experts.h). This file holds the mapped store: addresses
- * are computed from the borrowed bases, nothing is copied. Per-layer statistics and per-expert
- * routing counts live in tables allocated once at creation (no allocation in acquire).
- * Invariant: counts has sum over layers of n_expert entries, offsets[l] indexes layer l. */
+/* Expert store (see include/colibri/experts.h): the mapped store (addresses into the caller's
+ * file mapping), the cache store (a slot pool filled with pread) and the mmap store (the
+ * mapping plus a tracked resident set trimmed with madvise/fadvise).
+ *
+ * Bookkeeping shared by cache and mmap: every (layer, expert) has a global index
+ * g = offsets[layer] + expert; slot_of[g] is its slot or -1; a slot knows its owner g, whether
+ * it is locked (acquired and not yet released) or pinned. Unlocked, unpinned resident slots -
+ * and only those - are in the eviction structure: a doubly linked list (LRU: head = least
+ * recent) or a binary min-heap on (key, tick) (LFRU). Free slots sit on a stack. So a lookup is
+ * O(1), a victim O(1) (LRU) or O(log n) (LFRU), and an expert in use cannot be chosen.
+ * Invariants: slot_of[owner[k]] == k for every used slot k; a slot is in exactly one of
+ * {free stack, eviction structure, locked, pinned}.
+ * Per-layer statistics and per-expert routing counts live in tables allocated once; acquire
+ * allocates nothing. */
 #include "colibri/experts.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SLOT_ALIGN 64u
+#define POOL_ALIGN ((size_t)2 << 20)
+
+typedef struct slot {
+    int32_t owner;   /* global expert index, -1 free */
+    int32_t prev, next; /* LRU links (-1 none) */
+    int32_t heap_pos;   /* LFRU position, -1 when not in the heap */
+    uint8_t locked, pinned, in_lru;
+    uint64_t key, tick; /* LFRU key and last-use tick */
+} slot_t;
 
 struct cb_experts {
     int32_t n_layers;
+    int32_t mode, policy;
     cb_experts_layer_t *layers;        /* owned copy */
     cb_experts_layer_stats_t *stats;   /* [n_layers] */
     uint64_t *counts;                  /* per (layer, expert) routings */
     size_t *offsets;                   /* [n_layers] start of a layer's counts */
+    size_t total;                      /* experts of all layers */
+    uint64_t expert_bytes;
+    /* cache / mmap */
+    int fd;
+    int32_t n_slots, n_pinned, min_slots;
+    size_t slot_bytes;
+    uint8_t *pool;                     /* cache: n_slots * slot_bytes (mapped) */
+    size_t pool_map_bytes;
+    int32_t *slot_of;                  /* [total] */
+    int32_t *layer_of;                 /* [total] layer of a global index */
+    uint64_t *freq;                    /* [total] acquisitions ever (LFRU) */
+    slot_t *slots;                     /* [n_slots] */
+    int32_t *free_stack, n_free;
+    int32_t lru_head, lru_tail;
+    int32_t *heap, n_heap;
+    uint64_t age, tick;
+    size_t page;
 };
 
-cb_status cb_experts_new_mapped(const cb_experts_layer_t *layers, int32_t n_layers,
-                                cb_experts_t **out) {
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+/* bytes of one expert's three matrices in layer l (unaligned) */
+static uint64_t layer_expert_bytes(const cb_experts_layer_t *L) {
+    return (uint64_t)L->gate_stride + L->up_stride + L->down_stride;
+}
+
+cb_experts_params_t cb_experts_default_params(void) {
+    cb_experts_params_t p;
+    memset(&p, 0, sizeof p);
+    p.mode = CB_EXPERTS_MAPPED;
+    p.policy = CB_EXPERTS_LRU;
+    p.min_slots = 1;
+    p.huge_pages = 1;
+    return p;
+}
+
+/* ---- eviction structures ---- */
+
+static int heap_less(const cb_experts_t *s, int32_t a, int32_t b) {
+    const slot_t *x = &s->slots[a], *y = &s->slots[b];
+    return x->key < y->key || (x->key == y->key && x->tick < y->tick);
+}
+
+static void heap_swap(cb_experts_t *s, int32_t i, int32_t j) {
+    int32_t a = s->heap[i], b = s->heap[j];
+    s->heap[i] = b;
+    s->heap[j] = a;
+    s->slots[b].heap_pos = i;
+    s->slots[a].heap_pos = j;
+}
+
+static void heap_up(cb_experts_t *s, int32_t i) {
+    while (i > 0) {
+        int32_t p = (i - 1) / 2;
+        if (!heap_less(s, s->heap[i], s->heap[p])) break;
+        heap_swap(s, i, p);
+        i = p;
+    }
+}
+
+static void heap_down(cb_experts_t *s, int32_t i) {
+    for (;;) {
+        int32_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < s->n_heap && heap_less(s, s->heap[l], s->heap[m])) m = l;
+        if (r < s->n_heap && heap_less(s, s->heap[r], s->heap[m])) m = r;
+        if (m == i) return;
+        heap_swap(s, i, m);
+        i = m;
+    }
+}
+
+static void heap_remove(cb_experts_t *s, int32_t k) {
+    int32_t i = s->slots[k].heap_pos;
+    if (i < 0) return;
+    int32_t last = --s->n_heap;
+    if (i != last) {
+        heap_swap(s, i, last);
+        heap_down(s, i);
+        heap_up(s, i);
+    }
+    s->slots[k].heap_pos = -1;
+}
+
+static void lru_remove(cb_experts_t *s, int32_t k) {
+    slot_t *x = &s->slots[k];
+    if (!x->in_lru) return;
+    if (x->prev >= 0) s->slots[x->prev].next = x->next;
+    else s->lru_head = x->next;
+    if (x->next >= 0) s->slots[x->next].prev = x->prev;
+    else s->lru_tail = x->prev;
+    x->prev = x->next = -1;
+    x->in_lru = 0;
+}
+
+/* k becomes evictable (it was just released or loaded and unlocked) */
+static void evictable_add(cb_experts_t *s, int32_t k) {
+    slot_t *x = &s->slots[k];
+    x->tick = ++s->tick;
+    if (s->policy == CB_EXPERTS_LFRU) {
+        x->key = s->age + s->freq[x->owner];
+        x->heap_pos = s->n_heap;
+        s->heap[s->n_heap++] = k;
+        heap_up(s, x->heap_pos);
+    } else {
+        x->prev = s->lru_tail;
+        x->next = -1;
+        if (s->lru_tail >= 0) s->slots[s->lru_tail].next = k;
+        else s->lru_head = k;
+        s->lru_tail = k;
+        x->in_lru = 1;
+    }
+}
+
+static void evictable_remove(cb_experts_t *s, int32_t k) {
+    if (s->policy == CB_EXPERTS_LFRU) heap_remove(s, k);
+    else lru_remove(s, k);
+}
+
+/* the victim (removed from the structure), or -1 when every slot is locked or pinned */
+static int32_t evictable_pop(cb_experts_t *s) {
+    int32_t k;
+    if (s->policy == CB_EXPERTS_LFRU) {
+        if (s->n_heap == 0) return -1;
+        k = s->heap[0];
+        if (s->slots[k].key > s->age) s->age = s->slots[k].key;
+        heap_remove(s, k);
+    } else {
+        k = s->lru_head;
+        if (k < 0) return -1;
+        lru_remove(s, k);
+    }
+    return k;
+}
+
+/* ---- file ranges ---- */
+
+static void expert_ranges(const cb_experts_t *s, int32_t g, uint64_t off[3], size_t len[3],
+                          const uint8_t *addr[3]) {
+    int32_t l = s->layer_of[g];
+    const cb_experts_layer_t *L = &s->layers[l];
+    size_t e = (size_t)g - s->offsets[l];
+    off[0] = L->gate_off + e * L->gate_stride;
+    off[1] = L->up_off + e * L->up_stride;
+    off[2] = L->down_off + e * L->down_stride;
+    len[0] = L->gate_stride;
+    len[1] = L->up_stride;
+    len[2] = L->down_stride;
+    addr[0] = L->gate_base + e * L->gate_stride;
+    addr[1] = L->up_base + e * L->up_stride;
+    addr[2] = L->down_base + e * L->down_stride;
+}
+
+static cb_status pread_all(int fd, uint8_t *dst, size_t len, uint64_t off) {
+    while (len > 0) {
+        ssize_t r = pread(fd, dst, len, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0)
+            return cb_fail(CB_STATUS_IO, "experts: pread of %zu bytes at %llu failed: %s", len,
+                           (unsigned long long)off, strerror(errno));
+        if (r == 0)
+            return cb_fail(CB_STATUS_IO, "experts: the model file ends before byte %llu",
+                           (unsigned long long)off);
+        dst += r;
+        len -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return CB_OK;
+}
+
+/* the whole pages inside [p, p + len) */
+static void advise_inner(const cb_experts_t *s, const uint8_t *p, size_t len, int advice) {
+    uintptr_t a = align_up((uintptr_t)p, s->page), b = ((uintptr_t)p + len) / s->page * s->page;
+    if (b > a) (void)madvise((void *)a, b - a, advice);
+}
+
+/* the slot k now holds expert g (cache: read it; mmap: hint it) */
+static cb_status fill_slot(cb_experts_t *s, int32_t k, int32_t g) {
+    uint64_t off[3];
+    size_t len[3];
+    const uint8_t *addr[3];
+    expert_ranges(s, g, off, len, addr);
+    int32_t l = s->layer_of[g];
+    if (s->mode == CB_EXPERTS_CACHE) {
+        uint8_t *dst = s->pool + (size_t)k * s->slot_bytes;
+        for (int i = 0; i < 3; i++) {
+            cb_status rs = pread_all(s->fd, dst, len[i], off[i]);
+            if (rs != CB_OK) return rs;
+            dst += align_up(len[i], SLOT_ALIGN);
+        }
+    } else {
+        for (int i = 0; i < 3; i++) advise_inner(s, addr[i], len[i], MADV_WILLNEED);
+    }
+    s->stats[l].bytes_read += (uint64_t)len[0] + len[1] + len[2];
+    s->stats[l].resident++;
+    s->stats[l].resident_bytes += (uint64_t)len[0] + len[1] + len[2];
+    return CB_OK;
+}
+
+/* the slot k's owner leaves (eviction or a failed read) */
+static void drop_owner(cb_experts_t *s, int32_t k, int evicted) {
+    int32_t g = s->slots[k].owner;
+    if (g < 0) return;
+    int32_t l = s->layer_of[g];
+    uint64_t off[3];
+    size_t len[3];
+    const uint8_t *addr[3];
+    expert_ranges(s, g, off, len, addr);
+    if (s->mode == CB_EXPERTS_MMAP) {
+        for (int i = 0; i < 3; i++) {
+            advise_inner(s, addr[i], len[i], MADV_DONTNEED);
+            (void)posix_fadvise(s->fd, (off_t)off[i], (off_t)len[i], POSIX_FADV_DONTNEED);
+        }
+    }
+    s->slot_of[g] = -1;
+    s->slots[k].owner = -1;
+    s->stats[l].resident--;
+    s->stats[l].resident_bytes -= (uint64_t)len[0] + len[1] + len[2];
+    if (evicted) s->stats[l].evictions++;
+}
+
+static void refs_of(const cb_experts_t *s, int32_t g, cb_expert_ref_t *r) {
+    int32_t l = s->layer_of[g];
+    const cb_experts_layer_t *L = &s->layers[l];
+    if (s->mode == CB_EXPERTS_CACHE) {
+        const uint8_t *p = s->pool + (size_t)s->slot_of[g] * s->slot_bytes;
+        r->gate = p;
+        p += align_up(L->gate_stride, SLOT_ALIGN);
+        r->up = p;
+        p += align_up(L->up_stride, SLOT_ALIGN);
+        r->down = p;
+    } else {
+        size_t e = (size_t)g - s->offsets[l];
+        r->gate = L->gate_base + e * L->gate_stride;
+        r->up = L->up_base + e * L->up_stride;
+        r->down = L->down_base + e * L->down_stride;
+    }
+}
+
+/* a free slot or a victim's (emptied), or -1 */
+static int32_t take_slot(cb_experts_t *s) {
+    if (s->n_free > 0) return s->free_stack[--s->n_free];
+    int32_t k = evictable_pop(s);
+    if (k >= 0) drop_owner(s, k, 1);
+    return k;
+}
+
+/* ---- creation ---- */
+
+cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t *layers,
+                         int32_t n_layers, cb_experts_t **out) {
     if (!out) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: out is NULL");
     *out = NULL;
+    if (!p) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: params is NULL");
+    if (p->mode < CB_EXPERTS_MAPPED || p->mode > CB_EXPERTS_MMAP)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: unknown mode %d", (int)p->mode);
+    if (p->policy < CB_EXPERTS_LRU || p->policy > CB_EXPERTS_LFRU)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: unknown policy %d", (int)p->policy);
     if (n_layers < 0 || (n_layers > 0 && !layers))
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: %d layers", (int)n_layers);
     size_t total = 0;
+    uint64_t all_bytes = 0;
+    size_t slot_bytes = 0;
     for (int32_t l = 0; l < n_layers; l++) {
         const cb_experts_layer_t *L = &layers[l];
         if (L->n_expert < 0 || L->n_expert > (1 << 20))
@@ -31,11 +318,29 @@ cb_status cb_experts_new_mapped(const cb_experts_layer_t *layers, int32_t n_laye
                                 L->n_embd <= 0))
             return cb_fail(CB_STATUS_INVALID_ARGUMENT,
                            "experts: layer %d has experts but no tensors or shape", l);
+        if (L->n_expert > 0 && (L->gate_stride == 0 || L->up_stride == 0 || L->down_stride == 0 ||
+                                L->gate_stride > ((size_t)1 << 40) ||
+                                L->up_stride > ((size_t)1 << 40) ||
+                                L->down_stride > ((size_t)1 << 40)))
+            return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: layer %d has bad strides", l);
         total += (size_t)L->n_expert;
+        all_bytes += (uint64_t)L->n_expert * layer_expert_bytes(L);
+        size_t sb = align_up(L->gate_stride, SLOT_ALIGN) + align_up(L->up_stride, SLOT_ALIGN) +
+                    align_up(L->down_stride, SLOT_ALIGN);
+        if (L->n_expert > 0 && sb > slot_bytes) slot_bytes = sb;
     }
+    if (total > (size_t)1 << 30)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: %zu experts", total);
     cb_experts_t *s = calloc(1, sizeof *s);
     if (!s) return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: no memory for the store");
+    s->fd = -1;
+    s->lru_head = s->lru_tail = -1;
     s->n_layers = n_layers;
+    s->mode = p->mode;
+    s->policy = p->policy;
+    s->total = total;
+    s->expert_bytes = all_bytes;
+    s->page = (size_t)sysconf(_SC_PAGESIZE);
     s->layers = calloc((size_t)n_layers + 1, sizeof *s->layers);
     s->stats = calloc((size_t)n_layers + 1, sizeof *s->stats);
     s->counts = calloc(total + 1, sizeof *s->counts);
@@ -51,17 +356,151 @@ cb_status cb_experts_new_mapped(const cb_experts_layer_t *layers, int32_t n_laye
         s->offsets[l] = off;
         off += (size_t)layers[l].n_expert;
     }
+    if (p->mode == CB_EXPERTS_MAPPED || total == 0) {
+        s->mode = CB_EXPERTS_MAPPED;
+        *out = s;
+        return CB_OK;
+    }
+
+    /* cache / mmap: the file, its ranges, the slots */
+    if (!p->path) {
+        cb_experts_free(s);
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: mode %d needs the model path",
+                       (int)p->mode);
+    }
+    s->fd = open(p->path, O_RDONLY | O_CLOEXEC);
+    if (s->fd < 0) {
+        int err = errno;
+        cb_experts_free(s);
+        return cb_fail(err == ENOENT ? CB_STATUS_NOT_FOUND : CB_STATUS_IO,
+                       "experts: cannot open %s: %s", p->path, strerror(err));
+    }
+    struct stat st;
+    if (fstat(s->fd, &st) != 0) {
+        int err = errno;
+        cb_experts_free(s);
+        return cb_fail(CB_STATUS_IO, "experts: fstat of %s: %s", p->path, strerror(err));
+    }
+    for (int32_t l = 0; l < n_layers; l++) {
+        const cb_experts_layer_t *L = &layers[l];
+        if (L->n_expert == 0) continue;
+        const uint64_t offs[3] = {L->gate_off, L->up_off, L->down_off};
+        const size_t strides[3] = {L->gate_stride, L->up_stride, L->down_stride};
+        for (int i = 0; i < 3; i++)
+            if (offs[i] > (uint64_t)st.st_size ||
+                (uint64_t)L->n_expert * strides[i] > (uint64_t)st.st_size - offs[i]) {
+                cb_experts_free(s);
+                return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                               "experts: layer %d's experts (%d x %zu bytes at %llu) extend past "
+                               "the end of %s (%lld bytes)", l, (int)L->n_expert, strides[i],
+                               (unsigned long long)offs[i], p->path, (long long)st.st_size);
+            }
+    }
+    size_t max_expert = 0;
+    for (int32_t l = 0; l < n_layers; l++)
+        if (layers[l].n_expert > 0 && layer_expert_bytes(&layers[l]) > max_expert)
+            max_expert = (size_t)layer_expert_bytes(&layers[l]);
+    s->slot_bytes = p->mode == CB_EXPERTS_CACHE ? slot_bytes : max_expert;
+    uint64_t want = p->budget_bytes / s->slot_bytes;
+    int32_t min_slots = p->min_slots > 0 ? p->min_slots : 1;
+    if ((size_t)min_slots > total) min_slots = (int32_t)total;
+    if (want < (uint64_t)min_slots) want = (uint64_t)min_slots;
+    if (want > total) want = total;
+    s->n_slots = (int32_t)want;
+    s->min_slots = min_slots;
+    s->slot_of = malloc(total * sizeof *s->slot_of);
+    s->layer_of = malloc(total * sizeof *s->layer_of);
+    s->freq = calloc(total, sizeof *s->freq);
+    s->slots = calloc((size_t)s->n_slots, sizeof *s->slots);
+    s->free_stack = malloc((size_t)s->n_slots * sizeof *s->free_stack);
+    s->heap = malloc((size_t)s->n_slots * sizeof *s->heap);
+    if (!s->slot_of || !s->layer_of || !s->freq || !s->slots || !s->free_stack || !s->heap) {
+        cb_experts_free(s);
+        return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: no memory for %d slots",
+                       (int)want);
+    }
+    for (int32_t l = 0; l < n_layers; l++)
+        for (int32_t e = 0; e < layers[l].n_expert; e++) {
+            s->slot_of[s->offsets[l] + (size_t)e] = -1;
+            s->layer_of[s->offsets[l] + (size_t)e] = l;
+        }
+    for (int32_t k = 0; k < s->n_slots; k++) {
+        s->slots[k] = (slot_t){.owner = -1, .prev = -1, .next = -1, .heap_pos = -1};
+        s->free_stack[k] = s->n_slots - 1 - k;
+    }
+    s->n_free = s->n_slots;
+    if (p->mode == CB_EXPERTS_CACHE) {
+        size_t bytes = align_up((size_t)s->n_slots * s->slot_bytes, POOL_ALIGN);
+        void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) {
+            cb_experts_free(s);
+            return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: cannot map a pool of %d slots x "
+                           "%zu bytes", (int)want, slot_bytes);
+        }
+        s->pool = m;
+        s->pool_map_bytes = bytes;
+#ifdef MADV_HUGEPAGE
+        if (p->huge_pages) (void)madvise(m, bytes, MADV_HUGEPAGE);
+#endif
+        if (p->mlock && mlock(m, bytes) != 0) {
+            int err = errno;
+            cb_experts_free(s);
+            return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: mlock of the %zu-byte pool failed "
+                           "(%s; see ulimit -l)", bytes, strerror(err));
+        }
+    }
     *out = s;
     return CB_OK;
 }
 
+cb_status cb_experts_new_mapped(const cb_experts_layer_t *layers, int32_t n_layers,
+                                cb_experts_t **out) {
+    cb_experts_params_t p = cb_experts_default_params();
+    return cb_experts_new(&p, layers, n_layers, out);
+}
+
 void cb_experts_free(cb_experts_t *s) {
     if (!s) return;
+    if (s->pool) munmap(s->pool, s->pool_map_bytes);
+    if (s->fd >= 0) close(s->fd);
     free(s->layers);
     free(s->stats);
     free(s->counts);
     free(s->offsets);
+    free(s->slot_of);
+    free(s->layer_of);
+    free(s->freq);
+    free(s->slots);
+    free(s->free_stack);
+    free(s->heap);
     free(s);
+}
+
+cb_status cb_experts_info(const cb_experts_t *s, cb_experts_info_t *out) {
+    if (!s || !out) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: info of NULL");
+    memset(out, 0, sizeof *out);
+    out->mode = s->mode;
+    out->policy = s->policy;
+    out->n_slots = s->n_slots;
+    out->n_pinned = s->n_pinned;
+    out->slot_bytes = s->slot_bytes;
+    out->pool_bytes = s->pool_map_bytes;
+    out->expert_bytes = s->expert_bytes;
+    return CB_OK;
+}
+
+/* ---- acquire / release ---- */
+
+/* undo the locks taken by a failed acquire: ids[0..n) */
+static void unlock_ids(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n) {
+    for (int32_t i = 0; i < n; i++) {
+        int32_t e = ids[i];
+        if (e < 0 || e >= s->layers[layer].n_expert) continue;
+        int32_t k = s->slot_of[s->offsets[layer] + (size_t)e];
+        if (k < 0 || !s->slots[k].locked) continue;
+        s->slots[k].locked = 0;
+        if (!s->slots[k].pinned) evictable_add(s, k);
+    }
 }
 
 cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n,
@@ -70,29 +509,116 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: bad acquire (layer %d, n %d)",
                        (int)layer, (int)n);
     const cb_experts_layer_t *L = &s->layers[layer];
-    for (int32_t i = 0; i < n; i++) {
-        int32_t e = ids[i];
-        if (e < 0 || e >= L->n_expert)
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= L->n_expert)
             return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: layer %d has no expert %d",
-                           (int)layer, (int)e);
-        out[i].gate = L->gate_base + (size_t)e * L->gate_stride;
-        out[i].up = L->up_base + (size_t)e * L->up_stride;
-        out[i].down = L->down_base + (size_t)e * L->down_stride;
+                           (int)layer, (int)ids[i]);
+    cb_experts_layer_stats_t *st = &s->stats[layer];
+    for (int32_t i = 0; i < n; i++) {
         uint64_t u = uses ? (uint64_t)(uses[i] > 0 ? uses[i] : 0) : 1;
-        s->counts[s->offsets[layer] + (size_t)e] += u;
-        s->stats[layer].uses += u;
+        s->counts[s->offsets[layer] + (size_t)ids[i]] += u;
+        st->uses += u;
     }
-    s->stats[layer].acquired += (uint64_t)n;
-    s->stats[layer].hits += (uint64_t)n; /* mapped: resident as far as the store knows */
+    st->acquired += (uint64_t)n;
+    if (s->mode == CB_EXPERTS_MAPPED) {
+        for (int32_t i = 0; i < n; i++) {
+            size_t e = (size_t)ids[i];
+            out[i].gate = L->gate_base + e * L->gate_stride;
+            out[i].up = L->up_base + e * L->up_stride;
+            out[i].down = L->down_base + e * L->down_stride;
+        }
+        st->hits += (uint64_t)n; /* mapped: resident as far as the store knows */
+        return CB_OK;
+    }
+    uint64_t t0 = now_ns();
+    const size_t base = s->offsets[layer];
+    /* pass 1: lock the hits, so that no miss of this call evicts them */
+    for (int32_t i = 0; i < n; i++) {
+        size_t g = base + (size_t)ids[i];
+        s->freq[g]++;
+        int32_t k = s->slot_of[g];
+        if (k < 0 || s->slots[k].locked) continue;
+        if (!s->slots[k].pinned) evictable_remove(s, k);
+        s->slots[k].locked = 1;
+        st->hits++;
+    }
+    /* pass 2: load the misses into free slots or victims' */
+    for (int32_t i = 0; i < n; i++) {
+        size_t g = base + (size_t)ids[i];
+        if (s->slot_of[g] >= 0) continue; /* a hit, or a duplicate id loaded above */
+        int32_t k = take_slot(s);
+        if (k < 0) {
+            unlock_ids(s, layer, ids, n);
+            return cb_fail(CB_STATUS_OUT_OF_MEMORY,
+                           "experts: layer %d needs %d experts at once but the store has %d "
+                           "slots (%d pinned); raise the budget or lower max_batch",
+                           (int)layer, (int)n, (int)s->n_slots, (int)s->n_pinned);
+        }
+        s->slots[k].owner = (int32_t)g;
+        s->slot_of[g] = k;
+        cb_status rs = fill_slot(s, k, (int32_t)g);
+        if (rs != CB_OK) {
+            /* the slot was not filled: it goes back to the free stack */
+            s->slot_of[g] = -1;
+            s->slots[k].owner = -1;
+            s->free_stack[s->n_free++] = k;
+            unlock_ids(s, layer, ids, n);
+            return rs;
+        }
+        s->slots[k].locked = 1;
+        st->misses++;
+    }
+    for (int32_t i = 0; i < n; i++) refs_of(s, (int32_t)(base + (size_t)ids[i]), &out[i]);
+    st->wait_ns += now_ns() - t0;
     return CB_OK;
 }
 
 cb_status cb_experts_release(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n) {
-    (void)ids;
-    if (!s || layer < 0 || layer >= s->n_layers || n < 0)
+    if (!s || layer < 0 || layer >= s->n_layers || n < 0 || (n > 0 && !ids))
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: bad release (layer %d)", (int)layer);
+    if (s->mode == CB_EXPERTS_MAPPED) return CB_OK;
+    unlock_ids(s, layer, ids, n);
     return CB_OK;
 }
+
+cb_status cb_experts_pin(cb_experts_t *s, int32_t layer, int32_t expert) {
+    if (!s || layer < 0 || layer >= s->n_layers)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: cannot pin in layer %d", (int)layer);
+    if (expert < 0 || expert >= s->layers[layer].n_expert)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: cannot pin: layer %d has no expert %d",
+                       (int)layer, (int)expert);
+    if (s->mode == CB_EXPERTS_MAPPED)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: the mapped store cannot pin");
+    size_t g = s->offsets[layer] + (size_t)expert;
+    int32_t k = s->slot_of[g];
+    if (k >= 0 && s->slots[k].pinned) return CB_OK;
+    if (s->n_slots - s->n_pinned - 1 < s->min_slots)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                       "experts: pinning expert %d of layer %d would leave %d unpinned slots of "
+                       "%d, fewer than the %d one layer may need", (int)expert, (int)layer,
+                       (int)(s->n_slots - s->n_pinned - 1), (int)s->n_slots, (int)s->min_slots);
+    if (k >= 0) {
+        if (!s->slots[k].locked) evictable_remove(s, k);
+    } else {
+        k = take_slot(s);
+        if (k < 0)
+            return cb_fail(CB_STATUS_INTERNAL, "experts: no slot to pin into");
+        s->slots[k].owner = (int32_t)g;
+        s->slot_of[g] = k;
+        cb_status rs = fill_slot(s, k, (int32_t)g);
+        if (rs != CB_OK) {
+            s->slot_of[g] = -1;
+            s->slots[k].owner = -1;
+            s->free_stack[s->n_free++] = k;
+            return rs;
+        }
+    }
+    s->slots[k].pinned = 1;
+    s->n_pinned++;
+    return CB_OK;
+}
+
+/* ---- statistics ---- */
 
 cb_status cb_experts_stats(const cb_experts_t *s, int32_t layer, cb_experts_layer_stats_t *out) {
     if (!s || !out || layer < -1 || layer >= s->n_layers)
@@ -103,12 +629,16 @@ cb_status cb_experts_stats(const cb_experts_t *s, int32_t layer, cb_experts_laye
     }
     memset(out, 0, sizeof *out);
     for (int32_t l = 0; l < s->n_layers; l++) {
-        out->uses += s->stats[l].uses;
-        out->acquired += s->stats[l].acquired;
-        out->hits += s->stats[l].hits;
-        out->misses += s->stats[l].misses;
-        out->bytes_read += s->stats[l].bytes_read;
-        out->wait_ns += s->stats[l].wait_ns;
+        const cb_experts_layer_stats_t *x = &s->stats[l];
+        out->uses += x->uses;
+        out->acquired += x->acquired;
+        out->hits += x->hits;
+        out->misses += x->misses;
+        out->bytes_read += x->bytes_read;
+        out->wait_ns += x->wait_ns;
+        out->evictions += x->evictions;
+        out->resident += x->resident;
+        out->resident_bytes += x->resident_bytes;
     }
     return CB_OK;
 }
@@ -125,9 +655,12 @@ cb_status cb_experts_route_counts(const cb_experts_t *s, int32_t layer, uint64_t
 
 void cb_experts_reset_stats(cb_experts_t *s) {
     if (!s) return;
-    memset(s->stats, 0, (size_t)s->n_layers * sizeof *s->stats);
-    size_t total = s->n_layers ? s->offsets[s->n_layers - 1] +
-                                     (size_t)s->layers[s->n_layers - 1].n_expert
-                               : 0;
-    memset(s->counts, 0, total * sizeof *s->counts);
+    /* the resident set is state, not a statistic: it survives the reset */
+    for (int32_t l = 0; l < s->n_layers; l++) {
+        uint64_t r = s->stats[l].resident, rb = s->stats[l].resident_bytes;
+        memset(&s->stats[l], 0, sizeof s->stats[l]);
+        s->stats[l].resident = r;
+        s->stats[l].resident_bytes = rb;
+    }
+    memset(s->counts, 0, s->total * sizeof *s->counts);
 }

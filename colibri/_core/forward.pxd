@@ -17,8 +17,23 @@ cdef extern from "colibri/experts.h" nogil:
         const uint8_t *up_base
         const uint8_t *down_base
         size_t gate_stride, up_stride, down_stride
+        uint64_t gate_off, up_off, down_off
     ctypedef struct cb_experts_layer_stats_t:
         uint64_t uses, acquired, hits, misses, bytes_read, wait_ns
+        uint64_t evictions, resident, resident_bytes
+    ctypedef struct cb_experts_params_t:
+        int32_t mode, policy
+        const char *path
+        uint64_t budget_bytes
+        int32_t min_slots, huge_pages, mlock
+    ctypedef struct cb_experts_info_t:
+        int32_t mode, policy, n_slots, n_pinned
+        uint64_t slot_bytes, pool_bytes, expert_bytes
+    cb_experts_params_t cb_experts_default_params()
+    cb_status cb_experts_new(const cb_experts_params_t *params, const cb_experts_layer_t *layers,
+                             int32_t n_layers, cb_experts_t **out)
+    cb_status cb_experts_info(const cb_experts_t *s, cb_experts_info_t *out)
+    cb_status cb_experts_pin(cb_experts_t *s, int32_t layer, int32_t expert)
     cb_status cb_experts_new_mapped(const cb_experts_layer_t *layers, int32_t n_layers,
                                     cb_experts_t **out)
     void cb_experts_free(cb_experts_t *s)

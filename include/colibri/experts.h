@@ -6,21 +6,44 @@
  * This lets the store decide where experts come from; the forward pass is the same for every
  * store.
  *
- * Store kinds:
+ * Store kinds (cb_experts_params_t.mode):
  *   CB_EXPERTS_MAPPED - the experts live in memory the caller owns (an mmap of the model
  *     file): acquire only computes addresses (base + expert * stride). Faults pages in on first
  *     touch, like llama.cpp's mmap. This is the full-RAM path and the reference that every
  *     other store must match bit for bit.
+ *   CB_EXPERTS_CACHE - a fixed pool of slots allocated once (anonymous mmap, MADV_HUGEPAGE
+ *     when huge_pages, mlock'ed when mlock); a slot holds one expert's gate, up and down (each
+ *     64-byte aligned). A miss is read from the model file with pread (three reads per expert
+ *     for GGUF: one per tensor) into a free slot or a victim's. Lookups are O(1) (a table
+ *     (layer, expert) -> slot); victim choice is O(1) for LRU (a list) and O(log n) for LFRU
+ *     (a heap). Only unlocked, unpinned experts are candidates: an expert acquired and not yet
+ *     released is never evicted.
+ *   CB_EXPERTS_MMAP - the mapped store plus residency control: the store tracks a resident
+ *     set of at most budget bytes with the same policies; a newly used expert gets
+ *     madvise(WILLNEED) and is faulted in by the compute; an evicted one gets madvise(DONTNEED)
+ *     on the whole pages inside its ranges and posix_fadvise(DONTNEED) on its file ranges, so
+ *     the process's resident set (and the page cache) stay near the budget.
+ *
+ * Policies: CB_EXPERTS_LRU evicts the least recently released expert. CB_EXPERTS_LFRU is
+ * frequency-aware with dynamic aging (LFU-DA): an expert's key is A + f, where f counts its
+ * acquisitions since the store was made (kept across evictions) and A is the key of the last
+ * victim (the "age"); the smallest key goes first, ties by least recent use.
+ *
+ * Pool size rule (cache and mmap): slots = budget_bytes / slot_bytes, raised to min_slots
+ * (the caller passes the most experts one acquire can ask for: over the MoE layers, the max of
+ * min(n_expert, n_expert_used * max_batch)) and capped at the total number of experts. An
+ * acquire asking for more experts than the unpinned slots fails with the numbers.
  *
  * Layout of one layer's experts (GGUF ffn_{gate,up,down}_exps): three 3-D tensors; expert e's
  * gate matrix [n_ff rows x n_embd cols] starts at gate_base + e * gate_stride (bytes), likewise
  * up ([n_ff x n_embd]) and down ([n_embd x n_ff]). Types are GGML type ids (quant.h).
  *
  * Ownership: the store borrows every base pointer (the caller keeps the mapping alive for the
- * store's lifetime) and owns its tables. Statistics count, per layer, acquisitions (expert
+ * store's lifetime) and owns its tables, pool and file descriptor (cache and mmap modes open
+ * params.path read-only; every range is checked against the file's size). Statistics count, per layer, acquisitions (expert
  * uses), distinct experts per call, and bytes touched.
  *
- * Threads: acquire/release of one store are called by one forward pass at a time.
+ * Threads: acquire/release/pin of one store are called by one thread at a time.
  */
 #ifndef COLIBRI_EXPERTS_H
 #define COLIBRI_EXPERTS_H
@@ -43,7 +66,39 @@ typedef struct cb_experts_layer {
     int64_t n_embd, n_ff;      /* gate/up: [n_ff x n_embd]; down: [n_embd x n_ff] */
     const uint8_t *gate_base, *up_base, *down_base;
     size_t gate_stride, up_stride, down_stride; /* bytes from one expert to the next */
+    uint64_t gate_off, up_off, down_off; /* file offsets of expert 0 (cache and mmap modes) */
 } cb_experts_layer_t;
+
+typedef enum cb_experts_mode {
+    CB_EXPERTS_MAPPED = 0,
+    CB_EXPERTS_CACHE = 1,
+    CB_EXPERTS_MMAP = 2,
+} cb_experts_mode;
+
+typedef enum cb_experts_policy {
+    CB_EXPERTS_LRU = 0,
+    CB_EXPERTS_LFRU = 1,
+} cb_experts_policy;
+
+typedef struct cb_experts_params {
+    int32_t mode;         /* cb_experts_mode */
+    int32_t policy;       /* cb_experts_policy */
+    const char *path;     /* cache/mmap: the model file (borrowed during new) */
+    uint64_t budget_bytes;/* cache/mmap: bytes of experts kept resident */
+    int32_t min_slots;    /* cache/mmap: the pool holds at least this many experts */
+    int32_t huge_pages;   /* cache: madvise(MADV_HUGEPAGE) the pool (default 1) */
+    int32_t mlock;        /* cache: mlock the pool (fails with the numbers when refused) */
+} cb_experts_params_t;
+
+/* What a store is: its mode, slots and their size. */
+typedef struct cb_experts_info {
+    int32_t mode, policy;
+    int32_t n_slots;      /* experts the store keeps resident at most (0: mapped) */
+    int32_t n_pinned;
+    uint64_t slot_bytes;  /* bytes of one slot (cache) or of the largest expert (mmap) */
+    uint64_t pool_bytes;  /* bytes of the slot pool (cache; 0 otherwise) */
+    uint64_t expert_bytes;/* bytes of every expert of every layer */
+} cb_experts_info_t;
 
 /* What acquire returns for one expert: borrowed pointers to its three matrices. */
 typedef struct cb_expert_ref {
@@ -57,11 +112,27 @@ typedef struct cb_experts_layer_stats {
     uint64_t misses;      /* acquired experts that had to be read */
     uint64_t bytes_read;  /* bytes read from the file for misses */
     uint64_t wait_ns;     /* time the forward pass waited inside acquire */
+    uint64_t evictions;   /* experts dropped to make room */
+    uint64_t resident;    /* experts resident now (cache/mmap; 0 for mapped) */
+    uint64_t resident_bytes; /* their bytes */
 } cb_experts_layer_stats_t;
 
-/* A mapped store over n_layers layers (layers[] copied; the bases stay borrowed). */
+cb_experts_params_t cb_experts_default_params(void);
+
+/* A store over n_layers layers (layers[] copied; the bases stay borrowed). */
+cb_status cb_experts_new(const cb_experts_params_t *params, const cb_experts_layer_t *layers,
+                         int32_t n_layers, cb_experts_t **out);
+
+/* Same as cb_experts_new with mode CB_EXPERTS_MAPPED. */
 cb_status cb_experts_new_mapped(const cb_experts_layer_t *layers, int32_t n_layers,
                                 cb_experts_t **out);
+
+cb_status cb_experts_info(const cb_experts_t *s, cb_experts_info_t *out);
+
+/* Makes expert (layer, expert) resident (reading it if needed) and never evicts it.
+ * INVALID_ARGUMENT for the mapped store, a bad id, or when pinning would leave fewer than
+ * min_slots unpinned slots. Pinning a pinned expert does nothing. */
+cb_status cb_experts_pin(cb_experts_t *s, int32_t layer, int32_t expert);
 
 /* Frees the store (not the memory its bases point into). NULL accepted. */
 void cb_experts_free(cb_experts_t *s);

@@ -1,0 +1,140 @@
+"""The expert store: every mode, budget and policy gives bit-identical logits to the mapped
+(full-RAM) store on the tiny oracle MoE models; statistics add up; bad settings fail clearly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from oracle_models import build, prompt
+
+import colibri._core._forward as _fw
+import colibri._core._quant as _quant
+from colibri.errors import ColibriError
+from colibri.model import Model, min_expert_slots, parse_budget
+
+MOE = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]
+
+CONFIGS = [
+    dict(expert_mode="cache", expert_budget=1, expert_policy="lru"),
+    dict(expert_mode="cache", expert_budget=1, expert_policy="lfru"),
+    dict(expert_mode="cache", expert_budget=0.4, expert_policy="lru"),
+    dict(expert_mode="cache", expert_budget=0.4, expert_policy="lfru", pin=[(0, 1), (2, 3)]),
+    dict(expert_mode="cache", expert_budget=1.0),
+    dict(expert_mode="mmap", expert_budget=1, expert_policy="lru"),
+    dict(expert_mode="mmap", expert_budget=0.4, expert_policy="lfru"),
+]
+
+
+@pytest.fixture(scope="module", params=MOE)
+def moe(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp("experts")
+    types = ("f32", "q8_0") if request.param == "mixtral" else ("f32",)
+    _, paths = build(request.param, out, types)
+    return request.param, paths
+
+
+def _logits(path, **kw):
+    """Prefill in batches of max_batch=2, then 6 single-token steps on a second sequence
+    interleaved with the first: logits of all of it, and the store's statistics."""
+    m = Model(path, threads=2, ctx=256, max_batch=2, tokenizer=False, **kw)
+    a, b = m.new_sequence(), m.new_sequence()
+    outs = [m.eval([a], tokens=prompt(11, seed=3)), m.eval([b], tokens=prompt(5, seed=4))]
+    for t in prompt(6, seed=5):
+        outs.append(m.eval([a, b], tokens=[t, (t * 7) % m.n_vocab]))
+    return np.concatenate(outs), m.expert_stats(), m.expert_info(), m
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(str(v) for v in c.values()))
+def test_logits_identical_to_the_mapped_store(moe, cfg):
+    name, paths = moe
+    for path in paths.values():
+        ref, ref_st, _, _ = _logits(path)
+        got, st, info, m = _logits(path, **cfg)
+        assert np.array_equal(got, ref), (name, path.name, cfg)
+        # the same routing happened
+        assert st["uses"] == ref_st["uses"] and st["acquired"] == ref_st["acquired"]
+        assert st["hits"] + st["misses"] == st["acquired"]
+        assert info["mode"] == cfg["expert_mode"]
+        assert 0 < st["resident"] <= info["n_slots"]
+        assert st["resident"] == sum(m.expert_stats(layer)["resident"] for layer in range(3))
+        slots = min_expert_slots(m.desc, 2)
+        assert info["n_slots"] >= slots
+        if cfg["expert_budget"] == 1 and isinstance(cfg["expert_budget"], int):  # one byte: the pool is the minimum rule
+            assert info["n_slots"] == slots
+            assert st["evictions"] > 0
+        if isinstance(cfg["expert_budget"], float) and cfg["expert_budget"] == 1.0:  # everything fits: each expert is read at most once
+            assert st["evictions"] == 0
+            assert st["bytes_read"] <= info["expert_bytes"]
+        per_expert = info["expert_bytes"] / (3 * m.desc.layers[0].n_expert)
+        assert st["resident_bytes"] == st["resident"] * per_expert
+        assert info["n_pinned"] == len(cfg.get("pin", []))
+
+
+def test_reads_match_misses(moe):
+    """Every miss reads exactly one expert (three ranges of a GGUF) from the file."""
+    _, paths = moe
+    _, st, info, m = _logits(paths["f32"], expert_mode="cache", expert_budget=1)
+    per_expert = info["expert_bytes"] / (3 * m.desc.layers[0].n_expert)
+    assert st["misses"] > 0
+    assert st["bytes_read"] == st["misses"] * per_expert
+    m.reset_expert_stats()
+    after = m.expert_stats()
+    assert after["misses"] == 0 and after["resident"] == st["resident"]
+
+
+def test_unknown_names():
+    with pytest.raises(ValueError, match="policy"):
+        _fw.ExpertStore(None, policy="mru")
+    with pytest.raises(ValueError, match="mode"):
+        _fw.ExpertStore(None, mode="ram")
+
+
+def test_parse_budget():
+    assert parse_budget(None, 100) is None
+    assert parse_budget("4GB", 1) == 4 * 10**9
+    assert parse_budget("512MiB", 1) == 512 * 2**20
+    assert parse_budget("2 GiB", 1) == 2 * 2**30
+    assert parse_budget(0.25, 1000) == 250
+    assert parse_budget("0.5", 1000) == 500
+    assert parse_budget(12345, 1) == 12345
+    for bad in ("lots", "-1GB", "4XB", 0, -5, 1.5, 0.0, True, "nan"):
+        with pytest.raises(ValueError, match="budget"):
+            parse_budget(bad, 1000)
+
+
+def test_bad_settings_fail_clearly(moe):
+    _, paths = moe
+    path = paths["f32"]
+    with pytest.raises(ValueError, match="expert_mode"):
+        Model(path, tokenizer=False, expert_mode="ram", expert_budget=1)
+    with pytest.raises(ValueError, match="policy"):
+        Model(path, tokenizer=False, expert_mode="cache", expert_policy="fifo")
+    with pytest.raises(ValueError, match="no expert"):
+        Model(path, tokenizer=False, expert_mode="cache", pin=[(0, 99)])
+    with pytest.raises(ValueError, match="pin"):
+        Model(path, tokenizer=False, expert_mode="cache", pin=[(7, 0)])
+    with pytest.raises(ValueError, match="mapped store cannot pin"):
+        Model(path, tokenizer=False, expert_mode="mapped", pin=[(0, 0)])
+    # pinning so many that fewer than one layer's worth stays free
+    m = Model(path, tokenizer=False, max_batch=1, expert_mode="cache", expert_budget=1)
+    slots = m.expert_info()["n_slots"]
+    with pytest.raises(ValueError, match="unpinned slots"):
+        m.experts.pin(0, 0)
+    assert slots == min_expert_slots(m.desc, 1)
+
+
+def test_a_pool_smaller_than_one_batch_fails_with_the_numbers(moe):
+    """A store built below the minimum rule (min_slots=1) refuses a batch needing more
+    experts than it has slots, naming the numbers, instead of evicting experts in use."""
+    _, paths = moe
+    m = Model(paths["f32"], threads=1, ctx=64, max_batch=16, tokenizer=False)
+    store = _fw.ExpertStore(m.desc, mode="cache", path=str(paths["f32"]), budget_bytes=1,
+                            min_slots=1)
+    assert store.info()["n_slots"] == 1
+    kv = m.kv
+    fw = _fw.Forward(m.desc, kv, store, _quant.ThreadPool(1), 16)
+    seq = kv.new_sequence()
+    with pytest.raises(MemoryError, match=r"needs \d+ experts at once but the store has 1 slots"):
+        fw.run(np.full(16, seq), np.arange(16), tokens=prompt(16, seed=9))
+    with pytest.raises((FileNotFoundError, OSError, ColibriError)):
+        _fw.ExpertStore(m.desc, mode="cache", path="/nonexistent/model.gguf", budget_bytes=1)
