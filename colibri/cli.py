@@ -1,4 +1,4 @@
-"""The `colibri` command line: run, chat, bench, doctor.
+"""The `colibri` command line: run, chat, bench, doctor, plan.
 
 Errors a user meets (missing file, not a GGUF, unsupported architecture, not enough memory)
 are one readable line on stderr and exit status 1, not a traceback.
@@ -17,6 +17,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="compute threads (default: COLIBRI_ROUTING_THREADS or all cores)")
     p.add_argument("--ctx", type=int, default=None,
                    help="KV cache size in tokens (default: COLIBRI_KV_CACHE_SIZE or 4096)")
+    p.add_argument("--expert-mode", choices=("mapped", "cache", "mmap"), default=None,
+                   help="where routed experts come from (default: mapped, or cache with a budget)")
+    p.add_argument("--expert-budget", default=None,
+                   help="bytes of experts kept resident: 2GB, 512MiB, 0.5 (a fraction) or auto")
+    p.add_argument("--expert-policy", choices=("lru", "lfru"), default="lru",
+                   help="eviction policy of the expert store")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -25,6 +31,10 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("doctor", help="report what this machine offers colibri and what to fix")
+    pl = sub.add_parser("plan", help="dense and expert sizes, the expert budget and peak memory")
+    pl.add_argument("-m", "--model", required=True, help="GGUF file")
+    pl.add_argument("--ctx", type=int, default=4096, help="KV cache size in tokens")
+    pl.add_argument("--max-batch", type=int, default=512, help="tokens per forward batch")
 
     r = sub.add_parser("run", help="stream the continuation of a prompt, then a stats line")
     _add_model_args(r)
@@ -64,7 +74,21 @@ def _load(args: argparse.Namespace):
     path = args.model or default_model_path()
     if not os.path.exists(path):
         raise FileNotFoundError(f"model file not found: {path}")
-    return Model(path, threads=args.threads, ctx=args.ctx)
+    return Model(path, threads=args.threads, ctx=args.ctx,
+                 expert_mode=getattr(args, "expert_mode", None),
+                 expert_budget=_budget_arg(getattr(args, "expert_budget", None)),
+                 expert_policy=getattr(args, "expert_policy", "lru"))
+
+
+def _budget_arg(raw: str | None) -> str | float | None:
+    """--expert-budget: "auto", a size string, or a fraction such as 0.5."""
+    if raw is None or raw == "auto":
+        return raw
+    try:
+        v = float(raw)
+    except ValueError:
+        return raw
+    return v if v <= 1.0 else raw
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -138,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
             from colibri.doctor import run
 
             return run()
+        if args.command == "plan":
+            from colibri.plan import run as plan_run
+
+            return plan_run(args.model, args.ctx, args.max_batch)
         if args.command == "run":
             return _run(args)
         if args.command == "chat":

@@ -63,6 +63,9 @@ class GenerationStats:
             rate = hits / acq if acq else 0.0
             parts.append(f"expert hit rate {rate * 100:.1f}%")
             parts.append(f"expert bytes read {self.expert.get('bytes_read', 0.0) / 2**20:.1f} MiB")
+            if self.expert.get("resident_bytes"):
+                parts.append(f"expert wait {self.expert.get('wait_s', 0.0) * 1000:.0f} ms")
+                parts.append(f"experts resident {self.expert['resident_bytes'] / 2**20:.0f} MiB")
         return "[" + " | ".join(parts) + "]"
 
 

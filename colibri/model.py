@@ -140,6 +140,7 @@ class Model:
     - expert_budget: bytes of experts kept resident: "4GB", "512MiB", an int, or a float in
       (0, 1] (a fraction of the experts' size) (COLIBRI_EXPERT_BUDGET). The pool is raised to
       hold at least the experts one layer can need in one batch (see min_expert_slots).
+      "auto": what `colibri plan` chooses for the memory available now.
     - expert_policy: "lru" or "lfru" (frequency-aware with aging).
     - pin: [(layer, expert), ...] loaded at start and never evicted.
     Logits never depend on the expert mode, budget or policy.
@@ -194,6 +195,13 @@ class Model:
             budget = os.environ["COLIBRI_EXPERT_BUDGET"]
         if mode is None:
             mode = os.environ.get("COLIBRI_EXPERT_MODE") or None
+        if budget == "auto":
+            from colibri.plan import plan_for
+
+            pl = plan_for(self.path, d, self.ctx, self.max_batch, "f32", _mem_available())
+            budget = pl.budget_bytes
+            if mode is None:
+                mode = pl.mode
         nbytes = parse_budget(budget, d.expert_bytes())
         if mode is None:
             mode = "mapped" if nbytes is None else "cache"

@@ -138,3 +138,44 @@ def test_a_pool_smaller_than_one_batch_fails_with_the_numbers(moe):
         fw.run(np.full(16, seq), np.arange(16), tokens=prompt(16, seed=9))
     with pytest.raises((FileNotFoundError, OSError, ColibriError)):
         _fw.ExpertStore(m.desc, mode="cache", path="/nonexistent/model.gguf", budget_bytes=1)
+
+
+def test_plan_sizes_and_budget(moe):
+    """The plan's sizes are the file's tensor sizes; a machine too small for the experts gets
+    a cache budget, never below one batch's experts."""
+    from colibri.gguf import GGUFFile
+    from colibri.plan import make_plan
+
+    _, paths = moe
+    path = str(paths["f32"])
+    with GGUFFile(path) as gf:
+        exps = sum(t.nbytes for n, t in gf.tensors.items() if "_exps." in n)
+        total = sum(t.nbytes for t in gf.tensors.values())
+    big = make_plan(path, ctx=64, max_batch=2, available=2**34)
+    assert big.expert_bytes == exps and big.dense_bytes == total - exps
+    assert big.mode == "mapped" and big.budget_bytes == exps
+    need = big.dense_bytes + big.kv_bytes + big.scratch_bytes
+    tight = make_plan(path, ctx=64, max_batch=2, available=int((need + exps // 2) / 0.85))
+    assert tight.mode == "cache" and tight.min_budget_bytes <= tight.budget_bytes < exps
+    tiny = make_plan(path, ctx=64, max_batch=2, available=need)
+    assert tiny.budget_bytes == tiny.min_budget_bytes > 0
+    assert tiny.peak_bytes == need + tiny.budget_bytes
+    assert any("projected peak" in line for line in tiny.lines())
+
+
+def test_cli_plan_and_run_with_a_budget(moe, capsys):
+    from colibri.cli import main
+
+    _, paths = moe
+    path = str(paths["f32"])
+    assert main(["plan", "-m", path, "--ctx", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "routed experts" in out and "expert budget" in out and "projected peak" in out
+    assert main(["run", "-m", path, "-p", "hello", "-n", "3", "--temp", "0", "--ctx", "64",
+                 "--expert-mode", "cache", "--expert-budget", "0.3",
+                 "--expert-policy", "lfru"]) == 0
+    captured = capsys.readouterr()
+    assert "expert hit rate" in captured.out + captured.err
+    assert "experts resident" in captured.out + captured.err
+    assert main(["run", "-m", path, "-p", "hi", "-n", "1", "--expert-budget", "lots"]) == 1
+    assert "budget" in capsys.readouterr().err

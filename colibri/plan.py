@@ -1,0 +1,96 @@
+"""`colibri plan`: how a model would be laid out in this machine's memory.
+
+Dense weights and the KV cache stay resident; routed experts are staged by the expert store
+(colibri.model, experts.h). The plan reads the (validated) GGUF, sizes both parts, and picks an
+expert budget: everything when dense + KV + experts fit in 85% of the memory available now,
+else what is left of that after dense + KV, never less than the experts one layer can need in
+one batch (min_expert_slots). The projected peak is dense + KV + the expert budget + the
+scratch of one batch (a rough bound, stated as such).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from colibri.arch import ModelDesc, open_model
+from colibri.model import _mem_available, min_expert_slots
+
+HEADROOM = 0.85
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:8.2f} GiB" if n >= 2**30 else f"{n / 2**20:8.1f} MiB"
+
+
+@dataclass
+class Plan:
+    path: str
+    dense_bytes: int
+    expert_bytes: int
+    kv_bytes: int
+    scratch_bytes: int
+    available_bytes: int
+    mode: str
+    budget_bytes: int
+    min_budget_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.dense_bytes + self.kv_bytes + self.budget_bytes + self.scratch_bytes
+
+    def lines(self) -> list[str]:
+        share = self.budget_bytes / self.expert_bytes if self.expert_bytes else 1.0
+        out = [
+            f"model           {os.path.basename(self.path)}",
+            f"dense weights   {_size(self.dense_bytes)} (resident)",
+            f"routed experts  {_size(self.expert_bytes)}",
+            f"KV cache        {_size(self.kv_bytes)}",
+            f"available now   {_size(self.available_bytes)}",
+        ]
+        if self.expert_bytes:
+            out += [
+                f"expert mode     {self.mode}",
+                f"expert budget   {_size(self.budget_bytes)} ({share * 100:.0f}% of the "
+                f"experts; at least {_size(self.min_budget_bytes).strip()} for one batch)",
+            ]
+        out.append(f"projected peak  {_size(self.peak_bytes)} (dense + KV + experts "
+                   f"+ ~{self.scratch_bytes / 2**20:.0f} MiB scratch)")
+        if self.available_bytes and self.peak_bytes > self.available_bytes:
+            out.append("warning: the projected peak exceeds the memory available now")
+        return out
+
+
+def make_plan(path: str, ctx: int = 4096, max_batch: int = 512, kv_dtype: str = "f32",
+              available: int | None = None) -> Plan:
+    gf, d = open_model(path)
+    try:
+        return plan_for(path, d, ctx, max_batch, kv_dtype,
+                        _mem_available() if available is None else available)
+    finally:
+        gf.close()
+
+
+def plan_for(path: str, d: ModelDesc, ctx: int, max_batch: int, kv_dtype: str,
+             available: int) -> Plan:
+    dense, experts = d.dense_bytes(), d.expert_bytes()
+    kv = max(ctx, 1) * d.n_layer * 2 * d.n_head_kv * d.head_dim * (4 if kv_dtype == "f32" else 2)
+    ff = max([L.n_ff_exp for L in d.layers] + [L.ffn_gate.rows for L in d.layers
+                                                 if L.ffn_gate is not None] + [1])
+    scratch = max_batch * 4 * (4 * d.n_embd + 3 * ff + d.n_vocab) + (64 << 20)
+    per_expert = experts // max(1, sum(L.n_expert for L in d.layers))
+    min_budget = min_expert_slots(d, max_batch) * per_expert if experts else 0
+    room = int(available * HEADROOM) - dense - kv - scratch if available else experts
+    if not experts:
+        mode, budget = "mapped", 0
+    elif room >= experts:
+        mode, budget = "mapped", experts
+    else:
+        mode, budget = "cache", max(min_budget, room)
+    return Plan(path, dense, experts, kv, scratch, available, mode, budget, min_budget)
+
+
+def run(path: str, ctx: int, max_batch: int) -> int:
+    for line in make_plan(path, ctx=ctx, max_batch=max_batch).lines():
+        print(line)
+    return 0
