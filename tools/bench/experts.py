@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""The expert store under a memory budget: decode speed and hit rate, colibri vs llama.cpp.
+
+    python tools/bench/experts.py [--model M.gguf] [--layers 4] [--gen 24] [--budgets 1,0.75,0.5,0.25]
+                                  [--modes cache,mmap] [--policies lru,lfru] [--no-llama] [--json OUT]
+
+colibri runs with max_batch=1 (the prompt token by token), so a budget's pool floor is one
+token's experts per layer (min_expert_slots). Without --model it writes the benchmark MoE model (tools/make_bench_model.py: Qwen3-30B-A3B
+shape, random Q4_0 weights, --layers layers) to a temporary directory. For each budget B (a
+fraction of the experts' size) every run happens in a fresh process, inside a cgroup-v1 memory
+limit of dense + B * experts + a margin when /sys/fs/cgroup/memory is writable (the page cache
+counts against that limit, so mmap thrashing shows); otherwise without a limit, and the report
+says so. Runs: colibri's mapped store (full RAM, the reference), colibri cache/mmap x policy at
+each budget, and llama.cpp (llama-cpp-python, mmap) on the same GGUF under the same limit.
+
+Validation: every colibri configuration must produce the mapped store's logits bit for bit
+(a SHA-1 of all logits); llama.cpp's top-1 per step is compared with colibri's and the
+agreement reported (random weights: near-ties may differ). The page cache of the model file is
+dropped before each run.
+Figures: decode tok/s (one token per step after an 8-token prompt, teacher-forced on a fixed
+random token stream), expert hit rate, bytes read, peak RSS; ratios to llama.cpp at the same
+budget and to the mapped store. The benchmark model's random router concentrates on few
+experts; the number of distinct experts used is printed so the budgets can be read against it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+CG = Path("/sys/fs/cgroup/memory")
+MARGIN = 400 * 2**20
+PROMPT = [11, 9301, 345, 77, 2048, 15, 5000, 123]
+
+
+def _stream(n: int, n_vocab: int) -> list[int]:
+    """The decode tokens: a fixed pseudo-random stream (teacher forcing). Greedy decoding of a
+    random-weight model repeats one token, which would route every step to the same experts."""
+    import numpy as np
+
+    return [int(t) for t in np.random.default_rng(7).integers(0, n_vocab, n)]
+
+
+def child(cfg: dict[str, Any]) -> dict[str, Any]:
+    import resource
+
+    import numpy as np
+
+    gen = cfg["gen"]
+    t0 = time.perf_counter()
+    if cfg["engine"] == "llama.cpp":
+        from llama_cpp import Llama
+
+        ll = Llama(cfg["path"], n_ctx=128, n_threads=cfg["threads"], n_threads_batch=cfg["threads"],
+                   n_batch=16, verbose=False)
+        load = time.perf_counter() - t0
+        ll.eval(PROMPT)
+        toks, lat = [int(np.argmax(ll.scores[ll.n_tokens - 1]))], []
+        for tok in _stream(gen, ll.n_vocab()):
+            t = time.perf_counter()
+            ll.eval([tok])
+            lat.append(time.perf_counter() - t)
+            toks.append(int(np.argmax(ll.scores[ll.n_tokens - 1])))
+        stats: dict[str, Any] = {}
+        digest = ""
+    else:
+        from colibri.model import Model
+
+        kw: dict[str, Any] = {}
+        if cfg["mode"] != "mapped":
+            kw = dict(expert_mode=cfg["mode"], expert_budget=cfg["budget"],
+                      expert_policy=cfg["policy"])
+        m = Model(cfg["path"], threads=cfg["threads"], ctx=128, max_batch=1, tokenizer=False, **kw)
+        load = time.perf_counter() - t0
+        import hashlib
+
+        h = hashlib.sha1()
+        s = m.new_sequence()
+        out = m.eval([s], tokens=PROMPT)[-1]
+        h.update(out.tobytes())
+        m.reset_expert_stats()
+        toks, lat = [int(np.argmax(out))], []
+        for tok in _stream(gen, m.n_vocab):
+            t = time.perf_counter()
+            out = m.eval([s], tokens=[tok])[-1]
+            lat.append(time.perf_counter() - t)
+            h.update(out.tobytes())
+            toks.append(int(np.argmax(out)))
+        stats = m.expert_stats()
+        stats["distinct"] = int(sum((m.route_counts(layer) > 0).sum() for layer in range(
+            m.desc.n_layer)))
+        digest = h.hexdigest()
+    return {"tokens": toks, "digest": digest, "decode_tps": len(lat) / sum(lat), "load_s": load,
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "stats": stats}
+
+
+def _cgroup(limit: int | None) -> Path | None:
+    if limit is None or not (CG / "cgroup.procs").exists():
+        return None
+    d = CG / f"colibri_bench_{os.getpid()}"
+    try:
+        d.mkdir(exist_ok=True)
+        (d / "memory.limit_in_bytes").write_text(str(limit))
+        return d
+    except OSError:
+        return None
+
+
+def _drop_cache(path: str) -> None:
+    """Evict the model file from the page cache, so that the run's reads are charged to its
+    cgroup (cgroup v1 charges a cached page to whoever read it first)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def run(cfg: dict[str, Any], limit: int | None) -> dict[str, Any]:
+    _drop_cache(cfg["path"])
+    cg = _cgroup(limit)
+
+    def enter() -> None:
+        if cg is not None:
+            (cg / "cgroup.procs").write_text(str(os.getpid()))
+
+    p = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], capture_output=True,
+                       text=True, preexec_fn=enter, cwd=ROOT, timeout=900)
+    if cg is not None:
+        try:
+            cg.rmdir()
+        except OSError:
+            pass
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT"):
+            r = dict(json.loads(line[6:]))
+            r["limited"] = cg is not None
+            return r
+    return {"error": f"exit {p.returncode}: {p.stderr.strip()[-400:]}", "limited": cg is not None}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--model")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--gen", type=int, default=24)
+    ap.add_argument("--budgets", default="1,0.75,0.5,0.25,0.1,0.05")
+    ap.add_argument("--modes", default="cache,mmap")
+    ap.add_argument("--policies", default="lru,lfru")
+    ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    if a.child:
+        print("RESULT" + json.dumps(child(json.loads(a.child))))
+        return 0
+    tmp = None
+    path = a.model
+    if path is None:
+        tmp = tempfile.TemporaryDirectory()
+        path = os.path.join(tmp.name, "bench.gguf")
+        subprocess.run([sys.executable, str(ROOT / "tools" / "make_bench_model.py"), path,
+                        "--layers", str(a.layers), "--type", "q4_0"], check=True,
+                       capture_output=True)
+    from colibri.arch import open_model
+
+    gf, d = open_model(path)
+    dense, experts = d.dense_bytes(), d.expert_bytes()
+    gf.close()
+    base = dict(path=path, threads=a.threads, gen=a.gen)
+    print(f"model {os.path.basename(path)}: dense {dense / 2**20:.0f} MiB, experts "
+          f"{experts / 2**20:.0f} MiB; {a.threads} threads, 8-token prompt, {a.gen} decode steps")
+    ref = run({**base, "engine": "colibri", "mode": "mapped", "policy": "lru", "budget": 1.0}, None)
+    if "error" in ref:
+        print("mapped reference failed:", ref["error"])
+        return 1
+    rows: list[dict[str, Any]] = [{"engine": "colibri", "mode": "mapped", "policy": "-",
+                                   "budget": 1.0, **ref}]
+    cg_ok = _cgroup(1 << 40)
+    if cg_ok is not None:
+        cg_ok.rmdir()
+    print("memory limit: " + ("cgroup v1 memory.limit_in_bytes = dense + budget + "
+                              f"{MARGIN >> 20} MiB, page cache included" if cg_ok else
+                              "NOT enforced (no writable cgroup): runs share the machine's RAM"))
+    bad = 0
+    for b in [float(x) for x in a.budgets.split(",")]:
+        limit = dense + int(b * experts) + MARGIN
+        for mode in a.modes.split(","):
+            for pol in a.policies.split(","):
+                r = run({**base, "engine": "colibri", "mode": mode, "policy": pol, "budget": b},
+                        limit)
+                if "error" not in r and r["digest"] != ref["digest"]:
+                    r["error"] = "logits differ from the mapped store"
+                    bad += 1
+                rows.append({"engine": "colibri", "mode": mode, "policy": pol, "budget": b, **r})
+        if not a.no_llama:
+            r = run({**base, "engine": "llama.cpp"}, limit)
+            rows.append({"engine": "llama.cpp", "mode": "mmap", "policy": "-", "budget": b, **r})
+    print(f"{'engine':10} {'mode':7} {'policy':6} {'budget':>6} {'tok/s':>7} {'vs full':>7} "
+          f"{'vs llama':>8} {'hit %':>6} {'read MiB':>9} {'rss MiB':>8}  note")
+    print(f"(routing of this model: {ref['stats']['distinct']} distinct (layer, expert) pairs of "
+          f"{sum(L.n_expert for L in d.layers)} used in the decode steps)")
+    llama = {r["budget"]: r for r in rows if r["engine"] == "llama.cpp" and "error" not in r}
+    for r in rows:
+        if "error" in r:
+            print(f"{r['engine']:10} {r['mode']:7} {r['policy']:6} {r['budget']:6.2f}  "
+                  f"ERROR {r['error']}")
+            continue
+        st = r["stats"]
+        hit = 100 * st["hits"] / st["acquired"] if st.get("acquired") else float("nan")
+        peer = llama.get(r["budget"])
+        vs = (f"{r['decode_tps'] / peer['decode_tps']:8.2f}" if peer and r["engine"] != "llama.cpp"
+              else f"{'-':>8}")
+        note = ""
+        if r["engine"] == "llama.cpp":
+            same = sum(x == y for x, y in zip(r["tokens"], ref["tokens"], strict=True))
+            note = f"top-1 equal to colibri's: {same}/{len(ref['tokens'])}"
+        print(f"{r['engine']:10} {r['mode']:7} {r['policy']:6} {r['budget']:6.2f} "
+              f"{r['decode_tps']:7.2f} {r['decode_tps'] / ref['decode_tps']:7.2f} {vs} "
+              f"{hit:6.1f} {st.get('bytes_read', 0) / 2**20:9.0f} {r['peak_rss'] / 2**20:8.0f}  "
+              f"{note}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    if tmp is not None:
+        tmp.cleanup()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
