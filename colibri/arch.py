@@ -192,10 +192,21 @@ class ModelDesc:
         return total
 
 
+def _dequantized(raw: np.ndarray, type_: int, n: int) -> np.ndarray:
+    """A tensor's bytes dequantized to float32, viewed as bytes (gguf's reference dequantizers)."""
+    from gguf import GGMLQuantizationType, quants
+
+    a = np.ascontiguousarray(quants.dequantize(raw, GGMLQuantizationType(type_)).reshape(-1),
+                             dtype=np.float32)
+    assert a.size == n
+    return a.view(np.uint8)
+
+
 class _Reader:
-    def __init__(self, gf: GGUFFile, arch: str):
+    def __init__(self, gf: GGUFFile, arch: str, dequantize: bool = False):
         self.gf = gf
         self.arch = arch
+        self.dequantize = dequantize
         self.md = gf.metadata
         self.keep: list[Any] = []  # arrays made here (dequantized vectors)
 
@@ -249,6 +260,10 @@ class _Reader:
                 f"{self.gf.path}: tensor {name!r} has shape {list(t.shape)}, expected "
                 f"[{cols}, {rows}] (GGUF order)"
             )
+        if self.dequantize and t.type != F32:
+            data = _dequantized(self.gf.data(name), t.type, rows * cols)
+            self.keep.append(data)
+            return Mat(F32, rows, cols, cols * 4, data)
         return Mat(t.type, rows, cols, t.row_nbytes, self.gf.data(name))
 
     def experts(self, bid: int, n_expert: int, n_embd: int, n_ff: int) -> ExpertTensors:
@@ -261,13 +276,19 @@ class _Reader:
                     f"{self.gf.path}: tensor {name!r} has shape {list(t.shape)}, expected "
                     f"[{cols}, {rows}, {n_expert}] (GGUF order)"
                 )
-            mats[kind] = (t, Mat(t.type, rows, cols, t.row_nbytes, None), self.gf.data(name))
+            if self.dequantize and t.type != F32:
+                data = _dequantized(self.gf.data(name), t.type, rows * cols * n_expert)
+                self.keep.append(data)
+                mats[kind] = (t, Mat(F32, rows, cols, cols * 4, None), data, rows * cols * 4)
+            else:
+                mats[kind] = (t, Mat(t.type, rows, cols, t.row_nbytes, None), self.gf.data(name),
+                              t.nbytes // n_expert)
         return ExpertTensors(
             gate=mats["gate"][1], up=mats["up"][1], down=mats["down"][1],
             gate_base=mats["gate"][2], up_base=mats["up"][2], down_base=mats["down"][2],
-            gate_stride=mats["gate"][0].nbytes // n_expert,
-            up_stride=mats["up"][0].nbytes // n_expert,
-            down_stride=mats["down"][0].nbytes // n_expert,
+            gate_stride=mats["gate"][3],
+            up_stride=mats["up"][3],
+            down_stride=mats["down"][3],
             gate_info=mats["gate"][0], up_info=mats["up"][0], down_info=mats["down"][0],
         )
 
@@ -281,9 +302,11 @@ def _int(v: Any, what: str, path: str) -> int:
     return int(v)
 
 
-def describe(gf: GGUFFile) -> ModelDesc:
+def describe(gf: GGUFFile, dequantize: bool = False) -> ModelDesc:
     """Build the model description of a GGUF file, or raise UnsupportedModel naming what is
-    missing or not supported."""
+    missing or not supported. dequantize=True expands every matrix to float32 at load (4 bytes
+    per weight; exact products, used to compare implementations without the rounding of 8-bit
+    activations)."""
     arch = gf.architecture
     if arch is None:
         raise UnsupportedModel(f"{gf.path}: no general.architecture key: not a model file")
@@ -293,7 +316,7 @@ def describe(gf: GGUFFile) -> ModelDesc:
             f"{gf.path}: architecture {arch!r} is not supported; supported: "
             f"{', '.join(sorted(FAMILIES))}"
         )
-    r = _Reader(gf, arch)
+    r = _Reader(gf, arch, dequantize)
     p = gf.path
     n_embd = _int(r.key("embedding_length", required=True), "embedding_length", p)
     n_layer = _int(r.key("block_count", required=True), "block_count", p)
@@ -405,11 +428,11 @@ def describe(gf: GGUFFile) -> ModelDesc:
     return desc
 
 
-def open_model(path: str) -> tuple[GGUFFile, ModelDesc]:
+def open_model(path: str, dequantize: bool = False) -> tuple[GGUFFile, ModelDesc]:
     """Open and describe a model file; errors are GGUFError / UnsupportedModel (ValueErrors)."""
     gf = GGUFFile(path)
     try:
-        return gf, describe(gf)
+        return gf, describe(gf, dequantize)
     except (GGUFError, UnsupportedModel):
         gf.close()
         raise

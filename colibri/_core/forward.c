@@ -22,6 +22,8 @@
 
 #include "routing_logic.h"
 
+#define CB_FORWARD_MAX_HEAD_DIM 1024
+
 #define CHECK_OK(expr)                  \
     do {                                \
         cb_status _s = (expr);          \
@@ -77,6 +79,9 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
                        "forward: bad sizes (n_embd %d, n_layer %d, n_head %d, n_head_kv %d, "
                        "head_dim %d, n_vocab %d)",
                        m->n_embd, m->n_layer, m->n_head, m->n_head_kv, m->head_dim, m->n_vocab);
+    if (m->head_dim > CB_FORWARD_MAX_HEAD_DIM)
+        return cb_fail(CB_STATUS_UNSUPPORTED, "forward: head_dim %d > %d", m->head_dim,
+                       CB_FORWARD_MAX_HEAD_DIM);
     if (m->rope_n_dims < 0 || m->rope_n_dims > m->head_dim || m->rope_n_dims % 2)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: rope dims %d for head_dim %d",
                        m->rope_n_dims, m->head_dim);
@@ -279,10 +284,14 @@ static void attn_task(void *vctx, int task, int thread) {
             return;
         }
     } else {
+        /* f16 cache: like llama.cpp, the query is rounded to f16 for the K products and the
+         * probabilities to f16 for the V sum (so an f16 cache reproduces llama.cpp's numerics) */
+        float qh[CB_FORWARD_MAX_HEAD_DIM];
+        for (int64_t d = 0; d < hd; d++) qh[d] = cb_f16_to_f32(cb_f32_to_f16(q[d]));
         for (int64_t j = 0; j < n; j++) {
             const uint8_t *kp = base + (lo + j) * stride + koff;
             float acc = 0.0f;
-            for (int64_t d = 0; d < hd; d++) acc += q[d] * kv_load(kp, elt, d);
+            for (int64_t d = 0; d < hd; d++) acc += qh[d] * kv_load(kp, elt, d);
             sc[j] = acc * m->attn_scale;
         }
     }
@@ -294,7 +303,8 @@ static void attn_task(void *vctx, int task, int thread) {
         if (elt == 4) {
             cb_axpy(sc[j], (const float *)vp, hd, out);
         } else {
-            for (int64_t d = 0; d < hd; d++) out[d] += sc[j] * kv_load(vp, elt, d);
+            const float w = cb_f16_to_f32(cb_f32_to_f16(sc[j]));
+            for (int64_t d = 0; d < hd; d++) out[d] += w * kv_load(vp, elt, d);
         }
     }
 }
