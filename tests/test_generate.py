@@ -1,0 +1,217 @@
+"""Generation on top of the forward pass: sampling, stop conditions, streaming, chat templates,
+the low-level run() entry point, the CLI and its one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from colibri.errors import ColibriError
+from colibri.generate import BUILTIN_TEMPLATES, _StopMatcher
+from colibri.model import Model
+from colibri.sampling import Sampler, SamplingParams
+
+pytest.importorskip("torch", reason="tiny models are built with torch + transformers")
+
+from oracle_models import build, prompt  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    _, paths = build("qwen3_moe", tmp_path_factory.mktemp("gen"), ("f32",))
+    return paths["f32"]
+
+
+@pytest.fixture(scope="module")
+def model(tiny):
+    return Model(tiny, threads=2, ctx=256, max_batch=32)
+
+
+# ---- sampling ----------------------------------------------------------------------------
+
+def test_temperature_zero_and_top_k_one_are_greedy():
+    logits = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    assert Sampler(SamplingParams(temperature=0)).sample(logits) == int(np.argmax(logits))
+    s = Sampler(SamplingParams(temperature=1.5, top_k=1, seed=3))
+    assert all(s.sample(logits) == int(np.argmax(logits)) for _ in range(20))
+
+
+def test_seeded_sampling_is_reproducible_and_seeds_differ():
+    logits = np.random.default_rng(1).standard_normal(500).astype(np.float32)
+    a = Sampler(SamplingParams(seed=7, top_k=0, top_p=1.0, min_p=0.0))
+    b = Sampler(SamplingParams(seed=7, top_k=0, top_p=1.0, min_p=0.0))
+    assert [a.sample(logits) for _ in range(50)] == [b.sample(logits) for _ in range(50)]
+    c = Sampler(SamplingParams(seed=8, top_k=0, top_p=1.0, min_p=0.0))
+    assert [a.sample(logits) for _ in range(50)] != [c.sample(logits) for _ in range(50)]
+
+
+def test_filters_keep_only_allowed_tokens():
+    # probabilities 0.5, 0.25, 0.125, ... : top_p=0.7 keeps the first two, min_p=0.3 too
+    logits = np.log(0.5 ** np.arange(1, 11)).astype(np.float32)
+    for params in (SamplingParams(temperature=1.0, top_k=0, top_p=0.7, min_p=0.0, seed=1),
+                   SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.3, seed=1),
+                   SamplingParams(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0, seed=1)):
+        s = Sampler(params)
+        seen = {s.sample(logits) for _ in range(300)}
+        assert seen == {0, 1}, params
+
+
+def test_sampling_frequencies_follow_the_temperature():
+    logits = np.array([0.0, np.log(3.0)], dtype=np.float32)  # p = 1/4, 3/4 at T=1
+    s = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=5))
+    n1 = sum(s.sample(logits) for _ in range(4000))
+    assert abs(n1 / 4000 - 0.75) < 0.03
+    s = Sampler(SamplingParams(temperature=2.0, top_k=0, top_p=1.0, min_p=0.0, seed=5))
+    n1 = sum(s.sample(logits) for _ in range(4000))
+    want = np.sqrt(3) / (1 + np.sqrt(3))  # p ∝ exp(l / 2)
+    assert abs(n1 / 4000 - want) < 0.03
+
+
+def test_repeat_penalty_matches_llama_cpp_rule():
+    logits = np.array([2.0, -2.0, 1.0, 0.5], dtype=np.float32)
+    s = Sampler(SamplingParams(repeat_penalty=2.0))
+    out = s.penalise(logits, [0, 1, 1])
+    assert out.tolist() == [1.0, -4.0, 1.0, 0.5]
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(min_p=1.0),
+                                 dict(repeat_penalty=0), dict(top_k=-1)])
+def test_bad_sampling_parameters_are_refused(bad):
+    with pytest.raises(ValueError):
+        SamplingParams(**bad).validate()
+
+
+# ---- stop strings ------------------------------------------------------------------------
+
+def test_stop_string_across_pieces_is_held_back_and_cut():
+    m = _StopMatcher(["</end>"])
+    out = []
+    for piece in ["Hello </", "en", "d> world"]:
+        text, stopped = m.push(piece)
+        out.append(text)
+        if stopped:
+            break
+    assert "".join(out) == "Hello " and stopped
+
+
+def test_text_that_only_looks_like_a_stop_start_is_released():
+    m = _StopMatcher(["STOP"])
+    a, s1 = m.push("ST")
+    b, s2 = m.push("ay")
+    assert (a, s1) == ("", False) and (b, s2) == ("STay", False)
+
+
+# ---- the model ---------------------------------------------------------------------------
+
+def test_greedy_generate_equals_argmax_loop_and_stream_joins_to_it(model):
+    ids = prompt(10, seed=4)
+    text = model.generate(ids, max_tokens=12, temperature=0)
+    seq = model.new_sequence()
+    logits = model.eval([seq], tokens=ids)
+    got = []
+    for _ in range(12):
+        got.append(int(np.argmax(logits[-1])))
+        logits = model.eval([seq], tokens=[got[-1]])
+    model.free_sequence(seq)
+    eog = {2}
+    if any(t in eog for t in got):
+        got = got[: [t in eog for t in got].index(True)]
+    assert text == model.detokenize(got)
+    assert "".join(model.stream(ids, max_tokens=12, temperature=0)) == text
+    assert model.last_stats.generated_tokens == len(got)
+
+
+def test_seeded_generation_is_reproducible(model):
+    ids = prompt(8, seed=5)
+    a = model.generate(ids, max_tokens=10, temperature=1.0, seed=11)
+    b = model.generate(ids, max_tokens=10, temperature=1.0, seed=11)
+    assert a == b
+
+
+def test_context_full_is_an_error_or_a_chosen_stop(tiny):
+    small = Model(tiny, threads=1, ctx=16, max_batch=16)
+    ids = prompt(12, seed=6)
+    with pytest.raises(ColibriError, match="context full"):
+        small.generate(ids, max_tokens=10, temperature=0)
+    out = small.generate(ids, max_tokens=10, temperature=0, on_context_full="stop")
+    assert small.last_stats.stop_reason in ("context_full", "eos")
+    assert isinstance(out, str)
+    with pytest.raises(ColibriError, match="context full"):
+        small.generate(prompt(20, seed=1), max_tokens=1)
+    # the cache is empty again afterwards
+    assert small.kv.sequences() == []
+
+
+def test_run_with_embeddings_equals_logits_of_each_sequence(model):
+    seqs = [prompt(n, seed=20 + n) for n in (3, 7, 5)]
+    emb = np.zeros((3, 7, model.n_embd), dtype=np.float32)
+    for i, s in enumerate(seqs):
+        emb[i, : len(s)] = model.embed(s)
+    out = model.run(emb, [len(s) for s in seqs])
+    for i, s in enumerate(seqs):
+        ref = model.logits(s)
+        assert np.abs(out[i, : len(s)] - ref).max() <= 1e-5 * np.abs(ref).max()
+        assert not out[i, len(s):].any()
+    with pytest.raises(ValueError):
+        model.run(emb, [3, 8, 5])
+
+
+def test_env_knobs_and_bad_values(tiny, monkeypatch):
+    monkeypatch.setenv("COLIBRI_MAX_BATCH", "7")
+    monkeypatch.setenv("COLIBRI_KV_CACHE_SIZE", "100")
+    monkeypatch.setenv("COLIBRI_ROUTING_THREADS", "1")
+    m = Model(tiny)
+    assert (m.max_batch, m.ctx, m.threads) == (7, 100, 1)
+    assert Model(tiny, max_batch=3).max_batch == 3  # the argument wins
+    long = prompt(20, seed=3)  # more than one batch of 7
+    assert np.allclose(m.logits(long), Model(tiny, max_batch=32).logits(long), rtol=0, atol=1e-4)
+    monkeypatch.setenv("COLIBRI_MAX_BATCH", "many")
+    with pytest.raises(ValueError, match="COLIBRI_MAX_BATCH"):
+        Model(tiny)
+
+
+def test_gemma_chat_template_renders_the_published_format():
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "How are you?"}]
+    text = env.from_string(BUILTIN_TEMPLATES["gemma"]).render(
+        messages=msgs, add_generation_prompt=True, bos_token="<bos>", eos_token="<eos>")
+    assert text == ("<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello!"
+                    "<end_of_turn>\n<start_of_turn>user\nHow are you?<end_of_turn>\n"
+                    "<start_of_turn>model\n")
+
+
+# ---- the command line --------------------------------------------------------------------
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "colibri", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_run_streams_and_prints_stats(tiny):
+    r = _cli("run", "-m", str(tiny), "-p", "hello world", "-n", "6", "--temp", "0",
+             "--threads", "1")
+    assert r.returncode == 0, r.stderr
+    for field in ("load", "prompt", "tok/s", "generated", "ttft", "peak rss", "expert hit rate"):
+        assert field in r.stderr, field
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    r = _cli("run", "-m", str(tmp_path / "missing.gguf"), "-p", "x")
+    assert r.returncode == 1 and "not found" in r.stderr and "Traceback" not in r.stderr
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf file at all" * 10)
+    r = _cli("run", "-m", str(bad), "-p", "x")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+    from gguf_util import write_gguf
+
+    odd = tmp_path / "odd.gguf"
+    write_gguf(odd, "mamba", {}, {"token_embd.weight": np.zeros((4, 32), np.float32)})
+    r = _cli("run", "-m", str(odd), "-p", "x")
+    assert r.returncode == 1 and "mamba" in r.stderr and "gemma3" in r.stderr
+    assert "Traceback" not in r.stderr
