@@ -70,19 +70,23 @@ def run_llama_cpp(path: str, threads: int, prompt_tokens: int, gen_tokens: int, 
                n_batch=max(prompt_tokens, 1), n_ubatch=max(prompt_tokens, 1), verbose=False)
     load = time.perf_counter() - t0
     ids = _prompt_ids(prompt_tokens, ll.n_vocab(), ll.token_bos())
+    def last_logits() -> np.ndarray:
+        # without logits_all, llama-cpp-python keeps no scores: read the context's last row
+        return np.ctypeslib.as_array(ll._ctx.get_logits_ith(-1), shape=(ll.n_vocab(),))
+
     ll.eval(ids[: min(8, len(ids))])
     ll.reset()
     t = time.perf_counter()
     ll.eval(ids)
     prefill = time.perf_counter() - t
-    first = int(np.argmax(ll.scores[ll.n_tokens - 1]))
+    first = int(np.argmax(last_logits()))
     lat = []
     nxt = first
     for _ in range(gen_tokens):
         t = time.perf_counter()
         ll.eval([nxt])
         lat.append(time.perf_counter() - t)
-        nxt = int(np.argmax(ll.scores[ll.n_tokens - 1]))
+        nxt = int(np.argmax(last_logits()))
     return _figures("llama.cpp", load, prompt_tokens, prefill, lat, first, _rss(), {})
 
 
