@@ -62,13 +62,19 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
         ll = Llama(cfg["path"], n_ctx=128, n_threads=cfg["threads"], n_threads_batch=cfg["threads"],
                    n_batch=128, verbose=False)
         load = time.perf_counter() - t0
+
+        def last() -> int:
+            # without logits_all, llama-cpp-python keeps no scores: the context's last row
+            return int(np.argmax(np.ctypeslib.as_array(ll._ctx.get_logits_ith(-1),
+                                                       shape=(ll.n_vocab(),))))
+
         ll.eval(PROMPT)
-        toks, lat = [int(np.argmax(ll.scores[ll.n_tokens - 1]))], []
+        toks, lat = [last()], []
         for tok in _stream(gen, ll.n_vocab()):
             t = time.perf_counter()
             ll.eval([tok])
             lat.append(time.perf_counter() - t)
-            toks.append(int(np.argmax(ll.scores[ll.n_tokens - 1])))
+            toks.append(last())
         stats: dict[str, Any] = {}
         digest = ""
     else:
