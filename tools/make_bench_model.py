@@ -46,8 +46,12 @@ def random_blocks(qtype: QT, n_blocks: int, rng: np.random.Generator) -> np.ndar
         d = rng.uniform(0.5, 1.5, n_blocks) * (0.02 / (64 if qtype == QT.Q8_0 else 4))
         b[:, 0:2] = _f16(d)
     elif qtype == QT.Q4_K:
-        b[:, 0:2] = _f16(rng.uniform(0.5, 1.5, n_blocks) * 0.02 / 32 / 8)   # d
-        b[:, 2:4] = _f16(rng.uniform(0.5, 1.5, n_blocks) * 0.02 / 32)       # dmin
+        # v = d*sc*q - dmin*m with 6-bit sc, m (mean ~32) and 4-bit q (mean 7.5): dmin = 7.5 d
+        # centres the weights on zero, as a real Q4_K tensor is; a larger dmin would give every
+        # row the same negative offset, and hidden states (and routing) that ignore the token
+        d = rng.uniform(0.5, 1.5, n_blocks) * 0.02 / 32 / 8
+        b[:, 0:2] = _f16(d)
+        b[:, 2:4] = _f16(d * 7.5)
     elif qtype == QT.Q6_K:
         b[:, 192:208] = rng.integers(-32, 32, size=(n_blocks, 16), dtype=np.int8).view(np.uint8)
         b[:, 208:210] = _f16(rng.uniform(0.5, 1.5, n_blocks) * 0.02 / 32 / 16)
