@@ -43,9 +43,9 @@ def run_colibri(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ct
 
     t0 = time.perf_counter()
     m = Model(path, threads=threads, ctx=ctx, max_batch=max(prompt_tokens, 1))
+    m.prefault()  # like llama.cpp's MAP_POPULATE at load: counted in the load time
     load = time.perf_counter() - t0
     ids = _prompt_ids(prompt_tokens, m.n_vocab, m.tokenizer.bos_id if m.tokenizer else None)
-    # warm-up: touch every weight page once, so prefill measures compute, as for llama.cpp
     m.logits(ids[: min(8, len(ids))])
     seq = m.new_sequence()
     t = time.perf_counter()

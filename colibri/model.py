@@ -437,6 +437,19 @@ class Model:
 
     # ---- statistics ----
 
+    def prefault(self) -> int:
+        """Touch every page of the mapped model file now (what llama.cpp's MAP_POPULATE does at
+        load), so that later forward passes do not pay first-touch page faults. Returns the
+        bytes touched. For a file larger than RAM, use an expert budget instead."""
+        total = 0
+        page = 4096
+        for name, t in self.gguf.tensors.items():
+            view = self.gguf.data(name)
+            if view.size:
+                int(view[::page].sum(dtype=np.uint64))
+                total += t.nbytes
+        return total
+
     def expert_stats(self, layer: int = -1) -> dict[str, float]:
         """Expert store statistics of one layer or all (layer=-1): uses, acquired, hits, misses,
         bytes_read, wait_s, evictions, resident, resident_bytes. {} for a dense model."""
