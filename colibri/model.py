@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -225,6 +226,7 @@ class Model:
                                         mlock_experts) if d.is_moe else None
         self.pool = _quant.ThreadPool(self.threads)
         self._fw = _fw.Forward(d, self.kv, self.experts, self.pool, self.max_batch)
+        self._lock = threading.Lock()
         self.load_s = time.perf_counter() - t0
         self.last_stats: Any = None
 
@@ -340,7 +342,8 @@ class Model:
             else:
                 assert embd is not None
                 kw["embd"] = embd[a:b]
-            outs.append(self._fw.run(seqs[a:b], pos[a:b], logits=want[a:b], **kw))
+            with self._lock:  # one forward at a time per context (shared scratch); GIL released inside
+                outs.append(self._fw.run(seqs[a:b], pos[a:b], logits=want[a:b], **kw))
         return np.concatenate(outs) if len(outs) > 1 else outs[0]
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:

@@ -215,3 +215,21 @@ def test_cli_errors_are_one_line(tmp_path):
     r = _cli("run", "-m", str(odd), "-p", "x")
     assert r.returncode == 1 and "mamba" in r.stderr and "gemma3" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_two_threads_generating_at_once_get_what_each_gets_alone(model):
+    import threading
+
+    prompts = [prompt(9, seed=40), prompt(6, seed=41)]
+    alone = [model.generate(p, max_tokens=10, temperature=0) for p in prompts]
+    out: list[str | None] = [None, None]
+
+    def work(i: int) -> None:
+        out[i] = model.generate(prompts[i], max_tokens=10, temperature=0)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert out == alone
