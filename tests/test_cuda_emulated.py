@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cuda_util import cuda_include
 
 from colibri._cuda_ref import (
     ACTIVATIONS,
@@ -27,16 +28,6 @@ from colibri._cuda_ref import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def cuda_include() -> Path | None:
-    cands = []
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        cands.append(Path(nvcc).resolve().parent.parent / "include")
-    cands += [Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include",
-              Path("/usr/local/cuda/include")]
-    return next((c for c in cands if (c / "cuda_fp16.h").is_file()), None)
 
 
 INC = cuda_include()

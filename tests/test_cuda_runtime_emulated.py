@@ -7,7 +7,6 @@ cubin cache and the device error records; results are compared with the NumPy re
 from __future__ import annotations
 
 import ctypes
-import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cuda_util import cuda_include
 
 from colibri import ColibriError
 from colibri._cuda_ref import (
@@ -28,15 +28,6 @@ from colibri._cuda_ref import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def cuda_include() -> Path | None:
-    cands = []
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        cands.append(Path(nvcc).resolve().parent.parent / "include")
-    cands.append(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include")
-    return next((c for c in cands if (c / "cuda_fp16.h").is_file()), None)
 
 
 def separated_logits(rng, n_tokens, n_experts):
