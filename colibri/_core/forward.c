@@ -53,6 +53,8 @@ struct cb_forward {
     cb_expert_ref_t *refs;
     float **scores;       /* per thread */
     size_t scores_cap;    /* floats per thread buffer */
+    cb_moe_hook_fn moe_hook; /* routed experts elsewhere (a GPU), or NULL */
+    void *moe_hook_user;
 };
 
 static int mat_present(const cb_matrix_t *w) { return w->data != NULL; }
@@ -149,6 +151,12 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
     if (m->gating != CB_GATING_SOFTMAX && m->gating != CB_GATING_SIGMOID)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: unknown gating %d", m->gating);
     return CB_OK;
+}
+
+void cb_forward_set_moe_hook(cb_forward_t *f, cb_moe_hook_fn fn, void *user) {
+    if (!f) return;
+    f->moe_hook = fn;
+    f->moe_hook_user = fn ? user : NULL;
 }
 
 void cb_forward_free(cb_forward_t *f) {
@@ -383,6 +391,13 @@ static cb_status moe_ffn(cb_forward_t *f, int l, int64_t n) {
     const cb_layer_desc_t *L = &m->layers[l];
     const int64_t E = m->n_embd, NE = L->n_expert, K = L->n_expert_used, ff = L->n_ff_exp;
     CHECK_OK(cb_matmul(&L->router, f->h, n, E, f->rlog, NE, f->pool));
+    if (f->moe_hook) {
+        /* routing and the routed experts run in the hook (colibri.cuda on a GPU) */
+        memset(f->o, 0, (size_t)n * E * sizeof(float));
+        cb_status hs = f->moe_hook(f->moe_hook_user, l, f->h, f->rlog, n, f->o);
+        if (hs != CB_OK) return hs;
+        goto shared;
+    }
     memset(f->cnt, 0, (size_t)NE * sizeof(int32_t));
     for (int64_t t = 0; t < n; t++) {
         int r = cb_route_token(f->rlog + t * NE, (int)NE, (int)K, m->gating, L->router_bias,
@@ -441,6 +456,7 @@ static cb_status moe_ffn(cb_forward_t *f, int l, int64_t n) {
     cb_status rs = cb_experts_release(f->experts, l, f->used, n_used);
     if (st != CB_OK) return st;
     CHECK_OK(rs);
+shared:
     if (mat_present(&L->sh_gate)) {
         /* shared expert into lrows, scaled by sigmoid(sh_gate_inp . h) when that gate exists */
         CHECK_OK(dense_ffn(f, &L->sh_gate, &L->sh_up, &L->sh_down, n, f->lrows));

@@ -124,6 +124,17 @@ cb_status cb_forward_new(const cb_model_desc_t *model, cb_kvcache_t *kv, cb_expe
 
 void cb_forward_free(cb_forward_t *f);
 
+/* A replacement for the routed experts of every MoE layer (used by Model(device="cuda") to run
+ * routing and the expert FFN on a GPU). The forward computes the router logits on the CPU and
+ * calls fn(user, layer, h, logits, n_tokens, out) with h [n_tokens x n_embd] (the normed FFN
+ * input), logits [n_tokens x n_expert] and out [n_tokens x n_embd] zeroed: fn writes the
+ * routed experts' weighted sum into out (shared experts are still added by the forward) and
+ * returns CB_OK or a failure (which aborts the run). All pointers are borrowed for the call;
+ * fn runs on the thread calling cb_forward_run. NULL fn: experts from the expert store. */
+typedef cb_status (*cb_moe_hook_fn)(void *user, int32_t layer, const float *h,
+                                    const float *logits, int64_t n_tokens, float *out);
+void cb_forward_set_moe_hook(cb_forward_t *f, cb_moe_hook_fn fn, void *user);
+
 /* Runs one batch. Positions: for every sequence, its tokens in the batch must be at
  * consecutive positions, in batch order, starting at the sequence's current length (they
  * append; cb_kvcache_seq_set_len truncates first to rewrite). The K/V block is reserved as
