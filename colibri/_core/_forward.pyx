@@ -17,7 +17,7 @@ from colibri._core.forward cimport (
     cb_experts_info_t, cb_experts_default_params, cb_experts_new, cb_experts_info, cb_experts_pin,
     cb_experts_free, cb_experts_stats, cb_experts_route_counts, cb_experts_reset_stats,
     cb_layer_desc_t, cb_model_desc_t, cb_forward_t, cb_batch_t, cb_forward_new, cb_forward_free,
-    cb_forward_run,
+    cb_forward_run, cb_forward_set_moe_hook,
 )
 
 
@@ -165,6 +165,25 @@ cdef class ExpertStore:
         cb_experts_reset_stats(self.s)
 
 
+cdef cb_status _moe_trampoline(void *user, int32_t layer, const float *h, const float *logits,
+                               int64_t n, float *out) noexcept with gil:
+    """cb_moe_hook_fn calling Forward's Python hook(layer, h, logits, out) with numpy views
+    (valid for the call only); an exception is kept and re-raised by run()."""
+    cdef Forward fw = <Forward>user
+    cdef int64_t E = fw.n_embd
+    cdef int64_t NE
+    try:
+        NE = fw.desc.layers[layer].n_expert
+        hv = np.asarray(<float[:n * E]><float *>h).reshape(n, E)
+        lv = np.asarray(<float[:n * NE]><float *>logits).reshape(n, NE)
+        ov = np.asarray(<float[:n * E]>out).reshape(n, E)
+        fw._hook(int(layer), hv, lv, ov)
+    except BaseException as exc:
+        fw._hook_error = exc
+        return CB_STATUS_INTERNAL
+    return CB_OK
+
+
 cdef class Forward:
     """One forward-pass context: a model description, a KV cache, an expert store and a thread
     pool (all kept alive by this object), and scratch for max_batch tokens."""
@@ -173,6 +192,7 @@ cdef class Forward:
     cdef cb_layer_desc_t *layers
     cdef readonly object desc, kv, experts, pool
     cdef readonly int max_batch, n_vocab, n_embd
+    cdef object _hook, _hook_error
 
     def __cinit__(self, desc, kv, ExpertStore experts, pool, int max_batch=512):
         self.f = NULL
@@ -223,6 +243,15 @@ cdef class Forward:
                 _mat(&L.exp_down, D.experts.down, w)
             _mat(&L.sh_gate, D.sh_gate, w); _mat(&L.sh_up, D.sh_up, w); _mat(&L.sh_down, D.sh_down, w)
             _mat(&L.sh_gate_inp, D.sh_gate_inp, w)
+            L.n_head_kv, L.head_dim, L.rope_n_dims = D.n_head_kv, D.head_dim, D.rope_n_dims
+            L.rope_freqs = _vec(D.rope_freqs, w)
+            L.v_norm, L.v_from_k = int(D.v_norm), int(D.v_from_k)
+            L.out_scale = _vec(D.out_scale, w)
+            L.ffn_post_norm_1 = _vec(D.ffn_post_norm_1, w)
+            L.ffn_pre_norm_2 = _vec(D.ffn_pre_norm_2, w)
+            L.ffn_post_norm_2 = _vec(D.ffn_post_norm_2, w)
+            L.router_in_scale = _vec(D.router_in_scale, w)
+            L.exp_down_scale = _vec(D.exp_down_scale, w)
         m.layers = self.layers
         cdef cb_kvcache_t *kvp = <cb_kvcache_t *><uintptr_t>kv._address()
         cdef cb_threadpool_t *pp = <cb_threadpool_t *><uintptr_t>(pool._address() if pool is not None else 0)
@@ -234,6 +263,19 @@ cdef class Forward:
         self.f = NULL
         free(self.layers)
         self.layers = NULL
+
+    def set_moe_hook(self, hook):
+        """Run the routed experts of every MoE layer in hook(layer, h, logits, out) instead of
+        the expert store: h [n, n_embd] and logits [n, n_expert] float32 (read-only, valid for
+        the call), out [n, n_embd] float32 zeroed, to fill with the weighted expert sum. The
+        forward still adds shared experts. None restores the expert store."""
+        if hook is not None and not callable(hook):
+            raise TypeError("the MoE hook must be callable or None")
+        self._hook = hook
+        if hook is None:
+            cb_forward_set_moe_hook(self.f, NULL, NULL)
+        else:
+            cb_forward_set_moe_hook(self.f, _moe_trampoline, <void *>self)
 
     def run(self, seq, pos, tokens=None, embd=None, logits=None):
         """Run one batch. seq, pos: int arrays [n]; tokens int [n] or embd float32 [n, n_embd];
@@ -277,7 +319,11 @@ cdef class Forward:
         out = np.empty((max(nw, 1), self.n_vocab), dtype=np.float32)
         cdef float *op = <float *><uintptr_t>out.ctypes.data
         cdef cb_status st
+        self._hook_error = None
         with nogil:
             st = cb_forward_run(self.f, &b, op)
+        if self._hook_error is not None:
+            exc, self._hook_error = self._hook_error, None
+            raise exc
         check(st)
         return out[:nw]

@@ -66,6 +66,15 @@ cdef extern from "colibri/forward.h" nogil:
         int64_t n_ff_exp
         cb_matrix_t exp_gate, exp_up, exp_down
         cb_matrix_t sh_gate, sh_up, sh_down, sh_gate_inp
+        int32_t n_head_kv, head_dim, rope_n_dims
+        const float *rope_freqs
+        int32_t v_norm, v_from_k
+        const float *out_scale
+        const float *ffn_post_norm_1
+        const float *ffn_pre_norm_2
+        const float *ffn_post_norm_2
+        const float *router_in_scale
+        const float *exp_down_scale
 
     ctypedef struct cb_model_desc_t:
         int32_t n_embd, n_layer, n_head, n_head_kv, head_dim, n_vocab
@@ -101,3 +110,6 @@ cdef extern from "colibri/forward.h" nogil:
                              cb_threadpool_t *pool, int32_t max_batch, cb_forward_t **out)
     void cb_forward_free(cb_forward_t *f)
     cb_status cb_forward_run(cb_forward_t *f, const cb_batch_t *batch, float *logits_out)
+    ctypedef cb_status (*cb_moe_hook_fn)(void *user, int32_t layer, const float *h,
+                                         const float *logits, int64_t n_tokens, float *out) noexcept
+    void cb_forward_set_moe_hook(cb_forward_t *f, cb_moe_hook_fn fn, void *user)
