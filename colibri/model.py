@@ -18,7 +18,7 @@ import numpy as np
 
 import colibri._core._forward as _fw
 import colibri._core._quant as _quant
-from colibri.arch import ModelDesc, UnsupportedModel, open_model
+from colibri.arch import ModelDesc, UnsupportedModel
 from colibri.errors import ColibriError
 from colibri.kv import KVArena, KVCache
 
@@ -149,6 +149,19 @@ def parse_budget(budget: str | float | int | None, expert_bytes: int) -> int | N
     return int(value * _UNITS[unit])
 
 
+def _open_file(path: str, dequantize: bool, verify: bool) -> tuple[Any, ModelDesc]:
+    """The validated file (a GGUFFile, or a ContainerFile by its magic) and its description."""
+    from colibri.arch import describe
+    from colibri.container import open_model_file
+
+    f = open_model_file(path, verify=verify)
+    try:
+        return f, describe(f, dequantize)
+    except BaseException:
+        f.close()
+        raise
+
+
 def min_expert_slots(desc: ModelDesc, max_batch: int) -> int:
     """The most experts one MoE layer can need in one batch: over the layers,
     min(n_expert, n_expert_used * max_batch). Every budgeted store holds at least that many."""
@@ -185,6 +198,11 @@ class Model:
     - expert_policy: "lru" or "lfru" (frequency-aware with aging).
     - pin: [(layer, expert), ...] loaded at start and never evicted.
     Logits never depend on the expert mode, budget or policy.
+    - path may be a GGUF or a colibri container (tools/convert_gguf.py), told apart by the
+      magic; verify=False skips a container's data checksums at load (its header is checked).
+    - device: "cpu", or "cuda" (MoE models, PyCUDA and an NVIDIA GPU): routing and the routed
+      experts of every MoE layer run on the GPU (colibri.cuda_moe), the rest on the CPU.
+    - cuda_weights: the experts' format on the GPU, "f16" or "int4-g128".
     """
 
     def __init__(
@@ -201,15 +219,20 @@ class Model:
         expert_policy: str = "lru",
         pin: Sequence[tuple[int, int]] | None = None,
         mlock_experts: bool = False,
+        verify: bool = True,
+        device: str = "cpu",
+        cuda_weights: str = "f16",
     ) -> None:
         t0 = time.perf_counter()
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
         self.path = os.fspath(path) if path is not None else default_model_path()
         if not os.path.exists(self.path):
             raise FileNotFoundError(f"model file not found: {self.path}")
         self.threads = _env_int("COLIBRI_ROUTING_THREADS", threads, os.cpu_count() or 1)
         self.ctx = _env_int("COLIBRI_KV_CACHE_SIZE", ctx, 4096)
         self.max_batch = _env_int("COLIBRI_MAX_BATCH", max_batch, 512)
-        self.gguf, self.desc = open_model(self.path, dequantize)
+        self.gguf, self.desc = _open_file(self.path, dequantize, verify)
         d: ModelDesc = self.desc
         self.n_vocab = d.n_vocab
         self.n_embd = d.n_embd
@@ -218,14 +241,24 @@ class Model:
             from colibri.tokenizer import Tokenizer
 
             self.tokenizer = Tokenizer.from_gguf(self.path)
-        stride = d.n_layer * 2 * d.n_head_kv * d.head_dim * (4 if kv_dtype == "f32" else 2)
+        stride = d.kv_bytes_per_token(kv_dtype)
         _check_memory(self.path, d.dense_bytes() + max(self.ctx, 1) * stride)
         self.arena = KVArena(max(self.ctx, 1) * stride + (1 << 20))
-        self.kv = KVCache(self.arena, d.n_layer, d.n_head_kv, d.head_dim, kv_dtype)
+        self.kv = KVCache(self.arena, *d.kv_dims(), kv_dtype)
         self.experts = self._make_store(expert_mode, expert_budget, expert_policy, pin,
                                         mlock_experts) if d.is_moe else None
         self.pool = _quant.ThreadPool(self.threads)
         self._fw = _fw.Forward(d, self.kv, self.experts, self.pool, self.max_batch)
+        self.device = device
+        self.cuda_experts: Any = None
+        if device == "cuda":
+            if not d.is_moe:
+                raise ValueError(f"device='cuda' runs the MoE layers on the GPU; this {d.arch} "
+                                 "model has none (run it on the CPU)")
+            from colibri.cuda_moe import CudaExperts
+
+            self.cuda_experts = CudaExperts(d, weights=cuda_weights)
+            self._fw.set_moe_hook(self.cuda_experts)
         self._lock = threading.Lock()
         self.load_s = time.perf_counter() - t0
         self.last_stats: Any = None
@@ -472,6 +505,8 @@ class Model:
             self.experts.reset_stats()
 
     def route_counts(self, layer: int) -> np.ndarray:
+        if self.cuda_experts is not None:
+            return np.asarray(self.cuda_experts.route_counts(layer))
         if self.experts is None:
             raise ColibriError(f"{self.architecture} model has no experts")
         return np.asarray(self.experts.route_counts(layer))
