@@ -105,3 +105,21 @@ def test_every_output_written(rt):
                       0, ws)
     assert np.isfinite(ws.out.get()).all()
     rt._check_err(ws.err, "moe_ffn")
+
+
+@pytest.mark.parametrize("family,weights", [("mixtral", "f16"), ("qwen2_moe", "int4-g128")])
+def test_model_on_the_device(tmp_path, family, weights):
+    """Model(device="cuda") against the CPU forward on a tiny oracle MoE model."""
+    from oracle_models import build, prompt
+
+    from colibri.model import Model
+
+    path = build(family, tmp_path)[1]["f32"]
+    ids = prompt(40, seed=7)
+    ref = Model(path, threads=2, ctx=64, tokenizer=False).logits(ids)
+    dev = Model(path, threads=2, ctx=64, tokenizer=False, device="cuda", cuda_weights=weights)
+    got = dev.logits(ids)
+    assert rel_err(got, ref) < (5e-3 if weights == "f16" else 0.15)
+    s = dev.new_sequence()
+    steps = np.concatenate([dev.eval([s], tokens=[t]) for t in ids[:8]])
+    assert rel_err(steps, got[:8]) < 1e-3
