@@ -179,10 +179,10 @@ class ModelDesc:
             add(self.output_norm)
         for layer in self.layers:
             if experts:
-                if layer.experts:
-                    add(layer.experts.gate_base)
-                    add(layer.experts.up_base)
-                    add(layer.experts.down_base)
+                if layer.experts:  # from the shapes: a container's base views span padding
+                    X = layer.experts
+                    total += layer.n_expert * sum(m.rows * m.row_bytes
+                                                  for m in (X.gate, X.up, X.down))
                 continue
             for v in vars(layer).values():
                 if isinstance(v, Mat):
@@ -200,6 +200,18 @@ def _dequantized(raw: np.ndarray, type_: int, n: int) -> np.ndarray:
                              dtype=np.float32)
     assert a.size == n
     return a.view(np.uint8)
+
+
+def _expert_span(gf: GGUFFile, name: str, t: TensorInfo, n_expert: int) -> tuple[np.ndarray, int]:
+    """(base view, stride in bytes) of a stacked expert tensor. A GGUF stores the experts one
+    after the other (stride = nbytes / n_expert); a colibri container (colibri.container)
+    interleaves each expert's gate/up/down at a 2 MiB-aligned stride and says so through
+    expert_span(). (Hook owned by the container code: keep it.)"""
+    span = getattr(gf, "expert_span", None)
+    got = span(name) if span is not None else None
+    if got is not None:
+        return got[0], int(got[1])
+    return gf.data(name), t.nbytes // n_expert
 
 
 class _Reader:
@@ -281,8 +293,8 @@ class _Reader:
                 self.keep.append(data)
                 mats[kind] = (t, Mat(F32, rows, cols, cols * 4, None), data, rows * cols * 4)
             else:
-                mats[kind] = (t, Mat(t.type, rows, cols, t.row_nbytes, None), self.gf.data(name),
-                              t.nbytes // n_expert)
+                mats[kind] = (t, Mat(t.type, rows, cols, t.row_nbytes, None),
+                              *_expert_span(self.gf, name, t, n_expert))
         return ExpertTensors(
             gate=mats["gate"][1], up=mats["up"][1], down=mats["down"][1],
             gate_base=mats["gate"][2], up_base=mats["up"][2], down_base=mats["down"][2],
@@ -430,7 +442,9 @@ def describe(gf: GGUFFile, dequantize: bool = False) -> ModelDesc:
 
 def open_model(path: str, dequantize: bool = False) -> tuple[GGUFFile, ModelDesc]:
     """Open and describe a model file; errors are GGUFError / UnsupportedModel (ValueErrors)."""
-    gf = GGUFFile(path)
+    from colibri.container import open_model_file  # a GGUF or a colibri container, by magic
+
+    gf = open_model_file(path)
     try:
         return gf, describe(gf, dequantize)
     except (GGUFError, UnsupportedModel):

@@ -187,6 +187,11 @@ def _read_gguf_metadata(path: str, prefix: str) -> dict[str, Any]:
     """Metadata values whose key starts with prefix, as (GGUF type, value): ints/floats/bools,
     bytes for strings, numpy arrays for numeric arrays and lists of bytes for string arrays."""
     with open(path, "rb") as f:
+        if f.read(4) == b"COLI":  # a colibri container: its header holds the GGUF key/values
+            from colibri.container import ContainerFile
+
+            with ContainerFile(path, verify=False) as cf:
+                return _parse_metadata(cf.gguf_metadata_image(), path, prefix, False)
         size = os.fstat(f.fileno()).st_size
         if size < 24:
             raise ValueError(f"{path}: not a GGUF file ({size} bytes)")
