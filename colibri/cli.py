@@ -23,6 +23,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="bytes of experts kept resident: 2GB, 512MiB, 0.5 (a fraction) or auto")
     p.add_argument("--expert-policy", choices=("lru", "lfru"), default="lru",
                    help="eviction policy of the expert store")
+    p.add_argument("--no-verify", action="store_true",
+                   help="colibri container: skip the data checksums at load")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -56,6 +58,12 @@ def _build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=None)
     c.add_argument("--system", default=None, help="a system message")
 
+    cv = sub.add_parser("convert", help="re-lay a GGUF out as a colibri container (each expert "
+                        "one aligned read; optional expert requantization)")
+    from colibri.container import add_convert_args
+
+    add_convert_args(cv)
+
     b = sub.add_parser("bench", help="prefill/decode speed, latency and memory (vs llama.cpp)")
     b.add_argument("-m", "--model", help="GGUF file (default: Gemma 3 270M)")
     b.add_argument("--threads", type=int, default=2)
@@ -77,7 +85,8 @@ def _load(args: argparse.Namespace):
     return Model(path, threads=args.threads, ctx=args.ctx,
                  expert_mode=getattr(args, "expert_mode", None),
                  expert_budget=_budget_arg(getattr(args, "expert_budget", None)),
-                 expert_policy=getattr(args, "expert_policy", "lru"))
+                 expert_policy=getattr(args, "expert_policy", "lru"),
+                 verify=not getattr(args, "no_verify", False))
 
 
 def _budget_arg(raw: str | None) -> str | float | None:
@@ -172,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
             return _chat(args)
         if args.command == "bench":
             return _bench(args)
+        if args.command == "convert":
+            from colibri.container import run_convert
+
+            return run_convert(args)
     except KeyboardInterrupt:
         return 130
     except (OSError, ValueError, MemoryError, ColibriError) as e:

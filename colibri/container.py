@@ -724,6 +724,9 @@ def _write(gf: GGUFFile, src: str, dst: str, quant: str, say: Callable[[str], No
     dirname = os.path.dirname(os.path.abspath(dst))
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(dst) + ".", suffix=".tmp", dir=dirname)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; a model file is as readable as any
         with os.fdopen(fd, "wb") as f:
             f.write(bytes(PREAMBLE + plan.header_bytes))
             # dense region (padding written as zeros: it is small and inside the checksum)
@@ -809,3 +812,23 @@ def _write(gf: GGUFFile, src: str, dst: str, quant: str, say: Callable[[str], No
     say(f"wrote {dst}: {plan.file_size / 2**20:.1f} MiB ({summary['disk_bytes'] / 2**20:.1f} MiB "
         f"on disk) in {summary['seconds']:.1f} s")
     return summary
+
+
+# ---- command line (tools/convert_gguf.py and `colibri convert`) ----
+
+def add_convert_args(p: Any) -> None:
+    """The arguments of the convert command on an argparse parser."""
+    p.add_argument("input", help="the GGUF file to convert")
+    p.add_argument("output", help="the container to write (replaced atomically)")
+    p.add_argument("--quant", choices=QUANTS, default="keep",
+                   help="routed experts: keep their block types, or requantize them "
+                        "(dense tensors are always kept)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip re-reading the written file's checksums before the rename")
+
+
+def run_convert(args: Any) -> int:
+    convert(args.input, args.output, args.quant, progress=not args.quiet,
+            verify=not args.no_verify)
+    return 0
