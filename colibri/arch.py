@@ -10,6 +10,7 @@ to C. The behaviour follows llama.cpp's for each family (see docs/ARCHITECTURE.m
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,7 @@ class Family:
     swa_rope_base: float = 0.0   # rope base of sliding-window layers (0: same as global)
     moe: bool = False            # the family can have experts
     shared_expert: bool = False
+    gemma4: bool = False         # gemma4: per-layer head dims and rope, V norm, MoE beside the MLP
 
 
 FAMILIES: dict[str, Family] = {
@@ -52,6 +54,11 @@ FAMILIES: dict[str, Family] = {
     "gemma3": Family(
         act=ACT_GELU_TANH, qk_norm=QK_HEAD, embd_scale=True, post_norms=True, swa_pattern=6,
         swa_rope_base=10000.0,
+    ),
+    # gemma4's layer pattern, head dims, rope bases/dims come from per-layer keys (see _gemma4)
+    "gemma4": Family(
+        act=ACT_GELU_TANH, qk_norm=QK_HEAD, embd_scale=True, post_norms=True, moe=True,
+        renorm=True, gemma4=True,
     ),
 }
 
@@ -74,7 +81,9 @@ class Mat:
 
 @dataclass
 class ExpertTensors:
-    """One layer's stacked experts: three 3-D tensors, expert e at base + e*stride."""
+    """One layer's stacked experts: three 3-D tensors, expert e at base + e*stride. With
+    `fused` (gemma4's ffn_gate_up_exps), gate and up point into one tensor: expert e's gate rows
+    then its up rows, so up_base = gate_base + n_ff rows and both strides span the pair."""
 
     gate: Mat
     up: Mat
@@ -88,6 +97,7 @@ class ExpertTensors:
     gate_info: TensorInfo
     up_info: TensorInfo
     down_info: TensorInfo
+    fused: bool = False
 
 
 @dataclass
@@ -122,6 +132,19 @@ class LayerDesc:
     sh_up: Mat | None = None
     sh_down: Mat | None = None
     sh_gate_inp: Mat | None = None
+    # per-layer attention shape (0: the model's), rope frequency divisors, gemma4 extras
+    n_head_kv: int = 0
+    head_dim: int = 0
+    rope_n_dims: int = 0
+    rope_freqs: np.ndarray | None = None
+    v_norm: bool = False
+    v_from_k: bool = False
+    out_scale: np.ndarray | None = None
+    ffn_post_norm_1: np.ndarray | None = None
+    ffn_pre_norm_2: np.ndarray | None = None
+    ffn_post_norm_2: np.ndarray | None = None
+    router_in_scale: np.ndarray | None = None
+    exp_down_scale: np.ndarray | None = None
 
 
 @dataclass
@@ -154,6 +177,23 @@ class ModelDesc:
     @property
     def is_moe(self) -> bool:
         return any(layer.n_expert > 0 for layer in self.layers)
+
+    def kv_values_per_token(self) -> int:
+        """K and V values one token keeps in the cache, over all layers."""
+        return sum(2 * (L.n_head_kv or self.n_head_kv) * (L.head_dim or self.head_dim)
+                   for L in self.layers)
+
+    def kv_bytes_per_token(self, kv_dtype: str = "f32") -> int:
+        return self.kv_values_per_token() * (4 if kv_dtype == "f32" else 2)
+
+    def kv_dims(self) -> tuple[int, int, int]:
+        """(n_layers, n_kv_heads, head_dim) to make the KV cache with: the model's when every
+        layer has the same shape, else one flat row per token that the forward splits by layer
+        (gemma4's sliding and global layers differ)."""
+        if all(L.n_head_kv in (0, self.n_head_kv) and L.head_dim in (0, self.head_dim)
+               for L in self.layers):
+            return self.n_layer, self.n_head_kv, self.head_dim
+        return 1, 1, self.kv_values_per_token() // 2
 
     def dense_bytes(self) -> int:
         """Bytes of every tensor except the routed experts."""
@@ -279,6 +319,8 @@ class _Reader:
         return Mat(t.type, rows, cols, t.row_nbytes, self.gf.data(name))
 
     def experts(self, bid: int, n_expert: int, n_embd: int, n_ff: int) -> ExpertTensors:
+        if self.has(f"blk.{bid}.ffn_gate_up_exps.weight"):
+            return self.fused_experts(bid, n_expert, n_embd, n_ff)
         mats = {}
         for kind, rows, cols in (("gate", n_ff, n_embd), ("up", n_ff, n_embd), ("down", n_embd, n_ff)):
             name = f"blk.{bid}.ffn_{kind}_exps.weight"
@@ -304,6 +346,41 @@ class _Reader:
             gate_info=mats["gate"][0], up_info=mats["up"][0], down_info=mats["down"][0],
         )
 
+    def _stacked(self, name: str, rows: int, cols: int, n_expert: int
+                 ) -> tuple[TensorInfo, Mat, np.ndarray, int]:
+        """A 3-D expert tensor [cols, rows, n_expert]: (info, one expert's template, bytes,
+        stride in bytes from one expert to the next)."""
+        t = self.info(name)
+        if tuple(t.shape) != (cols, rows, n_expert):
+            raise UnsupportedModel(
+                f"{self.gf.path}: tensor {name!r} has shape {list(t.shape)}, expected "
+                f"[{cols}, {rows}, {n_expert}] (GGUF order)"
+            )
+        if self.dequantize and t.type != F32:
+            data = _dequantized(self.gf.data(name), t.type, rows * cols * n_expert)
+            self.keep.append(data)
+            return t, Mat(F32, rows, cols, cols * 4, None), data, rows * cols * 4
+        return (t, Mat(t.type, rows, cols, t.row_nbytes, None),
+                *_expert_span(self.gf, name, t, n_expert))
+
+    def fused_experts(self, bid: int, n_expert: int, n_embd: int, n_ff: int) -> ExpertTensors:
+        """gemma4's ffn_gate_up_exps [n_embd, 2*n_ff, n_expert] (expert e: n_ff gate rows, then
+        n_ff up rows) and ffn_down_exps: gate and up point into the fused tensor."""
+        gu_info, gu, gu_data, gu_stride = self._stacked(
+            f"blk.{bid}.ffn_gate_up_exps.weight", 2 * n_ff, n_embd, n_expert)
+        d_info, down, d_data, d_stride = self._stacked(
+            f"blk.{bid}.ffn_down_exps.weight", n_embd, n_ff, n_expert)
+        half = n_ff * gu.row_bytes  # bytes of one expert's gate rows
+        gate = Mat(gu.type, n_ff, n_embd, gu.row_bytes, None)
+        up = Mat(gu.type, n_ff, n_embd, gu.row_bytes, None)
+        up_info = dataclasses.replace(gu_info, offset=gu_info.offset + half,
+                                      nbytes=gu_info.nbytes - half)
+        return ExpertTensors(
+            gate=gate, up=up, down=down, gate_base=gu_data, up_base=gu_data[half:],
+            down_base=d_data, gate_stride=gu_stride, up_stride=gu_stride, down_stride=d_stride,
+            gate_info=gu_info, up_info=up_info, down_info=d_info, fused=True,
+        )
+
 
 def _int(v: Any, what: str, path: str) -> int:
     if isinstance(v, list | tuple | np.ndarray):
@@ -312,6 +389,78 @@ def _int(v: Any, what: str, path: str) -> int:
             raise UnsupportedModel(f"{path}: per-layer {what} values {sorted(vals)} are not supported")
         return vals.pop()
     return int(v)
+
+
+@dataclass
+class _LayerAttn:
+    """One layer's attention shape and rope (gemma4 has two kinds of layers)."""
+
+    sliding: bool
+    head_dim: int
+    n_head_kv: int
+    n_rot: int
+    rope_base: float
+    freq_scale: float
+
+
+def _per_layer(v: Any, n_layer: int, what: str, path: str) -> list[int]:
+    """A key that is a scalar or a per-layer array, as n_layer ints."""
+    if isinstance(v, list | tuple | np.ndarray):
+        if len(v) != n_layer:
+            raise UnsupportedModel(f"{path}: {what} has {len(v)} values for {n_layer} layers")
+        return [int(x) for x in v]
+    return [int(v)] * n_layer
+
+
+def _gemma4_layers(r: _Reader, n_layer: int, n_head: int, freq_scale: float
+                   ) -> tuple[list[_LayerAttn], int]:
+    """gemma4's per-layer attention (llama.cpp's reading): a per-layer sliding pattern, SWA
+    layers with key_length_swa / rope.dimension_count_swa / rope.freq_base_swa, global layers
+    with key_length / rope.dimension_count / rope.freq_base (and rope_freqs); head_count_kv
+    scalar or per layer. Returns the layers and the sliding window. Per-layer embeddings and
+    KV sharing are refused by name."""
+    p = r.gf.path
+    ple = int(r.key("embedding_length_per_layer_input", 0) or 0)
+    if ple > 0 or r.has("per_layer_token_embd.weight"):
+        raise UnsupportedModel(
+            f"{p}: gemma4 per-layer embeddings (gemma4.embedding_length_per_layer_input = {ple}, "
+            f"tensor per_layer_token_embd.weight) are not supported"
+        )
+    shared = int(r.key("attention.shared_kv_layers", 0) or 0)
+    if shared > 0:
+        raise UnsupportedModel(
+            f"{p}: gemma4 KV sharing (gemma4.attention.shared_kv_layers = {shared}) is not supported"
+        )
+    swa = int(r.key("attention.sliding_window", required=True))
+    pattern = r.key("attention.sliding_window_pattern", required=True)
+    if not isinstance(pattern, list | tuple | np.ndarray) or len(pattern) != n_layer:
+        raise UnsupportedModel(
+            f"{p}: gemma4.attention.sliding_window_pattern must be a per-layer array of "
+            f"{n_layer} booleans"
+        )
+    hd = int(r.key("attention.key_length", required=True))
+    hd_swa = int(r.key("attention.key_length_swa", required=True))
+    for k, want in (("attention.value_length", hd), ("attention.value_length_swa", hd_swa)):
+        if int(r.key(k, want)) != want:
+            raise UnsupportedModel(f"{p}: gemma4.{k} != the key length is not supported")
+    rot = int(r.key("rope.dimension_count", hd))
+    rot_swa = int(r.key("rope.dimension_count_swa", hd_swa))
+    base = float(r.key("rope.freq_base", 10000.0))
+    base_swa = float(r.key("rope.freq_base_swa", base))
+    n_kv = _per_layer(r.key("attention.head_count_kv", n_head), n_layer, "head_count_kv", p)
+    out = []
+    for i in range(n_layer):
+        if bool(pattern[i]):
+            out.append(_LayerAttn(True, hd_swa, n_kv[i], rot_swa, base_swa, 1.0))
+        else:
+            out.append(_LayerAttn(False, hd, n_kv[i], rot, base, freq_scale))
+        a = out[-1]
+        if a.n_head_kv <= 0 or n_head % a.n_head_kv or a.n_rot > a.head_dim or a.n_rot % 2:
+            raise UnsupportedModel(
+                f"{p}: layer {i}: {a.n_head_kv} KV heads for {n_head} heads, {a.n_rot} rope "
+                f"dims for head_dim {a.head_dim} are not supported"
+            )
+    return out, swa
 
 
 def describe(gf: GGUFFile, dequantize: bool = False) -> ModelDesc:
@@ -333,12 +482,18 @@ def describe(gf: GGUFFile, dequantize: bool = False) -> ModelDesc:
     n_embd = _int(r.key("embedding_length", required=True), "embedding_length", p)
     n_layer = _int(r.key("block_count", required=True), "block_count", p)
     n_head = _int(r.key("attention.head_count", required=True), "head_count", p)
-    n_head_kv = _int(r.key("attention.head_count_kv", n_head), "head_count_kv", p)
-    head_dim = _int(r.key("attention.key_length", n_embd // max(n_head, 1)), "key_length", p)
-    v_dim = _int(r.key("attention.value_length", head_dim), "value_length", p)
-    if v_dim != head_dim:
-        raise UnsupportedModel(f"{p}: key_length {head_dim} != value_length {v_dim} is not supported")
-    n_rot = _int(r.key("rope.dimension_count", head_dim), "rope.dimension_count", p)
+    g4: list[_LayerAttn] | None = None
+    if fam.gemma4:
+        g4, _ = _gemma4_layers(r, n_layer, n_head, 1.0)
+        # the model-level shape: the first layer's (the per-layer values override it)
+        n_head_kv, head_dim, n_rot = g4[0].n_head_kv, g4[0].head_dim, g4[0].n_rot
+    else:
+        n_head_kv = _int(r.key("attention.head_count_kv", n_head), "head_count_kv", p)
+        head_dim = _int(r.key("attention.key_length", n_embd // max(n_head, 1)), "key_length", p)
+        v_dim = _int(r.key("attention.value_length", head_dim), "value_length", p)
+        if v_dim != head_dim:
+            raise UnsupportedModel(f"{p}: key_length {head_dim} != value_length {v_dim} is not supported")
+        n_rot = _int(r.key("rope.dimension_count", head_dim), "rope.dimension_count", p)
     eps = float(r.key("attention.layer_norm_rms_epsilon", required=True))
     n_ctx = _int(r.key("context_length", 4096), "context_length", p)
     rope_base = float(r.key("rope.freq_base", 10000.0))
@@ -347,8 +502,6 @@ def describe(gf: GGUFFile, dequantize: bool = False) -> ModelDesc:
     if scaling_type not in ("none", "linear") and factor not in (0.0, 1.0):
         raise UnsupportedModel(f"{p}: rope scaling {scaling_type!r} is not supported")
     freq_scale = 1.0 / factor if factor > 0 else 1.0
-    if r.has("rope_freqs.weight"):
-        raise UnsupportedModel(f"{p}: rope_freqs (llama3-style rope scaling) is not supported yet")
     if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv or n_embd <= 0 or n_layer <= 0:
         raise UnsupportedModel(f"{p}: bad attention sizes: {n_head} heads, {n_head_kv} KV heads")
 
@@ -367,35 +520,52 @@ def describe(gf: GGUFFile, dequantize: bool = False) -> ModelDesc:
     swa = _int(r.key("attention.sliding_window", 0) or 0, "sliding_window", p)
     pattern_layers = gf.metadata.get(f"{arch}.attention.sliding_window_pattern_layers")
 
-    nq, nkv = n_head * head_dim, n_head_kv * head_dim
+    # rope_freqs: per-pair frequency divisors (llama3-style scaling; gemma4's proportional
+    # rope of the global layers), n_rot/2 values; gemma4 uses them on global layers only
+    rope_rot = n_rot if g4 is None else next((a.n_rot for a in g4 if not a.sliding), n_rot)
+    rope_freqs = r.vec("rope_freqs.weight", rope_rot // 2, required=False)
+
     layers = []
     for i in range(n_layer):
         b = f"blk.{i}."
+        hd_i, nkv_i = (head_dim, n_head_kv) if g4 is None else (g4[i].head_dim, g4[i].n_head_kv)
+        nq, nkv = n_head * hd_i, nkv_i * hd_i
         attn_norm = r.vec(b + "attn_norm.weight", n_embd)
         ffn_norm_name = b + "ffn_norm.weight"
         if not r.has(ffn_norm_name) and r.has(b + "post_attention_norm.weight") and not fam.post_norms:
             ffn_norm_name = b + "post_attention_norm.weight"
         ffn_norm = r.vec(ffn_norm_name, n_embd)
         wq, wk = r.mat(b + "attn_q.weight", nq, n_embd), r.mat(b + "attn_k.weight", nkv, n_embd)
-        wv, wo = r.mat(b + "attn_v.weight", nkv, n_embd), r.mat(b + "attn_output.weight", n_embd, nq)
+        # gemma4 attention_k_eq_v: no attn_v, V is the K projection
+        wv = r.mat(b + "attn_v.weight", nkv, n_embd, required=g4 is None)
+        wo = r.mat(b + "attn_output.weight", n_embd, nq)
         assert attn_norm is not None and ffn_norm is not None
-        assert wq is not None and wk is not None and wv is not None and wo is not None
-        L = LayerDesc(attn_norm=attn_norm, wq=wq, wk=wk, wv=wv, wo=wo, ffn_norm=ffn_norm)
+        assert wq is not None and wk is not None and wo is not None
+        L = LayerDesc(attn_norm=attn_norm, wq=wq, wk=wk, wv=wv or Mat(F32, 0, 0, 0, None), wo=wo,
+                      ffn_norm=ffn_norm)
+        L.v_from_k = wv is None
         L.bq = r.vec(b + "attn_q.bias", nq, required=False)
         L.bk = r.vec(b + "attn_k.bias", nkv, required=False)
         L.bv = r.vec(b + "attn_v.bias", nkv, required=False)
         L.bo = r.vec(b + "attn_output.bias", n_embd, required=False)
         if fam.qk_norm == QK_HEAD:
-            L.q_norm = r.vec(b + "attn_q_norm.weight", head_dim)
-            L.k_norm = r.vec(b + "attn_k_norm.weight", head_dim)
+            L.q_norm = r.vec(b + "attn_q_norm.weight", hd_i)
+            L.k_norm = r.vec(b + "attn_k_norm.weight", hd_i)
         elif fam.qk_norm == QK_FULL:
             L.q_norm = r.vec(b + "attn_q_norm.weight", nq)
             L.k_norm = r.vec(b + "attn_k_norm.weight", nkv)
         if fam.post_norms:
             L.attn_post_norm = r.vec(b + "post_attention_norm.weight", n_embd)
             L.ffn_post_norm = r.vec(b + "post_ffw_norm.weight", n_embd)
-        L.rope_base, L.rope_freq_scale = rope_base, freq_scale
-        if fam.swa_pattern and swa > 0:
+        L.rope_base, L.rope_freq_scale, L.rope_freqs = rope_base, freq_scale, rope_freqs
+        if g4 is not None:
+            a = g4[i]
+            L.n_head_kv, L.head_dim, L.rope_n_dims = a.n_head_kv, a.head_dim, a.n_rot
+            L.rope_base, L.v_norm = a.rope_base, True
+            if a.sliding:
+                L.sliding_window, L.rope_freq_scale, L.rope_freqs = swa, 1.0, None
+            L.out_scale = r.vec(b + "layer_output_scale.weight", 1, required=False)
+        elif fam.swa_pattern and swa > 0:
             if pattern_layers is not None and len(pattern_layers) == n_layer:
                 sliding = bool(pattern_layers[i])
             else:
@@ -404,10 +574,11 @@ def describe(gf: GGUFFile, dequantize: bool = False) -> ModelDesc:
                 L.sliding_window = swa
                 L.rope_base, L.rope_freq_scale = fam.swa_rope_base or rope_base, 1.0
         if n_expert and r.has(b + "ffn_gate_inp.weight"):
-            n_ff_exp = _int(
-                r.key("expert_feed_forward_length", 0) or r.info(b + "ffn_gate_exps.weight").shape[1],
-                "expert_feed_forward_length", p,
-            )
+            exp_name = b + ("ffn_gate_up_exps.weight" if r.has(b + "ffn_gate_up_exps.weight")
+                            else "ffn_gate_exps.weight")
+            ff_guess = r.info(exp_name).shape[1] // (2 if "gate_up" in exp_name else 1)
+            n_ff_exp = _int(r.key("expert_feed_forward_length", 0) or ff_guess,
+                            "expert_feed_forward_length", p)
             L.n_expert, L.n_expert_used, L.n_ff_exp = n_expert, n_used, n_ff_exp
             L.router = r.mat(b + "ffn_gate_inp.weight", n_expert, n_embd)
             L.router_bias = r.vec(b + "exp_probs_b.bias", n_expert, required=False)
@@ -418,6 +589,18 @@ def describe(gf: GGUFFile, dequantize: bool = False) -> ModelDesc:
                 L.sh_up = r.mat(b + "ffn_up_shexp.weight", ff_sh, n_embd)
                 L.sh_down = r.mat(b + "ffn_down_shexp.weight", n_embd, ff_sh)
                 L.sh_gate_inp = r.mat(b + "ffn_gate_inp_shexp.weight", 1, n_embd, required=False)
+            if g4 is not None:
+                # the MoE block beside the dense MLP: its norms, router input scale and
+                # per-expert output scale
+                ff = r.info(b + "ffn_gate.weight").shape[1]
+                L.ffn_gate = r.mat(b + "ffn_gate.weight", ff, n_embd)
+                L.ffn_up = r.mat(b + "ffn_up.weight", ff, n_embd)
+                L.ffn_down = r.mat(b + "ffn_down.weight", n_embd, ff)
+                L.ffn_post_norm_1 = r.vec(b + "post_ffw_norm_1.weight", n_embd)
+                L.ffn_pre_norm_2 = r.vec(b + "pre_ffw_norm_2.weight", n_embd)
+                L.ffn_post_norm_2 = r.vec(b + "post_ffw_norm_2.weight", n_embd)
+                L.router_in_scale = r.vec(b + "ffn_gate_inp.scale", n_embd)
+                L.exp_down_scale = r.vec(b + "ffn_down_exps.scale", n_expert, required=False)
         else:
             ff = r.info(b + "ffn_gate.weight").shape[1]
             L.ffn_gate = r.mat(b + "ffn_gate.weight", ff, n_embd)
@@ -430,9 +613,10 @@ def describe(gf: GGUFFile, dequantize: bool = False) -> ModelDesc:
         head_dim=head_dim, n_vocab=n_vocab, n_ctx_train=n_ctx, norm_eps=eps, act=fam.act,
         qk_norm=fam.qk_norm, rope_mode=fam.rope_mode, rope_n_dims=n_rot,
         embd_scale=math.sqrt(n_embd) if fam.embd_scale else 1.0,
-        attn_scale=1.0 / math.sqrt(head_dim),
+        attn_scale=1.0 if fam.gemma4 else 1.0 / math.sqrt(head_dim),
         attn_softcap=float(r.key("attn_logit_softcapping", 0.0) or 0.0),
-        final_softcap=float(r.key("final_logit_softcapping", 0.0) or 0.0),
+        # llama.cpp caps gemma4's logits at 30 when the key is absent
+        final_softcap=float(r.key("final_logit_softcapping", 30.0 if fam.gemma4 else 0.0) or 0.0),
         gating=fam.gating, expert_renorm=fam.renorm, expert_scale=1.0,
         tok_embd=tok_embd, output_norm=output_norm, output=output, layers=layers,
     )

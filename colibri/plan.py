@@ -74,7 +74,7 @@ def make_plan(path: str, ctx: int = 4096, max_batch: int = 512, kv_dtype: str = 
 def plan_for(path: str, d: ModelDesc, ctx: int, max_batch: int, kv_dtype: str,
              available: int) -> Plan:
     dense, experts = d.dense_bytes(), d.expert_bytes()
-    kv = max(ctx, 1) * d.n_layer * 2 * d.n_head_kv * d.head_dim * (4 if kv_dtype == "f32" else 2)
+    kv = max(ctx, 1) * d.kv_bytes_per_token(kv_dtype)
     ff = max([L.n_ff_exp for L in d.layers] + [L.ffn_gate.rows for L in d.layers
                                                  if L.ffn_gate is not None] + [1])
     scratch = max_batch * 4 * (4 * d.n_embd + 3 * ff + d.n_vocab) + (64 << 20)

@@ -52,10 +52,21 @@ def family_configs():
         "gemma3": (T.Gemma3TextConfig, T.Gemma3ForCausalLM,
                    dict(intermediate_size=96, head_dim=32, sliding_window=8,
                         query_pre_attn_scalar=32, num_hidden_layers=6)),
+        # 7 layers: 5 and 6 global (head_dim 32, partial proportional rope: 4 of 16 pairs
+        # rotate), the others sliding (head_dim 16, window 6 < prompts); the MoE block beside
+        # the dense MLP in every layer (12 experts, top 3); no per-layer embeddings
+        "gemma4": (T.Gemma4TextConfig, T.Gemma4ForCausalLM,
+                   dict(intermediate_size=96, head_dim=16, global_head_dim=32, sliding_window=6,
+                        num_hidden_layers=7, hidden_size_per_layer_input=0,
+                        num_kv_shared_layers=0, enable_moe_block=True, num_experts=12,
+                        final_logit_softcapping=30.0,
+                        top_k_experts=3, moe_intermediate_size=32,
+                        layer_types=["sliding_attention"] * 5 + ["full_attention"] * 2)),
     }, common
 
 
-FAMILIES = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3"]
+FAMILIES = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
+            "gemma4"]
 
 
 def add_bigram_path(model, seed: int, strength: float = 0.5) -> None:
@@ -92,6 +103,11 @@ def build(family: str, out_dir: Path, outtypes=("f32",)):
             # non-trivial norms and biases, so that a missing one is caught
             if "norm" in name or name.endswith("bias"):
                 p.add_(torch.randn(p.shape, generator=gen) * 0.1)
+            elif name.endswith(("router.scale", "per_expert_scale")):  # gemma4, init 1
+                p.mul_(1.0 + torch.rand(p.shape, generator=gen))
+        for name, buf in model.named_buffers():
+            if name.endswith("layer_scalar"):  # gemma4, init 1
+                buf.mul_(0.5 + torch.rand(buf.shape, generator=gen))
     add_bigram_path(model, seed=FAMILIES.index(family))
     conv = _convert_module()
     paths = {}

@@ -3,14 +3,20 @@
 
     python tools/convert_hf.py MODEL_DIR OUT.gguf [--outtype f32|f16|bf16|q8_0] [--pre NAME]
 
-Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, gemma3_text
-(and gemma3 whose text_config is one). Tensor names come from the `gguf` package's
+Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, gemma3_text,
+gemma4_text (and gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
 TensorNameMap, and the layout follows llama.cpp's convert_hf_to_gguf.py so that colibri and
 llama.cpp read the files the same way:
 
 - llama/mixtral: q and k projection rows are permuted from HF's rotate-half order to the
   interleaved order llama.cpp's "normal" RoPE expects;
-- gemma3: RMSNorm weights are stored as (1 + w) (Gemma's norm scales by 1 + w);
+- gemma3: RMSNorm weights are stored as (1 + w) (Gemma's norm scales by 1 + w); gemma4: no
+  shift (its norm scales by w); router.scale -> ffn_gate_inp.scale, router.per_expert_scale ->
+  ffn_down_exps.scale, layer_scalar -> layer_output_scale.weight, experts.gate_up_proj kept
+  fused as ffn_gate_up_exps; the global layers' proportional rope is written as a rope_freqs
+  tensor (1 for rotated pairs, 1e30 for the others) with the global head dim taken from
+  per_layer_config;
+- llama with rope_type "llama3": the per-pair frequency divisors go into rope_freqs.weight;
 - experts are stacked into 3-D tensors ffn_{gate,up,down}_exps of numpy shape
   [n_expert, rows, cols] (GGUF ne = [cols, rows, n_expert]), from per-expert tensors or from
   transformers 5's fused `experts.gate_up_proj` / `experts.down_proj`;
@@ -49,6 +55,7 @@ ARCHES = {
     "qwen3_moe": "qwen3moe",
     "olmoe": "olmoe",
     "gemma3_text": "gemma3",
+    "gemma4_text": "gemma4",
 }
 GGUF_ARCH = {
     "llama": gguf.MODEL_ARCH.LLAMA,
@@ -58,6 +65,7 @@ GGUF_ARCH = {
     "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE,
     "olmoe": gguf.MODEL_ARCH.OLMOE,
     "gemma3": gguf.MODEL_ARCH.GEMMA3,
+    "gemma4": gguf.MODEL_ARCH.GEMMA4,
 }
 OUTTYPES = {
     "f32": gguf.GGMLQuantizationType.F32,
@@ -85,11 +93,72 @@ class ConvertError(ValueError):
 
 def load_config(model_dir: Path) -> dict[str, Any]:
     cfg = json.loads((model_dir / "config.json").read_text())
-    if cfg.get("model_type") == "gemma3" and "text_config" in cfg:
+    if cfg.get("model_type") in ("gemma3", "gemma4") and "text_config" in cfg:
         text = dict(cfg["text_config"])
-        text.setdefault("model_type", "gemma3_text")
+        text.setdefault("model_type", cfg["model_type"] + "_text")
         return text
     return cfg
+
+
+def _gemma4_layer(cfg: dict[str, Any], i: int) -> dict[str, Any]:
+    """gemma4's per-layer overrides (transformers saves `per_layer_config` keyed by layer
+    index; older configs give global_head_dim / num_global_key_value_heads)."""
+    plc = cfg.get("per_layer_config") or {}
+    over = dict(plc.get(str(i)) or plc.get(i) or {})  # type: ignore[call-overload]
+    if cfg["layer_types"][i] == "full_attention":
+        if "head_dim" not in over and cfg.get("global_head_dim"):
+            over["head_dim"] = int(cfg["global_head_dim"])
+        if ("num_key_value_heads" not in over and cfg.get("num_global_key_value_heads")
+                and cfg.get("attention_k_eq_v")):
+            over["num_key_value_heads"] = int(cfg["num_global_key_value_heads"])
+    return over
+
+
+def _gemma4_dims(cfg: dict[str, Any]) -> tuple[int, int, list[int]]:
+    """(global head dim, sliding head dim, KV heads per layer)."""
+    hd_swa = int(cfg["head_dim"])
+    hd = hd_swa
+    n_kv = []
+    for i, lt in enumerate(cfg["layer_types"]):
+        over = _gemma4_layer(cfg, i)
+        if lt == "full_attention":
+            hd = int(over.get("head_dim", hd_swa))
+        n_kv.append(int(over.get("num_key_value_heads", cfg.get("num_key_value_heads", 1))))
+    return hd, hd_swa, n_kv
+
+
+def _gemma4_rope_freqs(cfg: dict[str, Any]) -> np.ndarray | None:
+    """The global layers' proportional rope as llama.cpp reads it: NeoX rope over the whole
+    global head dim whose pairs past partial_rotary_factor get divisor 1e30 (angle 0)."""
+    full = (cfg.get("rope_parameters") or {}).get("full_attention") or {}
+    if full.get("rope_type") != "proportional":
+        return None
+    hd = _gemma4_dims(cfg)[0]
+    n_rot = int(float(full.get("partial_rotary_factor", 1.0)) * hd // 2)
+    return np.array([1.0] * n_rot + [1e30] * (hd // 2 - n_rot), dtype=np.float32)
+
+
+def _llama3_rope_freqs(cfg: dict[str, Any], scaling: dict[str, Any]) -> np.ndarray:
+    """Llama 3.1's rope scaling as per-pair frequency divisors (rope_freqs.weight): 1 for
+    short wavelengths, `factor` for long ones, a smooth blend between."""
+    base = _rope_theta(cfg)
+    dim = _head_dim(cfg)
+    factor = float(scaling.get("factor", 8.0))
+    lo = float(scaling.get("low_freq_factor", 1.0))
+    hi = float(scaling.get("high_freq_factor", 4.0))
+    old_ctx = float(scaling.get("original_max_position_embeddings", 8192))
+    lo_wavelen, hi_wavelen = old_ctx / lo, old_ctx / hi
+    out = []
+    for i in range(0, dim, 2):
+        wavelen = 2 * math.pi * base ** (i / dim)
+        if wavelen < hi_wavelen:
+            out.append(1.0)
+        elif wavelen > lo_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - lo) / (hi - lo)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
 
 
 def _rope_theta(cfg: dict[str, Any], layer_kind: str | None = None, default: float = 10000.0) -> float:
@@ -158,14 +227,20 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
     w.add_embedding_length(int(cfg["hidden_size"]))
     w.add_block_count(n_layer)
     w.add_head_count(int(cfg["num_attention_heads"]))
-    w.add_head_count_kv(int(cfg.get("num_key_value_heads", cfg["num_attention_heads"])))
+    if arch != "gemma4":
+        w.add_head_count_kv(int(cfg.get("num_key_value_heads", cfg["num_attention_heads"])))
     w.add_layer_norm_rms_eps(float(cfg.get("rms_norm_eps", 1e-6)))
     w.add_vocab_size(int(cfg["vocab_size"]))
     hd = _head_dim(cfg)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_rope_dimension_count(hd)
-    if arch == "gemma3":
+    if arch != "gemma4":
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+        w.add_rope_dimension_count(hd)
+    scaling: dict[str, Any] | None
+    if arch == "gemma4":
+        _write_gemma4_metadata(w, cfg)
+        scaling = None
+    elif arch == "gemma3":
         w.add_rope_freq_base(_rope_theta(cfg, "full_attention", 1_000_000.0))
         scaling = _rope_scaling(cfg, "full_attention")
         sw = cfg.get("sliding_window")
@@ -192,7 +267,9 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
             w.add_sliding_window(int(cfg["sliding_window"]))
     if scaling:
         kind = scaling.get("rope_type", scaling.get("type"))
-        if kind == "linear":
+        if kind == "llama3" and arch == "llama":
+            pass  # written as the rope_freqs tensor (Converter.tensors), no scaling keys
+        elif kind == "linear":
             w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(float(scaling["factor"]))
         elif kind == "yarn":
@@ -203,6 +280,8 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
             raise ConvertError(f"unsupported rope scaling {kind!r}")
 
     n_expert = cfg.get("num_local_experts") or cfg.get("num_experts")
+    if arch == "gemma4":
+        return  # written by _write_gemma4_metadata
     if n_expert:
         w.add_expert_count(int(n_expert))
         w.add_expert_used_count(int(cfg["num_experts_per_tok"]))
@@ -221,6 +300,43 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
                                "is not supported")
     else:
         w.add_feed_forward_length(int(cfg["intermediate_size"]))
+
+
+def _write_gemma4_metadata(w: gguf.GGUFWriter, cfg: dict[str, Any]) -> None:
+    """gemma4's keys as llama.cpp's converter writes them (head dims, rope bases and dims per
+    layer kind, per-layer sliding pattern, head_count_kv per layer when it differs)."""
+    a = "gemma4"
+    n_layer = int(cfg["num_hidden_layers"])
+    if not cfg.get("layer_types"):
+        cfg["layer_types"] = ["sliding_attention" if (i + 1) % 6 else "full_attention"
+                              for i in range(n_layer)]
+    hd, hd_swa, n_kv = _gemma4_dims(cfg)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_uint32(f"{a}.attention.key_length_swa", hd_swa)
+    w.add_uint32(f"{a}.attention.value_length_swa", hd_swa)
+    if len(set(n_kv)) == 1:
+        w.add_head_count_kv(n_kv[0])
+    else:
+        w.add_array(f"{a}.attention.head_count_kv", n_kv)
+    w.add_rope_freq_base(_rope_theta(cfg, "full_attention", 1_000_000.0))
+    w.add_float32(f"{a}.rope.freq_base_swa", _rope_theta(cfg, "sliding_attention", 10_000.0))
+    w.add_rope_dimension_count(hd)
+    w.add_uint32(f"{a}.rope.dimension_count_swa",
+                 int(hd_swa * float(cfg.get("partial_rotary_factor", 1.0))))
+    w.add_sliding_window(int(cfg["sliding_window"]))
+    w.add_array(f"{a}.attention.sliding_window_pattern",
+                [lt == "sliding_attention" for lt in cfg["layer_types"]])
+    w.add_uint32(f"{a}.attention.shared_kv_layers", int(cfg.get("num_kv_shared_layers") or 0))
+    w.add_uint32(f"{a}.embedding_length_per_layer_input",
+                 int(cfg.get("hidden_size_per_layer_input") or 0))
+    if cfg.get("final_logit_softcapping"):
+        w.add_final_logit_softcapping(float(cfg["final_logit_softcapping"]))
+    w.add_feed_forward_length(int(cfg["intermediate_size"]))
+    if cfg.get("enable_moe_block"):
+        w.add_expert_count(int(cfg["num_experts"]))
+        w.add_expert_used_count(int(cfg["top_k_experts"]))
+        w.add_expert_feed_forward_length(int(cfg["moe_intermediate_size"]))
 
 
 def write_tokenizer(w: gguf.GGUFWriter, model_dir: Path, cfg: dict[str, Any], pre: str) -> None:
@@ -310,6 +426,13 @@ class Converter:
         self.n_layer = int(self.cfg["num_hidden_layers"])
         self.tmap = gguf.get_tensor_name_map(GGUF_ARCH[self.arch], self.n_layer)
         self.n_expert = int(self.cfg.get("num_local_experts") or self.cfg.get("num_experts") or 0)
+        self.multimodal = json.loads((self.dir / "config.json").read_text()).get("model_type") \
+            != mt
+        if self.arch == "gemma4" and int(self.cfg.get("hidden_size_per_layer_input") or 0) > 0:
+            raise ConvertError(
+                f"{self.dir}: gemma4 per-layer embeddings (hidden_size_per_layer_input = "
+                f"{self.cfg['hidden_size_per_layer_input']}) are not supported"
+            )
 
     def _qtype(self, name: str, data: np.ndarray) -> gguf.GGMLQuantizationType:
         if data.ndim == 1 or ".ffn_gate_inp" in name or name.endswith("_norm.weight"):
@@ -336,9 +459,27 @@ class Converter:
         n_head = int(cfg["num_attention_heads"])
         n_head_kv = int(cfg.get("num_key_value_heads", n_head))
         experts: dict[tuple[int, str], dict[int, np.ndarray]] = {}
+        if self.arch == "gemma4":
+            rf = _gemma4_rope_freqs(cfg)
+            if rf is not None:
+                yield "rope_freqs.weight", rf
+        scaling = _rope_scaling(cfg)
+        if self.arch == "llama" and scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
+            yield "rope_freqs.weight", _llama3_rope_freqs(cfg, scaling)
         for hf_name, data in iter_safetensors(self.dir):
             if hf_name.endswith("rotary_emb.inv_freq"):
                 continue
+            if self.multimodal:
+                # the text part of a multimodal checkpoint (gemma3/gemma4 ...ForConditionalGeneration)
+                if hf_name.startswith("model.language_model."):
+                    hf_name = "model." + hf_name[len("model.language_model."):]
+                elif not hf_name.startswith("lm_head."):
+                    continue
+            if self.arch == "gemma4":
+                g4 = self._gemma4_tensor(hf_name, data)
+                if g4 is not None:
+                    yield g4
+                    continue
             m = _EXPERT_RE.match(hf_name)
             if m:
                 key = (int(m["bid"]), _EXPERT_KIND[m["w"]])
@@ -372,6 +513,19 @@ class Converter:
         if experts:
             missing = ", ".join(f"layer {b} {k}: {sorted(v)}" for (b, k), v in experts.items())
             raise ConvertError(f"{self.dir}: incomplete experts ({missing})")
+
+    _G4_RE = re.compile(r"^model\.layers\.(?P<bid>\d+)\.(?P<w>router\.scale|router\.per_expert_scale|"
+                        r"experts\.gate_up_proj|experts\.down_proj|layer_scalar)$")
+    _G4_NAMES = {"router.scale": "ffn_gate_inp.scale", "router.per_expert_scale": "ffn_down_exps.scale",
+                 "experts.gate_up_proj": "ffn_gate_up_exps.weight",
+                 "experts.down_proj": "ffn_down_exps.weight", "layer_scalar": "layer_output_scale.weight"}
+
+    def _gemma4_tensor(self, hf_name: str, data: np.ndarray) -> tuple[str, np.ndarray] | None:
+        """gemma4 tensors the gguf name map does not name as llama.cpp does (None: map it)."""
+        m = self._G4_RE.match(hf_name)
+        if not m:
+            return None
+        return f"blk.{m['bid']}.{self._G4_NAMES[m['w']]}", data
 
     def convert(self, out_path: Path) -> Path:
         out_path = Path(out_path)

@@ -39,10 +39,11 @@ struct cb_forward {
     int n_threads;
     size_t token_stride;  /* KV bytes per token */
     size_t kv_elt;        /* 4 (f32) or 2 (f16) */
+    size_t *kv_off;       /* [n_layer] element offset of each layer's K/V inside a token */
     int64_t max_ff;       /* widest FFN (dense, expert or shared) */
     int32_t max_expert, max_used;
     /* scratch, [max_batch x ...] */
-    float *x, *h, *q, *k, *v, *att, *o, *g, *u, *rlog, *rw, *shg, *lrows;
+    float *x, *h, *q, *k, *v, *att, *o, *o2, *g, *u, *rlog, *rw, *shg, *lrows;
     int32_t *rid, *lists, *cnt, *start, *used, *fill;
     int64_t *pos64;
     uint32_t *seqs;       /* distinct sequences of the batch */
@@ -73,8 +74,21 @@ static cb_status check_mat(const cb_matrix_t *w, int64_t rows, int64_t cols, con
     return CB_OK;
 }
 
+/* A layer's attention shape: its own values, or the model's where the layer says 0. */
+static inline int32_t layer_hd(const cb_model_desc_t *m, const cb_layer_desc_t *L) {
+    return L->head_dim > 0 ? L->head_dim : m->head_dim;
+}
+static inline int32_t layer_nkv(const cb_model_desc_t *m, const cb_layer_desc_t *L) {
+    return L->n_head_kv > 0 ? L->n_head_kv : m->n_head_kv;
+}
+static inline int32_t layer_nrot(const cb_model_desc_t *m, const cb_layer_desc_t *L) {
+    int32_t r = L->rope_n_dims > 0 ? L->rope_n_dims : m->rope_n_dims;
+    return r > 0 ? r : layer_hd(m, L);
+}
+
 static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *max_expert,
-                          int32_t *max_used) {
+                          int32_t *max_used, int64_t *max_nq, int64_t *max_nkv,
+                          size_t *kv_elems) {
     if (m->n_embd <= 0 || m->n_layer <= 0 || m->n_head <= 0 || m->n_head_kv <= 0 ||
         m->head_dim <= 0 || m->n_vocab <= 0 || m->n_head % m->n_head_kv != 0)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT,
@@ -91,15 +105,27 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: no layers or output norm");
     if (m->act != CB_ACT_SILU && m->act != CB_ACT_GELU_TANH)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: unknown activation %d", (int)m->act);
-    const int64_t E = m->n_embd, nq = (int64_t)m->n_head * m->head_dim,
-                  nkv = (int64_t)m->n_head_kv * m->head_dim;
+    const int64_t E = m->n_embd;
     CHECK_OK(check_mat(&m->tok_embd, m->n_vocab, E, "token_embd", -1));
     CHECK_OK(check_mat(&m->output, m->n_vocab, E, "output", -1));
     *max_ff = 1;
     *max_expert = 0;
     *max_used = 0;
+    *max_nq = *max_nkv = 0;
+    *kv_elems = 0;
     for (int l = 0; l < m->n_layer; l++) {
         const cb_layer_desc_t *L = &m->layers[l];
+        const int32_t hd = layer_hd(m, L), n_kv = layer_nkv(m, L), n_rot = layer_nrot(m, L);
+        if (L->head_dim < 0 || L->n_head_kv < 0 || L->rope_n_dims < 0 || hd > CB_FORWARD_MAX_HEAD_DIM ||
+            m->n_head % n_kv != 0 || n_rot > hd || n_rot % 2)
+            return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                           "forward: layer %d: head_dim %d (max %d), %d KV heads for %d heads, "
+                           "%d rope dims not supported", l, hd, CB_FORWARD_MAX_HEAD_DIM, n_kv,
+                           m->n_head, n_rot);
+        const int64_t nq = (int64_t)m->n_head * hd, nkv = (int64_t)n_kv * hd;
+        if (nq > *max_nq) *max_nq = nq;
+        if (nkv > *max_nkv) *max_nkv = nkv;
+        *kv_elems += 2 * (size_t)nkv;
         if (!L->attn_norm || !L->ffn_norm)
             return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: layer %d: missing norms", l);
         if (m->qk_norm != CB_QK_NORM_NONE && (!L->q_norm || !L->k_norm))
@@ -110,7 +136,7 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
                            L->sliding_window, L->rope_base, L->rope_freq_scale);
         CHECK_OK(check_mat(&L->wq, nq, E, "attn_q", l));
         CHECK_OK(check_mat(&L->wk, nkv, E, "attn_k", l));
-        CHECK_OK(check_mat(&L->wv, nkv, E, "attn_v", l));
+        if (!L->v_from_k) CHECK_OK(check_mat(&L->wv, nkv, E, "attn_v", l));
         CHECK_OK(check_mat(&L->wo, E, nq, "attn_output", l));
         if (L->n_expert > 0) {
             if (L->n_expert_used < 1 || L->n_expert_used > L->n_expert ||
@@ -129,6 +155,18 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
                 CHECK_OK(check_mat(&td, E, L->n_ff_exp, "ffn_down_exps (one expert)", l));
             }
             if (L->n_ff_exp > *max_ff) *max_ff = L->n_ff_exp;
+            if (mat_present(&L->ffn_gate)) {
+                /* gemma4: a dense FFN beside the experts, with its own norms */
+                int64_t ff = L->ffn_gate.rows;
+                CHECK_OK(check_mat(&L->ffn_gate, ff, E, "ffn_gate", l));
+                CHECK_OK(check_mat(&L->ffn_up, ff, E, "ffn_up", l));
+                CHECK_OK(check_mat(&L->ffn_down, E, ff, "ffn_down", l));
+                if (!L->ffn_post_norm_1 || !L->ffn_pre_norm_2 || !L->ffn_post_norm_2)
+                    return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                                   "forward: layer %d: dense FFN beside experts needs "
+                                   "post_ffw_norm_1, pre_ffw_norm_2 and post_ffw_norm_2", l);
+                if (ff > *max_ff) *max_ff = ff;
+            }
             if (L->n_expert > *max_expert) *max_expert = L->n_expert;
             if (L->n_expert_used > *max_used) *max_used = L->n_expert_used;
             if (mat_present(&L->sh_gate)) {
@@ -162,7 +200,7 @@ void cb_forward_set_moe_hook(cb_forward_t *f, cb_moe_hook_fn fn, void *user) {
 void cb_forward_free(cb_forward_t *f) {
     if (!f) return;
     void *bufs[] = {f->x,     f->h,     f->q,    f->k,        f->v,      f->att,
-                    f->o,     f->g,     f->u,    f->rlog,     f->rw,     f->shg,
+                    f->o,     f->o2,    f->kv_off, f->g,      f->u,      f->rlog, f->rw, f->shg,
                     f->lrows, f->rid,   f->lists, f->cnt,     f->start,  f->used,
                     f->fill,  f->pos64, f->seqs, f->seq_len0, f->seq_n,  f->tok_slot,
                     f->seq_base, f->refs};
@@ -188,16 +226,17 @@ cb_status cb_forward_new(const cb_model_desc_t *m, cb_kvcache_t *kv, cb_experts_
                                                    "(%d) <= 2^20 are required", (int)max_batch);
     int64_t max_ff = 1;
     int32_t max_expert = 0, max_used = 0;
-    CHECK_OK(validate(m, &max_ff, &max_expert, &max_used));
+    int64_t max_nq = 0, max_nkv = 0;
+    size_t per_elt = 0; /* K/V values of one token over all layers */
+    CHECK_OK(validate(m, &max_ff, &max_expert, &max_used, &max_nq, &max_nkv, &per_elt));
     if (max_expert > 0 && !experts)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: a MoE model needs an expert store");
     size_t stride = cb_kvcache_token_stride(kv);
-    size_t per_elt = (size_t)m->n_layer * 2 * (size_t)m->n_head_kv * (size_t)m->head_dim;
     if (stride != per_elt * 4 && stride != per_elt * 2)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT,
                        "forward: the KV cache's token stride %zu bytes does not fit this model "
-                       "(%d layers, %d KV heads, head_dim %d)",
-                       stride, m->n_layer, m->n_head_kv, m->head_dim);
+                       "(%d layers, %zu K/V values per token)",
+                       stride, m->n_layer, per_elt);
     cb_forward_t *f = calloc(1, sizeof *f);
     if (!f) return cb_fail(CB_STATUS_OUT_OF_MEMORY, "forward: no memory");
     f->m = m;
@@ -212,7 +251,7 @@ cb_status cb_forward_new(const cb_model_desc_t *m, cb_kvcache_t *kv, cb_experts_
     f->max_expert = max_expert;
     f->max_used = max_used;
     const size_t B = (size_t)max_batch, E = (size_t)m->n_embd;
-    const size_t nq = (size_t)m->n_head * m->head_dim, nkv = (size_t)m->n_head_kv * m->head_dim;
+    const size_t nq = (size_t)max_nq, nkv = (size_t)max_nkv;
     const size_t K = (size_t)(max_used > 0 ? max_used : 1), NE = (size_t)(max_expert > 0 ? max_expert : 1);
     int fail = 0;
     f->x = zalloc(B * E, sizeof(float), &fail);
@@ -222,6 +261,8 @@ cb_status cb_forward_new(const cb_model_desc_t *m, cb_kvcache_t *kv, cb_experts_
     f->v = zalloc(B * nkv, sizeof(float), &fail);
     f->att = zalloc(B * nq, sizeof(float), &fail);
     f->o = zalloc(B * E, sizeof(float), &fail);
+    f->o2 = zalloc(B * E, sizeof(float), &fail);
+    f->kv_off = zalloc((size_t)m->n_layer, sizeof(size_t), &fail);
     f->g = zalloc(B * (size_t)max_ff, sizeof(float), &fail);
     f->u = zalloc(B * (size_t)max_ff, sizeof(float), &fail);
     f->rlog = zalloc(B * NE, sizeof(float), &fail);
@@ -247,6 +288,11 @@ cb_status cb_forward_new(const cb_model_desc_t *m, cb_kvcache_t *kv, cb_experts_
         return cb_fail(CB_STATUS_OUT_OF_MEMORY,
                        "forward: no memory for the scratch of a %d-token batch", (int)max_batch);
     }
+    size_t off = 0;
+    for (int l = 0; l < m->n_layer; l++) {
+        f->kv_off[l] = off;
+        off += 2 * (size_t)layer_nkv(m, &m->layers[l]) * (size_t)layer_hd(m, &m->layers[l]);
+    }
     *out = f;
     return CB_OK;
 }
@@ -258,6 +304,7 @@ typedef struct attn_ctx {
     const cb_batch_t *b;
     int layer;
     int32_t window;
+    int32_t hd, n_kv;     /* this layer's head_dim and KV heads */
     cb_status status;
 } attn_ctx;
 
@@ -271,8 +318,8 @@ static void attn_task(void *vctx, int task, int thread) {
     cb_forward_t *f = c->f;
     const cb_model_desc_t *m = f->m;
     const int t = task / m->n_head, hq = task % m->n_head;
-    const int hk = hq / (m->n_head / m->n_head_kv);
-    const int64_t hd = m->head_dim;
+    const int hk = hq / (m->n_head / c->n_kv);
+    const int64_t hd = c->hd;
     const int64_t p = c->b->pos[t];
     int64_t lo = 0;
     if (c->window > 0 && p - c->window + 1 > 0) lo = p - c->window + 1;
@@ -281,8 +328,8 @@ static void attn_task(void *vctx, int task, int thread) {
     float *out = f->att + (size_t)t * m->n_head * hd + (size_t)hq * hd;
     float *sc = f->scores[thread];
     const size_t elt = f->kv_elt, stride = f->token_stride;
-    const size_t koff = ((size_t)c->layer * 2 * m->n_head_kv + (size_t)hk) * hd * elt;
-    const size_t voff = koff + (size_t)m->n_head_kv * hd * elt;
+    const size_t koff = (f->kv_off[c->layer] + (size_t)hk * hd) * elt;
+    const size_t voff = koff + (size_t)c->n_kv * hd * elt;
     const uint8_t *base = f->seq_base[t];
     if (elt == 4) {
         cb_status s = cb_dot_rows_f32(q, (const float *)(base + lo * stride + koff), n,
@@ -329,12 +376,15 @@ static void kv_store(uint8_t *dst, const float *src, int64_t n, size_t elt) {
 static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
     const cb_model_desc_t *m = f->m;
     const cb_layer_desc_t *L = &m->layers[l];
-    const int64_t n = b->n_tokens, E = m->n_embd, hd = m->head_dim;
-    const int64_t nq = (int64_t)m->n_head * hd, nkv = (int64_t)m->n_head_kv * hd;
+    const int64_t n = b->n_tokens, E = m->n_embd, hd = layer_hd(m, L), n_kv = layer_nkv(m, L);
+    const int64_t nq = (int64_t)m->n_head * hd, nkv = n_kv * hd;
     CHECK_OK(cb_rmsnorm_rows(f->x, E, n, E, L->attn_norm, m->norm_eps, 0, f->h, E));
     CHECK_OK(cb_matmul(&L->wq, f->h, n, E, f->q, nq, f->pool));
     CHECK_OK(cb_matmul(&L->wk, f->h, n, E, f->k, nkv, f->pool));
-    CHECK_OK(cb_matmul(&L->wv, f->h, n, E, f->v, nkv, f->pool));
+    if (L->v_from_k)
+        memcpy(f->v, f->k, (size_t)(n * nkv) * sizeof(float));
+    else
+        CHECK_OK(cb_matmul(&L->wv, f->h, n, E, f->v, nkv, f->pool));
     for (int64_t t = 0; t < n; t++) {
         if (L->bq) cb_add(f->q + t * nq, L->bq, nq, f->q + t * nq);
         if (L->bk) cb_add(f->k + t * nkv, L->bk, nkv, f->k + t * nkv);
@@ -342,26 +392,28 @@ static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
     }
     if (m->qk_norm == CB_QK_NORM_HEAD) {
         CHECK_OK(cb_rmsnorm_rows(f->q, hd, n * m->n_head, hd, L->q_norm, m->norm_eps, 0, f->q, hd));
-        CHECK_OK(cb_rmsnorm_rows(f->k, hd, n * m->n_head_kv, hd, L->k_norm, m->norm_eps, 0, f->k, hd));
+        CHECK_OK(cb_rmsnorm_rows(f->k, hd, n * n_kv, hd, L->k_norm, m->norm_eps, 0, f->k, hd));
     } else if (m->qk_norm == CB_QK_NORM_FULL) {
         CHECK_OK(cb_rmsnorm_rows(f->q, nq, n, nq, L->q_norm, m->norm_eps, 0, f->q, nq));
         CHECK_OK(cb_rmsnorm_rows(f->k, nkv, n, nkv, L->k_norm, m->norm_eps, 0, f->k, nkv));
     }
+    if (L->v_norm) CHECK_OK(cb_rmsnorm_rows(f->v, hd, n * n_kv, hd, NULL, m->norm_eps, 0, f->v, hd));
     cb_rope_params_t rp = cb_rope_default_params();
-    rp.n_dims = m->rope_n_dims ? m->rope_n_dims : hd;
+    rp.n_dims = layer_nrot(m, L);
     rp.mode = m->rope_mode;
     rp.freq_base = L->rope_base;
     rp.freq_scale = L->rope_freq_scale;
+    rp.freq_factors = L->rope_freqs;
     CHECK_OK(cb_rope_batch(f->q, n, nq, m->n_head, hd, f->pos64, &rp));
-    CHECK_OK(cb_rope_batch(f->k, n, nkv, m->n_head_kv, hd, f->pos64, &rp));
+    CHECK_OK(cb_rope_batch(f->k, n, nkv, n_kv, hd, f->pos64, &rp));
     /* K/V of every token of the batch into the cache before any query reads */
-    const size_t layer_off = (size_t)l * 2 * (size_t)nkv * f->kv_elt;
+    const size_t layer_off = f->kv_off[l] * f->kv_elt;
     for (int64_t t = 0; t < n; t++) {
         uint8_t *slot = f->tok_slot[t] + layer_off;
         kv_store(slot, f->k + t * nkv, nkv, f->kv_elt);
         kv_store(slot + (size_t)nkv * f->kv_elt, f->v + t * nkv, nkv, f->kv_elt);
     }
-    attn_ctx c = {f, b, l, L->sliding_window, CB_OK};
+    attn_ctx c = {f, b, l, L->sliding_window, (int32_t)hd, (int32_t)n_kv, CB_OK};
     CHECK_OK(cb_threadpool_run(f->pool, attn_task, &c, (int)(n * m->n_head)));
     if (c.status != CB_OK) return c.status;
     CHECK_OK(cb_matmul(&L->wo, f->att, n, nq, f->o, E, f->pool));
@@ -391,6 +443,12 @@ static cb_status moe_ffn(cb_forward_t *f, int l, int64_t n) {
     const cb_layer_desc_t *L = &m->layers[l];
     const int64_t E = m->n_embd, NE = L->n_expert, K = L->n_expert_used, ff = L->n_ff_exp;
     CHECK_OK(cb_matmul(&L->router, f->h, n, E, f->rlog, NE, f->pool));
+    if (L->ffn_pre_norm_2) /* gemma4: the router read its own input; the experts read this */
+        CHECK_OK(cb_rmsnorm_rows(f->x, E, n, E, L->ffn_pre_norm_2, m->norm_eps, 0, f->h, E));
+    if (f->moe_hook && L->exp_down_scale)
+        return cb_fail(CB_STATUS_UNSUPPORTED,
+                       "forward: layer %d: per-expert output scales are not supported by the "
+                       "MoE hook", l);
     if (f->moe_hook) {
         /* routing and the routed experts run in the hook (colibri.cuda on a GPU) */
         memset(f->o, 0, (size_t)n * E * sizeof(float));
@@ -407,7 +465,10 @@ static cb_status moe_ffn(cb_forward_t *f, int l, int64_t n) {
                            "forward: layer %d: routing of token %lld failed (%s)", l,
                            (long long)t,
                            r == CB_ROUTE_ENONFINITE ? "non-finite router logits" : "bad arguments");
-        for (int64_t i = 0; i < K; i++) f->cnt[f->rid[t * K + i]]++;
+        for (int64_t i = 0; i < K; i++) {
+            f->cnt[f->rid[t * K + i]]++;
+            if (L->exp_down_scale) f->rw[t * K + i] *= L->exp_down_scale[f->rid[t * K + i]];
+        }
     }
     /* counting sort: lists[start[e] ..) = (token t) of expert e, in batch order */
     int32_t n_used = 0;
@@ -476,15 +537,35 @@ static cb_status ffn(cb_forward_t *f, int l, int64_t n) {
     const cb_layer_desc_t *L = &m->layers[l];
     const int64_t E = m->n_embd;
     CHECK_OK(cb_rmsnorm_rows(f->x, E, n, E, L->ffn_norm, m->norm_eps, 0, f->h, E));
+    const int both = L->n_expert > 0 && mat_present(&L->ffn_gate);
+    if (both) {
+        /* gemma4: the dense FFN into o2 (post_ffw_norm_1), then the router's own input */
+        CHECK_OK(dense_ffn(f, &L->ffn_gate, &L->ffn_up, &L->ffn_down, n, f->o2));
+        CHECK_OK(cb_rmsnorm_rows(f->o2, E, n, E, L->ffn_post_norm_1, m->norm_eps, 0, f->o2, E));
+        if (L->router_in_scale) {
+            CHECK_OK(cb_rmsnorm_rows(f->x, E, n, E, NULL, m->norm_eps, 0, f->h, E));
+            const float s = 1.0f / sqrtf((float)E);
+            for (int64_t t = 0; t < n; t++) {
+                float *h = f->h + t * E;
+                cb_mul(h, L->router_in_scale, E, h);
+                cb_scale(h, E, s);
+            }
+        }
+    }
     if (L->n_expert > 0)
         CHECK_OK(moe_ffn(f, l, n));
     else
         CHECK_OK(dense_ffn(f, &L->ffn_gate, &L->ffn_up, &L->ffn_down, n, f->o));
+    if (both) {
+        CHECK_OK(cb_rmsnorm_rows(f->o, E, n, E, L->ffn_post_norm_2, m->norm_eps, 0, f->o, E));
+        cb_add(f->o, f->o2, n * E, f->o);
+    }
     for (int64_t t = 0; t < n; t++) {
         float *o = f->o + t * E;
         if (L->ffn_post_norm) CHECK_OK(cb_rmsnorm(o, L->ffn_post_norm, E, m->norm_eps, 0, o));
         cb_add(f->x + t * E, o, E, f->x + t * E);
     }
+    if (L->out_scale) cb_scale(f->x, n * E, L->out_scale[0]);
     return CB_OK;
 }
 

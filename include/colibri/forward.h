@@ -83,6 +83,22 @@ typedef struct cb_layer_desc {
     cb_matrix_t exp_gate, exp_up, exp_down;
     /* shared expert (absent: data NULL) and its optional scalar sigmoid gate [1 x n_embd] */
     cb_matrix_t sh_gate, sh_up, sh_down, sh_gate_inp;
+    /* Per-layer attention shape (gemma4: sliding and global layers differ). 0 = the model's
+     * n_head_kv / head_dim / rope_n_dims. The layer's K/V take 2*n_head_kv*head_dim values per
+     * token in the cache, the layers one after another. */
+    int32_t n_head_kv, head_dim, rope_n_dims;
+    const float *rope_freqs;            /* [rope_n_dims/2] RoPE frequency divisors or NULL */
+    int32_t v_norm;                     /* RMSNorm of each V head, no weight (gemma4) */
+    int32_t v_from_k;                   /* wv absent: V = the K projection before its norm */
+    const float *out_scale;             /* [1]: the layer's output x is multiplied by it, or NULL */
+    /* gemma4: the MoE block runs beside the dense FFN (n_expert > 0 and ffn_gate present):
+     *   f = rmsnorm(dense(rmsnorm(x) * ffn_norm)) * ffn_post_norm_1
+     *     + rmsnorm(moe(rmsnorm(x) * ffn_pre_norm_2)) * ffn_post_norm_2
+     * router input rmsnorm(x) * router_in_scale / sqrt(n_embd) (no weight on the norm);
+     * expert e's output is multiplied by exp_down_scale[e]. */
+    const float *ffn_post_norm_1, *ffn_pre_norm_2, *ffn_post_norm_2; /* [n_embd] */
+    const float *router_in_scale;       /* [n_embd] or NULL (router reads the FFN input) */
+    const float *exp_down_scale;        /* [n_expert] or NULL */
 } cb_layer_desc_t;
 
 typedef struct cb_model_desc {
@@ -91,7 +107,7 @@ typedef struct cb_model_desc {
     cb_act act;              /* FFN activation (ops.h): CB_ACT_SILU or CB_ACT_GELU_TANH */
     cb_qk_norm qk_norm;
     cb_rope_mode rope_mode;  /* ops.h: CB_ROPE_NORMAL (llama) or CB_ROPE_NEOX (qwen, olmoe, gemma) */
-    int32_t rope_n_dims;     /* rotated dims per head (<= head_dim) */
+    int32_t rope_n_dims;     /* rotated dims per head (<= head_dim); a layer may override */
     float embd_scale;        /* token embeddings are multiplied by this (gemma: sqrt(n_embd)); 1 = none */
     float attn_scale;        /* score scale (1/sqrt(head_dim) usually) */
     float attn_softcap;      /* 0 = none */
