@@ -62,11 +62,19 @@ def family_configs():
                         final_logit_softcapping=30.0,
                         top_k_experts=3, moe_intermediate_size=32,
                         layer_types=["sliding_attention"] * 5 + ["full_attention"] * 2)),
+        # llama with Llama 3.1 rope scaling (converted to a rope_freqs tensor): head_dim 16,
+        # original context 64, so short, medium and long wavelengths all occur in 40 tokens
+        "llama3_rope": (T.LlamaConfig, T.LlamaForCausalLM,
+                        dict(intermediate_size=96, rope_parameters=dict(
+                            rope_type="llama3", rope_theta=10000.0, factor=8.0,
+                            low_freq_factor=1.0, high_freq_factor=4.0,
+                            original_max_position_embeddings=64))),
     }, common
 
 
 FAMILIES = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
             "gemma4"]
+EXTRA = ["llama3_rope"]  # built on demand by their own tests
 
 
 def add_bigram_path(model, seed: int, strength: float = 0.5) -> None:
@@ -95,7 +103,8 @@ def build(family: str, out_dir: Path, outtypes=("f32",)):
     cfg_cls, model_cls, extra = configs[family]
     cfg = cfg_cls(**{**common, **extra})
     cfg._attn_implementation = "eager"
-    torch.manual_seed(1234 + FAMILIES.index(family))
+    seed = (FAMILIES + EXTRA).index(family)
+    torch.manual_seed(1234 + seed)
     model = model_cls(cfg).eval()
     gen = torch.Generator().manual_seed(99)
     with torch.no_grad():
@@ -108,7 +117,7 @@ def build(family: str, out_dir: Path, outtypes=("f32",)):
         for name, buf in model.named_buffers():
             if name.endswith("layer_scalar"):  # gemma4, init 1
                 buf.mul_(0.5 + torch.rand(buf.shape, generator=gen))
-    add_bigram_path(model, seed=FAMILIES.index(family))
+    add_bigram_path(model, seed=seed)
     conv = _convert_module()
     paths = {}
     for t in outtypes:

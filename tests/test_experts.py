@@ -179,3 +179,22 @@ def test_cli_plan_and_run_with_a_budget(moe, capsys):
     assert "experts resident" in captured.out + captured.err
     assert main(["run", "-m", path, "-p", "hi", "-n", "1", "--expert-budget", "lots"]) == 1
     assert "budget" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def gemma4_paths(tmp_path_factory):
+    _, paths = build("gemma4", tmp_path_factory.mktemp("experts-gemma4"), ("f32", "q8_0"))
+    return paths
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[3], CONFIGS[6]],
+                         ids=lambda c: "-".join(str(v) for v in c.values()))
+def test_gemma4_fused_gate_up_experts_identical_in_every_mode(gemma4_paths, cfg):
+    """gemma4's experts are one fused gate_up tensor (gate and up rows of an expert side by
+    side) plus down: cache and mmap stores with small budgets give the mapped store's logits."""
+    for path in gemma4_paths.values():
+        ref, ref_st, _, _ = _logits(path)
+        got, st, info, _ = _logits(path, **cfg)
+        assert np.array_equal(got, ref), (path.name, cfg)
+        assert st["uses"] == ref_st["uses"] and st["hits"] + st["misses"] == st["acquired"]
+        assert info["mode"] == cfg["expert_mode"]

@@ -92,3 +92,41 @@ def test_q8_0_keeps_the_greedy_continuation(fam):
         step = q8.eval([seq], tokens=[got[-1]])
     same = sum(a == b for a, b in zip(got, want, strict=True))
     assert same >= 30, (name, same, got, want)
+
+
+def test_llama3_rope_freqs_match(tmp_path):
+    """Llama 3.1 rope scaling: the converter writes the per-pair divisors as rope_freqs.weight
+    (as llama.cpp's converter does) and the forward divides the angles by them."""
+    import gguf
+
+    hf, paths = build("llama3_rope", tmp_path, ("f32",))
+    names = [t.name for t in gguf.GGUFReader(str(paths["f32"])).tensors]
+    assert "rope_freqs.weight" in names
+    model = Model(paths["f32"], threads=2, ctx=256, max_batch=64)
+    ids = prompt(40, seed=1)
+    ref = hf_logits(hf, ids)
+    assert rel_err(model.logits(ids), ref) < 1e-4
+    freqs = model.desc.layers[0].rope_freqs
+    assert freqs is not None and freqs.min() == 1.0 and freqs.max() == 8.0  # all three bands
+    assert ((freqs > 1) & (freqs < 8)).any()
+
+
+def _gemma4_meta(**extra):
+    base = {"gemma4.embedding_length": 64, "gemma4.block_count": 2,
+            "gemma4.attention.head_count": 4, "gemma4.attention.layer_norm_rms_epsilon": 1e-6}
+    return {**base, **extra}
+
+
+@pytest.mark.parametrize("key, value, what", [
+    ("gemma4.embedding_length_per_layer_input", 256, "per-layer embeddings"),
+    ("gemma4.attention.shared_kv_layers", 1, "KV sharing"),
+])
+def test_gemma4_unsupported_parts_are_refused_by_name(tmp_path, key, value, what):
+    from gguf_util import write_gguf
+
+    from colibri.arch import UnsupportedModel, open_model
+
+    path = write_gguf(tmp_path / "g4.gguf", "gemma4", _gemma4_meta(**{key: value}))
+    with pytest.raises(UnsupportedModel, match=what) as e:
+        open_model(path)
+    assert key in str(e.value)
