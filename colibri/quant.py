@@ -4,6 +4,12 @@
 `dequantize`, `get_rows`, `ThreadPool` and the type table come from the C extension. The helpers
 below make random valid weights and bound the error of the 8-bit activation scheme; tests and
 benchmarks use them.
+
+I4_G128 (id 1024, colibri's own type, never in a GGUF): int4 weights with one f16 scale per
+group of 128 inputs; one block = {f16 d; u8 qs[64]} (66 bytes), v = d*(q-8), byte i holds value
+2i in its low and 2i+1 in its high nibble. `quantize_i4g128` makes it (the same numbers as the
+GPU quantizer colibri._cuda_ref.quantize_int4_g128), `i4g128_to_gpu` / `i4g128_from_gpu` convert
+between the CPU blocks and the GPU kernels' split layout (quants [R, C/2], scales [R, C/128]).
 """
 
 from __future__ import annotations
@@ -25,10 +31,54 @@ dequantize = _quant.dequantize
 get_rows = _quant.get_rows
 matmul = _quant.matmul
 quantize_q8_0 = _quant.quantize_q8_0
+quantize_i4g128 = _quant.quantize_i4g128
+COLIBRI_TYPES = _quant.COLIBRI_TYPES
+I4_G128: int = _quant.TYPES["I4_G128"]
+I4_G128_GROUP = 128
+I4_G128_BLOCK_BYTES = 66
+
+
+def _i4g128_shape(rows: int, cols: int) -> None:
+    if rows < 0 or cols < 0 or cols % I4_G128_GROUP:
+        raise ValueError(f"I4_G128 needs cols a multiple of 128 and rows >= 0, got ({rows}, {cols})")
+
+
+def i4g128_to_gpu(raw: npt.ArrayLike, rows: int, cols: int
+                  ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.float16]]:
+    """Split the raw I4_G128 blocks of a (rows, cols) matrix into the GPU layout: quants uint8
+    [rows, cols/2] (same nibbles) and scales float16 [rows, cols/128]."""
+    _i4g128_shape(rows, cols)
+    b = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    ng = cols // I4_G128_GROUP
+    if b.size != rows * ng * I4_G128_BLOCK_BYTES:
+        raise ValueError(f"I4_G128 ({rows}, {cols}) needs {rows * ng * I4_G128_BLOCK_BYTES} "
+                         f"bytes, got {b.size}")
+    blk = b.reshape(rows, ng, I4_G128_BLOCK_BYTES)
+    scales = np.ascontiguousarray(blk[:, :, :2]).view(np.float16).reshape(rows, ng)
+    quants = np.ascontiguousarray(blk[:, :, 2:]).reshape(rows, cols // 2)
+    return quants, scales
+
+
+def i4g128_from_gpu(quants: npt.ArrayLike, scales: npt.ArrayLike) -> npt.NDArray[np.uint8]:
+    """The raw I4_G128 blocks (uint8, rows * cols/128 * 66 bytes) of a matrix in the GPU
+    layout: quants uint8 [rows, cols/2], scales float16 [rows, cols/128]."""
+    q = np.asarray(quants)
+    s = np.asarray(scales)
+    if q.dtype != np.uint8 or s.dtype != np.float16 or q.ndim != 2 or s.ndim != 2:
+        raise ValueError("quants must be uint8 [rows, cols/2] and scales float16 [rows, cols/128]")
+    rows, half = q.shape
+    _i4g128_shape(rows, 2 * half)
+    ng = 2 * half // I4_G128_GROUP
+    if s.shape != (rows, ng):
+        raise ValueError(f"scales of shape {s.shape} do not match quants of shape {q.shape}")
+    out = np.empty((rows, ng, I4_G128_BLOCK_BYTES), dtype=np.uint8)
+    out[:, :, :2] = np.ascontiguousarray(s).view(np.uint8).reshape(rows, ng, 2)
+    out[:, :, 2:] = q.reshape(rows, ng, 64)
+    return out.reshape(-1)
 
 # f16 scale fields (byte offsets in a block) that random payload bytes must not make inf/nan
 _SCALE_OFFSETS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
-                  "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+                  "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "I4_G128": [0]}
 
 
 def random_weight(t: str, rows: int, cols: int, rng: np.random.Generator) -> npt.NDArray[np.uint8]:
@@ -49,7 +99,7 @@ def random_weight(t: str, rows: int, cols: int, rng: np.random.Generator) -> npt
         raw[:, 0] = rng.integers(118, 130, size=nb)
     for off in _SCALE_OFFSETS.get(t, []):
         d = rng.uniform(0.2, 2.0, size=nb) / 64
-        if off == 0 and t in ("Q4_0", "Q5_0", "Q8_0"):
+        if off == 0 and t in ("Q4_0", "Q5_0", "Q8_0", "I4_G128"):
             d *= rng.choice([-1, 1], size=nb)
         raw[:, off:off + 2] = d.astype(np.float16).view(np.uint8).reshape(nb, 2)
     return raw.reshape(-1)

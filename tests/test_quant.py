@@ -32,12 +32,17 @@ LEVELS = ["scalar", "avx2"] if simd.detected() != "scalar" else ["scalar"]
 
 def test_type_table_matches_gguf():
     for name, tid in q.TYPES.items():
+        if name in q.COLIBRI_TYPES:
+            continue
         assert GT[name].value == tid
         bs, bb = gguf.GGML_QUANT_SIZES[GT[name]]
         assert q.block_size(tid) == bs
         assert q.block_bytes(name) == bb
         assert q.type_name(tid) == name
-    assert set(q.SUPPORTED) == set(TYPES)
+    assert set(q.SUPPORTED) == set(TYPES) | set(q.COLIBRI_TYPES)
+    # colibri's own id collides with no GGML id
+    assert q.TYPES["I4_G128"] == 1024 and all(int(t) != 1024 for t in GT)
+    assert (q.block_size("I4_G128"), q.block_bytes(1024), q.type_name(1024)) == (128, 66, "I4_G128")
 
 
 def test_row_bytes_and_bad_shapes():
@@ -203,3 +208,116 @@ def test_read_only_and_typed_buffers():
                                   w16.astype(np.float32))
     np.testing.assert_array_equal(q.get_rows("F16", memoryview(w16.tobytes()), 3, 64, [2])[0],
                                   w16[2].astype(np.float32))
+
+
+# ---------------------------------------------------------------------------- I4_G128
+# colibri's own block type (quant.h): {f16 d; u8 qs[64]}, v = d*(q-8), byte i holds value 2i in
+# its low and value 2i+1 in its high nibble. The reference below is written from that layout
+# alone, in float64.
+
+
+def i4_reference(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    blk = raw.reshape(rows, cols // 128, 66)
+    d = blk[:, :, :2].copy().view(np.float16)[:, :, 0].astype(np.float64)
+    qs = blk[:, :, 2:].astype(np.int64)
+    v = np.empty((rows, cols // 128, 128), np.int64)
+    v[:, :, 0::2] = qs & 15
+    v[:, :, 1::2] = qs >> 4
+    return ((v - 8) * d[:, :, None]).reshape(rows, cols)
+
+
+def i4_random(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    nb = rows * cols // 128
+    raw = rng.integers(0, 256, size=(nb, 66), dtype=np.uint8)
+    d = (rng.uniform(0.2, 2.0, nb) * rng.choice([-1, 1], nb) / 16).astype(np.float16)
+    raw[:, :2] = d.view(np.uint8).reshape(nb, 2)
+    return raw.reshape(-1)
+
+
+def test_i4g128_dequantize_and_get_rows():
+    rng = np.random.default_rng(11)
+    rows, cols = 7, 384
+    raw = i4_random(rows, cols, rng)
+    ref = i4_reference(raw, rows, cols)
+    got = q.dequantize("I4_G128", raw, (rows, cols))
+    # |d*(q-8)| has at most 11+4 significant bits: exact in float32
+    np.testing.assert_array_equal(got.astype(np.float64), ref)
+    ids = np.array([6, 0, 3, 3], dtype=np.int32)
+    np.testing.assert_array_equal(q.get_rows(1024, raw, rows, cols, ids).astype(np.float64),
+                                  ref[ids])
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_i4g128_matvec_matmul(level):
+    rng = np.random.default_rng(12)
+    pool = q.ThreadPool(2)
+    with simd.max_simd(level):
+        for rows, cols, n in [(1, 128, 1), (37, 256, 1), (8, 512, 5), (13, 128 * 5, 33)]:
+            raw = i4_random(rows, cols, rng)
+            w = i4_reference(raw, rows, cols)
+            x = (rng.standard_normal((n, cols)) * rng.uniform(0.1, 10)).astype(np.float32)
+            yref = x.astype(np.float64) @ w.T
+            # 8-bit activations in blocks of 32 (a weight group meets four of them)
+            bound = matmul_bound("Q4_0", w, x)
+            for kw in ({}, {"pool": pool}):
+                y = q.matmul("I4_G128", raw, rows, cols, x, **kw)
+                assert np.all(np.abs(y - yref) <= bound), float((np.abs(y - yref) / bound).max())
+
+
+def test_i4g128_simd_agrees_with_scalar():
+    rng = np.random.default_rng(13)
+    rows, cols = 11, 1024
+    raw = i4_random(rows, cols, rng)
+    x = rng.standard_normal((9, cols)).astype(np.float32)
+    with simd.max_simd("scalar"):
+        ys = q.matmul("I4_G128", raw, rows, cols, x)
+    ya = q.matmul("I4_G128", raw, rows, cols, x)
+    np.testing.assert_allclose(ya, ys, rtol=1e-4, atol=1e-4 * np.abs(ys).max())
+
+
+def test_i4g128_bad_shapes():
+    with pytest.raises(ValueError, match="block size 128"):
+        q.row_bytes("I4_G128", 64)
+    with pytest.raises(ValueError, match="block size 128"):
+        q.dequantize("I4_G128", np.zeros(66, np.uint8), (1, 96))
+    with pytest.raises(ValueError, match="multiple of the block size"):
+        q.matmul("I4_G128", np.zeros(66, np.uint8), 1, 32, np.zeros((1, 32), np.float32))
+    with pytest.raises(ValueError, match="needs"):
+        q.matmul("I4_G128", np.zeros(65, np.uint8), 1, 128, np.zeros((1, 128), np.float32))
+    with pytest.raises(ValueError, match="group size 128"):
+        q.quantize_i4g128(np.zeros(100, np.float32))
+    for bad in (np.nan, np.inf):
+        x = np.zeros(256, np.float32)
+        x[200] = bad
+        with pytest.raises(ValueError, match="not finite"):
+            q.quantize_i4g128(x)
+    with pytest.raises(ValueError, match="overflows"):
+        q.quantize_i4g128(np.full(128, 6e5, np.float32))
+
+
+def test_i4g128_quantize_error_and_gpu_layout():
+    import colibri.quant as cq
+    from colibri._cuda_ref import dequantize_int4_g128, quantize_int4_g128
+
+    rng = np.random.default_rng(14)
+    rows, cols = 6, 512
+    x = (rng.standard_normal((rows, cols)) * rng.uniform(0.01, 100, (rows, 1))).astype(np.float32)
+    x[0, :128] = 0.0  # an all-zero group: d = 0, q = 8
+    x[1, 5] = 3 * np.abs(x[1]).max()  # one outlier
+    raw = q.quantize_i4g128(x)
+    assert raw.size == rows * cols // 128 * 66
+    w = i4_reference(raw, rows, cols)
+    d = np.abs(raw.reshape(rows, cols // 128, 66)[:, :, :2].copy().view(np.float16)
+               .astype(np.float64))
+    # round to nearest: every value within half a step (d = f16(max|x|/7): no clamping)
+    err = np.abs(w - x).reshape(rows, cols // 128, 128)
+    assert np.all(err <= d * (0.5 + 1e-6) + 1e-30)
+    assert np.all(w[0, :128] == 0)
+    # the same numbers as the GPU quantizer, and the GPU layout round-trips
+    qg, sg = quantize_int4_g128(x)
+    np.testing.assert_array_equal(cq.i4g128_from_gpu(qg, sg), raw)
+    q2, s2 = cq.i4g128_to_gpu(raw, rows, cols)
+    np.testing.assert_array_equal(q2, qg)
+    np.testing.assert_array_equal(s2.view(np.uint16), sg.view(np.uint16))
+    np.testing.assert_array_equal(dequantize_int4_g128(q2, s2),
+                                  w.astype(np.float16).astype(np.float32))

@@ -14,7 +14,7 @@ import numpy as np
 
 from colibri._core.quant cimport (
     cb_dequantize_rows, cb_get_rows, cb_matmul_default_opts, cb_matmul_ex, cb_matmul_opts_t,
-    cb_matrix_check, cb_matrix_t, cb_quantize_q8_0, cb_type_block_bytes, cb_type_block_size,
+    cb_matrix_check, cb_matrix_t, cb_quantize_i4g128, cb_quantize_q8_0, cb_type_block_bytes, cb_type_block_size,
     cb_type_name, cb_type_row_bytes, cb_type_supported,
 )
 from colibri._core.threadpool cimport (
@@ -24,8 +24,10 @@ from colibri._core.threadpool cimport (
 TYPES = {
     "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q8_1": 9,
     "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "Q8_K": 15, "BF16": 30,
-    "MXFP4": 39,
+    "MXFP4": 39, "I4_G128": 1024,
 }
+# colibri's own block types (not GGML ids; never in a GGUF file)
+COLIBRI_TYPES = ("I4_G128",)
 SUPPORTED = tuple(n for n, i in TYPES.items() if cb_type_supported(i))
 
 
@@ -255,5 +257,25 @@ def quantize_q8_0(x):
     cdef int64_t n = xa.size
     with nogil:
         s = cb_quantize_q8_0(&xv[0], n, &ov[0])
+    check(s)
+    return out
+
+
+def quantize_i4g128(x):
+    """Quantize float32 values (size a multiple of 128) to I4_G128 blocks (uint8, 66 bytes
+    each: f16 d = f16(max|x|/7), 64 bytes of nibbles, value 2i low / 2i+1 high nibble of byte i,
+    q = clip(rint(x/d) + 8, 0, 15)). A [rows, cols] array gives rows * cols/128 * 66 bytes,
+    row-major. ValueError on a non-finite value or an f16 scale overflow."""
+    xa = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    if xa.size % 128:
+        raise ValueError(f"I4_G128: {xa.size} values is not a multiple of the group size 128")
+    out = np.empty(xa.size // 128 * 66, dtype=np.uint8)
+    if xa.size == 0:
+        return out
+    cdef const float[::1] xv = xa
+    cdef uint8_t[::1] ov = out
+    cdef int64_t n = xa.size
+    with nogil:
+        s = cb_quantize_i4g128(&xv[0], n, &ov[0])
     check(s)
     return out

@@ -37,6 +37,7 @@ static const type_info TYPES[] = {
     {CB_TYPE_Q4_K, "Q4_K", 256, 144, 1},  {CB_TYPE_Q5_K, "Q5_K", 256, 176, 1},
     {CB_TYPE_Q6_K, "Q6_K", 256, 210, 1},  {CB_TYPE_Q8_K, "Q8_K", 256, 292, 0},
     {CB_TYPE_BF16, "BF16", 1, 2, 1},      {CB_TYPE_MXFP4, "MXFP4", 32, 17, 1},
+    {CB_TYPE_I4_G128, "I4_G128", 128, 66, 1},
 };
 
 static const type_info *type_get(int type) {
@@ -219,6 +220,15 @@ static void deq_mxfp4(const uint8_t *b, float *y) {
     }
 }
 
+static void deq_i4g128(const uint8_t *b, float *y) {
+    float d = cb_f16_to_f32(cb_rd16(b));
+    const uint8_t *qs = b + 2;
+    for (int i = 0; i < 64; i++) {
+        y[2 * i] = d * (float)((qs[i] & 0x0F) - 8);
+        y[2 * i + 1] = d * (float)((qs[i] >> 4) - 8);
+    }
+}
+
 static void deq_q4_k(const uint8_t *b, float *y) {
     float d = cb_f16_to_f32(cb_rd16(b)), dmin = cb_f16_to_f32(cb_rd16(b + 2));
     const uint8_t *sc = b + 4, *qs = b + 16;
@@ -277,6 +287,7 @@ static deq_fn deq_for(int type) {
     case CB_TYPE_Q5_1: return deq_q5_1;
     case CB_TYPE_Q8_0: return deq_q8_0;
     case CB_TYPE_MXFP4: return deq_mxfp4;
+    case CB_TYPE_I4_G128: return deq_i4g128;
     case CB_TYPE_Q4_K: return deq_q4_k;
     case CB_TYPE_Q5_K: return deq_q5_k;
     case CB_TYPE_Q6_K: return deq_q6_k;
@@ -345,6 +356,49 @@ cb_status cb_quantize_q8_0(const float *x, int64_t n, void *dst) {
             float q = roundf(v[j] * id);
             q = q > 127.0f ? 127.0f : (q < -128.0f ? -128.0f : q);
             o[2 + j] = (uint8_t)(int8_t)(q == q ? q : 0.0f);
+        }
+    }
+    return CB_OK;
+}
+
+cb_status cb_quantize_i4g128(const float *src, int64_t n, void *dst) {
+    if (n < 0 || n % 128 != 0)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                       "quantize_i4g128: %lld values is not a multiple of the group size 128",
+                       (long long)n);
+    if (n == 0) return CB_OK;
+    if (!src || !dst) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "quantize_i4g128: NULL buffer");
+    /* check everything first: on failure dst is untouched */
+    for (int64_t g = 0; g < n / 128; g++) {
+        const float *v = src + g * 128;
+        float amax = 0.0f;
+        for (int j = 0; j < 128; j++) {
+            if (!isfinite(v[j]))
+                return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                               "quantize_i4g128: value %lld is not finite", (long long)(g * 128 + j));
+            amax = fmaxf(amax, fabsf(v[j]));
+        }
+        if ((cb_f32_to_f16(amax / 7.0f) & 0x7C00u) == 0x7C00u)
+            return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                           "quantize_i4g128: group %lld: scale max|x|/7 = %g overflows f16",
+                           (long long)g, (double)(amax / 7.0f));
+    }
+    uint8_t *o = dst;
+    for (int64_t g = 0; g < n / 128; g++, o += 66) {
+        const float *v = src + g * 128;
+        float amax = 0.0f;
+        for (int j = 0; j < 128; j++) amax = fmaxf(amax, fabsf(v[j]));
+        uint16_t dh = cb_f32_to_f16(amax / 7.0f);
+        float d = cb_f16_to_f32(dh);
+        memcpy(o, &dh, 2);
+        for (int i = 0; i < 64; i++) {
+            int q[2];
+            for (int k = 0; k < 2; k++) {
+                float r = d > 0.0f ? nearbyintf(v[2 * i + k] / d) : 0.0f;
+                r = r < -8.0f ? -8.0f : (r > 7.0f ? 7.0f : r);
+                q[k] = (int)r + 8;
+            }
+            o[2 + i] = (uint8_t)(q[0] | q[1] << 4);
         }
     }
     return CB_OK;
@@ -511,6 +565,20 @@ static float dot_mxfp4(int64_t nb, const uint8_t *w, const uint8_t *x) {
     return acc;
 }
 
+/* nb counts activation blocks of 32: four per I4_G128 block. */
+static float dot_i4g128(int64_t nb, const uint8_t *w, const uint8_t *x) {
+    const cb_q8a_t *a = (const cb_q8a_t *)(const void *)x;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (b / 4) * 66, *qs = blk + 2 + 16 * (b % 4);
+        int sum = 0;
+        for (int i = 0; i < 16; i++)
+            sum += ((qs[i] & 0x0F) - 8) * a[b].qs[2 * i] + ((qs[i] >> 4) - 8) * a[b].qs[2 * i + 1];
+        acc += (cb_f16_to_f32(cb_rd16(blk)) * a[b].d) * (float)sum;
+    }
+    return acc;
+}
+
 static float dot_q4_k(int64_t nb, const uint8_t *w, const uint8_t *x) {
     const cb_q8k_t *a = (const cb_q8k_t *)(const void *)x;
     float acc = 0.0f;
@@ -586,6 +654,7 @@ static dot_fn dot_for(int type) {
     case CB_TYPE_Q5_1: return dot_q5_1;
     case CB_TYPE_Q8_0: return dot_q8_0;
     case CB_TYPE_MXFP4: return dot_mxfp4;
+    case CB_TYPE_I4_G128: return dot_i4g128;
     case CB_TYPE_Q4_K: return dot_q4_k;
     case CB_TYPE_Q5_K: return dot_q5_k;
     case CB_TYPE_Q6_K: return dot_q6_k;

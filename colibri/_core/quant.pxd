@@ -30,5 +30,6 @@ cdef extern from "colibri/quant.h" nogil:
                            int64_t x_stride, float *y, int64_t y_stride,
                            const cb_matmul_opts_t *opts, cb_threadpool_t *pool)
     cb_status cb_quantize_q8_0(const float *x, int64_t n, void *dst)
+    cb_status cb_quantize_i4g128(const float *src, int64_t n, void *dst)
     float cb_f16_to_f32(uint16_t h)
     uint16_t cb_f32_to_f16(float f)

@@ -123,6 +123,14 @@ INL __m256i fifth_bits(const uint8_t *p) {
     return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
+/* 16 bytes of interleaved nibbles -> 32 bytes: byte i gives values 2i (low) and 2i+1 (high). */
+INL __m256i nibbles_interleaved(const uint8_t *p) {
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+    __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+    return _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+}
+
 /* Unpacks one block: w (signed int8 for the symmetric types, unsigned for Q4_1/Q5_1), d, m. */
 INL __m256i unpack32(int type, const uint8_t *b, __m256 *d, float *m) {
     switch (type) {
@@ -143,6 +151,8 @@ INL __m256i unpack32(int type, const uint8_t *b, __m256 *d, float *m) {
     case CB_TYPE_Q8_0:
         *d = f16x8(b);
         return _mm256_loadu_si256((const __m256i *)(const void *)(b + 2));
+    case CB_TYPE_I4_G128: /* b: the quarter's 16 bytes; the scale is 2 + 16*quarter before */
+        return nibbles_interleaved(b);
     default: { /* MXFP4 */
         *d = _mm256_set1_ps(cb_e8m0_half(b[0]));
         const __m256i table = _mm256_broadcastsi128_si256(
@@ -159,6 +169,7 @@ INL size_t bytes32(int type) {
     case CB_TYPE_Q5_0: return 22;
     case CB_TYPE_Q5_1: return 24;
     case CB_TYPE_Q8_0: return 34;
+    case CB_TYPE_I4_G128: return 66;
     default: return 17;
     }
 }
@@ -168,7 +179,8 @@ INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
     const int offset = type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_1;
     /* Q4_0/Q5_0: unsigned q times x, minus zero point * sum(x): spread over the 8 lanes of the
      * int32 partial sums that is isum (Q4_0: 8*isum/8) or 2*isum (Q5_0) per lane. */
-    const int zp = type == CB_TYPE_Q4_0 ? 1 : (type == CB_TYPE_Q5_0 ? 2 : 0);
+    const int zp = type == CB_TYPE_Q4_0 || type == CB_TYPE_I4_G128 ? 1
+                   : (type == CB_TYPE_Q5_0 ? 2 : 0);
     const int unsig = offset || zp;
     const size_t bb = bytes32(type);
     const __m256i ones = _mm256_set1_epi16(1);
@@ -189,8 +201,16 @@ INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
         float m[2] = {0.0f, 0.0f};
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
-            if (NT == 1) __builtin_prefetch(w + (size_t)(r + NR) * ws + (size_t)b * bb, 0, 3);
-            wq[r] = unpack32(type, w + (size_t)r * ws + (size_t)b * bb, &dv[r], &m[r]);
+            if (type == CB_TYPE_I4_G128) {
+                /* activation block b is quarter b%4 of weight block b/4 */
+                const uint8_t *blk = w + (size_t)r * ws + (size_t)(b >> 2) * bb;
+                if (NT == 1 && (b & 3) == 0) prefetch_span(blk + (size_t)NR * ws, bb);
+                dv[r] = f16x8(blk);
+                wq[r] = unpack32(type, blk + 2 + 16 * (b & 3), &dv[r], &m[r]);
+            } else {
+                if (NT == 1) __builtin_prefetch(w + (size_t)(r + NR) * ws + (size_t)b * bb, 0, 3);
+                wq[r] = unpack32(type, w + (size_t)r * ws + (size_t)b * bb, &dv[r], &m[r]);
+            }
             aw[r] = unsig ? wq[r] : _mm256_sign_epi8(wq[r], wq[r]);
         }
         #pragma GCC unroll 8
@@ -456,6 +476,7 @@ CB_DEFINE_TILE(tile_avx2_q5_0, tile32, CB_TYPE_Q5_0)
 CB_DEFINE_TILE(tile_avx2_q5_1, tile32, CB_TYPE_Q5_1)
 CB_DEFINE_TILE(tile_avx2_q8_0, tile32, CB_TYPE_Q8_0)
 CB_DEFINE_TILE(tile_avx2_mxfp4, tile32, CB_TYPE_MXFP4)
+CB_DEFINE_TILE(tile_avx2_i4g128, tile32, CB_TYPE_I4_G128)
 CB_DEFINE_TILE(tile_avx2_q4_k, tile_q4k, 0)
 CB_DEFINE_TILE(tile_avx2_q5_k, tile_q4k, 1)
 CB_DEFINE_TILE(tile_avx2_q6_k, tile_q6k, 0)
@@ -474,6 +495,7 @@ cb_tile_fn cb_avx2_tile(int type) {
     case CB_TYPE_Q5_1: return tile_avx2_q5_1;
     case CB_TYPE_Q8_0: return tile_avx2_q8_0;
     case CB_TYPE_MXFP4: return tile_avx2_mxfp4;
+    case CB_TYPE_I4_G128: return tile_avx2_i4g128;
     case CB_TYPE_Q4_K: return tile_avx2_q4_k;
     case CB_TYPE_Q5_K: return tile_avx2_q5_k;
     case CB_TYPE_Q6_K: return tile_avx2_q6_k;

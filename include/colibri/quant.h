@@ -19,10 +19,18 @@
  *         bit 4 of value l of sub-block j
  *   Q6_K  {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}  v = d*scales[i/16]*(q-32), 6-bit q
  *
+ * One type is colibri's own, not GGML's: I4_G128 ("int4-g128", the GPU expert kernels' format,
+ * cuda/moe_gemm.cu), id 1024 (GGML's ids are < 64, so a GGUF never names it; only colibri
+ * containers hold it):
+ *   I4_G128 {f16 d; u8 qs[64]}              128 values, v = d*(q-8), q = nibble; byte i holds
+ *                                           value 2i in its low and 2i+1 in its high nibble
+ * (the GPU layout keeps the same nibbles and scales in two separate arrays per matrix).
+ *
  * Activations (the x of W·x). Like llama.cpp, cb_matmul quantizes the activations once per
  * call, then multiplies integer blocks:
- *   - Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4 weights: x in blocks of 32 as int8 with an f32 scale
- *     (d = max|x|/127, q = round(x/d)) and d*sum(q) for the offset (m) of Q4_1/Q5_1;
+ *   - Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, I4_G128 weights: x in blocks of 32 as int8 with an
+ *     f32 scale (d = max|x|/127, q = round(x/d)) and d*sum(q) for the offset (m) of Q4_1/Q5_1;
+ *     an I4_G128 block (one scale) meets 4 activation blocks (4 scales);
  *   - Q4_K, Q5_K, Q6_K weights: x in blocks of 256 as int8, f32 scale and 16 int16 sums of 16;
  *   - F32, F16, BF16 weights: x stays float (f32 products).
  * The error this adds is bounded by sum_b max|x_b|/254 * sum_{c in b} |W[r,c]| (the per-value
@@ -66,6 +74,7 @@ typedef enum cb_type {
     CB_TYPE_Q8_K = 15, /* known (sizes), no kernels */
     CB_TYPE_BF16 = 30,
     CB_TYPE_MXFP4 = 39,
+    CB_TYPE_I4_G128 = 1024, /* colibri's own (not a GGML id), see above */
 } cb_type;
 
 /* Values per block; 0 for an id this library does not know. */
@@ -143,6 +152,14 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
 /* Quantizes n floats (a multiple of 32) to Q8_0 blocks (dst: n/32*34 bytes, caller-owned), with
  * GGML's rounding (d = max|x|/127 stored as f16, q = round(x/d)). For tools. */
 cb_status cb_quantize_q8_0(const float *x, int64_t n, void *dst);
+
+/* Quantizes n floats (a multiple of 128) to I4_G128 blocks (dst: n/128*66 bytes, caller-owned),
+ * exactly like the GPU reference quantizer (colibri/_cuda_ref.py quantize_int4_g128):
+ * d = f16(max|x|/7) per group of 128, q = clamp(round_half_even(x / d) + 8, 0, 15) (q = 8 when
+ * d == 0). max|x|/7 (not GGML's signed max/-8) keeps the group symmetric: +-max both map to
+ * q = 1 / 15 within d/2. Fails (INVALID_ARGUMENT, dst untouched) on a non-finite input or
+ * a scale that overflows f16 (|x| above about 458000). */
+cb_status cb_quantize_i4g128(const float *src, int64_t n, void *dst);
 
 /* Half/bfloat conversions used by the kernels (exact, round-to-nearest-even for to_f16). */
 float cb_f16_to_f32(uint16_t h);
