@@ -25,6 +25,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="eviction policy of the expert store")
     p.add_argument("--no-verify", action="store_true",
                    help="colibri container: skip the data checksums at load")
+    p.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=None,
+                   help="prefetch the next layer's predicted experts in the background "
+                        "(default: COLIBRI_EXPERT_PREFETCH, else on in cache and mmap modes)")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -86,7 +89,8 @@ def _load(args: argparse.Namespace):
                  expert_mode=getattr(args, "expert_mode", None),
                  expert_budget=_budget_arg(getattr(args, "expert_budget", None)),
                  expert_policy=getattr(args, "expert_policy", "lru"),
-                 verify=not getattr(args, "no_verify", False))
+                 verify=not getattr(args, "no_verify", False),
+                 prefetch=getattr(args, "prefetch", None))
 
 
 def _budget_arg(raw: str | None) -> str | float | None:

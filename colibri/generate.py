@@ -66,6 +66,10 @@ class GenerationStats:
             if self.expert.get("resident_bytes"):
                 parts.append(f"expert wait {self.expert.get('wait_s', 0.0) * 1000:.0f} ms")
                 parts.append(f"experts resident {self.expert['resident_bytes'] / 2**20:.0f} MiB")
+            if self.expert.get("prefetch_issued"):
+                parts.append(f"prefetch {self.expert.get('prefetch_hits', 0):.0f} hits of "
+                             f"{self.expert['prefetch_issued']:.0f} read, "
+                             f"{self.expert.get('prefetch_wasted', 0):.0f} wasted")
         return "[" + " | ".join(parts) + "]"
 
 

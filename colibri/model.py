@@ -174,7 +174,7 @@ class Model:
 
     Model(path=None, threads=None, ctx=None, max_batch=None, kv_dtype="f32",
           expert_mode=None, expert_budget=None, expert_policy="lru", pin=None,
-          mlock_experts=False)
+          mlock_experts=False, prefetch=None)
 
     Each knob: the argument when given, else its environment variable, else the default.
 
@@ -197,6 +197,10 @@ class Model:
       "auto": what `colibri plan` chooses for the memory available now.
     - expert_policy: "lru" or "lfru" (frequency-aware with aging).
     - pin: [(layer, expert), ...] loaded at start and never evicted.
+    - prefetch: a background thread of the store reads the experts the next MoE layer is
+      predicted to use (its router applied to the current layer's expert input) while this
+      layer computes (COLIBRI_EXPERT_PREFETCH=0/1). Default: on in cache and mmap modes; the
+      mapped store has nothing to prefetch. Logits never depend on it.
     Logits never depend on the expert mode, budget or policy.
     - path may be a GGUF or a colibri container (tools/convert_gguf.py), told apart by the
       magic; verify=False skips a container's data checksums at load (its header is checked).
@@ -219,6 +223,7 @@ class Model:
         expert_policy: str = "lru",
         pin: Sequence[tuple[int, int]] | None = None,
         mlock_experts: bool = False,
+        prefetch: bool | None = None,
         verify: bool = True,
         device: str = "cpu",
         cuda_weights: str = "f16",
@@ -246,7 +251,7 @@ class Model:
         self.arena = KVArena(max(self.ctx, 1) * stride + (1 << 20))
         self.kv = KVCache(self.arena, *d.kv_dims(), kv_dtype)
         self.experts = self._make_store(expert_mode, expert_budget, expert_policy, pin,
-                                        mlock_experts) if d.is_moe else None
+                                        mlock_experts, prefetch) if d.is_moe else None
         self.pool = _quant.ThreadPool(self.threads)
         self._fw = _fw.Forward(d, self.kv, self.experts, self.pool, self.max_batch)
         self.device = device
@@ -264,7 +269,8 @@ class Model:
         self.last_stats: Any = None
 
     def _make_store(self, mode: str | None, budget: str | float | int | None, policy: str,
-                    pin: Sequence[tuple[int, int]] | None, mlock: bool) -> Any:
+                    pin: Sequence[tuple[int, int]] | None, mlock: bool,
+                    prefetch: bool | None = None) -> Any:
         d = self.desc
         if budget is None and os.environ.get("COLIBRI_EXPERT_BUDGET"):
             budget = os.environ["COLIBRI_EXPERT_BUDGET"]
@@ -284,9 +290,17 @@ class Model:
             raise ValueError(f"expert_mode {mode!r}: expected 'mapped', 'cache' or 'mmap'")
         if mode != "mapped" and nbytes is None:
             nbytes = d.expert_bytes()
+        if prefetch is None:
+            env = os.environ.get("COLIBRI_EXPERT_PREFETCH", "").strip().lower()
+            if env in ("0", "false", "no", "off"):
+                prefetch = False
+            elif env in ("", "1", "true", "yes", "on"):
+                prefetch = mode != "mapped"
+            else:
+                raise ValueError(f"COLIBRI_EXPERT_PREFETCH={env!r}: expected 0 or 1")
         store = _fw.ExpertStore(d, mode=mode, path=self.path, budget_bytes=nbytes or 0,
                                 policy=policy, min_slots=min_expert_slots(d, self.max_batch),
-                                mlock=mlock)
+                                mlock=mlock, prefetch=bool(prefetch) and mode != "mapped")
         for layer, expert in pin or ():
             if not 0 <= int(layer) < d.n_layer or d.layers[int(layer)].n_expert == 0:
                 raise ValueError(f"pin: layer {layer} has no experts")
@@ -488,7 +502,9 @@ class Model:
 
     def expert_stats(self, layer: int = -1) -> dict[str, float]:
         """Expert store statistics of one layer or all (layer=-1): uses, acquired, hits, misses,
-        bytes_read, wait_s, evictions, resident, resident_bytes. {} for a dense model."""
+        bytes_read, wait_s, evictions, resident, resident_bytes, reads (pread calls),
+        prefetch_issued, prefetch_hits (acquired experts resident because of a prefetch),
+        prefetch_wasted (prefetched, evicted unused). {} for a dense model."""
         if self.experts is None:
             return {}
         return dict(self.experts.stats(layer))

@@ -1,5 +1,6 @@
-"""The expert store: every mode, budget and policy gives bit-identical logits to the mapped
-(full-RAM) store on the tiny oracle MoE models; statistics add up; bad settings fail clearly."""
+"""The expert store: every mode, budget and policy, with prefetch on and off, gives
+bit-identical logits to the mapped (full-RAM) store on the tiny oracle MoE models; statistics
+add up; prefetched experts become hits; bad settings fail clearly."""
 
 from __future__ import annotations
 
@@ -44,17 +45,28 @@ def _logits(path, **kw):
     return np.concatenate(outs), m.expert_stats(), m.expert_info(), m
 
 
+@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "noprefetch"])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(str(v) for v in c.values()))
-def test_logits_identical_to_the_mapped_store(moe, cfg):
+def test_logits_identical_to_the_mapped_store(moe, cfg, prefetch):
     name, paths = moe
     for path in paths.values():
         ref, ref_st, _, _ = _logits(path)
-        got, st, info, m = _logits(path, **cfg)
-        assert np.array_equal(got, ref), (name, path.name, cfg)
+        got, st, info, m = _logits(path, prefetch=prefetch, **cfg)
+        assert np.array_equal(got, ref), (name, path.name, cfg, prefetch)
         # the same routing happened
         assert st["uses"] == ref_st["uses"] and st["acquired"] == ref_st["acquired"]
+        m.experts.prefetch_sync()
+        st = m.expert_stats()
         assert st["hits"] + st["misses"] == st["acquired"]
-        assert info["mode"] == cfg["expert_mode"]
+        assert info["mode"] == cfg["expert_mode"] and info["prefetch"] == prefetch
+        # prefetch accounting: hits come from reads it issued, wasted ones were evicted unused
+        assert st["prefetch_hits"] <= st["hits"]
+        assert st["prefetch_hits"] + st["prefetch_wasted"] <= st["prefetch_issued"]
+        if not prefetch:
+            assert st["prefetch_issued"] == 0
+        assert m.expert_stats(0)["prefetch_issued"] == 0  # nothing predicts the first layer
+        assert st["prefetch_issued"] == sum(m.expert_stats(layer)["prefetch_issued"]
+                                            for layer in range(3))
         assert 0 < st["resident"] <= info["n_slots"]
         assert st["resident"] == sum(m.expert_stats(layer)["resident"] for layer in range(3))
         slots = min_expert_slots(m.desc, 2)
@@ -70,16 +82,66 @@ def test_logits_identical_to_the_mapped_store(moe, cfg):
         assert info["n_pinned"] == len(cfg.get("pin", []))
 
 
-def test_reads_match_misses(moe):
-    """Every miss reads exactly one expert (three ranges of a GGUF) from the file."""
+@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "noprefetch"])
+def test_reads_match_misses(moe, prefetch):
+    """Every miss and every prefetch reads exactly one expert (three ranges of a GGUF, so three
+    preads) from the file."""
     _, paths = moe
-    _, st, info, m = _logits(paths["f32"], expert_mode="cache", expert_budget=1)
+    _, st, info, m = _logits(paths["f32"], expert_mode="cache", expert_budget=1,
+                             prefetch=prefetch)
+    m.experts.prefetch_sync()
+    st = m.expert_stats()
     per_expert = info["expert_bytes"] / (3 * m.desc.layers[0].n_expert)
-    assert st["misses"] > 0
-    assert st["bytes_read"] == st["misses"] * per_expert
+    assert st["misses"] > 0 and info["one_read_layers"] == 0
+    assert st["bytes_read"] == (st["misses"] + st["prefetch_issued"]) * per_expert
+    assert st["reads"] == 3 * (st["misses"] + st["prefetch_issued"])
     m.reset_expert_stats()
     after = m.expert_stats()
     assert after["misses"] == 0 and after["resident"] == st["resident"]
+
+
+@pytest.mark.parametrize("mode", ["cache", "mmap"])
+def test_prefetched_experts_are_hits(moe, mode):
+    """Experts hinted and read before they are asked for are hits counted as prefetch hits;
+    the logits stay those of the mapped store."""
+    _, paths = moe
+    path = paths["f32"]
+    ref = Model(path, threads=1, ctx=32, max_batch=1, tokenizer=False)
+    m = Model(path, threads=1, ctx=32, max_batch=1, tokenizer=False, expert_mode=mode,
+              expert_budget=1.0, prefetch=True)
+    n_expert = m.desc.layers[1].n_expert
+    m.experts.prefetch(1, np.arange(n_expert))
+    m.experts.prefetch_sync()
+    st1 = m.expert_stats(1)
+    assert st1["prefetch_issued"] == n_expert and st1["resident"] == n_expert
+    s, r = m.new_sequence(), ref.new_sequence()
+    for t in prompt(3, seed=7):
+        assert np.array_equal(m.eval([s], tokens=[t]), ref.eval([r], tokens=[t]))
+    st1 = m.expert_stats(1)
+    assert st1["misses"] == 0 and st1["hits"] == st1["acquired"] > 0
+    assert 0 < st1["prefetch_hits"] <= st1["acquired"]
+    with pytest.raises(ValueError, match="no expert"):
+        m.experts.prefetch(1, [n_expert])
+
+
+def test_prefetch_option_and_environment(moe, monkeypatch):
+    _, paths = moe
+    path = paths["f32"]
+
+    def info(**kw):
+        return Model(path, threads=1, ctx=16, max_batch=1, tokenizer=False, **kw).expert_info()
+
+    assert info(expert_mode="cache")["prefetch"] is True  # default: on in cache and mmap
+    assert info(expert_mode="mmap")["prefetch"] is True
+    assert info()["prefetch"] is False  # the mapped store has nothing to prefetch
+    assert info(expert_mode="mapped", prefetch=True)["prefetch"] is False
+    assert info(expert_mode="cache", prefetch=False)["prefetch"] is False
+    monkeypatch.setenv("COLIBRI_EXPERT_PREFETCH", "0")
+    assert info(expert_mode="cache")["prefetch"] is False
+    assert info(expert_mode="cache", prefetch=True)["prefetch"] is True
+    monkeypatch.setenv("COLIBRI_EXPERT_PREFETCH", "maybe")
+    with pytest.raises(ValueError, match="COLIBRI_EXPERT_PREFETCH"):
+        info(expert_mode="cache")
 
 
 def test_unknown_names():
@@ -177,6 +239,10 @@ def test_cli_plan_and_run_with_a_budget(moe, capsys):
     captured = capsys.readouterr()
     assert "expert hit rate" in captured.out + captured.err
     assert "experts resident" in captured.out + captured.err
+    for flag in ("--prefetch", "--no-prefetch"):
+        assert main(["run", "-m", path, "-p", "hello", "-n", "2", "--temp", "0", "--ctx", "64",
+                     "--expert-mode", "cache", "--expert-budget", "0.3", flag]) == 0
+        assert "expert hit rate" in capsys.readouterr().err
     assert main(["run", "-m", path, "-p", "hi", "-n", "1", "--expert-budget", "lots"]) == 1
     assert "budget" in capsys.readouterr().err
 

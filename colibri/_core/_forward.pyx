@@ -16,6 +16,7 @@ from colibri._core.forward cimport (
     cb_experts_t, cb_experts_layer_t, cb_experts_layer_stats_t, cb_experts_params_t,
     cb_experts_info_t, cb_experts_default_params, cb_experts_new, cb_experts_info, cb_experts_pin,
     cb_experts_free, cb_experts_stats, cb_experts_route_counts, cb_experts_reset_stats,
+    cb_experts_prefetch, cb_experts_prefetch_sync,
     cb_layer_desc_t, cb_model_desc_t, cb_forward_t, cb_batch_t, cb_forward_new, cb_forward_free,
     cb_forward_run, cb_forward_set_moe_hook,
 )
@@ -56,15 +57,16 @@ cdef class ExpertStore:
     """The expert store over a model's stacked expert tensors (owns a cb_experts_t).
 
     ExpertStore(desc, mode="mapped", path=None, budget_bytes=0, policy="lru", min_slots=1,
-    huge_pages=True, mlock=False). Cache and mmap modes read/advise the file `path`; the
-    ranges come from the description's validated TensorInfo offsets."""
+    huge_pages=True, mlock=False, prefetch=False). Cache and mmap modes read/advise the file
+    `path`; the ranges come from the description's validated TensorInfo offsets. prefetch
+    starts the store's background thread (cache/mmap), fed by the forward pass's hints."""
     cdef cb_experts_t *s
     cdef object desc
     cdef readonly int n_layers
     cdef readonly str mode, policy
 
     def __cinit__(self, desc, str mode="mapped", path=None, budget_bytes=0, str policy="lru",
-                  int min_slots=1, bint huge_pages=True, bint mlock=False):
+                  int min_slots=1, bint huge_pages=True, bint mlock=False, bint prefetch=False):
         self.s = NULL
         self.desc = desc
         if mode not in _MODES:
@@ -88,6 +90,7 @@ cdef class ExpertStore:
         p.min_slots = min_slots
         p.huge_pages = huge_pages
         p.mlock = mlock
+        p.prefetch = prefetch and mode != "mapped"
         bpath = os.fsencode(path) if path is not None else None
         p.path = <const char *>bpath if bpath is not None else NULL
         cdef cb_experts_layer_t *ls = <cb_experts_layer_t *>calloc(n + 1, sizeof(cb_experts_layer_t))
@@ -110,6 +113,9 @@ cdef class ExpertStore:
                 ls[i].gate_stride = X.gate_stride
                 ls[i].up_stride = X.up_stride
                 ls[i].down_stride = X.down_stride
+                ls[i].gate_bytes = X.gate.rows * X.gate.row_bytes
+                ls[i].up_bytes = X.up.rows * X.up.row_bytes
+                ls[i].down_bytes = X.down.rows * X.down.row_bytes
                 ls[i].gate_off = X.gate_info.offset
                 ls[i].up_off = X.up_info.offset
                 ls[i].down_off = X.down_info.offset
@@ -121,11 +127,14 @@ cdef class ExpertStore:
             free(ls)
 
     def info(self):
-        """mode, policy, n_slots, n_pinned, slot_bytes, pool_bytes, expert_bytes."""
+        """mode, policy, n_slots, n_pinned, prefetch, one_read_layers, slot_bytes, pool_bytes,
+        expert_bytes."""
         cdef cb_experts_info_t x
         check(cb_experts_info(self.s, &x))
         return {"mode": self.mode, "policy": self.policy, "n_slots": x.n_slots,
-                "n_pinned": x.n_pinned, "slot_bytes": x.slot_bytes, "pool_bytes": x.pool_bytes,
+                "n_pinned": x.n_pinned, "prefetch": bool(x.prefetch),
+                "one_read_layers": x.one_read_layers, "slot_bytes": x.slot_bytes,
+                "pool_bytes": x.pool_bytes,
                 "expert_bytes": x.expert_bytes}
 
     def pin(self, int layer, int expert):
@@ -149,7 +158,24 @@ cdef class ExpertStore:
         return {"uses": st.uses, "acquired": st.acquired, "hits": st.hits, "misses": st.misses,
                 "bytes_read": st.bytes_read, "wait_s": st.wait_ns * 1e-9,
                 "evictions": st.evictions, "resident": st.resident,
-                "resident_bytes": st.resident_bytes}
+                "resident_bytes": st.resident_bytes, "reads": st.reads,
+                "prefetch_issued": st.prefetch_issued, "prefetch_hits": st.prefetch_hits,
+                "prefetch_wasted": st.prefetch_wasted}
+
+    def prefetch(self, int layer, ids):
+        """Hint that layer will use experts ids soon (the store's thread reads them)."""
+        arr = np.ascontiguousarray(ids, dtype=np.int32)
+        cdef int32_t[::1] v = arr
+        cdef int32_t n = <int32_t>arr.shape[0]
+        cdef cb_status st
+        with nogil:
+            st = cb_experts_prefetch(self.s, layer, &v[0] if n > 0 else NULL, n)
+        check(st)
+
+    def prefetch_sync(self):
+        """Wait until the prefetch thread has nothing queued or in flight."""
+        with nogil:
+            cb_experts_prefetch_sync(self.s)
 
     def route_counts(self, int layer):
         """How often each expert of a layer was chosen (numpy uint64 [n_expert])."""

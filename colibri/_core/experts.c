@@ -1,21 +1,33 @@
 /* Expert store (see include/colibri/experts.h): the mapped store (addresses into the caller's
  * file mapping), the cache store (a slot pool filled with pread) and the mmap store (the
- * mapping plus a tracked resident set trimmed with madvise/fadvise).
+ * mapping plus a tracked resident set trimmed with madvise/fadvise), both optionally fed by a
+ * background prefetch thread.
  *
  * Bookkeeping shared by cache and mmap: every (layer, expert) has a global index
  * g = offsets[layer] + expert; slot_of[g] is its slot or -1; a slot knows its owner g, whether
- * it is locked (acquired and not yet released) or pinned. Unlocked, unpinned resident slots -
- * and only those - are in the eviction structure: a doubly linked list (LRU: head = least
- * recent) or a binary min-heap on (key, tick) (LFRU). Free slots sit on a stack. So a lookup is
- * O(1), a victim O(1) (LRU) or O(log n) (LFRU), and an expert in use cannot be chosen.
- * Invariants: slot_of[owner[k]] == k for every used slot k; a slot is in exactly one of
- * {free stack, eviction structure, locked, pinned}.
+ * it is locked (acquired and not yet released, or being read by acquire), loading (being read
+ * by the prefetch thread) or pinned. Unlocked, unpinned, loaded resident slots - and only those
+ * - are in the eviction structure: a doubly linked list (LRU: head = least recent) or a binary
+ * min-heap on (key, tick) (LFRU). Free slots sit on a stack. So a lookup is O(1), a victim
+ * O(1) (LRU) or O(log n) (LFRU), and an expert in use or in flight cannot be chosen.
+ * Invariants (under mu): slot_of[owner[k]] == k for every used slot k; a slot is in exactly one
+ * of {free stack, eviction structure, locked, loading, pinned}.
+ *
+ * Concurrency: one mutex mu guards every table, slot and statistic. The compute thread (acquire,
+ * release, pin, prefetch) and the prefetch thread take it for bookkeeping only: a read (pread,
+ * madvise) runs with mu released on a slot that its reader owns (locked or loading), which no
+ * one else reads, writes or evicts meanwhile. cv_done is broadcast when a prefetch read ends
+ * (an acquire waiting for that expert, or for any evictable slot, wakes up); cv_work wakes the
+ * prefetch thread. The prefetch queue is the current hint only (a new hint empties it), in
+ * hint order, and a hint round number protects the current hint's resident experts from the
+ * prefetch thread's evictions (so a big hint does not evict itself).
  * Per-layer statistics and per-expert routing counts live in tables allocated once; acquire
  * allocates nothing. */
 #include "colibri/experts.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -25,24 +37,38 @@
 
 #define SLOT_ALIGN 64u
 #define POOL_ALIGN ((size_t)2 << 20)
+#define ONE_READ_MIN_GAP ((size_t)64 << 10)
 
 typedef struct slot {
     int32_t owner;   /* global expert index, -1 free */
     int32_t prev, next; /* LRU links (-1 none) */
     int32_t heap_pos;   /* LFRU position, -1 when not in the heap */
     uint8_t locked, pinned, in_lru;
+    uint8_t loading;    /* the prefetch thread is reading it (mu released) */
+    uint8_t prefetched; /* loaded by the prefetch thread, not acquired since */
+    uint32_t hint_round;/* the last hint round that named it */
     uint64_t key, tick; /* LFRU key and last-use tick */
 } slot_t;
+
+/* where one layer's expert matrices go in a slot, and how it is read */
+typedef struct layout {
+    size_t bytes[3];    /* gate, up, down matrix bytes */
+    size_t at[3];       /* their offsets in the slot */
+    size_t span;        /* bytes a one-read reads (one_read) */
+    int one_read;       /* the three ranges are adjacent in the file: one pread */
+} layout_t;
 
 struct cb_experts {
     int32_t n_layers;
     int32_t mode, policy;
     cb_experts_layer_t *layers;        /* owned copy */
+    layout_t *lay;                     /* [n_layers] */
     cb_experts_layer_stats_t *stats;   /* [n_layers] */
     uint64_t *counts;                  /* per (layer, expert) routings */
     size_t *offsets;                   /* [n_layers] start of a layer's counts */
     size_t total;                      /* experts of all layers */
     uint64_t expert_bytes;
+    int32_t one_read_layers;
     /* cache / mmap */
     int fd;
     int32_t n_slots, n_pinned, min_slots;
@@ -58,6 +84,16 @@ struct cb_experts {
     int32_t *heap, n_heap;
     uint64_t age, tick;
     size_t page;
+    /* synchronisation and prefetch */
+    pthread_mutex_t mu;
+    pthread_cond_t cv_done, cv_work;
+    int sync_ok;                       /* mu and the condvars were initialised */
+    pthread_t thread;
+    int thread_started, stop;
+    int32_t *queue, q_head, q_n;       /* the current hint's experts not yet started [total] */
+    uint32_t *queued_round;            /* [total] round in which g was queued */
+    uint32_t round;
+    int32_t n_loading;                 /* slots the prefetch thread is reading */
 };
 
 static uint64_t now_ns(void) {
@@ -68,9 +104,39 @@ static uint64_t now_ns(void) {
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-/* bytes of one expert's three matrices in layer l (unaligned) */
+static size_t mat_bytes(size_t bytes, size_t stride) { return bytes ? bytes : stride; }
+
+/* bytes of one expert's three matrices in layer l */
 static uint64_t layer_expert_bytes(const cb_experts_layer_t *L) {
-    return (uint64_t)L->gate_stride + L->up_stride + L->down_stride;
+    return (uint64_t)mat_bytes(L->gate_bytes, L->gate_stride) +
+           mat_bytes(L->up_bytes, L->up_stride) + mat_bytes(L->down_bytes, L->down_stride);
+}
+
+/* the slot layout of layer L: one read when gate, up and down are adjacent for every expert
+ * (equal strides, in order, gaps at most max(64 KiB, 1/8 of the expert)) */
+static layout_t make_layout(const cb_experts_layer_t *L) {
+    layout_t y;
+    memset(&y, 0, sizeof y);
+    y.bytes[0] = mat_bytes(L->gate_bytes, L->gate_stride);
+    y.bytes[1] = mat_bytes(L->up_bytes, L->up_stride);
+    y.bytes[2] = mat_bytes(L->down_bytes, L->down_stride);
+    size_t sum = y.bytes[0] + y.bytes[1] + y.bytes[2];
+    size_t max_gap = sum / 8 > ONE_READ_MIN_GAP ? sum / 8 : ONE_READ_MIN_GAP;
+    if (L->gate_stride == L->up_stride && L->up_stride == L->down_stride &&
+        L->up_off >= L->gate_off + y.bytes[0] && L->down_off >= L->up_off + y.bytes[1]) {
+        uint64_t span = L->down_off + y.bytes[2] - L->gate_off;
+        if (span - sum <= max_gap && span <= L->gate_stride) {
+            y.one_read = 1;
+            y.at[1] = (size_t)(L->up_off - L->gate_off);
+            y.at[2] = (size_t)(L->down_off - L->gate_off);
+            y.span = (size_t)span;
+            return y;
+        }
+    }
+    y.at[1] = align_up(y.bytes[0], SLOT_ALIGN);
+    y.at[2] = y.at[1] + align_up(y.bytes[1], SLOT_ALIGN);
+    y.span = y.at[2] + y.bytes[2];
+    return y;
 }
 
 cb_experts_params_t cb_experts_default_params(void) {
@@ -181,6 +247,12 @@ static int32_t evictable_pop(cb_experts_t *s) {
     return k;
 }
 
+/* the victim evictable_pop would choose, without removing it, or -1 */
+static int32_t evictable_peek(const cb_experts_t *s) {
+    if (s->policy == CB_EXPERTS_LFRU) return s->n_heap ? s->heap[0] : -1;
+    return s->lru_head;
+}
+
 /* ---- file ranges ---- */
 
 static void expert_ranges(const cb_experts_t *s, int32_t g, uint64_t off[3], size_t len[3],
@@ -191,14 +263,14 @@ static void expert_ranges(const cb_experts_t *s, int32_t g, uint64_t off[3], siz
     off[0] = L->gate_off + e * L->gate_stride;
     off[1] = L->up_off + e * L->up_stride;
     off[2] = L->down_off + e * L->down_stride;
-    len[0] = L->gate_stride;
-    len[1] = L->up_stride;
-    len[2] = L->down_stride;
+    for (int i = 0; i < 3; i++) len[i] = s->lay[l].bytes[i];
     addr[0] = L->gate_base + e * L->gate_stride;
     addr[1] = L->up_base + e * L->up_stride;
     addr[2] = L->down_base + e * L->down_stride;
 }
 
+/* Reads the whole range (mu may be released: touches only dst and the fd). The status detail
+ * goes to the calling thread's buffer. */
 static cb_status pread_all(int fd, uint8_t *dst, size_t len, uint64_t off) {
     while (len > 0) {
         ssize_t r = pread(fd, dst, len, (off_t)off);
@@ -222,31 +294,50 @@ static void advise_inner(const cb_experts_t *s, const uint8_t *p, size_t len, in
     if (b > a) (void)madvise((void *)a, b - a, advice);
 }
 
-/* the slot k now holds expert g (cache: read it; mmap: hint it) */
-static cb_status fill_slot(cb_experts_t *s, int32_t k, int32_t g) {
+/* Brings expert g into slot k (cache: read it; mmap: hint it). Runs with mu RELEASED: it only
+ * reads immutable tables and writes the slot's pool bytes, which its caller owns. *reads and
+ * *bytes receive the pread calls and bytes read. */
+static cb_status read_expert(const cb_experts_t *s, int32_t k, int32_t g, uint64_t *reads,
+                             uint64_t *bytes) {
     uint64_t off[3];
     size_t len[3];
     const uint8_t *addr[3];
     expert_ranges(s, g, off, len, addr);
-    int32_t l = s->layer_of[g];
+    const layout_t *y = &s->lay[s->layer_of[g]];
+    *reads = 0;
+    *bytes = 0;
     if (s->mode == CB_EXPERTS_CACHE) {
         uint8_t *dst = s->pool + (size_t)k * s->slot_bytes;
+        if (y->one_read) {
+            *reads = 1;
+            *bytes = y->span;
+            return pread_all(s->fd, dst, y->span, off[0]);
+        }
         for (int i = 0; i < 3; i++) {
-            cb_status rs = pread_all(s->fd, dst, len[i], off[i]);
+            (*reads)++;
+            cb_status rs = pread_all(s->fd, dst + y->at[i], len[i], off[i]);
             if (rs != CB_OK) return rs;
-            dst += align_up(len[i], SLOT_ALIGN);
+            *bytes += len[i];
         }
     } else {
         for (int i = 0; i < 3; i++) advise_inner(s, addr[i], len[i], MADV_WILLNEED);
+        *bytes = (uint64_t)len[0] + len[1] + len[2];
     }
-    s->stats[l].bytes_read += (uint64_t)len[0] + len[1] + len[2];
-    s->stats[l].resident++;
-    s->stats[l].resident_bytes += (uint64_t)len[0] + len[1] + len[2];
     return CB_OK;
 }
 
-/* the slot k's owner leaves (eviction or a failed read) */
-static void drop_owner(cb_experts_t *s, int32_t k, int evicted) {
+/* bookkeeping after a successful read of g into its slot (mu held) */
+static void account_read(cb_experts_t *s, int32_t g, uint64_t reads, uint64_t bytes) {
+    int32_t l = s->layer_of[g];
+    const layout_t *y = &s->lay[l];
+    s->stats[l].bytes_read += bytes;
+    s->stats[l].reads += reads;
+    s->stats[l].resident++;
+    s->stats[l].resident_bytes += (uint64_t)y->bytes[0] + y->bytes[1] + y->bytes[2];
+}
+
+/* the slot k's owner leaves (eviction) (mu held) */
+static void drop_owner(cb_experts_t *s, int32_t k) {
     int32_t g = s->slots[k].owner;
     if (g < 0) return;
     int32_t l = s->layer_of[g];
@@ -264,7 +355,9 @@ static void drop_owner(cb_experts_t *s, int32_t k, int evicted) {
     s->slots[k].owner = -1;
     s->stats[l].resident--;
     s->stats[l].resident_bytes -= (uint64_t)len[0] + len[1] + len[2];
-    if (evicted) s->stats[l].evictions++;
+    s->stats[l].evictions++;
+    if (s->slots[k].prefetched) s->stats[l].prefetch_wasted++;
+    s->slots[k].prefetched = 0;
 }
 
 static void refs_of(const cb_experts_t *s, int32_t g, cb_expert_ref_t *r) {
@@ -272,11 +365,9 @@ static void refs_of(const cb_experts_t *s, int32_t g, cb_expert_ref_t *r) {
     const cb_experts_layer_t *L = &s->layers[l];
     if (s->mode == CB_EXPERTS_CACHE) {
         const uint8_t *p = s->pool + (size_t)s->slot_of[g] * s->slot_bytes;
-        r->gate = p;
-        p += align_up(L->gate_stride, SLOT_ALIGN);
-        r->up = p;
-        p += align_up(L->up_stride, SLOT_ALIGN);
-        r->down = p;
+        r->gate = p + s->lay[l].at[0];
+        r->up = p + s->lay[l].at[1];
+        r->down = p + s->lay[l].at[2];
     } else {
         size_t e = (size_t)g - s->offsets[l];
         r->gate = L->gate_base + e * L->gate_stride;
@@ -285,12 +376,70 @@ static void refs_of(const cb_experts_t *s, int32_t g, cb_expert_ref_t *r) {
     }
 }
 
-/* a free slot or a victim's (emptied), or -1 */
+/* a free slot or a victim's (emptied), or -1 (mu held) */
 static int32_t take_slot(cb_experts_t *s) {
     if (s->n_free > 0) return s->free_stack[--s->n_free];
     int32_t k = evictable_pop(s);
-    if (k >= 0) drop_owner(s, k, 1);
+    if (k >= 0) drop_owner(s, k);
     return k;
+}
+
+/* a slot for the prefetch thread: free, or a victim not named by the current hint (mu held) */
+static int32_t take_slot_prefetch(cb_experts_t *s) {
+    if (s->n_free > 0) return s->free_stack[--s->n_free];
+    int32_t k = evictable_peek(s);
+    if (k < 0 || s->slots[k].hint_round == s->round) return -1;
+    k = evictable_pop(s);
+    drop_owner(s, k);
+    return k;
+}
+
+/* ---- the prefetch thread ---- */
+
+static void *prefetch_main(void *arg) {
+    cb_experts_t *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->stop && s->q_n == 0) {
+            pthread_cond_broadcast(&s->cv_done); /* idle: wakes cb_experts_prefetch_sync */
+            pthread_cond_wait(&s->cv_work, &s->mu);
+        }
+        if (s->stop) break;
+        int32_t g = s->queue[s->q_head++];
+        s->q_n--;
+        if (s->slot_of[g] >= 0) continue; /* resident, or being read by acquire */
+        int32_t k = take_slot_prefetch(s);
+        if (k < 0) { /* no room left for this hint without evicting itself */
+            s->q_n = 0;
+            continue;
+        }
+        slot_t *x = &s->slots[k];
+        x->owner = g;
+        x->loading = 1;
+        x->hint_round = s->round;
+        s->slot_of[g] = k;
+        s->n_loading++;
+        int32_t l = s->layer_of[g];
+        s->stats[l].prefetch_issued++;
+        pthread_mutex_unlock(&s->mu);
+        uint64_t reads = 0, bytes = 0;
+        cb_status rs = read_expert(s, k, g, &reads, &bytes);
+        pthread_mutex_lock(&s->mu);
+        x->loading = 0;
+        s->n_loading--;
+        if (rs == CB_OK) {
+            account_read(s, g, reads, bytes);
+            x->prefetched = 1;
+            evictable_add(s, k);
+        } else { /* the compute reads it itself and reports the error */
+            s->slot_of[g] = -1;
+            x->owner = -1;
+            s->free_stack[s->n_free++] = k;
+        }
+        pthread_cond_broadcast(&s->cv_done);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
 }
 
 /* ---- creation ---- */
@@ -306,6 +455,7 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: unknown policy %d", (int)p->policy);
     if (n_layers < 0 || (n_layers > 0 && !layers))
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: %d layers", (int)n_layers);
+    const size_t big = (size_t)1 << 40;
     size_t total = 0;
     uint64_t all_bytes = 0;
     size_t slot_bytes = 0;
@@ -314,20 +464,24 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
         if (L->n_expert < 0 || L->n_expert > (1 << 20))
             return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: layer %d has %d experts", l,
                            (int)L->n_expert);
-        if (L->n_expert > 0 && (!L->gate_base || !L->up_base || !L->down_base || L->n_ff <= 0 ||
-                                L->n_embd <= 0))
+        if (L->n_expert == 0) continue;
+        if (!L->gate_base || !L->up_base || !L->down_base || L->n_ff <= 0 || L->n_embd <= 0)
             return cb_fail(CB_STATUS_INVALID_ARGUMENT,
                            "experts: layer %d has experts but no tensors or shape", l);
-        if (L->n_expert > 0 && (L->gate_stride == 0 || L->up_stride == 0 || L->down_stride == 0 ||
-                                L->gate_stride > ((size_t)1 << 40) ||
-                                L->up_stride > ((size_t)1 << 40) ||
-                                L->down_stride > ((size_t)1 << 40)))
-            return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: layer %d has bad strides", l);
+        if (L->gate_stride == 0 || L->up_stride == 0 || L->down_stride == 0 ||
+            L->gate_stride > big || L->up_stride > big || L->down_stride > big ||
+            L->gate_bytes > L->gate_stride || L->up_bytes > L->up_stride ||
+            L->down_bytes > L->down_stride || L->gate_off > ((uint64_t)1 << 62) ||
+            L->up_off > ((uint64_t)1 << 62) || L->down_off > ((uint64_t)1 << 62))
+            return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                           "experts: layer %d has bad strides or sizes (strides %zu/%zu/%zu, "
+                           "matrices %zu/%zu/%zu bytes)", l, L->gate_stride, L->up_stride,
+                           L->down_stride, L->gate_bytes, L->up_bytes, L->down_bytes);
         total += (size_t)L->n_expert;
         all_bytes += (uint64_t)L->n_expert * layer_expert_bytes(L);
-        size_t sb = align_up(L->gate_stride, SLOT_ALIGN) + align_up(L->up_stride, SLOT_ALIGN) +
-                    align_up(L->down_stride, SLOT_ALIGN);
-        if (L->n_expert > 0 && sb > slot_bytes) slot_bytes = sb;
+        layout_t y = make_layout(L);
+        size_t sb = align_up(y.span, SLOT_ALIGN);
+        if (sb > slot_bytes) slot_bytes = sb;
     }
     if (total > (size_t)1 << 30)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: %zu experts", total);
@@ -341,11 +495,28 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
     s->total = total;
     s->expert_bytes = all_bytes;
     s->page = (size_t)sysconf(_SC_PAGESIZE);
+    if (pthread_mutex_init(&s->mu, NULL) != 0) {
+        free(s);
+        return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: cannot create a mutex");
+    }
+    if (pthread_cond_init(&s->cv_done, NULL) != 0) {
+        pthread_mutex_destroy(&s->mu);
+        free(s);
+        return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: cannot create a condition variable");
+    }
+    if (pthread_cond_init(&s->cv_work, NULL) != 0) {
+        pthread_cond_destroy(&s->cv_done);
+        pthread_mutex_destroy(&s->mu);
+        free(s);
+        return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: cannot create a condition variable");
+    }
+    s->sync_ok = 1;
     s->layers = calloc((size_t)n_layers + 1, sizeof *s->layers);
+    s->lay = calloc((size_t)n_layers + 1, sizeof *s->lay);
     s->stats = calloc((size_t)n_layers + 1, sizeof *s->stats);
     s->counts = calloc(total + 1, sizeof *s->counts);
     s->offsets = calloc((size_t)n_layers + 1, sizeof *s->offsets);
-    if (!s->layers || !s->stats || !s->counts || !s->offsets) {
+    if (!s->layers || !s->lay || !s->stats || !s->counts || !s->offsets) {
         cb_experts_free(s);
         return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: no memory for %zu expert counters",
                        total);
@@ -355,6 +526,10 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
     for (int32_t l = 0; l < n_layers; l++) {
         s->offsets[l] = off;
         off += (size_t)layers[l].n_expert;
+        if (layers[l].n_expert > 0) {
+            s->lay[l] = make_layout(&layers[l]);
+            s->one_read_layers += s->lay[l].one_read;
+        }
     }
     if (p->mode == CB_EXPERTS_MAPPED || total == 0) {
         s->mode = CB_EXPERTS_MAPPED;
@@ -386,15 +561,18 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
         if (L->n_expert == 0) continue;
         const uint64_t offs[3] = {L->gate_off, L->up_off, L->down_off};
         const size_t strides[3] = {L->gate_stride, L->up_stride, L->down_stride};
-        for (int i = 0; i < 3; i++)
-            if (offs[i] > (uint64_t)st.st_size ||
-                (uint64_t)L->n_expert * strides[i] > (uint64_t)st.st_size - offs[i]) {
+        for (int i = 0; i < 3; i++) {
+            /* the last expert's matrix (or one-read span) ends inside the file */
+            uint64_t last = offs[i] + (uint64_t)(L->n_expert - 1) * strides[i];
+            uint64_t len = s->lay[l].one_read && i == 0 ? s->lay[l].span : s->lay[l].bytes[i];
+            if (last > (uint64_t)st.st_size || len > (uint64_t)st.st_size - last) {
                 cb_experts_free(s);
                 return cb_fail(CB_STATUS_INVALID_ARGUMENT,
                                "experts: layer %d's experts (%d x %zu bytes at %llu) extend past "
                                "the end of %s (%lld bytes)", l, (int)L->n_expert, strides[i],
                                (unsigned long long)offs[i], p->path, (long long)st.st_size);
             }
+        }
     }
     size_t max_expert = 0;
     for (int32_t l = 0; l < n_layers; l++)
@@ -414,7 +592,10 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
     s->slots = calloc((size_t)s->n_slots, sizeof *s->slots);
     s->free_stack = malloc((size_t)s->n_slots * sizeof *s->free_stack);
     s->heap = malloc((size_t)s->n_slots * sizeof *s->heap);
-    if (!s->slot_of || !s->layer_of || !s->freq || !s->slots || !s->free_stack || !s->heap) {
+    s->queue = malloc(total * sizeof *s->queue);
+    s->queued_round = calloc(total, sizeof *s->queued_round);
+    if (!s->slot_of || !s->layer_of || !s->freq || !s->slots || !s->free_stack || !s->heap ||
+        !s->queue || !s->queued_round) {
         cb_experts_free(s);
         return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: no memory for %d slots",
                        (int)want);
@@ -449,6 +630,15 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
                            "(%s; see ulimit -l)", bytes, strerror(err));
         }
     }
+    if (p->prefetch) {
+        int err = pthread_create(&s->thread, NULL, prefetch_main, s);
+        if (err != 0) {
+            cb_experts_free(s);
+            return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: cannot start the prefetch thread: "
+                           "%s", strerror(err));
+        }
+        s->thread_started = 1;
+    }
     *out = s;
     return CB_OK;
 }
@@ -461,9 +651,22 @@ cb_status cb_experts_new_mapped(const cb_experts_layer_t *layers, int32_t n_laye
 
 void cb_experts_free(cb_experts_t *s) {
     if (!s) return;
+    if (s->thread_started) { /* an in-flight read finishes first; queued hints are dropped */
+        pthread_mutex_lock(&s->mu);
+        s->stop = 1;
+        pthread_cond_broadcast(&s->cv_work);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+    }
+    if (s->sync_ok) {
+        pthread_cond_destroy(&s->cv_work);
+        pthread_cond_destroy(&s->cv_done);
+        pthread_mutex_destroy(&s->mu);
+    }
     if (s->pool) munmap(s->pool, s->pool_map_bytes);
     if (s->fd >= 0) close(s->fd);
     free(s->layers);
+    free(s->lay);
     free(s->stats);
     free(s->counts);
     free(s->offsets);
@@ -473,6 +676,8 @@ void cb_experts_free(cb_experts_t *s) {
     free(s->slots);
     free(s->free_stack);
     free(s->heap);
+    free(s->queue);
+    free(s->queued_round);
     free(s);
 }
 
@@ -482,7 +687,11 @@ cb_status cb_experts_info(const cb_experts_t *s, cb_experts_info_t *out) {
     out->mode = s->mode;
     out->policy = s->policy;
     out->n_slots = s->n_slots;
+    pthread_mutex_lock((pthread_mutex_t *)&s->mu);
     out->n_pinned = s->n_pinned;
+    pthread_mutex_unlock((pthread_mutex_t *)&s->mu);
+    out->prefetch = s->thread_started;
+    out->one_read_layers = s->one_read_layers;
     out->slot_bytes = s->slot_bytes;
     out->pool_bytes = s->pool_map_bytes;
     out->expert_bytes = s->expert_bytes;
@@ -491,7 +700,7 @@ cb_status cb_experts_info(const cb_experts_t *s, cb_experts_info_t *out) {
 
 /* ---- acquire / release ---- */
 
-/* undo the locks taken by a failed acquire: ids[0..n) */
+/* undo the locks taken by a failed acquire: ids[0..n) (mu held) */
 static void unlock_ids(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n) {
     for (int32_t i = 0; i < n; i++) {
         int32_t e = ids[i];
@@ -501,6 +710,15 @@ static void unlock_ids(cb_experts_t *s, int32_t layer, const int32_t *ids, int32
         s->slots[k].locked = 0;
         if (!s->slots[k].pinned) evictable_add(s, k);
     }
+}
+
+/* a resident, loaded, unlocked expert's slot k becomes locked by acquire (mu held) */
+static void lock_hit(cb_experts_t *s, int32_t k, cb_experts_layer_stats_t *st) {
+    if (!s->slots[k].pinned) evictable_remove(s, k);
+    s->slots[k].locked = 1;
+    st->hits++;
+    if (s->slots[k].prefetched) st->prefetch_hits++;
+    s->slots[k].prefetched = 0;
 }
 
 cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n,
@@ -514,13 +732,13 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
             return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: layer %d has no expert %d",
                            (int)layer, (int)ids[i]);
     cb_experts_layer_stats_t *st = &s->stats[layer];
-    for (int32_t i = 0; i < n; i++) {
-        uint64_t u = uses ? (uint64_t)(uses[i] > 0 ? uses[i] : 0) : 1;
-        s->counts[s->offsets[layer] + (size_t)ids[i]] += u;
-        st->uses += u;
-    }
-    st->acquired += (uint64_t)n;
-    if (s->mode == CB_EXPERTS_MAPPED) {
+    if (s->mode == CB_EXPERTS_MAPPED) { /* no thread, no slots: no lock needed */
+        for (int32_t i = 0; i < n; i++) {
+            uint64_t u = uses ? (uint64_t)(uses[i] > 0 ? uses[i] : 0) : 1;
+            s->counts[s->offsets[layer] + (size_t)ids[i]] += u;
+            st->uses += u;
+        }
+        st->acquired += (uint64_t)n;
         for (int32_t i = 0; i < n; i++) {
             size_t e = (size_t)ids[i];
             out[i].gate = L->gate_base + e * L->gate_stride;
@@ -531,45 +749,76 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
         return CB_OK;
     }
     uint64_t t0 = now_ns();
+    pthread_mutex_lock(&s->mu);
+    for (int32_t i = 0; i < n; i++) {
+        uint64_t u = uses ? (uint64_t)(uses[i] > 0 ? uses[i] : 0) : 1;
+        s->counts[s->offsets[layer] + (size_t)ids[i]] += u;
+        st->uses += u;
+    }
+    st->acquired += (uint64_t)n;
     const size_t base = s->offsets[layer];
-    /* pass 1: lock the hits, so that no miss of this call evicts them */
+    /* pass 1: lock the hits (waiting for those the prefetch thread is reading), so that no
+     * miss of this call evicts them */
     for (int32_t i = 0; i < n; i++) {
         size_t g = base + (size_t)ids[i];
         s->freq[g]++;
-        int32_t k = s->slot_of[g];
+        int32_t k;
+        while ((k = s->slot_of[g]) >= 0 && s->slots[k].loading)
+            pthread_cond_wait(&s->cv_done, &s->mu);
         if (k < 0 || s->slots[k].locked) continue;
-        if (!s->slots[k].pinned) evictable_remove(s, k);
-        s->slots[k].locked = 1;
-        st->hits++;
+        lock_hit(s, k, st);
     }
-    /* pass 2: load the misses into free slots or victims' */
+    /* pass 2: load the misses into free slots or victims', reading with mu released */
     for (int32_t i = 0; i < n; i++) {
         size_t g = base + (size_t)ids[i];
-        if (s->slot_of[g] >= 0) continue; /* a hit, or a duplicate id loaded above */
-        int32_t k = take_slot(s);
+        int32_t k;
+        for (;;) {
+            k = s->slot_of[g];
+            if (k >= 0 && s->slots[k].loading) { /* the prefetch thread started it meanwhile */
+                pthread_cond_wait(&s->cv_done, &s->mu);
+                continue;
+            }
+            if (k >= 0) break;
+            k = take_slot(s);
+            if (k >= 0 || s->n_loading == 0) break;
+            pthread_cond_wait(&s->cv_done, &s->mu); /* slots in flight become evictable */
+        }
+        if (k >= 0 && s->slot_of[g] == k) { /* resident: a duplicate id, or prefetched */
+            if (!s->slots[k].locked) lock_hit(s, k, st);
+            continue;
+        }
         if (k < 0) {
             unlock_ids(s, layer, ids, n);
+            int32_t np = s->n_pinned;
+            pthread_mutex_unlock(&s->mu);
             return cb_fail(CB_STATUS_OUT_OF_MEMORY,
                            "experts: layer %d needs %d experts at once but the store has %d "
                            "slots (%d pinned); raise the budget or lower max_batch",
-                           (int)layer, (int)n, (int)s->n_slots, (int)s->n_pinned);
+                           (int)layer, (int)n, (int)s->n_slots, (int)np);
         }
         s->slots[k].owner = (int32_t)g;
+        s->slots[k].locked = 1;
         s->slot_of[g] = k;
-        cb_status rs = fill_slot(s, k, (int32_t)g);
+        pthread_mutex_unlock(&s->mu);
+        uint64_t reads = 0, bytes = 0;
+        cb_status rs = read_expert(s, k, (int32_t)g, &reads, &bytes);
+        pthread_mutex_lock(&s->mu);
         if (rs != CB_OK) {
             /* the slot was not filled: it goes back to the free stack */
             s->slot_of[g] = -1;
             s->slots[k].owner = -1;
+            s->slots[k].locked = 0;
             s->free_stack[s->n_free++] = k;
             unlock_ids(s, layer, ids, n);
+            pthread_mutex_unlock(&s->mu);
             return rs;
         }
-        s->slots[k].locked = 1;
+        account_read(s, (int32_t)g, reads, bytes);
         st->misses++;
     }
     for (int32_t i = 0; i < n; i++) refs_of(s, (int32_t)(base + (size_t)ids[i]), &out[i]);
     st->wait_ns += now_ns() - t0;
+    pthread_mutex_unlock(&s->mu);
     return CB_OK;
 }
 
@@ -577,7 +826,44 @@ cb_status cb_experts_release(cb_experts_t *s, int32_t layer, const int32_t *ids,
     if (!s || layer < 0 || layer >= s->n_layers || n < 0 || (n > 0 && !ids))
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: bad release (layer %d)", (int)layer);
     if (s->mode == CB_EXPERTS_MAPPED) return CB_OK;
+    pthread_mutex_lock(&s->mu);
     unlock_ids(s, layer, ids, n);
+    pthread_mutex_unlock(&s->mu);
+    return CB_OK;
+}
+
+static cb_status pin_locked(cb_experts_t *s, int32_t layer, int32_t expert) {
+    size_t g = s->offsets[layer] + (size_t)expert;
+    int32_t k;
+    while ((k = s->slot_of[g]) >= 0 && s->slots[k].loading)
+        pthread_cond_wait(&s->cv_done, &s->mu);
+    if (k >= 0 && s->slots[k].pinned) return CB_OK;
+    if (s->n_slots - s->n_pinned - 1 < s->min_slots)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                       "experts: pinning expert %d of layer %d would leave %d unpinned slots of "
+                       "%d, fewer than the %d one layer may need", (int)expert, (int)layer,
+                       (int)(s->n_slots - s->n_pinned - 1), (int)s->n_slots, (int)s->min_slots);
+    if (k >= 0) {
+        if (!s->slots[k].locked) evictable_remove(s, k);
+        s->slots[k].prefetched = 0;
+    } else {
+        while ((k = take_slot(s)) < 0 && s->n_loading > 0)
+            pthread_cond_wait(&s->cv_done, &s->mu);
+        if (k < 0) return cb_fail(CB_STATUS_INTERNAL, "experts: no slot to pin into");
+        s->slots[k].owner = (int32_t)g;
+        s->slot_of[g] = k;
+        uint64_t reads = 0, bytes = 0;
+        cb_status rs = read_expert(s, k, (int32_t)g, &reads, &bytes); /* mu held: setup time */
+        if (rs != CB_OK) {
+            s->slot_of[g] = -1;
+            s->slots[k].owner = -1;
+            s->free_stack[s->n_free++] = k;
+            return rs;
+        }
+        account_read(s, (int32_t)g, reads, bytes);
+    }
+    s->slots[k].pinned = 1;
+    s->n_pinned++;
     return CB_OK;
 }
 
@@ -589,33 +875,51 @@ cb_status cb_experts_pin(cb_experts_t *s, int32_t layer, int32_t expert) {
                        (int)layer, (int)expert);
     if (s->mode == CB_EXPERTS_MAPPED)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: the mapped store cannot pin");
-    size_t g = s->offsets[layer] + (size_t)expert;
-    int32_t k = s->slot_of[g];
-    if (k >= 0 && s->slots[k].pinned) return CB_OK;
-    if (s->n_slots - s->n_pinned - 1 < s->min_slots)
-        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
-                       "experts: pinning expert %d of layer %d would leave %d unpinned slots of "
-                       "%d, fewer than the %d one layer may need", (int)expert, (int)layer,
-                       (int)(s->n_slots - s->n_pinned - 1), (int)s->n_slots, (int)s->min_slots);
-    if (k >= 0) {
-        if (!s->slots[k].locked) evictable_remove(s, k);
-    } else {
-        k = take_slot(s);
-        if (k < 0)
-            return cb_fail(CB_STATUS_INTERNAL, "experts: no slot to pin into");
-        s->slots[k].owner = (int32_t)g;
-        s->slot_of[g] = k;
-        cb_status rs = fill_slot(s, k, (int32_t)g);
-        if (rs != CB_OK) {
-            s->slot_of[g] = -1;
-            s->slots[k].owner = -1;
-            s->free_stack[s->n_free++] = k;
-            return rs;
+    pthread_mutex_lock(&s->mu);
+    cb_status rs = pin_locked(s, layer, expert);
+    pthread_mutex_unlock(&s->mu);
+    return rs;
+}
+
+/* ---- prefetch ---- */
+
+cb_status cb_experts_prefetch(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n) {
+    if (!s || layer < 0 || layer >= s->n_layers || n < 0 || (n > 0 && !ids))
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: bad prefetch (layer %d, n %d)",
+                       (int)layer, (int)n);
+    const cb_experts_layer_t *L = &s->layers[layer];
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= L->n_expert)
+            return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: layer %d has no expert %d",
+                           (int)layer, (int)ids[i]);
+    if (!s->thread_started) return CB_OK;
+    pthread_mutex_lock(&s->mu);
+    s->round++;
+    if (s->round == 0) s->round = 1; /* 0 means "never hinted" */
+    s->q_head = 0;
+    s->q_n = 0;
+    for (int32_t i = 0; i < n; i++) {
+        size_t g = s->offsets[layer] + (size_t)ids[i];
+        int32_t k = s->slot_of[g];
+        if (k >= 0) {
+            s->slots[k].hint_round = s->round; /* resident or in flight: protect it */
+        } else if (s->queued_round[g] != s->round) {
+            s->queued_round[g] = s->round;
+            s->queue[s->q_n++] = (int32_t)g;
         }
     }
-    s->slots[k].pinned = 1;
-    s->n_pinned++;
+    if (s->q_n) pthread_cond_signal(&s->cv_work);
+    pthread_mutex_unlock(&s->mu);
     return CB_OK;
+}
+
+int32_t cb_experts_prefetching(const cb_experts_t *s) { return s && s->thread_started; }
+
+void cb_experts_prefetch_sync(cb_experts_t *s) {
+    if (!s || !s->thread_started) return;
+    pthread_mutex_lock(&s->mu);
+    while (s->q_n > 0 || s->n_loading > 0) pthread_cond_wait(&s->cv_done, &s->mu);
+    pthread_mutex_unlock(&s->mu);
 }
 
 /* ---- statistics ---- */
@@ -623,8 +927,11 @@ cb_status cb_experts_pin(cb_experts_t *s, int32_t layer, int32_t expert) {
 cb_status cb_experts_stats(const cb_experts_t *s, int32_t layer, cb_experts_layer_stats_t *out) {
     if (!s || !out || layer < -1 || layer >= s->n_layers)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: no layer %d", (int)layer);
+    pthread_mutex_t *mu = (pthread_mutex_t *)&s->mu; /* bookkeeping lock, not logical state */
+    pthread_mutex_lock(mu);
     if (layer >= 0) {
         *out = s->stats[layer];
+        pthread_mutex_unlock(mu);
         return CB_OK;
     }
     memset(out, 0, sizeof *out);
@@ -639,7 +946,12 @@ cb_status cb_experts_stats(const cb_experts_t *s, int32_t layer, cb_experts_laye
         out->evictions += x->evictions;
         out->resident += x->resident;
         out->resident_bytes += x->resident_bytes;
+        out->reads += x->reads;
+        out->prefetch_issued += x->prefetch_issued;
+        out->prefetch_hits += x->prefetch_hits;
+        out->prefetch_wasted += x->prefetch_wasted;
     }
+    pthread_mutex_unlock(mu);
     return CB_OK;
 }
 
@@ -649,12 +961,16 @@ cb_status cb_experts_route_counts(const cb_experts_t *s, int32_t layer, uint64_t
         n_expert != s->layers[layer].n_expert)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: route counts of layer %d",
                        (int)layer);
+    pthread_mutex_t *mu = (pthread_mutex_t *)&s->mu;
+    pthread_mutex_lock(mu);
     memcpy(counts, s->counts + s->offsets[layer], (size_t)n_expert * sizeof *counts);
+    pthread_mutex_unlock(mu);
     return CB_OK;
 }
 
 void cb_experts_reset_stats(cb_experts_t *s) {
     if (!s) return;
+    pthread_mutex_lock(&s->mu);
     /* the resident set is state, not a statistic: it survives the reset */
     for (int32_t l = 0; l < s->n_layers; l++) {
         uint64_t r = s->stats[l].resident, rb = s->stats[l].resident_bytes;
@@ -663,4 +979,5 @@ void cb_experts_reset_stats(cb_experts_t *s) {
         s->stats[l].resident_bytes = rb;
     }
     memset(s->counts, 0, s->total * sizeof *s->counts);
+    pthread_mutex_unlock(&s->mu);
 }

@@ -438,6 +438,39 @@ static cb_status dense_ffn(cb_forward_t *f, const cb_matrix_t *gate, const cb_ma
     return cb_matmul(down, f->g, n, ff, out, E, f->pool);
 }
 
+/* Expert prefetch hint (only when the store runs a prefetch thread): while layer l computes,
+ * the next MoE layer's router is applied to layer l's expert input f->h (the cheapest stand-in
+ * for that layer's own input: no extra norm) for up to PREFETCH_TOKENS tokens (decode-sized
+ * batches; a bigger batch uses most experts anyway), and the union of the top-k is hinted to the
+ * store. Scratch: f->u (overwritten by the expert matmuls right after) and f->rid/f->rw (free
+ * once the lists are built). A hint never changes the tokens; failures are ignored. */
+#define PREFETCH_TOKENS 16
+static void prefetch_next(cb_forward_t *f, int l, int64_t n) {
+    const cb_model_desc_t *m = f->m;
+    int l2 = l + 1;
+    while (l2 < m->n_layer && m->layers[l2].n_expert == 0) l2++;
+    if (l2 >= m->n_layer || n > PREFETCH_TOKENS) return;
+    const cb_layer_desc_t *L2 = &m->layers[l2];
+    const int64_t E = m->n_embd, NE = L2->n_expert, K = L2->n_expert_used;
+    if (n * NE > (int64_t)f->max_batch * f->max_ff || n * K > (int64_t)f->max_batch * f->max_used)
+        return;
+    if (cb_matmul(&L2->router, f->h, n, E, f->u, NE, f->pool) != CB_OK) return;
+    uint8_t seen[CB_ROUTE_MAX_EXPERTS];
+    int32_t ids[CB_ROUTE_MAX_EXPERTS], n_ids = 0;
+    memset(seen, 0, (size_t)NE);
+    for (int64_t t = 0; t < n; t++) {
+        if (cb_route_token(f->u + t * NE, (int)NE, (int)K, m->gating, L2->router_bias,
+                           m->expert_renorm, m->expert_scale, f->rid, f->rw) != CB_ROUTE_OK)
+            return;
+        for (int64_t i = 0; i < K; i++)
+            if (!seen[f->rid[i]]) {
+                seen[f->rid[i]] = 1;
+                ids[n_ids++] = f->rid[i];
+            }
+    }
+    (void)cb_experts_prefetch(f->experts, l2, ids, n_ids);
+}
+
 static cb_status moe_ffn(cb_forward_t *f, int l, int64_t n) {
     const cb_model_desc_t *m = f->m;
     const cb_layer_desc_t *L = &m->layers[l];
@@ -489,6 +522,7 @@ static cb_status moe_ffn(cb_forward_t *f, int l, int64_t n) {
         }
     for (int32_t i = 0; i < n_used; i++) f->fill[i] = f->cnt[f->used[i]]; /* tokens per expert */
     CHECK_OK(cb_experts_acquire(f->experts, l, f->used, n_used, f->fill, f->refs));
+    if (cb_experts_prefetching(f->experts)) prefetch_next(f, l, n); /* hint the next layer */
     memset(f->o, 0, (size_t)n * E * sizeof(float));
     cb_status st = CB_OK;
     for (int32_t i = 0; i < n_used && st == CB_OK; i++) {

@@ -18,16 +18,18 @@ cdef extern from "colibri/experts.h" nogil:
         const uint8_t *down_base
         size_t gate_stride, up_stride, down_stride
         uint64_t gate_off, up_off, down_off
+        size_t gate_bytes, up_bytes, down_bytes
     ctypedef struct cb_experts_layer_stats_t:
         uint64_t uses, acquired, hits, misses, bytes_read, wait_ns
         uint64_t evictions, resident, resident_bytes
+        uint64_t reads, prefetch_issued, prefetch_hits, prefetch_wasted
     ctypedef struct cb_experts_params_t:
         int32_t mode, policy
         const char *path
         uint64_t budget_bytes
-        int32_t min_slots, huge_pages, mlock
+        int32_t min_slots, huge_pages, mlock, prefetch
     ctypedef struct cb_experts_info_t:
-        int32_t mode, policy, n_slots, n_pinned
+        int32_t mode, policy, n_slots, n_pinned, prefetch, one_read_layers
         uint64_t slot_bytes, pool_bytes, expert_bytes
     cb_experts_params_t cb_experts_default_params()
     cb_status cb_experts_new(const cb_experts_params_t *params, const cb_experts_layer_t *layers,
@@ -41,6 +43,9 @@ cdef extern from "colibri/experts.h" nogil:
     cb_status cb_experts_route_counts(const cb_experts_t *s, int32_t layer, uint64_t *counts,
                                       int32_t n_expert)
     void cb_experts_reset_stats(cb_experts_t *s)
+    cb_status cb_experts_prefetch(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n)
+    int32_t cb_experts_prefetching(const cb_experts_t *s)
+    void cb_experts_prefetch_sync(cb_experts_t *s)
 
 
 cdef extern from "colibri/forward.h" nogil:

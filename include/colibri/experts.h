@@ -12,17 +12,29 @@
  *     touch, like llama.cpp's mmap. This is the full-RAM path and the reference that every
  *     other store must match bit for bit.
  *   CB_EXPERTS_CACHE - a fixed pool of slots allocated once (anonymous mmap, MADV_HUGEPAGE
- *     when huge_pages, mlock'ed when mlock); a slot holds one expert's gate, up and down (each
- *     64-byte aligned). A miss is read from the model file with pread (three reads per expert
- *     for GGUF: one per tensor) into a free slot or a victim's. Lookups are O(1) (a table
- *     (layer, expert) -> slot); victim choice is O(1) for LRU (a list) and O(log n) for LFRU
- *     (a heap). Only unlocked, unpinned experts are candidates: an expert acquired and not yet
- *     released is never evicted.
+ *     when huge_pages, mlock'ed when mlock); a slot holds one expert's gate, up and down. A
+ *     miss is read from the model file with pread into a free slot or a victim's: ONE read per
+ *     expert when its three ranges are adjacent in the file (the colibri container: gate|up|down
+ *     per expert, strides equal; the slot then keeps the file's relative offsets, small gaps
+ *     included), else three reads (GGUF: one per stacked tensor; each matrix 64-byte aligned in
+ *     the slot). Lookups are O(1) (a table (layer, expert) -> slot); victim choice is O(1) for
+ *     LRU (a list) and O(log n) for LFRU (a heap). Only unlocked, unpinned, fully loaded
+ *     experts are candidates: an expert acquired and not yet released is never evicted.
  *   CB_EXPERTS_MMAP - the mapped store plus residency control: the store tracks a resident
  *     set of at most budget bytes with the same policies; a newly used expert gets
  *     madvise(WILLNEED) and is faulted in by the compute; an evicted one gets madvise(DONTNEED)
  *     on the whole pages inside its ranges and posix_fadvise(DONTNEED) on its file ranges, so
  *     the process's resident set (and the page cache) stay near the budget.
+ *
+ * Prefetch (cache and mmap, params.prefetch): the store owns a background thread. The forward
+ * pass hints the experts it expects the next MoE layer to use (cb_experts_prefetch); the
+ * thread reads them (cache: pread into a free slot or a victim's; mmap: madvise(WILLNEED))
+ * while the compute runs. A new hint replaces the hints not yet started (they are stale: the
+ * compute has moved on), so the compute never waits on a prefetch it no longer needs. An
+ * acquire that wants an expert the thread is reading right now waits for that read (counted in
+ * wait_ns) instead of reading it twice. A prefetched expert is an ordinary resident (evictable
+ * under the policy); the thread never evicts locked or pinned experts nor an expert hinted by
+ * the current hint. The pread runs outside the store's mutex. Tokens never depend on prefetch.
  *
  * Policies: CB_EXPERTS_LRU evicts the least recently released expert. CB_EXPERTS_LFRU is
  * frequency-aware with dynamic aging (LFU-DA): an expert's key is A + f, where f counts its
@@ -34,16 +46,21 @@
  * min(n_expert, n_expert_used * max_batch)) and capped at the total number of experts. An
  * acquire asking for more experts than the unpinned slots fails with the numbers.
  *
- * Layout of one layer's experts (GGUF ffn_{gate,up,down}_exps): three 3-D tensors; expert e's
- * gate matrix [n_ff rows x n_embd cols] starts at gate_base + e * gate_stride (bytes), likewise
- * up ([n_ff x n_embd]) and down ([n_embd x n_ff]). Types are GGML type ids (quant.h).
+ * Layout of one layer's experts: expert e's gate matrix [n_ff rows x n_embd cols] is gate_bytes
+ * bytes at gate_base + e * gate_stride (file offset gate_off + e * gate_stride), likewise up
+ * ([n_ff x n_embd]) and down ([n_embd x n_ff]). GGUF ffn_{gate,up,down}_exps: three 3-D
+ * tensors, bytes == stride. Container: one block per expert, strides == the block size.
+ * Types are GGML type ids (quant.h).
  *
  * Ownership: the store borrows every base pointer (the caller keeps the mapping alive for the
- * store's lifetime) and owns its tables, pool and file descriptor (cache and mmap modes open
- * params.path read-only; every range is checked against the file's size). Statistics count, per layer, acquisitions (expert
- * uses), distinct experts per call, and bytes touched.
+ * store's lifetime) and owns its tables, pool, prefetch thread and file descriptor (cache and
+ * mmap modes open params.path read-only; every range is checked against the file's size).
+ * Statistics count, per layer, acquisitions (expert uses), distinct experts per call, and
+ * bytes touched.
  *
- * Threads: acquire/release/pin of one store are called by one thread at a time.
+ * Threads: acquire/release/pin/prefetch of one store are called by one thread at a time (the
+ * forward pass); the store's own prefetch thread synchronises with them through a mutex.
+ * stats/info/reset_stats may be called from any thread.
  */
 #ifndef COLIBRI_EXPERTS_H
 #define COLIBRI_EXPERTS_H
@@ -67,6 +84,7 @@ typedef struct cb_experts_layer {
     const uint8_t *gate_base, *up_base, *down_base;
     size_t gate_stride, up_stride, down_stride; /* bytes from one expert to the next */
     uint64_t gate_off, up_off, down_off; /* file offsets of expert 0 (cache and mmap modes) */
+    size_t gate_bytes, up_bytes, down_bytes; /* bytes of one matrix (0: its stride) */
 } cb_experts_layer_t;
 
 typedef enum cb_experts_mode {
@@ -88,6 +106,7 @@ typedef struct cb_experts_params {
     int32_t min_slots;    /* cache/mmap: the pool holds at least this many experts */
     int32_t huge_pages;   /* cache: madvise(MADV_HUGEPAGE) the pool (default 1) */
     int32_t mlock;        /* cache: mlock the pool (fails with the numbers when refused) */
+    int32_t prefetch;     /* cache/mmap: run the prefetch thread (default 0) */
 } cb_experts_params_t;
 
 /* What a store is: its mode, slots and their size. */
@@ -95,6 +114,8 @@ typedef struct cb_experts_info {
     int32_t mode, policy;
     int32_t n_slots;      /* experts the store keeps resident at most (0: mapped) */
     int32_t n_pinned;
+    int32_t prefetch;     /* 1 when the prefetch thread runs */
+    int32_t one_read_layers; /* MoE layers whose experts are read with one pread each */
     uint64_t slot_bytes;  /* bytes of one slot (cache) or of the largest expert (mmap) */
     uint64_t pool_bytes;  /* bytes of the slot pool (cache; 0 otherwise) */
     uint64_t expert_bytes;/* bytes of every expert of every layer */
@@ -115,6 +136,10 @@ typedef struct cb_experts_layer_stats {
     uint64_t evictions;   /* experts dropped to make room */
     uint64_t resident;    /* experts resident now (cache/mmap; 0 for mapped) */
     uint64_t resident_bytes; /* their bytes */
+    uint64_t reads;       /* pread calls issued for misses and prefetches (cache mode) */
+    uint64_t prefetch_issued; /* experts the prefetch thread read (cache) or advised (mmap) */
+    uint64_t prefetch_hits;   /* acquired experts resident because of a prefetch */
+    uint64_t prefetch_wasted; /* prefetched experts evicted before any acquire used them */
 } cb_experts_layer_stats_t;
 
 cb_experts_params_t cb_experts_default_params(void);
@@ -145,6 +170,18 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
 
 /* Gives back what acquire handed out for the same layer and ids. */
 cb_status cb_experts_release(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n);
+
+/* Hints that the next acquire(s) of layer will ask for experts ids[0..n) (duplicates and
+ * resident ones are fine). Returns at once: the prefetch thread reads them in the background.
+ * Replaces the hints not yet started. Does nothing for the mapped store or without prefetch.
+ * INVALID_ARGUMENT for a bad layer or expert id. */
+cb_status cb_experts_prefetch(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n);
+
+/* 1 when the store runs a prefetch thread (hints are worth computing), else 0. NULL: 0. */
+int32_t cb_experts_prefetching(const cb_experts_t *s);
+
+/* Waits until the prefetch thread has nothing queued or in flight (tests, benchmarks). */
+void cb_experts_prefetch_sync(cb_experts_t *s);
 
 /* Statistics of one layer (layer >= 0) or the sum of all (layer == -1). */
 cb_status cb_experts_stats(const cb_experts_t *s, int32_t layer, cb_experts_layer_stats_t *out);

@@ -1,6 +1,9 @@
 /* experts.h: cache and mmap stores against the mapped store on a file of known bytes; LRU miss
  * counts against a reference simulation (a scan of a list); LFRU keeps a frequent expert
- * through a scan that LRU evicts; locked experts are never evicted; too-small pools fail. */
+ * through a scan that LRU evicts; locked experts are never evicted; too-small pools fail.
+ * One read per expert on a container-like layout (gate|up|down adjacent per expert); the
+ * prefetch thread: hinted experts become hits, bytes always match the mapped store while hints
+ * and acquires race, statistics add up, free() while reads are in flight. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +42,232 @@ static cb_experts_t *make(int mode, int policy, const char *path, uint64_t budge
 static int same_bytes(const cb_expert_ref_t *a, const cb_expert_ref_t *b) {
     return memcmp(a->gate, b->gate, GS) == 0 && memcmp(a->up, b->up, US) == 0 &&
            memcmp(a->down, b->down, DS) == 0;
+}
+
+/* A file whose experts are laid out like the colibri container: per expert one block of BLK
+ * bytes holding gate | up | down (small alignment gaps), layer-major. */
+enum { CNE = 8, CG = 1000, CU = 700, CD = 900, CBLK = 4096 };
+
+static void write_file(const char *path, const uint8_t *b, size_t n) {
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    if (!f) return;
+    CHECK(fwrite(b, 1, n, f) == n);
+    fclose(f);
+}
+
+static void test_one_read(void) {
+    char path[] = "/tmp/cb_test_experts_c_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    const size_t head = 8192;
+    size_t fsize = head + (size_t)NL * CNE * CBLK;
+    uint8_t *bytes = malloc(fsize);
+    for (size_t i = 0; i < fsize; i++) bytes[i] = (uint8_t)rnd();
+    write_file(path, bytes, fsize);
+    cb_experts_layer_t ls[NL];
+    memset(ls, 0, sizeof ls);
+    for (int l = 0; l < NL; l++) {
+        size_t o = head + (size_t)l * CNE * CBLK;
+        ls[l] = (cb_experts_layer_t){.n_expert = CNE, .n_embd = 4, .n_ff = 4,
+                                     .gate_stride = CBLK, .up_stride = CBLK, .down_stride = CBLK,
+                                     .gate_bytes = CG, .up_bytes = CU, .down_bytes = CD,
+                                     .gate_off = o, .up_off = o + 1024, .down_off = o + 1792};
+        ls[l].gate_base = bytes + ls[l].gate_off;
+        ls[l].up_base = bytes + ls[l].up_off;
+        ls[l].down_base = bytes + ls[l].down_off;
+    }
+    cb_experts_t *ref = make(CB_EXPERTS_MAPPED, 0, NULL, 0, 1, ls);
+    for (int pf = 0; pf <= 1; pf++) {
+        cb_experts_params_t p = cb_experts_default_params();
+        p.mode = CB_EXPERTS_CACHE;
+        p.path = path;
+        p.budget_bytes = 3 * CBLK;
+        p.min_slots = 2;
+        p.prefetch = pf;
+        cb_experts_t *s = NULL;
+        CHECK(cb_experts_new(&p, ls, NL, &s) == CB_OK);
+        if (!s) continue;
+        cb_experts_info_t info;
+        CHECK(cb_experts_info(s, &info) == CB_OK);
+        CHECK(info.one_read_layers == NL && info.prefetch == pf);
+        CHECK(info.expert_bytes == (uint64_t)NL * CNE * (CG + CU + CD));
+        for (int step = 0; step < 200; step++) {
+            int layer = (int)(rnd() % NL), ids[2] = {(int)(rnd() % CNE), (int)(rnd() % CNE)};
+            int n = ids[0] == ids[1] ? 1 : 2;
+            if (pf && step % 3 == 0) {
+                int h[3] = {(int)(rnd() % CNE), (int)(rnd() % CNE), ids[0]};
+                CHECK(cb_experts_prefetch(s, layer, h, 3) == CB_OK);
+            }
+            cb_expert_ref_t a[2], b[2];
+            CHECK(cb_experts_acquire(s, layer, ids, n, NULL, a) == CB_OK);
+            CHECK(cb_experts_acquire(ref, layer, ids, n, NULL, b) == CB_OK);
+            for (int i = 0; i < n; i++)
+                CHECK(memcmp(a[i].gate, b[i].gate, CG) == 0 && memcmp(a[i].up, b[i].up, CU) == 0 &&
+                      memcmp(a[i].down, b[i].down, CD) == 0);
+            CHECK(cb_experts_release(s, layer, ids, n) == CB_OK);
+        }
+        cb_experts_prefetch_sync(s);
+        cb_experts_layer_stats_t st;
+        CHECK(cb_experts_stats(s, -1, &st) == CB_OK);
+        /* one pread per expert read, misses and prefetches alike; the span includes the gaps */
+        CHECK(st.misses > 0 && st.reads == st.misses + st.prefetch_issued);
+        CHECK(st.bytes_read == st.reads * (1792 + CD));
+        CHECK(st.hits + st.misses == st.acquired);
+        CHECK(pf || st.prefetch_issued == 0);
+        cb_experts_free(s);
+    }
+    /* not in gate|up|down order: three reads per expert */
+    for (int l = 0; l < NL; l++) {
+        ls[l].down_off = ls[l].gate_off + 1024;
+        ls[l].up_off = ls[l].gate_off + 2048;
+        ls[l].up_base = bytes + ls[l].up_off;
+        ls[l].down_base = bytes + ls[l].down_off;
+    }
+    cb_experts_t *s = make(CB_EXPERTS_CACHE, CB_EXPERTS_LRU, path, 1, 1, ls);
+    cb_experts_info_t info;
+    CHECK(cb_experts_info(s, &info) == CB_OK && info.one_read_layers == 0);
+    cb_expert_ref_t a;
+    int one = 1;
+    CHECK(cb_experts_acquire(s, 0, &one, 1, NULL, &a) == CB_OK);
+    CHECK(memcmp(a.up, bytes + ls[0].up_off + CBLK, CU) == 0 &&
+          memcmp(a.down, bytes + ls[0].down_off + CBLK, CD) == 0);
+    CHECK(cb_experts_release(s, 0, &one, 1) == CB_OK);
+    cb_experts_layer_stats_t st;
+    CHECK(cb_experts_stats(s, 0, &st) == CB_OK && st.reads == 3 && st.misses == 1);
+    CHECK(st.bytes_read == CG + CU + CD);
+    cb_experts_free(s);
+    /* a matrix larger than its stride is refused */
+    ls[0].gate_bytes = CBLK + 1;
+    cb_experts_params_t p = cb_experts_default_params();
+    s = NULL;
+    CHECK(cb_experts_new(&p, ls, NL, &s) == CB_STATUS_INVALID_ARGUMENT && !s);
+    cb_experts_free(ref);
+    free(bytes);
+    unlink(path);
+}
+
+/* The prefetch thread on bigger experts (reads take time): hinted experts are hits; bytes match
+ * the mapped store while hints and acquires race (every mode and policy); statistics add up;
+ * free() joins a thread that is reading. */
+enum { PNE = 16, PMAT = 96 * 1024 };
+
+static void test_prefetch(void) {
+    char path[] = "/tmp/cb_test_experts_p_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    const size_t per_layer = (size_t)PNE * 3 * PMAT;
+    size_t fsize = (size_t)NL * per_layer;
+    uint8_t *bytes = malloc(fsize);
+    for (size_t i = 0; i < fsize; i++) bytes[i] = (uint8_t)rnd();
+    write_file(path, bytes, fsize);
+    cb_experts_layer_t ls[NL];
+    memset(ls, 0, sizeof ls);
+    for (int l = 0; l < NL; l++) { /* GGUF-like: three stacked tensors */
+        size_t o = (size_t)l * per_layer;
+        ls[l] = (cb_experts_layer_t){.n_expert = PNE, .n_embd = 4, .n_ff = 4,
+                                     .gate_stride = PMAT, .up_stride = PMAT, .down_stride = PMAT,
+                                     .gate_off = o, .up_off = o + PNE * PMAT,
+                                     .down_off = o + 2 * PNE * PMAT};
+        ls[l].gate_base = bytes + ls[l].gate_off;
+        ls[l].up_base = bytes + ls[l].up_off;
+        ls[l].down_base = bytes + ls[l].down_off;
+    }
+    cb_experts_t *ref = make(CB_EXPERTS_MAPPED, 0, NULL, 0, 1, ls);
+    cb_experts_params_t p = cb_experts_default_params();
+    p.path = path;
+    p.prefetch = 1;
+    for (int mode = CB_EXPERTS_CACHE; mode <= CB_EXPERTS_MMAP; mode++) {
+        p.mode = mode;
+        /* everything fits: a hint, then a sync, then the acquire is all hits */
+        p.policy = CB_EXPERTS_LRU;
+        p.budget_bytes = (uint64_t)fsize;
+        p.min_slots = 4;
+        cb_experts_t *s = NULL;
+        CHECK(cb_experts_new(&p, ls, NL, &s) == CB_OK);
+        if (!s) continue;
+        CHECK(cb_experts_prefetching(s) == 1);
+        int ids[4] = {3, 7, 7, 11};
+        CHECK(cb_experts_prefetch(s, 1, ids, 4) == CB_OK);
+        cb_experts_prefetch_sync(s);
+        cb_expert_ref_t a[4], b[4];
+        CHECK(cb_experts_acquire(s, 1, ids, 4, NULL, a) == CB_OK);
+        CHECK(cb_experts_acquire(ref, 1, ids, 4, NULL, b) == CB_OK);
+        for (int i = 0; i < 4; i++)
+            CHECK(memcmp(a[i].gate, b[i].gate, PMAT) == 0 && memcmp(a[i].down, b[i].down, PMAT) == 0);
+        CHECK(cb_experts_release(s, 1, ids, 4) == CB_OK);
+        cb_experts_layer_stats_t st;
+        CHECK(cb_experts_stats(s, 1, &st) == CB_OK);
+        CHECK(st.prefetch_issued == 3 && st.misses == 0 && st.hits == 3 && st.acquired == 4);
+        CHECK(st.prefetch_hits == 3 && st.prefetch_wasted == 0);
+        CHECK(st.reads == (mode == CB_EXPERTS_CACHE ? 9u : 0u));
+        CHECK(cb_experts_prefetch(s, 1, (int[]){PNE}, 1) == CB_STATUS_INVALID_ARGUMENT);
+        CHECK(cb_experts_prefetch(s, 2, ids, 1) == CB_STATUS_INVALID_ARGUMENT);
+        cb_experts_free(s);
+
+        /* races: small pools, hints for the next layer while this one is held */
+        for (int policy = 0; policy <= 1; policy++) {
+            p.policy = policy;
+            p.budget_bytes = 6 * 3 * PMAT;
+            p.min_slots = 4;
+            s = NULL;
+            CHECK(cb_experts_new(&p, ls, NL, &s) == CB_OK);
+            if (!s) continue;
+            for (int step = 0; step < 120; step++) {
+                int layer = step % NL, n = 1 + (int)(rnd() % 4), got[4], m = 0;
+                for (int i = 0; i < n; i++) {
+                    int e = (int)(rnd() % 6), dup = 0; /* a hot set larger than the pool */
+                    for (int j = 0; j < m; j++) dup |= got[j] == e;
+                    if (!dup) got[m++] = e;
+                }
+                CHECK(cb_experts_acquire(s, layer, got, m, NULL, a) == CB_OK);
+                int hint[4];
+                for (int i = 0; i < 4; i++) hint[i] = (int)(rnd() % 6);
+                CHECK(cb_experts_prefetch(s, (layer + 1) % NL, hint, 4) == CB_OK);
+                CHECK(cb_experts_acquire(ref, layer, got, m, NULL, b) == CB_OK);
+                for (int i = 0; i < m; i++)
+                    CHECK(memcmp(a[i].gate, b[i].gate, PMAT) == 0 &&
+                          memcmp(a[i].up, b[i].up, PMAT) == 0 &&
+                          memcmp(a[i].down, b[i].down, PMAT) == 0);
+                CHECK(cb_experts_release(s, layer, got, m) == CB_OK);
+            }
+            cb_experts_prefetch_sync(s);
+            CHECK(cb_experts_stats(s, -1, &st) == CB_OK);
+            CHECK(st.hits + st.misses == st.acquired);
+            CHECK(st.prefetch_hits <= st.hits);
+            CHECK(st.prefetch_hits + st.prefetch_wasted <= st.prefetch_issued);
+            CHECK(st.bytes_read == (st.misses + st.prefetch_issued) * 3 * PMAT);
+            CHECK(st.resident <= 6 && st.resident_bytes == st.resident * 3 * PMAT);
+            CHECK(st.prefetch_issued > 0);
+            cb_experts_free(s);
+        }
+        /* free() while the thread is reading (and more is queued) */
+        p.policy = CB_EXPERTS_LRU;
+        p.budget_bytes = (uint64_t)fsize;
+        s = NULL;
+        CHECK(cb_experts_new(&p, ls, NL, &s) == CB_OK);
+        int all[PNE];
+        for (int i = 0; i < PNE; i++) all[i] = i;
+        CHECK(cb_experts_prefetch(s, 0, all, PNE) == CB_OK);
+        cb_experts_free(s);
+    }
+    /* no thread: hints are accepted and ignored */
+    p.mode = CB_EXPERTS_CACHE;
+    p.prefetch = 0;
+    cb_experts_t *s = NULL;
+    CHECK(cb_experts_new(&p, ls, NL, &s) == CB_OK);
+    CHECK(cb_experts_prefetching(s) == 0 && cb_experts_prefetch(s, 0, (int[]){1}, 1) == CB_OK);
+    cb_experts_prefetch_sync(s);
+    cb_experts_layer_stats_t st;
+    CHECK(cb_experts_stats(s, -1, &st) == CB_OK && st.prefetch_issued == 0 && st.resident == 0);
+    cb_experts_free(s);
+    CHECK(cb_experts_prefetching(ref) == 0);
+    CHECK(cb_experts_prefetch(ref, 0, (int[]){1}, 1) == CB_OK);
+    cb_experts_free(ref);
+    free(bytes);
+    unlink(path);
 }
 
 int main(void) {
@@ -222,5 +451,7 @@ int main(void) {
     free(bytes);
     close(fd);
     unlink(path);
+    test_one_read();
+    test_prefetch();
     TEST_MAIN_END("test_experts");
 }
