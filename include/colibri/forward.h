@@ -9,8 +9,11 @@
  * One layer, for the batch (x: the residual stream, [n_tokens x n_embd] float32):
  *   h = rmsnorm(x) * attn_norm
  *   q = Wq h (+bq), k = Wk h (+bk), v = Wv h (+bv)
- *   q/k norm: per head ([head_dim] weights, qwen3/gemma3) or over the whole projection
- *             (olmoe); then RoPE at each token's position (normal or NeoX pairing)
+ *   (gemma4 attention_k_eq_v: no Wv, v = the K projection)
+ *   q/k norm: per head ([head_dim] weights, qwen3/gemma3/gemma4) or over the whole projection
+ *             (olmoe); gemma4: v RMS-normed per head without weight; then RoPE at each
+ *             token's position (normal or NeoX pairing, the layer's base, rotated dims and
+ *             optional rope_freqs divisors)
  *   K/V of each token written into its sequence's KV block; then causal attention of each
  *   query over its sequence's positions 0..pos (only pos-window+1..pos on a sliding-window
  *   layer), scaled by attn_scale, optional tanh softcap, softmax, weighted sum of V
@@ -22,8 +25,13 @@
  *          renormalisation, scale); tokens grouped by expert so each chosen expert's weights
  *          stream once per batch; f = sum_k w_k * expert_k(h); plus the shared expert (scaled
  *          by sigmoid(Wsg h) when that gate exists)
+ *   gemma4 (experts and a dense FFN in one layer): f = post_norm_1(dense(h)) +
+ *          post_norm_2(moe(pre_norm_2(x))), routed on rmsnorm(x) * router_in_scale / sqrt(E),
+ *          expert weights times exp_down_scale[e] (see cb_layer_desc_t)
  *   with ffn_post_norm: f = rmsnorm(f) * ffn_post_norm
- *   x += f
+ *   x += f; with out_scale: x *= out_scale[0]
+ * Each layer may have its own head_dim / KV heads / rotated dims (gemma4's sliding and global
+ * layers); a token's K/V in the cache are the layers' [K heads][V heads] one after another.
  * then logits = Wout (rmsnorm(x) * output_norm) for the tokens that want logits, with an
  * optional final tanh softcap.
  *
