@@ -1,5 +1,6 @@
 """colibri: run Mixture-of-Experts language models from GGUF files, with a C core."""
 
+from colibri.container import ContainerError, ContainerFile
 from colibri.errors import ColibriError
 from colibri.gguf import GGUFError, GGUFFile
 from colibri.kv import KVArena, KVCache
@@ -7,4 +8,4 @@ from colibri.tokenizer import StreamDecoder, Tokenizer
 
 __version__ = "0.1.0"
 
-__all__ = ["ColibriError", "GGUFError", "GGUFFile", "KVArena", "KVCache", "StreamDecoder", "Tokenizer", "__version__"]
+__all__ = ["ColibriError", "ContainerError", "ContainerFile", "GGUFError", "GGUFFile", "KVArena", "KVCache", "StreamDecoder", "Tokenizer", "__version__"]

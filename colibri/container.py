@@ -270,7 +270,7 @@ class ContainerFile(GGUFFile):
             raise ContainerError(f"{self.path}: {e}") from None
         except GGUFError as e:
             self.close()
-            raise ContainerError(f"{self.path}: header metadata: {e}") from None
+            raise ContainerError(f"{self.path}: header: {e}") from None
         except (ValueError, IndexError, KeyError, OverflowError, struct.error, MemoryError,
                 RecursionError, TypeError) as e:
             self.close()
@@ -529,14 +529,28 @@ class ContainerFile(GGUFFile):
             raise ContainerError(f"checksum mismatch in the dense region [{self.dense_start}, "
                                  f"{self.dense_end}) (crc32 {crc:08x}, recorded "
                                  f"{self.dense_crc:08x}): the file is corrupt")
-        for g in self.groups:
-            for e in range(g.n_expert):
+        # experts on a thread pool: zlib.crc32 releases the GIL on large buffers
+        jobs = [(g, e) for g in self.groups for e in range(g.n_expert)]
+
+        def crc_of(job: tuple[ExpertGroup, int]) -> int:
+            a, b = job[0].expert_range(job[1])
+            return zlib.crc32(view[a:b])
+
+        total = sum(g.used * g.n_expert for g in self.groups)
+        workers = min(os.cpu_count() or 1, 8, max(1, len(jobs)))
+        if workers > 1 and len(jobs) > 1 and total > (64 << 20):
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(workers) as ex:
+                crcs = list(ex.map(crc_of, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
+        else:
+            crcs = [crc_of(j) for j in jobs]
+        for (g, e), crc in zip(jobs, crcs, strict=True):
+            if crc != g.crcs[e]:
                 a, b = g.expert_range(e)
-                crc = zlib.crc32(view[a:b])
-                if crc != g.crcs[e]:
-                    raise ContainerError(f"checksum mismatch in expert {e} of layer {g.layer} "
-                                         f"(bytes {a}..{b}, crc32 {crc:08x}, recorded "
-                                         f"{g.crcs[e]:08x}): the file is corrupt")
+                raise ContainerError(f"checksum mismatch in expert {e} of layer {g.layer} "
+                                     f"(bytes {a}..{b}, crc32 {crc:08x}, recorded "
+                                     f"{g.crcs[e]:08x}): the file is corrupt")
         view.release()
 
 
@@ -696,6 +710,9 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], quant: str
         raise ContainerError(f"{src} is already a colibri container")
     if os.path.isdir(dst):
         raise ContainerError(f"output {dst} is a directory")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(dst))):
+        raise FileNotFoundError(f"output directory {os.path.dirname(os.path.abspath(dst))} "
+                                "does not exist")
     if os.path.exists(dst) and os.path.samefile(src, dst):
         raise ContainerError(f"output {dst} is the input file")
     if os.path.realpath(src) == os.path.realpath(dst):

@@ -247,6 +247,8 @@ def test_refusals(models, kept, tmp_path):
         convert(tmp_path / "missing.gguf", tmp_path / "x.colibri", progress=False)
     with pytest.raises(ContainerError, match="directory"):
         convert(paths["mixtral-q8_0"], tmp_path, progress=False)
+    with pytest.raises(FileNotFoundError, match="output directory"):
+        convert(paths["mixtral-q8_0"], tmp_path / "no" / "x.colibri", progress=False)
     assert sorted(os.listdir(tmp_path)) == []
 
 
