@@ -80,15 +80,10 @@ class CudaExperts:
             X = L.experts
             if X is None:
                 raise ValueError(f"layer {li}: an MoE layer without expert tensors")
-            if getattr(L, "ffn_pre_norm_2", None) is not None or getattr(L, "router_in_scale", None) is not None:
-                raise ValueError(
-                    f"device='cuda' does not support the {desc.arch} MoE block yet (its experts "
-                    "take a separately normed input); use the CPU"
-                )
             D, F = desc.n_embd, L.n_ff_exp
             Dp, Fp = _pad_to(D, mult), _pad_to(F, mult)
             layout = ref.ExpertLayout(Dp, Fp, weights)
-            scale = getattr(L, "exp_down_scale", None)
+            scale = L.exp_down_scale
             sb = layout.slot_bytes
             pool = np.zeros(L.n_expert * sb, dtype=np.uint8)
             for e in range(L.n_expert):

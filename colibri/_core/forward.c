@@ -478,10 +478,6 @@ static cb_status moe_ffn(cb_forward_t *f, int l, int64_t n) {
     CHECK_OK(cb_matmul(&L->router, f->h, n, E, f->rlog, NE, f->pool));
     if (L->ffn_pre_norm_2) /* gemma4: the router read its own input; the experts read this */
         CHECK_OK(cb_rmsnorm_rows(f->x, E, n, E, L->ffn_pre_norm_2, m->norm_eps, 0, f->h, E));
-    if (f->moe_hook && L->exp_down_scale)
-        return cb_fail(CB_STATUS_UNSUPPORTED,
-                       "forward: layer %d: per-expert output scales are not supported by the "
-                       "MoE hook", l);
     if (f->moe_hook) {
         /* routing and the routed experts run in the hook (colibri.cuda on a GPU) */
         memset(f->o, 0, (size_t)n * E * sizeof(float));

@@ -152,7 +152,8 @@ void cb_forward_free(cb_forward_t *f);
  * routing and the expert FFN on a GPU). The forward computes the router logits on the CPU and
  * calls fn(user, layer, h, logits, n_tokens, out) with h [n_tokens x n_embd] (the normed FFN
  * input), logits [n_tokens x n_expert] and out [n_tokens x n_embd] zeroed: fn writes the
- * routed experts' weighted sum into out (shared experts are still added by the forward) and
+ * routed experts' weighted sum into out, each expert's output times its per-expert scale
+ * (exp_down_scale) when the layer has one (shared experts are still added by the forward) and
  * returns CB_OK or a failure (which aborts the run). All pointers are borrowed for the call;
  * fn runs on the thread calling cb_forward_run. NULL fn: experts from the expert store. */
 typedef cb_status (*cb_moe_hook_fn)(void *user, int32_t layer, const float *h,
