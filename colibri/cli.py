@@ -28,6 +28,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=None,
                    help="prefetch the next layer's predicted experts in the background "
                         "(default: COLIBRI_EXPERT_PREFETCH, else on in cache and mmap modes)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: run routing and the routed experts of MoE layers on the GPU "
+                        "(PyCUDA); the rest stays on the CPU")
+    p.add_argument("--cuda-weights", choices=("f16", "int4-g128"), default="f16",
+                   help="format of the experts on the GPU")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -90,7 +95,9 @@ def _load(args: argparse.Namespace):
                  expert_budget=_budget_arg(getattr(args, "expert_budget", None)),
                  expert_policy=getattr(args, "expert_policy", "lru"),
                  verify=not getattr(args, "no_verify", False),
-                 prefetch=getattr(args, "prefetch", None))
+                 prefetch=getattr(args, "prefetch", None),
+                 device=getattr(args, "device", "cpu"),
+                 cuda_weights=getattr(args, "cuda_weights", "f16"))
 
 
 def _budget_arg(raw: str | None) -> str | float | None:

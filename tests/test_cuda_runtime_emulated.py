@@ -424,3 +424,25 @@ def test_model_device_without_pycuda(monkeypatch, tmp_path):
     path = build("olmoe", tmp_path)[1]["f32"]
     with pytest.raises(ColibriError, match="PyCUDA not installed"):
         Model(path, tokenizer=False, device="cuda")
+
+
+def test_cli_run_on_the_device(rt, moe_models, monkeypatch, capsys):
+    """`colibri run --device cuda` generates the same greedy tokens through the kernels as on
+    the CPU (a margin-rich oracle model: the bigram path), and fails clearly without PyCUDA."""
+    import colibri.cuda as cuda
+    from colibri.cli import main
+
+    path = str(moe_models["mixtral"])
+    args = ["run", "-m", path, "-p", "hello", "-n", "8", "--temp", "0", "--ctx", "64"]
+    assert main(args) == 0
+    cpu_text = capsys.readouterr().out
+    monkeypatch.setattr(cuda, "get_runtime", lambda device=0: rt)
+    assert main(args + ["--device", "cuda"]) == 0
+    assert capsys.readouterr().out == cpu_text
+    assert rt.calls["cb_moe_combine"] >= 8
+    monkeypatch.undo()
+    monkeypatch.setitem(sys.modules, "pycuda", None)
+    monkeypatch.setitem(sys.modules, "pycuda.driver", None)
+    monkeypatch.setattr(cuda, "_runtimes", {})
+    assert main(args + ["--device", "cuda"]) == 1
+    assert "PyCUDA not installed" in capsys.readouterr().err
