@@ -24,6 +24,17 @@ def _convert_module():
     return mod
 
 
+def _gemma4_multimodal_config(**text):
+    import transformers as T
+
+    vision = T.Gemma4VisionConfig(hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=2, head_dim=16)
+    cfg = T.Gemma4Config(text_config=T.Gemma4TextConfig(**text).to_dict(),
+                         vision_config=vision.to_dict(), audio_config=None)
+    cfg.text_config._attn_implementation = "eager"
+    return cfg
+
+
 def family_configs():
     import transformers as T
 
@@ -62,6 +73,15 @@ def family_configs():
                         final_logit_softcapping=30.0,
                         top_k_experts=3, moe_intermediate_size=32,
                         layer_types=["sliding_attention"] * 5 + ["full_attention"] * 2)),
+        # gemma4 variant as the text part of a Gemma4ForConditionalGeneration (tiny vision
+        # tower, not converted): dense (no MoE block), attention_k_eq_v (global layers have no
+        # v_proj: V is the K projection) with 1 KV head on global layers, 2 on sliding ones
+        "gemma4_mm": (_gemma4_multimodal_config, T.Gemma4ForConditionalGeneration,
+                      dict(intermediate_size=96, head_dim=16, global_head_dim=32,
+                           sliding_window=6, num_hidden_layers=6,
+                           hidden_size_per_layer_input=0, num_kv_shared_layers=0,
+                           attention_k_eq_v=True, num_global_key_value_heads=1,
+                           final_logit_softcapping=30.0)),
         # llama with Llama 3.1 rope scaling (converted to a rope_freqs tensor): head_dim 16,
         # original context 64, so short, medium and long wavelengths all occur in 40 tokens
         "llama3_rope": (T.LlamaConfig, T.LlamaForCausalLM,
@@ -74,7 +94,7 @@ def family_configs():
 
 FAMILIES = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
             "gemma4"]
-EXTRA = ["llama3_rope"]  # built on demand by their own tests
+EXTRA = ["llama3_rope", "gemma4_mm"]  # built on demand by their own tests
 
 
 def add_bigram_path(model, seed: int, strength: float = 0.5) -> None:

@@ -130,3 +130,25 @@ def test_gemma4_unsupported_parts_are_refused_by_name(tmp_path, key, value, what
     with pytest.raises(UnsupportedModel, match=what) as e:
         open_model(path)
     assert key in str(e.value)
+
+
+def test_gemma4_text_part_of_multimodal_k_eq_v(tmp_path):
+    """Gemma4ForConditionalGeneration: the converter keeps the text part only; global layers
+    with attention_k_eq_v (no attn_v: V is the K projection) and their own KV head count
+    (a per-layer head_count_kv array); dense layers (no MoE block)."""
+    import gguf
+
+    hf, paths = build("gemma4_mm", tmp_path, ("f32",))
+    r = gguf.GGUFReader(str(paths["f32"]))
+    names = {t.name for t in r.tensors}
+    assert "blk.5.attn_v.weight" not in names and "blk.0.attn_v.weight" in names
+    assert not any("vision" in n or "per_layer" in n for n in names)
+    model = Model(paths["f32"], threads=2, ctx=256, max_batch=64)
+    assert [L.n_head_kv for L in model.desc.layers] == [2] * 5 + [1]
+    ids = prompt(30, seed=1)
+    ref = hf_logits(hf, ids)
+    batch = model.logits(ids)
+    assert rel_err(batch, ref) < 1e-4
+    seq = model.new_sequence()
+    steps = np.concatenate([model.eval([seq], tokens=[t]) for t in ids])
+    assert rel_err(steps, batch) < 1e-5
