@@ -44,6 +44,8 @@ def models(tmp_path_factory):
     paths["qwen3_moe-f32"] = p["f32"]
     _, p = build("llama", out, ("f32",))
     paths["llama-f32"] = p["f32"]
+    _, p = build("gemma4", out, ("f32",))  # fused ffn_gate_up_exps
+    paths["gemma4-f32"] = p["f32"]
     return out, paths
 
 
@@ -63,7 +65,8 @@ def _logits(path, **kw):
     return np.concatenate(outs)
 
 
-@pytest.mark.parametrize("name", ["mixtral-f32", "mixtral-q8_0", "qwen3_moe-f32", "llama-f32"])
+@pytest.mark.parametrize("name", ["mixtral-f32", "mixtral-q8_0", "qwen3_moe-f32", "gemma4-f32",
+                                  "llama-f32"])
 def test_keep_gives_identical_logits(models, kept, name):
     _, paths = models
     ref = _logits(str(paths[name]))
@@ -81,7 +84,7 @@ def test_keep_gives_identical_logits(models, kept, name):
 
 def test_layout_and_contents_match_the_gguf(models, kept):
     _, paths = models
-    for name in ("mixtral-f32", "mixtral-q8_0", "qwen3_moe-f32"):
+    for name in ("mixtral-f32", "mixtral-q8_0", "qwen3_moe-f32", "gemma4-f32"):
         cpath = kept[name]
         assert is_container(cpath) and not is_container(paths[name])
         with GGUFFile(paths[name]) as g, ContainerFile(cpath) as c:
@@ -111,7 +114,8 @@ def test_layout_and_contents_match_the_gguf(models, kept):
                 assert grp.base % EXPERT_ALIGN == 0 and grp.stride % EXPERT_ALIGN == 0
                 assert grp.base >= prev_end
                 names = [p.name for p in grp.parts]
-                assert names == [f"blk.{grp.layer}.ffn_{k}_exps.weight" for k in ("gate", "up", "down")]
+                kinds = ("gate_up", "down") if name.startswith("gemma4") else ("gate", "up", "down")
+                assert names == [f"blk.{grp.layer}.ffn_{k}_exps.weight" for k in kinds]
                 rel = 0
                 for p in grp.parts:  # gate, up, down adjacent
                     assert p.rel == rel
