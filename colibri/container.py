@@ -682,7 +682,7 @@ def _plan(gf: GGUFFile, kv: bytes, n_kv: int, quant: str) -> _Plan:
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], quant: str = "keep",
             progress: bool | Callable[[str], None] = True, verify: bool = True,
-            _fail_after: int | None = None) -> dict[str, Any]:
+            check_model: bool = True, _fail_after: int | None = None) -> dict[str, Any]:
     """Write the container of GGUF file src to dst (atomically: a temporary file in dst's
     directory, fsync, rename; on any error or interrupt no file is left under either name).
 
@@ -690,8 +690,9 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], quant: str
     routed expert tensors are requantized (from their dequantized values; a tensor already of
     the target type is copied as is), dense tensors are kept. progress: True prints a line per
     layer to stderr, a callable receives the lines, False is quiet. verify: re-open the written
-    file and check every checksum before the rename. Returns a summary dict (sizes, seconds).
-    _fail_after (tests): raise after that many experts were written."""
+    file and check every checksum before the rename. check_model: refuse a GGUF colibri cannot
+    run (colibri.arch.describe: architecture, keys, tensor shapes), naming what is wrong.
+    Returns a summary dict (sizes, seconds). _fail_after (tests): raise after that many experts were written."""
     if quant not in QUANTS:
         raise ContainerError(f"unknown quant {quant!r}: expected one of {', '.join(QUANTS)}")
     src, dst = os.fspath(src), os.fspath(dst)
@@ -720,6 +721,10 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], quant: str
     t0 = time.perf_counter()
     gf = GGUFFile(src)
     try:
+        if check_model:
+            from colibri.arch import describe
+
+            describe(gf)  # UnsupportedModel (a ValueError) naming the key or tensor
         return _write(gf, src, dst, quant, say, verify, _fail_after, t0)
     finally:
         gf.close()
@@ -846,6 +851,15 @@ def add_convert_args(p: Any) -> None:
 
 
 def run_convert(args: Any) -> int:
-    convert(args.input, args.output, args.quant, progress=not args.quiet,
-            verify=not args.no_verify)
+    import signal
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)  # unwinds through convert(): the temporary file goes
+
+    old = signal.signal(signal.SIGTERM, terminated)
+    try:
+        convert(args.input, args.output, args.quant, progress=not args.quiet,
+                verify=not args.no_verify)
+    finally:
+        signal.signal(signal.SIGTERM, old)
     return 0

@@ -258,7 +258,14 @@ def test_refusals(models, kept, tmp_path):
         convert(paths["mixtral-q8_0"], tmp_path, progress=False)
     with pytest.raises(FileNotFoundError, match="output directory"):
         convert(paths["mixtral-q8_0"], tmp_path / "no" / "x.colibri", progress=False)
-    assert sorted(os.listdir(tmp_path)) == []
+    # a GGUF colibri cannot run: refused before anything is written
+    from gguf_util import write_gguf
+
+    bad = write_gguf(tmp_path / "bert.gguf", "bert", {"bert.block_count": 1},
+                     {"token_embd.weight": np.zeros((4, 32), np.float32)})
+    with pytest.raises(ValueError, match="architecture 'bert' is not supported"):
+        convert(bad, tmp_path / "x.colibri", progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["bert.gguf"]
 
 
 def test_cli_convert(models, tmp_path, capsys):

@@ -43,7 +43,7 @@ def _base(tmp: str) -> str:
                       "tokenizer.ggml.scores": np.array([0.0, 1.0, 2.0], np.float32),
                       "qwen3moe.block_count": 2, "f": 0.5}, tensors)
     dst = os.path.join(tmp, "fz.colibri")
-    convert(src, dst, progress=False)
+    convert(src, dst, progress=False, check_model=False)  # not a runnable model
     return dst
 
 
