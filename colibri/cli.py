@@ -27,7 +27,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="colibri container: skip the data checksums at load")
     p.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=None,
                    help="prefetch the next layer's predicted experts in the background "
-                        "(default: COLIBRI_EXPERT_PREFETCH, else on in cache and mmap modes)")
+                        "(cache and mmap modes; default: COLIBRI_EXPERT_PREFETCH, else off)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: run routing and the routed experts of MoE layers on the GPU "
                         "(PyCUDA); the rest stays on the CPU")

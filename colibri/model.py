@@ -199,8 +199,9 @@ class Model:
     - pin: [(layer, expert), ...] loaded at start and never evicted.
     - prefetch: a background thread of the store reads the experts the next MoE layer is
       predicted to use (its router applied to the current layer's expert input) while this
-      layer computes (COLIBRI_EXPERT_PREFETCH=0/1). Default: on in cache and mmap modes; the
-      mapped store has nothing to prefetch. Logits never depend on it.
+      layer computes (COLIBRI_EXPERT_PREFETCH=0/1; cache and mmap modes; the mapped store has
+      nothing to prefetch). Default: off - on the benchmark model the predictions were mostly
+      wrong (see docs/ARCHITECTURE.md), costing reads and evictions. Logits never depend on it.
     Logits never depend on the expert mode, budget or policy.
     - path may be a GGUF or a colibri container (tools/convert_gguf.py), told apart by the
       magic; verify=False skips a container's data checksums at load (its header is checked).
@@ -292,10 +293,10 @@ class Model:
             nbytes = d.expert_bytes()
         if prefetch is None:
             env = os.environ.get("COLIBRI_EXPERT_PREFETCH", "").strip().lower()
-            if env in ("0", "false", "no", "off"):
+            if env in ("", "0", "false", "no", "off"):
                 prefetch = False
-            elif env in ("", "1", "true", "yes", "on"):
-                prefetch = mode != "mapped"
+            elif env in ("1", "true", "yes", "on"):
+                prefetch = True
             else:
                 raise ValueError(f"COLIBRI_EXPERT_PREFETCH={env!r}: expected 0 or 1")
         store = _fw.ExpertStore(d, mode=mode, path=self.path, budget_bytes=nbytes or 0,

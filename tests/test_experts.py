@@ -131,14 +131,16 @@ def test_prefetch_option_and_environment(moe, monkeypatch):
     def info(**kw):
         return Model(path, threads=1, ctx=16, max_batch=1, tokenizer=False, **kw).expert_info()
 
-    assert info(expert_mode="cache")["prefetch"] is True  # default: on in cache and mmap
-    assert info(expert_mode="mmap")["prefetch"] is True
-    assert info()["prefetch"] is False  # the mapped store has nothing to prefetch
-    assert info(expert_mode="mapped", prefetch=True)["prefetch"] is False
-    assert info(expert_mode="cache", prefetch=False)["prefetch"] is False
-    monkeypatch.setenv("COLIBRI_EXPERT_PREFETCH", "0")
-    assert info(expert_mode="cache")["prefetch"] is False
+    monkeypatch.delenv("COLIBRI_EXPERT_PREFETCH", raising=False)
+    assert info(expert_mode="cache")["prefetch"] is False  # default: off
     assert info(expert_mode="cache", prefetch=True)["prefetch"] is True
+    assert info(expert_mode="mmap", prefetch=True)["prefetch"] is True
+    assert info(expert_mode="mapped", prefetch=True)["prefetch"] is False  # nothing to prefetch
+    monkeypatch.setenv("COLIBRI_EXPERT_PREFETCH", "1")
+    assert info(expert_mode="cache")["prefetch"] is True
+    assert info(expert_mode="mmap")["prefetch"] is True
+    assert info()["prefetch"] is False
+    assert info(expert_mode="cache", prefetch=False)["prefetch"] is False
     monkeypatch.setenv("COLIBRI_EXPERT_PREFETCH", "maybe")
     with pytest.raises(ValueError, match="COLIBRI_EXPERT_PREFETCH"):
         info(expert_mode="cache")
@@ -264,3 +266,21 @@ def test_gemma4_fused_gate_up_experts_identical_in_every_mode(gemma4_paths, cfg)
         assert np.array_equal(got, ref), (path.name, cfg)
         assert st["uses"] == ref_st["uses"] and st["hits"] + st["misses"] == st["acquired"]
         assert info["mode"] == cfg["expert_mode"]
+
+
+@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "noprefetch"])
+def test_container_reads_each_expert_once(moe, tmp_path, prefetch):
+    """On the colibri container (gate|up|down adjacent per expert) the cache store reads each
+    expert with ONE pread, and the logits stay those of the mapped GGUF."""
+    from colibri.container import convert
+
+    _, paths = moe
+    ref, _, _, _ = _logits(paths["f32"])
+    cpath = convert(paths["f32"], tmp_path / "m.colibri", "keep", progress=False)["path"]
+    got, _, info, m = _logits(cpath, expert_mode="cache", expert_budget=1, prefetch=prefetch)
+    assert np.array_equal(got, ref)
+    m.experts.prefetch_sync()
+    st = m.expert_stats()
+    n_moe = sum(1 for L in m.desc.layers if L.n_expert > 0)
+    assert info["one_read_layers"] == n_moe > 0
+    assert st["misses"] > 0 and st["reads"] == st["misses"] + st["prefetch_issued"]

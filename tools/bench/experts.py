@@ -2,16 +2,26 @@
 """The expert store under a memory budget: decode speed and hit rate, colibri vs llama.cpp.
 
     python tools/bench/experts.py [--model M.gguf] [--layers 4] [--gen 24] [--budgets 1,0.75,0.5,0.25]
-                                  [--modes cache,mmap] [--policies lru,lfru] [--no-llama] [--json OUT]
+                                  [--modes cache,mmap] [--policies lru,lfru] [--prefetch on,off]
+                                  [--llama-extra-bufts] [--container] [--no-llama] [--json OUT]
 
 colibri runs with max_batch=1 (the prompt token by token), so a budget's pool floor is one
-token's experts per layer (min_expert_slots). Without --model it writes the benchmark MoE model (tools/make_bench_model.py: Qwen3-30B-A3B
-shape, random Q4_0 weights, --layers layers) to a temporary directory. For each budget B (a
+token's experts per layer (min_expert_slots). Without --model it writes the benchmark MoE model
+(tools/make_bench_model.py: Qwen3-30B-A3B shape, random --type weights (default Q4_K_M: zero-mean
+random blocks, so routing spreads over the experts as in a real model), --layers layers) to a
+temporary directory. For each budget B (a
 fraction of the experts' size) every run happens in a fresh process, inside a cgroup-v1 memory
 limit of dense + B * experts + a margin when /sys/fs/cgroup/memory is writable (the page cache
 counts against that limit, so mmap thrashing shows); otherwise without a limit, and the report
 says so. Runs: colibri's mapped store (full RAM, the reference), colibri cache/mmap x policy at
-each budget, and llama.cpp (llama-cpp-python, mmap) on the same GGUF under the same limit.
+each budget with the prefetch thread on and off, and llama.cpp (llama-cpp-python, mmap) on the
+same GGUF under the same limit. llama.cpp runs with use_extra_bufts=False by default: with extra
+buffer types its CPU backend repacks Q4_0 weights into anonymous memory (a second copy of the
+model outside the page cache), which a memory limit below the model's size kills; without them
+the weights stay in the file mapping and a limit makes the page cache thrash, the experience of
+llama.cpp users on models larger than RAM (--llama-extra-bufts restores llama.cpp's default).
+--container also converts the GGUF with tools/convert_gguf.py (--quant keep) when it exists and
+runs the cache mode on the container (one pread per expert) at each budget.
 
 Validation: every colibri configuration must produce the mapped store's logits bit for bit
 (a SHA-1 of all logits); llama.cpp's top-1 per step is compared with colibri's and the
@@ -57,8 +67,18 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
     gen = cfg["gen"]
     t0 = time.perf_counter()
     if cfg["engine"] == "llama.cpp":
+        import llama_cpp.llama_cpp as lc
         from llama_cpp import Llama
 
+        if not cfg.get("extra_bufts", False):
+            default_params = lc.llama_model_default_params
+
+            def no_extra_bufts() -> Any:
+                p = default_params()
+                p.use_extra_bufts = False
+                return p
+
+            lc.llama_model_default_params = no_extra_bufts
         ll = Llama(cfg["path"], n_ctx=128, n_threads=cfg["threads"], n_threads_batch=cfg["threads"],
                    n_batch=128, verbose=False)
         load = time.perf_counter() - t0
@@ -83,7 +103,9 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
         kw: dict[str, Any] = {}
         if cfg["mode"] != "mapped":
             kw = dict(expert_mode=cfg["mode"], expert_budget=cfg["budget"],
-                      expert_policy=cfg["policy"])
+                      expert_policy=cfg["policy"], prefetch=cfg.get("prefetch", False))
+        if cfg["path"].endswith(".colibri"):
+            kw["verify"] = False  # the checksum pass reads the whole file: not a decode cost
         m = Model(cfg["path"], threads=cfg["threads"], ctx=128, max_batch=1, tokenizer=False, **kw)
         load = time.perf_counter() - t0
         import hashlib
@@ -100,7 +122,10 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
             lat.append(time.perf_counter() - t)
             h.update(out.tobytes())
             toks.append(int(np.argmax(out)))
+        if m.experts is not None:
+            m.experts.prefetch_sync()
         stats = m.expert_stats()
+        stats["one_read_layers"] = m.expert_info().get("one_read_layers", 0)
         stats["distinct"] = int(sum((m.route_counts(layer) > 0).sum() for layer in range(
             m.desc.n_layer)))
         digest = h.hexdigest()
@@ -159,11 +184,20 @@ def main() -> int:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--model")
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--type", default="q4_k_m", choices=("q4_k_m", "q4_0", "q8_0"),
+                    help="weights of the generated model (q4_0's random nibbles are not "
+                         "zero-mean: hidden states share one direction and routing collapses "
+                         "onto a few experts)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gen", type=int, default=24)
     ap.add_argument("--budgets", default="1,0.75,0.5,0.25,0.1,0.05")
     ap.add_argument("--modes", default="cache,mmap")
     ap.add_argument("--policies", default="lru,lfru")
+    ap.add_argument("--prefetch", default="on,off", help="prefetch settings to run: on,off")
+    ap.add_argument("--llama-extra-bufts", action="store_true",
+                    help="llama.cpp with its default extra buffer types (repacked weights)")
+    ap.add_argument("--container", action="store_true",
+                    help="also run cache mode on a converted container (tools/convert_gguf.py)")
     ap.add_argument("--no-llama", action="store_true")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -176,7 +210,7 @@ def main() -> int:
         tmp = tempfile.TemporaryDirectory()
         path = os.path.join(tmp.name, "bench.gguf")
         subprocess.run([sys.executable, str(ROOT / "tools" / "make_bench_model.py"), path,
-                        "--layers", str(a.layers), "--type", "q4_0"], check=True,
+                        "--layers", str(a.layers), "--type", a.type], check=True,
                        capture_output=True)
     from colibri.arch import open_model
 
@@ -184,6 +218,14 @@ def main() -> int:
     dense, experts = d.dense_bytes(), d.expert_bytes()
     gf.close()
     base = dict(path=path, threads=a.threads, gen=a.gen)
+    container = None
+    if a.container and (ROOT / "tools" / "convert_gguf.py").exists():
+        container = os.path.splitext(path)[0] + ".colibri"
+        cp = subprocess.run([sys.executable, str(ROOT / "tools" / "convert_gguf.py"), path,
+                             container, "--quant", "keep"], capture_output=True, text=True)
+        if cp.returncode != 0:
+            print("container conversion failed:", cp.stderr.strip()[-300:])
+            container = None
     print(f"model {os.path.basename(path)}: dense {dense / 2**20:.0f} MiB, experts "
           f"{experts / 2**20:.0f} MiB; {a.threads} threads, 8-token prompt, {a.gen} decode steps")
     ref = run({**base, "engine": "colibri", "mode": "mapped", "policy": "lru", "budget": 1.0}, None)
@@ -203,23 +245,39 @@ def main() -> int:
         limit = dense + int(b * experts) + MARGIN
         for mode in a.modes.split(","):
             for pol in a.policies.split(","):
-                r = run({**base, "engine": "colibri", "mode": mode, "policy": pol, "budget": b},
-                        limit)
+                for pf in a.prefetch.split(","):
+                    r = run({**base, "engine": "colibri", "mode": mode, "policy": pol, "budget": b,
+                             "prefetch": pf == "on"}, limit)
+                    if "error" not in r and r["digest"] != ref["digest"]:
+                        r["error"] = "logits differ from the mapped store"
+                        bad += 1
+                    rows.append({"engine": "colibri", "mode": mode, "policy": pol, "budget": b,
+                                 "prefetch": pf, **r})
+        if container is not None:
+            for pf in a.prefetch.split(","):
+                r = run({**base, "path": container, "engine": "colibri", "mode": "cache",
+                         "policy": "lru", "budget": b, "prefetch": pf == "on"}, limit)
                 if "error" not in r and r["digest"] != ref["digest"]:
-                    r["error"] = "logits differ from the mapped store"
+                    r["error"] = "logits differ from the mapped store (GGUF)"
                     bad += 1
-                rows.append({"engine": "colibri", "mode": mode, "policy": pol, "budget": b, **r})
+                rows.append({"engine": "colibri", "mode": "cont", "policy": "lru", "budget": b,
+                             "prefetch": pf, **r})
         if not a.no_llama:
-            r = run({**base, "engine": "llama.cpp"}, limit)
+            r = run({**base, "engine": "llama.cpp", "extra_bufts": a.llama_extra_bufts}, limit)
             rows.append({"engine": "llama.cpp", "mode": "mmap", "policy": "-", "budget": b, **r})
-    print(f"{'engine':10} {'mode':7} {'policy':6} {'budget':>6} {'tok/s':>7} {'vs full':>7} "
-          f"{'vs llama':>8} {'hit %':>6} {'read MiB':>9} {'rss MiB':>8}  note")
+    print("llama.cpp: " + ("default extra buffer types (repacked weights in anonymous memory)"
+                           if a.llama_extra_bufts else
+                           "use_extra_bufts=False (weights stay in the file mapping)"))
+    print(f"{'engine':10} {'mode':7} {'policy':6} {'pf':3} {'budget':>6} {'tok/s':>7} "
+          f"{'vs full':>7} {'vs llama':>8} {'hit %':>6} {'pf hit':>6} {'reads':>6} "
+          f"{'read MiB':>9} {'rss MiB':>8}  note")
     print(f"(routing of this model: {ref['stats']['distinct']} distinct (layer, expert) pairs of "
           f"{sum(L.n_expert for L in d.layers)} used in the decode steps)")
     llama = {r["budget"]: r for r in rows if r["engine"] == "llama.cpp" and "error" not in r}
     for r in rows:
+        pf = r.get("prefetch", "-")
         if "error" in r:
-            print(f"{r['engine']:10} {r['mode']:7} {r['policy']:6} {r['budget']:6.2f}  "
+            print(f"{r['engine']:10} {r['mode']:7} {r['policy']:6} {pf:3} {r['budget']:6.2f}  "
                   f"ERROR {r['error']}")
             continue
         st = r["stats"]
@@ -231,10 +289,12 @@ def main() -> int:
         if r["engine"] == "llama.cpp":
             same = sum(x == y for x, y in zip(r["tokens"], ref["tokens"], strict=True))
             note = f"top-1 equal to colibri's: {same}/{len(ref['tokens'])}"
-        print(f"{r['engine']:10} {r['mode']:7} {r['policy']:6} {r['budget']:6.2f} "
+        pfh = (f"{100 * st['prefetch_hits'] / st['acquired']:6.1f}"
+               if st.get("prefetch_issued") else f"{'-':>6}")
+        print(f"{r['engine']:10} {r['mode']:7} {r['policy']:6} {pf:3} {r['budget']:6.2f} "
               f"{r['decode_tps']:7.2f} {r['decode_tps'] / ref['decode_tps']:7.2f} {vs} "
-              f"{hit:6.1f} {st.get('bytes_read', 0) / 2**20:9.0f} {r['peak_rss'] / 2**20:8.0f}  "
-              f"{note}")
+              f"{hit:6.1f} {pfh} {st.get('reads', 0):6d} "
+              f"{st.get('bytes_read', 0) / 2**20:9.0f} {r['peak_rss'] / 2**20:8.0f}  {note}")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     if tmp is not None:
