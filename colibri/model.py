@@ -496,8 +496,9 @@ class Model:
         page = 4096
         for name, t in self.gguf.tensors.items():
             view = self.gguf.data(name)
-            if view.size:
-                int(view[::page].sum(dtype=np.uint64))
+            rows = view.reshape(1, -1) if view.ndim == 1 else view  # a container's expert
+            if view.size:                                            # tensor: a row per expert
+                int(rows[:, ::page].sum(dtype=np.uint64))
                 total += t.nbytes
         return total
 
