@@ -20,7 +20,10 @@
  * (an acquire waiting for that expert, or for any evictable slot, wakes up); cv_work wakes the
  * prefetch thread. The prefetch queue is the current hint only (a new hint empties it), in
  * hint order, and a hint round number protects the current hint's resident experts from the
- * prefetch thread's evictions (so a big hint does not evict itself).
+ * prefetch thread's evictions (so a big hint does not evict itself). The thread evicts only
+ * while at least half of the recent prefetches (a window of ~64 outcomes) were used before
+ * being evicted; below that it fills free slots only, so wrong predictions cannot displace
+ * experts the compute uses.
  * Per-layer statistics and per-expert routing counts live in tables allocated once; acquire
  * allocates nothing. */
 #include "colibri/experts.h"
@@ -94,6 +97,7 @@ struct cb_experts {
     uint32_t *queued_round;            /* [total] round in which g was queued */
     uint32_t round;
     int32_t n_loading;                 /* slots the prefetch thread is reading */
+    uint32_t pf_good, pf_bad;          /* recent prefetches used / evicted unused (halved at 64) */
 };
 
 static uint64_t now_ns(void) {
@@ -336,6 +340,16 @@ static void account_read(cb_experts_t *s, int32_t g, uint64_t reads, uint64_t by
     s->stats[l].resident_bytes += (uint64_t)y->bytes[0] + y->bytes[1] + y->bytes[2];
 }
 
+/* a prefetched expert was used (good) or evicted unused: the recent precision (mu held) */
+static void prefetch_outcome(cb_experts_t *s, int good) {
+    if (good) s->pf_good++;
+    else s->pf_bad++;
+    if (s->pf_good + s->pf_bad > 64) {
+        s->pf_good /= 2;
+        s->pf_bad /= 2;
+    }
+}
+
 /* the slot k's owner leaves (eviction) (mu held) */
 static void drop_owner(cb_experts_t *s, int32_t k) {
     int32_t g = s->slots[k].owner;
@@ -356,7 +370,10 @@ static void drop_owner(cb_experts_t *s, int32_t k) {
     s->stats[l].resident--;
     s->stats[l].resident_bytes -= (uint64_t)len[0] + len[1] + len[2];
     s->stats[l].evictions++;
-    if (s->slots[k].prefetched) s->stats[l].prefetch_wasted++;
+    if (s->slots[k].prefetched) {
+        s->stats[l].prefetch_wasted++;
+        prefetch_outcome(s, 0);
+    }
     s->slots[k].prefetched = 0;
 }
 
@@ -384,9 +401,12 @@ static int32_t take_slot(cb_experts_t *s) {
     return k;
 }
 
-/* a slot for the prefetch thread: free, or a victim not named by the current hint (mu held) */
+/* a slot for the prefetch thread: free, or a victim not named by the current hint; no victim
+ * while most recent prefetches were evicted unused (wrong predictions would only push out
+ * experts that are used) (mu held) */
 static int32_t take_slot_prefetch(cb_experts_t *s) {
     if (s->n_free > 0) return s->free_stack[--s->n_free];
+    if (s->pf_bad > s->pf_good) return -1;
     int32_t k = evictable_peek(s);
     if (k < 0 || s->slots[k].hint_round == s->round) return -1;
     k = evictable_pop(s);
@@ -717,7 +737,10 @@ static void lock_hit(cb_experts_t *s, int32_t k, cb_experts_layer_stats_t *st) {
     if (!s->slots[k].pinned) evictable_remove(s, k);
     s->slots[k].locked = 1;
     st->hits++;
-    if (s->slots[k].prefetched) st->prefetch_hits++;
+    if (s->slots[k].prefetched) {
+        st->prefetch_hits++;
+        prefetch_outcome(s, 1);
+    }
     s->slots[k].prefetched = 0;
 }
 

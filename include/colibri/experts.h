@@ -34,7 +34,9 @@
  * acquire that wants an expert the thread is reading right now waits for that read (counted in
  * wait_ns) instead of reading it twice. A prefetched expert is an ordinary resident (evictable
  * under the policy); the thread never evicts locked or pinned experts nor an expert hinted by
- * the current hint. The pread runs outside the store's mutex. Tokens never depend on prefetch.
+ * the current hint, and evicts nothing while fewer than half of its recent reads were used
+ * before eviction (then it fills free slots only). The pread runs outside the store's mutex.
+ * Tokens never depend on prefetch.
  *
  * Policies: CB_EXPERTS_LRU evicts the least recently released expert. CB_EXPERTS_LFRU is
  * frequency-aware with dynamic aging (LFU-DA): an expert's key is A + f, where f counts its

@@ -253,6 +253,31 @@ static void test_prefetch(void) {
         CHECK(cb_experts_prefetch(s, 0, all, PNE) == CB_OK);
         cb_experts_free(s);
     }
+    /* wrong predictions: once most prefetched experts were evicted unused, the thread stops
+     * evicting (fills free slots only), so the used expert stays and reads stop */
+    p.mode = CB_EXPERTS_CACHE;
+    p.policy = CB_EXPERTS_LRU;
+    p.budget_bytes = 4 * 3 * PMAT;
+    p.min_slots = 1;
+    {
+        cb_experts_t *s = NULL;
+        CHECK(cb_experts_new(&p, ls, NL, &s) == CB_OK);
+        int zero = 0;
+        cb_expert_ref_t r;
+        for (int round = 0; round < 40; round++) {
+            int wrong[2] = {(2 * round) % PNE, (2 * round + 1) % PNE};
+            CHECK(cb_experts_prefetch(s, 1, wrong, 2) == CB_OK);
+            cb_experts_prefetch_sync(s);
+            CHECK(cb_experts_acquire(s, 0, &zero, 1, NULL, &r) == CB_OK);
+            CHECK(cb_experts_release(s, 0, &zero, 1) == CB_OK);
+        }
+        cb_experts_layer_stats_t st0, st1;
+        CHECK(cb_experts_stats(s, 0, &st0) == CB_OK && cb_experts_stats(s, 1, &st1) == CB_OK);
+        CHECK(st1.prefetch_hits == 0 && st1.prefetch_issued <= 6);
+        CHECK(st1.prefetch_wasted <= st1.prefetch_issued);
+        CHECK(st0.misses == 1 && st0.hits == 39);
+        cb_experts_free(s);
+    }
     /* no thread: hints are accepted and ignored */
     p.mode = CB_EXPERTS_CACHE;
     p.prefetch = 0;

@@ -28,7 +28,8 @@ Validation: every colibri configuration must produce the mapped store's logits b
 agreement reported (random weights: near-ties may differ). The page cache of the model file is
 dropped before each run.
 Figures: decode tok/s (1 / the median step time: the machine is shared; one token per step after an 8-token prompt, teacher-forced on a fixed
-random token stream), expert hit rate, bytes read, peak RSS; ratios to llama.cpp at the same
+random token stream), expert hit rate, prefetch hits / experts the prefetch thread read
+("pf h/read"), pread calls, bytes read, peak RSS; ratios to llama.cpp at the same
 budget and to the mapped store. The benchmark model's random router concentrates on few
 experts; the number of distinct experts used is printed so the budgets can be read against it.
 """
@@ -269,7 +270,7 @@ def main() -> int:
                            if a.llama_extra_bufts else
                            "use_extra_bufts=False (weights stay in the file mapping)"))
     print(f"{'engine':10} {'mode':7} {'policy':6} {'pf':3} {'budget':>6} {'tok/s':>7} "
-          f"{'vs full':>7} {'vs llama':>8} {'hit %':>6} {'pf hit':>6} {'reads':>6} "
+          f"{'vs full':>7} {'vs llama':>8} {'hit %':>6} {'pf h/read':>9} {'reads':>6} "
           f"{'read MiB':>9} {'rss MiB':>8}  note")
     print(f"(routing of this model: {ref['stats']['distinct']} distinct (layer, expert) pairs of "
           f"{sum(L.n_expert for L in d.layers)} used in the decode steps)")
@@ -289,8 +290,8 @@ def main() -> int:
         if r["engine"] == "llama.cpp":
             same = sum(x == y for x, y in zip(r["tokens"], ref["tokens"], strict=True))
             note = f"top-1 equal to colibri's: {same}/{len(ref['tokens'])}"
-        pfh = (f"{100 * st['prefetch_hits'] / st['acquired']:6.1f}"
-               if st.get("prefetch_issued") else f"{'-':>6}")
+        pfh = (f"{st['prefetch_hits']:4d}/{st['prefetch_issued']:<4d}"
+               if st.get("prefetch_issued") else f"{'-':>9}")
         print(f"{r['engine']:10} {r['mode']:7} {r['policy']:6} {pf:3} {r['budget']:6.2f} "
               f"{r['decode_tps']:7.2f} {r['decode_tps'] / ref['decode_tps']:7.2f} {vs} "
               f"{hit:6.1f} {pfh} {st.get('reads', 0):6d} "
