@@ -676,6 +676,9 @@ static cb_act_kind act_for(int type) {
 
 /* ---------------------------------------------------------------- drivers */
 
+/* Batches from this many tokens take the packed-row path where there is one. */
+#define CB_RP_MIN_TOKENS 4
+
 typedef struct {
     const uint8_t *w;
     size_t w_stride;
@@ -698,6 +701,11 @@ typedef struct {
     cb_act_fn act;
     int64_t tokens_per_task;
     uint8_t *xa_out;
+    /* packed-row path (AVX2, 32-block types with a batch of tokens, see quant_avx2.c) */
+    int rp;
+    int type;
+    uint8_t *pack; /* per-thread group buffers, pack_stride bytes apart */
+    size_t pack_stride;
 } mm_ctx;
 
 static void mm_quantize_task(void *vctx, int task, int thread) {
@@ -707,7 +715,11 @@ static void mm_quantize_task(void *vctx, int task, int thread) {
     int64_t t1 = t0 + c->tokens_per_task < c->n_tokens ? t0 + c->tokens_per_task : c->n_tokens;
     for (int64_t t = t0; t < t1; t++) {
         int64_t src = c->token_ids ? c->token_ids[t] : t;
-        c->act(c->x + src * c->x_stride, c->cols, c->xa_out + t * c->xa_stride);
+        if (c->rp && c->act == NULL)
+            cb_avx2_rp_quantize(c->type, c->x + src * c->x_stride, c->cols,
+                                c->xa_out + t * c->xa_stride);
+        else
+            c->act(c->x + src * c->x_stride, c->cols, c->xa_out + t * c->xa_stride);
     }
 }
 
@@ -757,6 +769,25 @@ static void mm_task(void *vctx, int task, int thread) {
                         out[r * nt + t] =
                             c->dot(c->kn, w + r * c->w_stride, x + t * c->xa_stride);
             }
+            mm_store(c, r0, nr, t0, nt, out);
+        }
+    }
+}
+
+/* Packed-row path: each group of 8 rows is unpacked once into this thread's buffer, then meets
+ * every token, 4 at a time. */
+static void mm_task_rp(void *vctx, int task, int thread) {
+    const mm_ctx *c = vctx;
+    int64_t r_begin = (int64_t)task * c->rows_per_task;
+    int64_t r_end = r_begin + c->rows_per_task < c->rows ? r_begin + c->rows_per_task : c->rows;
+    uint8_t *pk = c->pack + (size_t)thread * c->pack_stride;
+    float out[8 * 4];
+    for (int64_t r0 = r_begin; r0 < r_end; r0 += 8) {
+        int nr = r_end - r0 < 8 ? (int)(r_end - r0) : 8;
+        cb_avx2_rp_pack(c->type, c->w + r0 * c->w_stride, c->w_stride, nr, c->cols, pk);
+        for (int64_t t0 = 0; t0 < c->n_tokens; t0 += 4) {
+            int nt = c->n_tokens - t0 < 4 ? (int)(c->n_tokens - t0) : 4;
+            cb_avx2_rp_tile(c->type, pk, c->kn, c->xa + t0 * c->xa_stride, c->xa_stride, nt, out);
             mm_store(c, r0, nr, t0, nt, out);
         }
     }
@@ -818,6 +849,8 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
     c.x = x;
     c.x_stride = x_stride;
     c.cols = w->cols;
+    c.type = w->type;
+    c.rp = level >= CB_SIMD_AVX2 && n_tokens >= CB_RP_MIN_TOKENS && cb_avx2_rp_supported(w->type);
 
     size_t need = 0;
     if (ak == CB_ACT_F32) {
@@ -828,6 +861,10 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
         c.kn = w->cols / CB_QK;
         c.xa_stride = (size_t)c.kn * sizeof(cb_q8a_t);
         c.act = level >= CB_SIMD_AVX2 ? cb_avx2_quantize_q8a : quantize_q8a_scalar;
+        if (c.rp) {
+            c.xa_stride = cb_avx2_rp_act_stride(w->cols);
+            c.act = NULL; /* planar activations: cb_avx2_rp_quantize */
+        }
         need = c.xa_stride * (size_t)n_tokens;
     } else {
         c.kn = w->cols / CB_QKK;
@@ -839,6 +876,16 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
         return cb_fail(CB_STATUS_OUT_OF_MEMORY, "matmul: activation buffer size overflows");
 
     int n_threads = cb_threadpool_n_threads(pool);
+    size_t act_need = (need + 63) / 64 * 64; /* the packing buffers start 64-byte aligned */
+    if (act_need < need) return cb_fail(CB_STATUS_OUT_OF_MEMORY, "matmul: buffer size overflows");
+    if (c.rp) {
+        c.pack_stride = (cb_avx2_rp_group_bytes(w->type, w->cols) + 63) / 64 * 64;
+        size_t extra = c.pack_stride * (size_t)n_threads;
+        if (c.pack_stride == 0 || extra / (size_t)n_threads != c.pack_stride ||
+            act_need > SIZE_MAX - extra)
+            return cb_fail(CB_STATUS_OUT_OF_MEMORY, "matmul: packing buffer size overflows");
+        need = act_need + extra;
+    }
     s = cb_threadpool_lock(pool);
     if (s != CB_OK) return s;
     void *owned = NULL, *buf = NULL;
@@ -854,6 +901,7 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
     }
     if (s == CB_OK && need > 0) {
         c.xa_out = buf;
+        if (c.rp) c.pack = (uint8_t *)buf + act_need;
         c.tokens_per_task = (n_tokens + 4 * n_threads - 1) / (4 * n_threads);
         if (c.tokens_per_task < 1) c.tokens_per_task = 1;
         int n_tasks = (int)((n_tokens + c.tokens_per_task - 1) / c.tokens_per_task);
@@ -876,13 +924,14 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
             rpt = rpt < 4 ? 4 : (rpt > 16 ? 16 : rpt);
         }
         rpt = (rpt + CB_TILE_R - 1) / CB_TILE_R * CB_TILE_R;
+        if (c.rp) rpt = (rpt + 7) / 8 * 8;
         c.rows_per_task = rpt;
         int64_t n_tasks = (w->rows + rpt - 1) / rpt;
         if (n_tasks > INT32_MAX) {
             s = cb_fail(CB_STATUS_INVALID_ARGUMENT, "matmul: %lld rows is too many",
                         (long long)w->rows);
         } else {
-            s = cb_threadpool_run_locked(pool, mm_task, &c, (int)n_tasks);
+            s = cb_threadpool_run_locked(pool, c.rp ? mm_task_rp : mm_task, &c, (int)n_tasks);
         }
     }
     cb_threadpool_unlock(pool);

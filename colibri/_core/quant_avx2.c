@@ -239,6 +239,510 @@ INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
         for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum_ps(acc[r][t]) + off[r][t];
 }
 
+/* ------------------------------------------------------------ packed rows (matmul, 32-blocks)
+ *
+ * For a batch of tokens the 32-block types (Q4_0 ... MXFP4, I4_G128) run on weight rows that
+ * are first unpacked, 8 rows at a time, into a "lanes = rows" layout (cb_avx2_rp_pack): per
+ * block of 32 values, 8 vectors s = 0..7, vector s holding values 4s..4s+3 of rows 0..7 (4 bytes
+ * per row), then the 8 rows' scales d (float[8]) and, for Q4_1/Q5_1, offsets m (float[8]).
+ * Values are kept unsigned (q with its zero point z: 8 for Q4_0/I4_G128, 16 for Q5_0, 12 for
+ * MXFP4 stored as K+12) except Q8_0 (signed). A token's 4 activation bytes broadcast to all 8
+ * lanes, one _mm256_maddubs_epi16 then multiplies 8 rows x 4 values, and the int16 pair sums
+ * accumulate over G steps before one _mm256_madd_epi16 widens them (G is the largest count that
+ * cannot overflow int16: G*2*qmax*127 <= 32767). The zero point comes out as z*sum(x) per
+ * block, exactly; only then is the block scaled in float: lanes are rows, so one FMA serves 8
+ * rows. Each packed vector is reused by 4 tokens from registers, each activation broadcast by 8
+ * rows. Q8_0 (signed weights) uses |w| and sign(x, w) with G = 1.
+ * Activations (cb_avx2_rp_quantize): per token qs[cols] (int8, the same rounding as cb_q8a_t),
+ * then float d[nb], int32 z*isum[nb], float s[nb] = d*isum. */
+
+INL int rp_z(int type) {
+    switch (type) {
+    case CB_TYPE_Q4_0:
+    case CB_TYPE_I4_G128: return 8;
+    case CB_TYPE_Q5_0: return 16;
+    case CB_TYPE_MXFP4: return 12;
+    default: return 0;
+    }
+}
+
+INL int rp_has_m(int type) { return type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_1; }
+
+INL int rp_steps(int type) { /* int16 steps per madd, see above */
+    switch (type) {
+    case CB_TYPE_Q4_0:
+    case CB_TYPE_Q4_1:
+    case CB_TYPE_I4_G128: return 8; /* 8*2*15*127 = 30480 */
+    case CB_TYPE_Q8_0: return 1;
+    default: return 4; /* Q5 (31), MXFP4 (24): 4*2*31*127 = 31496 */
+    }
+}
+
+INL size_t rp_bstride(int type) { return 256 + 32 + (rp_has_m(type) ? 32 : 0); }
+INL size_t rpk_bstride(int type);
+
+int cb_avx2_rp_supported(int type) {
+    switch (type) {
+    case CB_TYPE_Q4_0:
+    case CB_TYPE_Q4_1:
+    case CB_TYPE_Q5_0:
+    case CB_TYPE_Q5_1:
+    case CB_TYPE_Q8_0:
+    case CB_TYPE_MXFP4:
+    case CB_TYPE_I4_G128:
+    case CB_TYPE_Q4_K:
+    case CB_TYPE_Q5_K:
+    case CB_TYPE_Q6_K: return 1;
+    default: return 0;
+    }
+}
+
+size_t cb_avx2_rp_act_stride(int64_t cols) {
+    size_t b = (size_t)cols + 12 * (size_t)(cols / CB_QK);
+    return (b + 63) / 64 * 64;
+}
+
+size_t cb_avx2_rp_group_bytes(int type, int64_t cols) {
+    if (type == CB_TYPE_Q4_K || type == CB_TYPE_Q5_K || type == CB_TYPE_Q6_K)
+        return (size_t)(cols / CB_QKK) * rpk_bstride(type);
+    return (size_t)(cols / CB_QK) * rp_bstride(type);
+}
+
+void cb_avx2_rp_quantize(int type, const float *x, int64_t cols, uint8_t *dst) {
+    const int64_t nb = cols / CB_QK;
+    const int z = rp_z(type);
+    float *dx = (float *)(void *)(dst + cols);
+    int32_t *zi = (int32_t *)(void *)(dx + nb);
+    float *sx = (float *)(void *)(zi + nb);
+    for (int64_t b = 0; b < nb; b++) {
+        const float *v = x + b * CB_QK;
+        float amax = amax_n(v, CB_QK);
+        float d = amax / 127.0f;
+        __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+        int s0, s1;
+        _mm256_storeu_si256((__m256i *)(void *)(dst + 32 * b), quant32(v, id, &s0, &s1));
+        dx[b] = d;
+        zi[b] = z * (s0 + s1);
+        sx[b] = d * (float)(s0 + s1);
+    }
+}
+
+/* one block of one row as 32 bytes (unsigned q, or signed for Q8_0) and its scale / offset */
+INL __m256i rp_unpack(int type, const uint8_t *row, int64_t b, float *d, float *m) {
+    switch (type) {
+    case CB_TYPE_Q4_0: {
+        const uint8_t *p = row + b * 18;
+        *d = f16(p);
+        return nibbles(p + 2);
+    }
+    case CB_TYPE_Q4_1: {
+        const uint8_t *p = row + b * 20;
+        *d = f16(p);
+        *m = f16(p + 2);
+        return nibbles(p + 4);
+    }
+    case CB_TYPE_Q5_0: {
+        const uint8_t *p = row + b * 22;
+        *d = f16(p);
+        return _mm256_or_si256(nibbles(p + 6), fifth_bits(p + 2));
+    }
+    case CB_TYPE_Q5_1: {
+        const uint8_t *p = row + b * 24;
+        *d = f16(p);
+        *m = f16(p + 2);
+        return _mm256_or_si256(nibbles(p + 8), fifth_bits(p + 4));
+    }
+    case CB_TYPE_Q8_0: {
+        const uint8_t *p = row + b * 34;
+        *d = f16(p);
+        return _mm256_loadu_si256((const __m256i *)(const void *)(p + 2));
+    }
+    case CB_TYPE_I4_G128: {
+        const uint8_t *p = row + (b >> 2) * 66;
+        *d = f16(p);
+        return nibbles_interleaved(p + 2 + 16 * (b & 3));
+    }
+    default: { /* MXFP4: K + 12 */
+        const uint8_t *p = row + b * 17;
+        *d = cb_e8m0_half(p[0]);
+        const __m256i table = _mm256_broadcastsi128_si256(_mm_add_epi8(
+            _mm_loadu_si128((const __m128i *)(const void *)cb_mxfp4_values), _mm_set1_epi8(12)));
+        return _mm256_shuffle_epi8(table, nibbles(p + 1));
+    }
+    }
+}
+
+INL void rp_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst) {
+    const int64_t nb = cols / CB_QK;
+    const size_t bst = rp_bstride(type);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *o = dst + (size_t)b * bst;
+        __m256i v[8];
+        float d[8], m[8];
+        #pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            d[r] = 0.0f;
+            m[r] = 0.0f;
+            v[r] = r < nr ? rp_unpack(type, w + (size_t)r * ws, b, &d[r], &m[r])
+                          : _mm256_setzero_si256();
+        }
+        /* 8x8 transpose of 32-bit words: out[s] = word s of rows 0..7 */
+        __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+        __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+        __m256i t4 = _mm256_unpacklo_epi32(v[4], v[5]), t5 = _mm256_unpackhi_epi32(v[4], v[5]);
+        __m256i t6 = _mm256_unpacklo_epi32(v[6], v[7]), t7 = _mm256_unpackhi_epi32(v[6], v[7]);
+        __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+        __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+        __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+        __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+        __m256i *ov = (__m256i *)(void *)o;
+        _mm256_store_si256(ov + 0, _mm256_permute2x128_si256(u0, u4, 0x20));
+        _mm256_store_si256(ov + 1, _mm256_permute2x128_si256(u1, u5, 0x20));
+        _mm256_store_si256(ov + 2, _mm256_permute2x128_si256(u2, u6, 0x20));
+        _mm256_store_si256(ov + 3, _mm256_permute2x128_si256(u3, u7, 0x20));
+        _mm256_store_si256(ov + 4, _mm256_permute2x128_si256(u0, u4, 0x31));
+        _mm256_store_si256(ov + 5, _mm256_permute2x128_si256(u1, u5, 0x31));
+        _mm256_store_si256(ov + 6, _mm256_permute2x128_si256(u2, u6, 0x31));
+        _mm256_store_si256(ov + 7, _mm256_permute2x128_si256(u3, u7, 0x31));
+        memcpy(o + 256, d, 32);
+        if (rp_has_m(type)) memcpy(o + 288, m, 32);
+    }
+}
+
+INL int32_t rd_i32(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+INL void rp_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
+                 float *out) {
+    const int G = rp_steps(type), z = rp_z(type), hm = rp_has_m(type);
+    const int sgn = type == CB_TYPE_Q8_0;
+    const size_t bst = rp_bstride(type);
+    const int64_t cols = nb * CB_QK;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const uint8_t *xq[4];
+    const float *dx[4], *sx[4];
+    const int32_t *zi[4];
+    __m256 facc[4];
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        xq[t] = xa + (size_t)t * xs;
+        dx[t] = (const float *)(const void *)(xq[t] + cols);
+        zi[t] = (const int32_t *)(const void *)(dx[t] + nb);
+        sx[t] = (const float *)(const void *)(zi[t] + nb);
+        facc[t] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = pk + (size_t)b * bst;
+        __m256i iacc[4];
+        #pragma GCC unroll 8
+        for (int g0 = 0; g0 < 8; g0 += G) {
+            __m256i a16[4];
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) a16[t] = _mm256_setzero_si256();
+            /* not unrolled: unrolled, GCC hoists every step's products and spills them */
+            #pragma GCC unroll 1
+            for (int s = g0; s < g0 + G; s++) {
+                __m256i wv = _mm256_load_si256((const __m256i *)(const void *)(q + 32 * s));
+                __m256i aw = sgn ? _mm256_abs_epi8(wv) : wv;
+                #pragma GCC unroll 4
+                for (int t = 0; t < NT; t++) {
+                    __m256i xb = _mm256_set1_epi32(rd_i32(xq[t] + 32 * b + 4 * s));
+                    if (sgn) xb = _mm256_sign_epi8(xb, wv);
+                    a16[t] = _mm256_add_epi16(a16[t], _mm256_maddubs_epi16(aw, xb));
+                }
+            }
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                __m256i p = _mm256_madd_epi16(a16[t], ones);
+                iacc[t] = g0 == 0 ? p : _mm256_add_epi32(iacc[t], p);
+            }
+        }
+        const __m256 dv = _mm256_load_ps((const float *)(const void *)(q + 256));
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            __m256i p = z ? _mm256_sub_epi32(iacc[t], _mm256_set1_epi32(zi[t][b])) : iacc[t];
+            facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
+                                      _mm256_mul_ps(dv, _mm256_set1_ps(dx[t][b])), facc[t]);
+            if (hm)
+                facc[t] = _mm256_fmadd_ps(_mm256_load_ps((const float *)(const void *)(q + 288)),
+                                          _mm256_set1_ps(sx[t][b]), facc[t]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, facc[t]);
+        for (int r = 0; r < 8; r++) out[r * NT + t] = tmp[r];
+    }
+}
+
+/* K-quants packed the same way, per super-block of 256 values and 8 rows: 64 steps of
+ * [8 rows x 4 bytes] (unsigned q: 0..15 Q4_K, 0..31 Q5_K, 0..63 Q6_K with zero point 32), then
+ * NS scale vectors (one per sub-block: 8 of 32 values, Q6_K 16 of 16; int16 pairs per row lane,
+ * for _mm256_madd_epi16), 8 "min" vectors (int16 pairs per row lane multiplying the activation's
+ * bsums pairs (2k, 2k+1): Q4_K/Q5_K (m_k, m_k), Q6_K (32 sc_2k, 32 sc_2k+1)), then d[8] and
+ * dmin[8] (Q6_K: d again) as floats. Activations stay cb_q8k_t. Per super-block and row:
+ * d*dx*sum_j sc_j*sum(q x) - dmin*dx*sum_k min_k . bsums_k, the scalar kernels' integers. */
+INL int rpk_ns(int type) { return type == CB_TYPE_Q6_K ? 16 : 8; }
+INL int rpk_g(int type) { return type == CB_TYPE_Q4_K ? 8 : (type == CB_TYPE_Q5_K ? 4 : 2); }
+INL size_t rpk_bstride(int type) {
+    return 2048 + (size_t)(type == CB_TYPE_Q6_K ? 16 : 8) * 32 + 256 + 64;
+}
+
+INL void rpk_unpack(int type, const uint8_t *blk, __m256i *ch, int16_t *sc, int16_t *mn,
+                    float *d, float *dmin) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    if (type == CB_TYPE_Q6_K) {
+        const __m256i m30 = _mm256_set1_epi8(0x30);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
+            __m256i qa = _mm256_loadu_si256((const __m256i *)(const void *)ql);
+            __m256i qb = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
+            __m256i hv = _mm256_loadu_si256((const __m256i *)(const void *)qh);
+            ch[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(qa, m4),
+                                            _mm256_and_si256(_mm256_slli_epi16(hv, 4), m30));
+            ch[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(qb, m4),
+                                            _mm256_and_si256(_mm256_slli_epi16(hv, 2), m30));
+            ch[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qa, 4), m4),
+                                            _mm256_and_si256(hv, m30));
+            ch[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), m4),
+                                            _mm256_and_si256(_mm256_srli_epi16(hv, 2), m30));
+        }
+        const int8_t *s8 = (const int8_t *)(blk + 192);
+        for (int g = 0; g < 16; g++) sc[g] = s8[g];
+        for (int k = 0; k < 8; k++) {
+            mn[2 * k] = (int16_t)(32 * s8[2 * k]);
+            mn[2 * k + 1] = (int16_t)(32 * s8[2 * k + 1]);
+        }
+        *d = f16(blk + 208);
+        *dmin = *d;
+        return;
+    }
+    const int q5 = type == CB_TYPE_Q5_K;
+    const uint8_t *qs = blk + (q5 ? 48 : 16);
+    __m256i qhv = q5 ? _mm256_loadu_si256((const __m256i *)(const void *)(blk + 16))
+                     : _mm256_setzero_si256();
+    for (int c2 = 0; c2 < 4; c2++) {
+        __m256i qb = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * c2));
+        __m256i lo = _mm256_and_si256(qb, m4), hi = _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4);
+        if (q5) {
+            const __m256i b16 = _mm256_set1_epi8(0x10);
+            __m256i ml = _mm256_set1_epi8((char)(1 << (2 * c2)));
+            __m256i mh = _mm256_set1_epi8((char)(1 << (2 * c2 + 1)));
+            lo = _mm256_or_si256(lo, _mm256_and_si256(
+                _mm256_cmpeq_epi8(_mm256_and_si256(qhv, ml), ml), b16));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(
+                _mm256_cmpeq_epi8(_mm256_and_si256(qhv, mh), mh), b16));
+        }
+        ch[2 * c2] = lo;
+        ch[2 * c2 + 1] = hi;
+    }
+    for (int j = 0; j < 8; j++) {
+        uint8_t s_, m_;
+        cb_scale_min_k4(j, blk + 4, &s_, &m_);
+        sc[j] = s_;
+        mn[2 * j] = m_;
+        mn[2 * j + 1] = m_;
+    }
+    *d = f16(blk);
+    *dmin = f16(blk + 2);
+}
+
+INL void transpose_store8(const __m256i *v, uint8_t *o) {
+    __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+    __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+    __m256i t4 = _mm256_unpacklo_epi32(v[4], v[5]), t5 = _mm256_unpackhi_epi32(v[4], v[5]);
+    __m256i t6 = _mm256_unpacklo_epi32(v[6], v[7]), t7 = _mm256_unpackhi_epi32(v[6], v[7]);
+    __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+    __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+    __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+    __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+    __m256i *ov = (__m256i *)(void *)o;
+    _mm256_store_si256(ov + 0, _mm256_permute2x128_si256(u0, u4, 0x20));
+    _mm256_store_si256(ov + 1, _mm256_permute2x128_si256(u1, u5, 0x20));
+    _mm256_store_si256(ov + 2, _mm256_permute2x128_si256(u2, u6, 0x20));
+    _mm256_store_si256(ov + 3, _mm256_permute2x128_si256(u3, u7, 0x20));
+    _mm256_store_si256(ov + 4, _mm256_permute2x128_si256(u0, u4, 0x31));
+    _mm256_store_si256(ov + 5, _mm256_permute2x128_si256(u1, u5, 0x31));
+    _mm256_store_si256(ov + 6, _mm256_permute2x128_si256(u2, u6, 0x31));
+    _mm256_store_si256(ov + 7, _mm256_permute2x128_si256(u3, u7, 0x31));
+}
+
+INL void rpk_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst) {
+    const int64_t nb = cols / CB_QKK;
+    const size_t bst = rpk_bstride(type), bb = cb_type_block_bytes(type);
+    const int ns = rpk_ns(type);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *o = dst + (size_t)b * bst;
+        __m256i ch[8][8]; /* [row][chunk of 32 values] */
+        int16_t sc[8][16], mn[8][16];
+        float d[8], dmin[8];
+        for (int r = 0; r < 8; r++) {
+            if (r < nr) {
+                rpk_unpack(type, w + (size_t)r * ws + (size_t)b * bb, ch[r], sc[r], mn[r], &d[r],
+                           &dmin[r]);
+            } else {
+                for (int c = 0; c < 8; c++) ch[r][c] = _mm256_setzero_si256();
+                memset(sc[r], 0, sizeof sc[r]);
+                memset(mn[r], 0, sizeof mn[r]);
+                d[r] = dmin[r] = 0.0f;
+            }
+        }
+        for (int c = 0; c < 8; c++) {
+            __m256i v[8];
+            for (int r = 0; r < 8; r++) v[r] = ch[r][c];
+            transpose_store8(v, o + 256 * c);
+        }
+        int16_t *sv = (int16_t *)(void *)(o + 2048), *mv = sv + 16 * ns;
+        for (int j = 0; j < ns; j++)
+            for (int r = 0; r < 8; r++) sv[16 * j + 2 * r] = sv[16 * j + 2 * r + 1] = sc[r][j];
+        for (int k = 0; k < 8; k++)
+            for (int r = 0; r < 8; r++) {
+                mv[16 * k + 2 * r] = mn[r][2 * k];
+                mv[16 * k + 2 * r + 1] = mn[r][2 * k + 1];
+            }
+        memcpy(o + 2048 + 32 * ns + 256, d, 32);
+        memcpy(o + 2048 + 32 * ns + 288, dmin, 32);
+    }
+}
+
+INL void rpk_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
+                  float *out) {
+    const int ns = rpk_ns(type), G = rpk_g(type), SB = 64 / ns;
+    const size_t bst = rpk_bstride(type);
+    __m256 facc[4];
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) facc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = pk + (size_t)b * bst, *scv = q + 2048, *mnv = scv + 32 * ns;
+        const cb_q8k_t *a[4];
+        __m256i isum[4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            a[t] = (const cb_q8k_t *)(const void *)(xa + (size_t)t * xs) + b;
+            isum[t] = _mm256_setzero_si256();
+        }
+        #pragma GCC unroll 1
+        for (int j = 0; j < ns; j++) {
+            const __m256i sc = _mm256_load_si256((const __m256i *)(const void *)(scv + 32 * j));
+            #pragma GCC unroll 4
+            for (int g0 = 0; g0 < SB; g0 += G) {
+                __m256i a16[4];
+                #pragma GCC unroll 4
+                for (int t = 0; t < NT; t++) a16[t] = _mm256_setzero_si256();
+                #pragma GCC unroll 1
+                for (int s = j * SB + g0; s < j * SB + g0 + G; s++) {
+                    __m256i wv = _mm256_load_si256((const __m256i *)(const void *)(q + 32 * s));
+                    #pragma GCC unroll 4
+                    for (int t = 0; t < NT; t++) {
+                        __m256i xb = _mm256_set1_epi32(rd_i32((const uint8_t *)a[t]->qs + 4 * s));
+                        a16[t] = _mm256_add_epi16(a16[t], _mm256_maddubs_epi16(wv, xb));
+                    }
+                }
+                #pragma GCC unroll 4
+                for (int t = 0; t < NT; t++)
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(a16[t], sc));
+            }
+        }
+        const __m256 dv = _mm256_load_ps((const float *)(const void *)(mnv + 256));
+        const __m256 dmv = _mm256_load_ps((const float *)(const void *)(mnv + 288));
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            __m256i ms = _mm256_setzero_si256();
+            #pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                ms = _mm256_add_epi32(ms, _mm256_madd_epi16(
+                    _mm256_load_si256((const __m256i *)(const void *)(mnv + 32 * k)),
+                    _mm256_set1_epi32(rd_i32((const uint8_t *)a[t]->bsums + 4 * k))));
+            const __m256 dx = _mm256_set1_ps(a[t]->d);
+            facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dv, dx), facc[t]);
+            facc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_mul_ps(dmv, dx), facc[t]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, facc[t]);
+        for (int r = 0; r < 8; r++) out[r * NT + t] = tmp[r];
+    }
+}
+
+#define CB_DEFINE_RPK(NAME, TYPE)                                                               \
+    static void NAME##_pack(const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst) {  \
+        rpk_pack(TYPE, w, ws, nr, cols, dst);                                                   \
+    }                                                                                           \
+    static void NAME##_tile(const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs, int nt, \
+                            float *out) {                                                       \
+        switch (nt) {                                                                           \
+        case 1: rpk_tile(TYPE, 1, pk, nb, xa, xs, out); break;                                  \
+        case 2: rpk_tile(TYPE, 2, pk, nb, xa, xs, out); break;                                  \
+        case 3: rpk_tile(TYPE, 3, pk, nb, xa, xs, out); break;                                  \
+        default: rpk_tile(TYPE, 4, pk, nb, xa, xs, out); break;                                 \
+        }                                                                                       \
+    }
+
+CB_DEFINE_RPK(rp_q4_k, CB_TYPE_Q4_K)
+CB_DEFINE_RPK(rp_q5_k, CB_TYPE_Q5_K)
+CB_DEFINE_RPK(rp_q6_k, CB_TYPE_Q6_K)
+
+#define CB_DEFINE_RP(NAME, TYPE)                                                                \
+    static void NAME##_pack(const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst) {  \
+        rp_pack(TYPE, w, ws, nr, cols, dst);                                                    \
+    }                                                                                           \
+    static void NAME##_tile(const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs, int nt, \
+                            float *out) {                                                       \
+        switch (nt) {                                                                           \
+        case 1: rp_tile(TYPE, 1, pk, nb, xa, xs, out); break;                                   \
+        case 2: rp_tile(TYPE, 2, pk, nb, xa, xs, out); break;                                   \
+        case 3: rp_tile(TYPE, 3, pk, nb, xa, xs, out); break;                                   \
+        default: rp_tile(TYPE, 4, pk, nb, xa, xs, out); break;                                  \
+        }                                                                                       \
+    }
+
+CB_DEFINE_RP(rp_q4_0, CB_TYPE_Q4_0)
+CB_DEFINE_RP(rp_q4_1, CB_TYPE_Q4_1)
+CB_DEFINE_RP(rp_q5_0, CB_TYPE_Q5_0)
+CB_DEFINE_RP(rp_q5_1, CB_TYPE_Q5_1)
+CB_DEFINE_RP(rp_q8_0, CB_TYPE_Q8_0)
+CB_DEFINE_RP(rp_mxfp4, CB_TYPE_MXFP4)
+CB_DEFINE_RP(rp_i4g128, CB_TYPE_I4_G128)
+
+void cb_avx2_rp_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst) {
+    switch (type) {
+    case CB_TYPE_Q4_0: rp_q4_0_pack(w, ws, nr, cols, dst); break;
+    case CB_TYPE_Q4_1: rp_q4_1_pack(w, ws, nr, cols, dst); break;
+    case CB_TYPE_Q5_0: rp_q5_0_pack(w, ws, nr, cols, dst); break;
+    case CB_TYPE_Q5_1: rp_q5_1_pack(w, ws, nr, cols, dst); break;
+    case CB_TYPE_Q8_0: rp_q8_0_pack(w, ws, nr, cols, dst); break;
+    case CB_TYPE_MXFP4: rp_mxfp4_pack(w, ws, nr, cols, dst); break;
+    case CB_TYPE_I4_G128: rp_i4g128_pack(w, ws, nr, cols, dst); break;
+    case CB_TYPE_Q4_K: rp_q4_k_pack(w, ws, nr, cols, dst); break;
+    case CB_TYPE_Q5_K: rp_q5_k_pack(w, ws, nr, cols, dst); break;
+    case CB_TYPE_Q6_K: rp_q6_k_pack(w, ws, nr, cols, dst); break;
+    default: break;
+    }
+}
+
+void cb_avx2_rp_tile(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
+                     int nt, float *out) {
+    switch (type) {
+    case CB_TYPE_Q4_0: rp_q4_0_tile(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q4_1: rp_q4_1_tile(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q5_0: rp_q5_0_tile(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q5_1: rp_q5_1_tile(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q8_0: rp_q8_0_tile(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_MXFP4: rp_mxfp4_tile(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_I4_G128: rp_i4g128_tile(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q4_K: rp_q4_k_tile(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q5_K: rp_q5_k_tile(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q6_K: rp_q6_k_tile(pk, nb, xa, xs, nt, out); break;
+    default: break;
+    }
+}
+
 /* ------------------------------------------------------------ K-quants with cb_q8k_t */
 
 INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
@@ -512,4 +1016,23 @@ cb_tile_fn cb_avx2_tile(int type) {
 }
 void cb_avx2_quantize_q8a(const float *x, int64_t n, void *dst) { (void)x; (void)n; (void)dst; }
 void cb_avx2_quantize_q8k(const float *x, int64_t n, void *dst) { (void)x; (void)n; (void)dst; }
+int cb_avx2_rp_supported(int type) {
+    (void)type;
+    return 0;
+}
+size_t cb_avx2_rp_act_stride(int64_t cols) { return (size_t)cols; }
+size_t cb_avx2_rp_group_bytes(int type, int64_t cols) {
+    (void)type;
+    return (size_t)cols;
+}
+void cb_avx2_rp_quantize(int type, const float *x, int64_t cols, uint8_t *dst) {
+    (void)type; (void)x; (void)cols; (void)dst;
+}
+void cb_avx2_rp_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst) {
+    (void)type; (void)w; (void)ws; (void)nr; (void)cols; (void)dst;
+}
+void cb_avx2_rp_tile(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
+                     int nt, float *out) {
+    (void)type; (void)pk; (void)nb; (void)xa; (void)xs; (void)nt; (void)out;
+}
 #endif

@@ -52,6 +52,19 @@ cb_tile_fn cb_avx2_tile(int type);
 void cb_avx2_quantize_q8a(const float *x, int64_t n, void *dst);
 void cb_avx2_quantize_q8k(const float *x, int64_t n, void *dst);
 
+/* AVX2 packed-row matmul for the 32-block types (quant_avx2.c, see the comment there): rows are
+ * unpacked 8 at a time into a group buffer (cb_avx2_rp_group_bytes, 32-byte aligned), then
+ * cb_avx2_rp_tile computes those 8 rows against nt <= 4 tokens of activations quantized by
+ * cb_avx2_rp_quantize (rows cb_avx2_rp_act_stride(cols) bytes apart, 32-byte aligned):
+ * out[r*nt + t], r < 8 (rows past nr come out 0). */
+int cb_avx2_rp_supported(int type);
+size_t cb_avx2_rp_act_stride(int64_t cols);
+size_t cb_avx2_rp_group_bytes(int type, int64_t cols);
+void cb_avx2_rp_quantize(int type, const float *x, int64_t cols, uint8_t *dst);
+void cb_avx2_rp_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst);
+void cb_avx2_rp_tile(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
+                     int nt, float *out);
+
 static inline uint16_t cb_rd16(const uint8_t *p) {
     uint16_t v;
     memcpy(&v, p, 2);

@@ -10,7 +10,8 @@ Every kernel's output is first checked against gguf's dequantizer + a float64 pr
 the activation-quantization bound) before it is timed. Times are the best of repeated runs
 (other processes share the machine; best-of is the least noisy estimate for both sides).
 
-Usage: python tools/bench/kernels.py [--types Q4_0,Q4_K] [--threads 1,2] [--json out.json]
+Usage: python tools/bench/kernels.py [--types Q4_0,Q4_K] [--threads 1,2] [--tokens 32,128]
+       [--parts matvec,matmul] [--seconds 0.5] [--json out.json]
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ import numpy as np
 import colibri.quant as cq
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ALL = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16",
-       "F32"]
+ALL = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "Q4_K", "Q5_K", "Q6_K", "I4_G128", "F16",
+       "BF16", "F32"]
 TARGET_MATVEC = ("Q4_0", "Q8_0", "Q4_K", "Q6_K")
 
 NUMPY_PEER = r"""
@@ -107,6 +108,13 @@ def best_time(fn, seconds: float, min_reps: int = 3) -> float:
 def reference_rows(t: str, raw: np.ndarray, cols: int, row_ids: np.ndarray) -> np.ndarray:
     rb = cq.row_bytes(t, cols)
     sub = raw.reshape(-1, rb)[row_ids]
+    if t == "I4_G128":  # colibri's own type (quant.h): {f16 d; u8 qs[64]}, v = d*(q-8)
+        blk = sub.reshape(len(row_ids), cols // 128, 66)
+        d = blk[:, :, :2].copy().view(np.float16).astype(np.float32)
+        q = np.empty((len(row_ids), cols // 128, 128), np.float32)
+        q[:, :, 0::2] = blk[:, :, 2:] & 15
+        q[:, :, 1::2] = blk[:, :, 2:] >> 4
+        return ((q - 8) * d).reshape(len(row_ids), cols)
     if t in ("F32", "F16"):
         return np.asarray(gguf.quants.dequantize(
             sub.view(np.float32 if t == "F32" else np.float16), gguf.GGMLQuantizationType[t]),
@@ -133,10 +141,12 @@ def main() -> None:
     ap.add_argument("--tokens", default="32,128")
     ap.add_argument("--seconds", type=float, default=0.5, help="time budget per measurement")
     ap.add_argument("--json", help="write the figures to this file")
+    ap.add_argument("--parts", default="matvec,matmul", help="which parts to run")
     args = ap.parse_args()
     types = [cq.type_name(t) for t in args.types.split(",")]
     threads = [int(n) for n in args.threads.split(",")]
     tokens = [int(n) for n in args.tokens.split(",")]
+    parts = set(args.parts.split(","))
     rng = np.random.default_rng(0)
     l3 = l3_bytes()
     result: dict = {"l3_bytes": l3, "bandwidth_gbs": {}, "matvec": {}, "matmul": {}, "numpy": {}}
@@ -153,7 +163,7 @@ def main() -> None:
     print("\nmatvec (1 token), weight >= 4x L3:")
     print(f"{'type':6s} {'rows x cols':>13s} {'MiB':>6s} " +
           " ".join(f"{f'{th}T GB/s':>9s} {'%bw':>5s}" for th in threads))
-    for t in types:
+    for t in types if "matvec" in parts else []:
         rb = cq.row_bytes(t, cols)
         rows = max(14336, -(-4 * l3 // rb))
         rows = -(-rows // 256) * 256
@@ -198,7 +208,7 @@ def main() -> None:
     if set_blas is not None:
         print("       ratios below are against numpy timed right after each kernel on that "
               "type's dequantized weight (its GFLOP/s in parentheses)")
-    for t in types:
+    for t in types if "matmul" in parts else []:
         raw = cq.random_weight(t, rows, cols, rng)
         line = f"{t:6s} "
         wdq = cq.dequantize(t, raw, (rows, cols)) if set_blas else None
@@ -234,7 +244,7 @@ def main() -> None:
             print(f"  matvec {t} {thmax}T: {pct:.0f}% of bandwidth (target 80%): "
                   f"{'met' if pct >= 80 else 'NOT met'}")
     for t in types:
-        if t in ("F32", "F16", "BF16"):
+        if t in ("F32", "F16", "BF16") or t not in result["matmul"]:
             continue
         worst = min(v["vs_numpy"] for d in result["matmul"][t].values() for v in d.values())
         print(f"  matmul {t}: worst ratio to numpy {worst:.2f} (target 1.00): "
