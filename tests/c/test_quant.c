@@ -20,7 +20,8 @@ static float rndf(void) { return (float)(rnd() % 20001) / 10000.0f - 1.0f; }
 
 static const int TYPES[] = {CB_TYPE_F32,  CB_TYPE_F16,  CB_TYPE_BF16, CB_TYPE_Q4_0,
                             CB_TYPE_Q4_1, CB_TYPE_Q5_0, CB_TYPE_Q5_1, CB_TYPE_Q8_0,
-                            CB_TYPE_MXFP4, CB_TYPE_Q4_K, CB_TYPE_Q5_K, CB_TYPE_Q6_K};
+                            CB_TYPE_MXFP4, CB_TYPE_Q4_K, CB_TYPE_Q5_K, CB_TYPE_Q6_K,
+                            CB_TYPE_I4_G128};
 
 /* random valid raw blocks: random bits, finite small scales */
 static void fill(int type, uint8_t *raw, size_t bytes) {
@@ -139,9 +140,11 @@ int main(void) {
         cb_simd_level prev = cb_cpu_set_max_level(levels[l]);
         for (size_t k = 0; k < sizeof TYPES / sizeof TYPES[0]; k++) {
             int t = TYPES[k];
-            int cols = cb_type_block_size(t) == 256 ? 512 : (cb_type_block_size(t) == 1 ? 77 : 96);
+            int64_t bs = cb_type_block_size(t);
+            int cols = bs == 256 ? 512 : (bs == 128 ? 384 : (bs == 1 ? 77 : 96));
             test_matmul(t, 9, cols, 1, NULL);
             test_matmul(t, 13, cols, 6, pool);
+            test_matmul(t, 21, cols, 11, NULL); /* packed rows: a partial group and tile */
         }
         cb_cpu_set_max_level(prev);
     }
