@@ -151,8 +151,6 @@ INL __m256i unpack32(int type, const uint8_t *b, __m256 *d, float *m) {
     case CB_TYPE_Q8_0:
         *d = f16x8(b);
         return _mm256_loadu_si256((const __m256i *)(const void *)(b + 2));
-    case CB_TYPE_I4_G128: /* b: the quarter's 16 bytes; the scale is 2 + 16*quarter before */
-        return nibbles_interleaved(b);
     default: { /* MXFP4 */
         *d = _mm256_set1_ps(cb_e8m0_half(b[0]));
         const __m256i table = _mm256_broadcastsi128_si256(
@@ -169,7 +167,6 @@ INL size_t bytes32(int type) {
     case CB_TYPE_Q5_0: return 22;
     case CB_TYPE_Q5_1: return 24;
     case CB_TYPE_Q8_0: return 34;
-    case CB_TYPE_I4_G128: return 66;
     default: return 17;
     }
 }
@@ -179,8 +176,7 @@ INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
     const int offset = type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_1;
     /* Q4_0/Q5_0: unsigned q times x, minus zero point * sum(x): spread over the 8 lanes of the
      * int32 partial sums that is isum (Q4_0: 8*isum/8) or 2*isum (Q5_0) per lane. */
-    const int zp = type == CB_TYPE_Q4_0 || type == CB_TYPE_I4_G128 ? 1
-                   : (type == CB_TYPE_Q5_0 ? 2 : 0);
+    const int zp = type == CB_TYPE_Q4_0 ? 1 : (type == CB_TYPE_Q5_0 ? 2 : 0);
     const int unsig = offset || zp;
     const size_t bb = bytes32(type);
     const __m256i ones = _mm256_set1_epi16(1);
@@ -201,16 +197,8 @@ INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
         float m[2] = {0.0f, 0.0f};
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
-            if (type == CB_TYPE_I4_G128) {
-                /* activation block b is quarter b%4 of weight block b/4 */
-                const uint8_t *blk = w + (size_t)r * ws + (size_t)(b >> 2) * bb;
-                if (NT == 1 && (b & 3) == 0) prefetch_span(blk + (size_t)NR * ws, bb);
-                dv[r] = f16x8(blk);
-                wq[r] = unpack32(type, blk + 2 + 16 * (b & 3), &dv[r], &m[r]);
-            } else {
-                if (NT == 1) __builtin_prefetch(w + (size_t)(r + NR) * ws + (size_t)b * bb, 0, 3);
-                wq[r] = unpack32(type, w + (size_t)r * ws + (size_t)b * bb, &dv[r], &m[r]);
-            }
+            if (NT == 1) __builtin_prefetch(w + (size_t)(r + NR) * ws + (size_t)b * bb, 0, 3);
+            wq[r] = unpack32(type, w + (size_t)r * ws + (size_t)b * bb, &dv[r], &m[r]);
             aw[r] = unsig ? wq[r] : _mm256_sign_epi8(wq[r], wq[r]);
         }
         #pragma GCC unroll 8
@@ -743,6 +731,53 @@ void cb_avx2_rp_tile(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
     }
 }
 
+/* I4_G128 against cb_q8a_t: a half group (32 bytes) unpacks to activation blocks b, b+1. */
+INL void tile_i4(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
+                 const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
+    (void)unused;
+    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[2][4];
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b += 2) {
+        __m256i w0[2], w1[2];
+        __m256 dv[2];
+        #pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *blk = w + (size_t)r * ws + (size_t)(b >> 2) * 66;
+            if (NT == 1 && (b & 3) == 0) prefetch_span(blk + (size_t)NR * ws, 66);
+            __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2 + 16 * (b & 3)));
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            __m256i a = _mm256_unpacklo_epi8(lo, hi), c = _mm256_unpackhi_epi8(lo, hi);
+            w0[r] = _mm256_permute2x128_si256(a, c, 0x20);
+            w1[r] = _mm256_permute2x128_si256(a, c, 0x31);
+            dv[r] = f16x8(blk);
+        }
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            const cb_q8a_t *a = (const cb_q8a_t *)(const void *)(x + (size_t)t * xs) + b;
+            const __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)a[0].qs);
+            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(const void *)a[1].qs);
+            const __m256i z0 = _mm256_set1_epi32(a[0].isum), z1 = _mm256_set1_epi32(a[1].isum);
+            const __m256 d0 = _mm256_broadcast_ss(&a[0].d), d1 = _mm256_broadcast_ss(&a[1].d);
+            #pragma GCC unroll 8
+            for (int r = 0; r < NR; r++) {
+                /* unsigned q times x, minus 8*isum spread over the 8 lanes */
+                __m256i p0 = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w0[r], x0), ones), z0);
+                __m256i p1 = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w1[r], x1), ones), z1);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(dv[r], d0), acc[r][t]);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(dv[r], d1), acc[r][t]);
+            }
+        }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum_ps(acc[r][t]);
+}
+
 /* ------------------------------------------------------------ K-quants with cb_q8k_t */
 
 INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
@@ -980,7 +1015,7 @@ CB_DEFINE_TILE(tile_avx2_q5_0, tile32, CB_TYPE_Q5_0)
 CB_DEFINE_TILE(tile_avx2_q5_1, tile32, CB_TYPE_Q5_1)
 CB_DEFINE_TILE(tile_avx2_q8_0, tile32, CB_TYPE_Q8_0)
 CB_DEFINE_TILE(tile_avx2_mxfp4, tile32, CB_TYPE_MXFP4)
-CB_DEFINE_TILE(tile_avx2_i4g128, tile32, CB_TYPE_I4_G128)
+CB_DEFINE_TILE(tile_avx2_i4g128, tile_i4, 0)
 CB_DEFINE_TILE(tile_avx2_q4_k, tile_q4k, 0)
 CB_DEFINE_TILE(tile_avx2_q5_k, tile_q4k, 1)
 CB_DEFINE_TILE(tile_avx2_q6_k, tile_q6k, 0)
