@@ -39,6 +39,10 @@
  *
  * SIMD: AVX2 (+FMA, F16C) kernels chosen at run time with cb_cpu_level(); a scalar path for
  * every type (tests cap the level to exercise it). On AVX-512 machines the AVX2 kernels run.
+ * With 4 or more tokens, the quantized types run a packed-row AVX2 kernel (8 weight rows
+ * unpacked once per call into the pool's scratch, as the 8 lanes of a vector; see
+ * quant_avx2.c); the integer block sums are the same, so results differ from the other paths
+ * only in float summation order.
  *
  * Threads: pass a cb_threadpool_t (threadpool.h) to split output rows across its threads, or
  * NULL to compute on the calling thread. Every call is synchronous: pointers are borrowed for
