@@ -360,6 +360,27 @@ INL __m256i rp_unpack(int type, const uint8_t *row, int64_t b, float *d, float *
     }
 }
 
+/* 8x8 transpose of 32-bit words: o[32*s ..] = word s of v[0..7] (o 32-byte aligned). */
+INL void transpose_store8(const __m256i *v, uint8_t *o) {
+    __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+    __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+    __m256i t4 = _mm256_unpacklo_epi32(v[4], v[5]), t5 = _mm256_unpackhi_epi32(v[4], v[5]);
+    __m256i t6 = _mm256_unpacklo_epi32(v[6], v[7]), t7 = _mm256_unpackhi_epi32(v[6], v[7]);
+    __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+    __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+    __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+    __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+    __m256i *ov = (__m256i *)(void *)o;
+    _mm256_store_si256(ov + 0, _mm256_permute2x128_si256(u0, u4, 0x20));
+    _mm256_store_si256(ov + 1, _mm256_permute2x128_si256(u1, u5, 0x20));
+    _mm256_store_si256(ov + 2, _mm256_permute2x128_si256(u2, u6, 0x20));
+    _mm256_store_si256(ov + 3, _mm256_permute2x128_si256(u3, u7, 0x20));
+    _mm256_store_si256(ov + 4, _mm256_permute2x128_si256(u0, u4, 0x31));
+    _mm256_store_si256(ov + 5, _mm256_permute2x128_si256(u1, u5, 0x31));
+    _mm256_store_si256(ov + 6, _mm256_permute2x128_si256(u2, u6, 0x31));
+    _mm256_store_si256(ov + 7, _mm256_permute2x128_si256(u3, u7, 0x31));
+}
+
 INL void rp_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst) {
     const int64_t nb = cols / CB_QK;
     const size_t bst = rp_bstride(type);
@@ -374,24 +395,7 @@ INL void rp_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, ui
             v[r] = r < nr ? rp_unpack(type, w + (size_t)r * ws, b, &d[r], &m[r])
                           : _mm256_setzero_si256();
         }
-        /* 8x8 transpose of 32-bit words: out[s] = word s of rows 0..7 */
-        __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
-        __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
-        __m256i t4 = _mm256_unpacklo_epi32(v[4], v[5]), t5 = _mm256_unpackhi_epi32(v[4], v[5]);
-        __m256i t6 = _mm256_unpacklo_epi32(v[6], v[7]), t7 = _mm256_unpackhi_epi32(v[6], v[7]);
-        __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
-        __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
-        __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
-        __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
-        __m256i *ov = (__m256i *)(void *)o;
-        _mm256_store_si256(ov + 0, _mm256_permute2x128_si256(u0, u4, 0x20));
-        _mm256_store_si256(ov + 1, _mm256_permute2x128_si256(u1, u5, 0x20));
-        _mm256_store_si256(ov + 2, _mm256_permute2x128_si256(u2, u6, 0x20));
-        _mm256_store_si256(ov + 3, _mm256_permute2x128_si256(u3, u7, 0x20));
-        _mm256_store_si256(ov + 4, _mm256_permute2x128_si256(u0, u4, 0x31));
-        _mm256_store_si256(ov + 5, _mm256_permute2x128_si256(u1, u5, 0x31));
-        _mm256_store_si256(ov + 6, _mm256_permute2x128_si256(u2, u6, 0x31));
-        _mm256_store_si256(ov + 7, _mm256_permute2x128_si256(u3, u7, 0x31));
+        transpose_store8(v, o); /* o: 32-bit word s of rows 0..7 at 32*s */
         memcpy(o + 256, d, 32);
         if (rp_has_m(type)) memcpy(o + 288, m, 32);
     }
@@ -537,26 +541,6 @@ INL void rpk_unpack(int type, const uint8_t *blk, __m256i *ch, int16_t *sc, int1
     }
     *d = f16(blk);
     *dmin = f16(blk + 2);
-}
-
-INL void transpose_store8(const __m256i *v, uint8_t *o) {
-    __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
-    __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
-    __m256i t4 = _mm256_unpacklo_epi32(v[4], v[5]), t5 = _mm256_unpackhi_epi32(v[4], v[5]);
-    __m256i t6 = _mm256_unpacklo_epi32(v[6], v[7]), t7 = _mm256_unpackhi_epi32(v[6], v[7]);
-    __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
-    __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
-    __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
-    __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
-    __m256i *ov = (__m256i *)(void *)o;
-    _mm256_store_si256(ov + 0, _mm256_permute2x128_si256(u0, u4, 0x20));
-    _mm256_store_si256(ov + 1, _mm256_permute2x128_si256(u1, u5, 0x20));
-    _mm256_store_si256(ov + 2, _mm256_permute2x128_si256(u2, u6, 0x20));
-    _mm256_store_si256(ov + 3, _mm256_permute2x128_si256(u3, u7, 0x20));
-    _mm256_store_si256(ov + 4, _mm256_permute2x128_si256(u0, u4, 0x31));
-    _mm256_store_si256(ov + 5, _mm256_permute2x128_si256(u1, u5, 0x31));
-    _mm256_store_si256(ov + 6, _mm256_permute2x128_si256(u2, u6, 0x31));
-    _mm256_store_si256(ov + 7, _mm256_permute2x128_si256(u3, u7, 0x31));
 }
 
 INL void rpk_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst) {
