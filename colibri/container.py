@@ -278,11 +278,6 @@ class ContainerFile(GGUFFile):
 
     # ---- the GGUFFile interface ----
 
-    @property
-    def architecture(self) -> str | None:
-        a = self.metadata.get("general.architecture")
-        return a if isinstance(a, str) else None
-
     def data(self, name: str) -> np.ndarray:
         """Read-only uint8 view of a tensor's bytes (no copy): 1-D for a dense tensor; for an
         expert tensor (n_expert, bytes per expert) with a row stride of the group's stride."""
