@@ -33,9 +33,9 @@ def _prompt_ids(n: int, vocab_size: int, bos: int | None) -> list[int]:
 
 
 def _rss() -> int:
-    import resource
+    from colibri.generate import peak_rss_bytes
 
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    return peak_rss_bytes()
 
 
 def run_colibri(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ctx: int) -> dict[str, Any]:

@@ -74,6 +74,16 @@ class GenerationStats:
 
 
 def peak_rss_bytes() -> int:
+    """This process's peak resident set. Linux: VmHWM of /proc/self/status, the high-water
+    mark of this address space only (getrusage's ru_maxrss survives exec, so a child started
+    from a large parent would report the parent's peak)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(r) * (1 if os.uname().sysname == "Darwin" else 1024)
 

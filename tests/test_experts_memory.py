@@ -1,5 +1,6 @@
 """Memory: with an expert budget the process's peak RSS stays under dense size + budget +
-MARGIN, measured in a fresh subprocess (ru_maxrss) on a 2-layer Qwen3-30B-A3B-shaped Q4_0
+MARGIN, measured in a fresh subprocess (VmHWM: ru_maxrss would carry pytest's own peak
+across the exec) on a 2-layer Qwen3-30B-A3B-shaped Q4_0
 model (~1 GB: 356 MiB dense, 648 MiB experts) written by tools/make_bench_model.py. The mapped
 store (whole-file mapping) is run too: its peak must be higher, or the test proves nothing."""
 
@@ -16,8 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MARGIN = 150 * 2**20  # interpreter + numpy + colibri, KV (ctx 128), scratch, logits
 
 CHILD = r"""
-import json, resource, sys
+import json, sys
 import numpy as np
+from colibri.generate import peak_rss_bytes
 from colibri.model import Model
 path, mode, budget = sys.argv[1], sys.argv[2], float(sys.argv[3])
 kw = {} if mode == "mapped" else dict(expert_mode=mode, expert_budget=budget)
@@ -26,7 +28,7 @@ rng = np.random.default_rng(0)
 s = m.new_sequence()
 for t in rng.integers(0, m.n_vocab, 32).tolist():
     m.eval([s], tokens=[t])
-print(json.dumps(dict(peak=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+print(json.dumps(dict(peak=peak_rss_bytes(),
                       dense=m.desc.dense_bytes(), experts=m.desc.expert_bytes(),
                       stats=m.expert_stats(), info=m.expert_info())))
 """

@@ -61,9 +61,9 @@ def _stream(n: int, n_vocab: int) -> list[int]:
 
 
 def child(cfg: dict[str, Any]) -> dict[str, Any]:
-    import resource
-
     import numpy as np
+
+    from colibri.generate import peak_rss_bytes
 
     gen = cfg["gen"]
     t0 = time.perf_counter()
@@ -132,7 +132,7 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
         digest = h.hexdigest()
     return {"tokens": toks, "digest": digest, "decode_tps": 1.0 / float(np.median(lat)),
             "mean_tps": len(lat) / sum(lat), "load_s": load,
-            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "stats": stats}
+            "peak_rss": peak_rss_bytes(), "stats": stats}
 
 
 def _cgroup(limit: int | None) -> Path | None:
