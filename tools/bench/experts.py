@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The expert store under a memory budget: decode speed and hit rate, colibri vs llama.cpp.
 
-    python tools/bench/experts.py [--model M.gguf] [--layers 4] [--gen 24] [--budgets 1,0.75,0.5,0.25]
+    python tools/bench/experts.py [--model M.gguf] [--layers 4] [--gen 24] [--warmup 0]
+                                  [--budgets 1,0.75,0.5,0.25]
                                   [--modes cache,mmap] [--policies lru,lfru] [--prefetch on,off]
                                   [--llama-extra-bufts] [--container] [--no-llama] [--json OUT]
 
@@ -66,6 +67,7 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
     from colibri.generate import peak_rss_bytes
 
     gen = cfg["gen"]
+    warmup = cfg.get("warmup", 0)  # decode steps before timing (and before the expert stats)
     t0 = time.perf_counter()
     if cfg["engine"] == "llama.cpp":
         import llama_cpp.llama_cpp as lc
@@ -80,7 +82,7 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
                 return p
 
             lc.llama_model_default_params = no_extra_bufts
-        ll = Llama(cfg["path"], n_ctx=128, n_threads=cfg["threads"], n_threads_batch=cfg["threads"],
+        ll = Llama(cfg["path"], n_ctx=max(128, gen + 16), n_threads=cfg["threads"], n_threads_batch=cfg["threads"],
                    n_batch=128, verbose=False)
         load = time.perf_counter() - t0
 
@@ -91,7 +93,9 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
 
         ll.eval(PROMPT)
         toks, lat = [last()], []
-        for tok in _stream(gen, ll.n_vocab()):
+        for i, tok in enumerate(_stream(gen, ll.n_vocab())):
+            if i == warmup:
+                lat.clear()
             t = time.perf_counter()
             ll.eval([tok])
             lat.append(time.perf_counter() - t)
@@ -107,7 +111,7 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
                       expert_policy=cfg["policy"], prefetch=cfg.get("prefetch", False))
         if cfg["path"].endswith(".colibri"):
             kw["verify"] = False  # the checksum pass reads the whole file: not a decode cost
-        m = Model(cfg["path"], threads=cfg["threads"], ctx=128, max_batch=1, tokenizer=False, **kw)
+        m = Model(cfg["path"], threads=cfg["threads"], ctx=max(128, gen + 16), max_batch=1, tokenizer=False, **kw)
         load = time.perf_counter() - t0
         import hashlib
 
@@ -117,7 +121,10 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
         h.update(out.tobytes())
         m.reset_expert_stats()
         toks, lat = [int(np.argmax(out))], []
-        for tok in _stream(gen, m.n_vocab):
+        for i, tok in enumerate(_stream(gen, m.n_vocab)):
+            if i == warmup:
+                lat.clear()
+                m.reset_expert_stats()
             t = time.perf_counter()
             out = m.eval([s], tokens=[tok])[-1]
             lat.append(time.perf_counter() - t)
@@ -191,6 +198,9 @@ def main() -> int:
                          "onto a few experts)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gen", type=int, default=24)
+    ap.add_argument("--warmup", type=int, default=0,
+                    help="of the --gen decode steps, how many run before timing and before the "
+                         "expert statistics start (both engines): the steady state")
     ap.add_argument("--budgets", default="1,0.75,0.5,0.25,0.1,0.05")
     ap.add_argument("--modes", default="cache,mmap")
     ap.add_argument("--policies", default="lru,lfru")
@@ -218,7 +228,9 @@ def main() -> int:
     gf, d = open_model(path)
     dense, experts = d.dense_bytes(), d.expert_bytes()
     gf.close()
-    base = dict(path=path, threads=a.threads, gen=a.gen)
+    if not 0 <= a.warmup < a.gen:
+        ap.error("--warmup must be in [0, --gen)")
+    base = dict(path=path, threads=a.threads, gen=a.gen, warmup=a.warmup)
     container = None
     if a.container and (ROOT / "tools" / "convert_gguf.py").exists():
         container = os.path.splitext(path)[0] + ".colibri"
@@ -228,7 +240,8 @@ def main() -> int:
             print("container conversion failed:", cp.stderr.strip()[-300:])
             container = None
     print(f"model {os.path.basename(path)}: dense {dense / 2**20:.0f} MiB, experts "
-          f"{experts / 2**20:.0f} MiB; {a.threads} threads, 8-token prompt, {a.gen} decode steps")
+          f"{experts / 2**20:.0f} MiB; {a.threads} threads, 8-token prompt, {a.gen} decode steps "
+          f"(the first {a.warmup} untimed)")
     ref = run({**base, "engine": "colibri", "mode": "mapped", "policy": "lru", "budget": 1.0}, None)
     if "error" in ref:
         print("mapped reference failed:", ref["error"])
