@@ -321,22 +321,9 @@ class _Reader:
     def experts(self, bid: int, n_expert: int, n_embd: int, n_ff: int) -> ExpertTensors:
         if self.has(f"blk.{bid}.ffn_gate_up_exps.weight"):
             return self.fused_experts(bid, n_expert, n_embd, n_ff)
-        mats = {}
-        for kind, rows, cols in (("gate", n_ff, n_embd), ("up", n_ff, n_embd), ("down", n_embd, n_ff)):
-            name = f"blk.{bid}.ffn_{kind}_exps.weight"
-            t = self.info(name)
-            if tuple(t.shape) != (cols, rows, n_expert):
-                raise UnsupportedModel(
-                    f"{self.gf.path}: tensor {name!r} has shape {list(t.shape)}, expected "
-                    f"[{cols}, {rows}, {n_expert}] (GGUF order)"
-                )
-            if self.dequantize and t.type != F32:
-                data = _dequantized(self.gf.data(name), t.type, rows * cols * n_expert)
-                self.keep.append(data)
-                mats[kind] = (t, Mat(F32, rows, cols, cols * 4, None), data, rows * cols * 4)
-            else:
-                mats[kind] = (t, Mat(t.type, rows, cols, t.row_nbytes, None),
-                              *_expert_span(self.gf, name, t, n_expert))
+        mats = {kind: self._stacked(f"blk.{bid}.ffn_{kind}_exps.weight", rows, cols, n_expert)
+                for kind, rows, cols in (("gate", n_ff, n_embd), ("up", n_ff, n_embd),
+                                         ("down", n_embd, n_ff))}
         return ExpertTensors(
             gate=mats["gate"][1], up=mats["up"][1], down=mats["down"][1],
             gate_base=mats["gate"][2], up_base=mats["up"][2], down_base=mats["down"][2],

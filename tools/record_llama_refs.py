@@ -108,6 +108,17 @@ def write_dequantized(src: str, dst: str) -> None:
     w.close()
 
 
+def greedy_after_prompt(llm, n_prompt: int) -> list[int]:
+    """N_GREEDY greedy tokens continuing the prompt llm has just evaluated (n_prompt tokens)."""
+    greedy = []
+    nxt = int(np.argmax(llm.scores[n_prompt - 1]))
+    for _ in range(N_GREEDY):
+        greedy.append(nxt)
+        llm.eval([nxt])
+        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    return greedy
+
+
 def record(llm, prefix: str, data: dict[str, np.ndarray]) -> int:
     for i, text in enumerate(PROMPTS):
         ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
@@ -121,12 +132,7 @@ def record(llm, prefix: str, data: dict[str, np.ndarray]) -> int:
         data[f"{prefix}ids_{i}"] = np.array(ids, dtype=np.int32)
         data[f"{prefix}top_ids_{i}"] = top
         data[f"{prefix}top_logprobs_{i}"] = np.take_along_axis(lp, top, axis=1).astype(np.float32)
-        greedy = []
-        nxt = int(np.argmax(llm.scores[len(ids) - 1]))
-        for _ in range(N_GREEDY):
-            greedy.append(nxt)
-            llm.eval([nxt])
-            nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        greedy = greedy_after_prompt(llm, len(ids))
         data[f"{prefix}greedy_{i}"] = np.array(greedy, dtype=np.int32)
         print(f"{prefix or 'q4_k_m '}prompt {i}: {len(ids)} tokens, greedy {greedy[:8]}...")
     return 0
@@ -147,13 +153,8 @@ def record_decode_path(path: str, threads: int, data: dict[str, np.ndarray]) -> 
             llm.reset()
             llm.eval(ids)
             lps.append(log_softmax(np.array(llm.scores[: len(ids)], dtype=np.float32)))
-        greedy = []  # the single-token path's own greedy continuation
-        nxt = int(np.argmax(single.scores[len(ids) - 1]))
-        for _ in range(N_GREEDY):
-            greedy.append(nxt)
-            single.eval([nxt])
-            nxt = int(np.argmax(single.scores[single.n_tokens - 1]))
-        data[f"decode_greedy_{i}"] = np.array(greedy, dtype=np.int32)
+        # the single-token path's own greedy continuation
+        data[f"decode_greedy_{i}"] = np.array(greedy_after_prompt(single, len(ids)), dtype=np.int32)
         kl = (np.exp(lps[0]) * (lps[0] - lps[1])).sum(axis=1)
         data[f"decode_top1_{i}"] = lps[1].argmax(axis=1).astype(np.int32)
         data[f"decode_kl_{i}"] = kl.astype(np.float32)

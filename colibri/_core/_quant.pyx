@@ -244,21 +244,30 @@ def matmul(t, raw, int64_t rows, int64_t cols, x, ThreadPool pool=None, int thre
     return y[0] if single else y
 
 
-def quantize_q8_0(x):
-    """Quantize float32 values (size a multiple of 32) to Q8_0 blocks (uint8, 34 bytes each)."""
+ctypedef cb_status (*_quantize_fn)(const float *, int64_t, void *) noexcept nogil
+
+
+cdef object _quantize(object x, str name, str unit, int64_t block, int64_t block_bytes,
+                      _quantize_fn fn):
     xa = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
-    if xa.size % 32:
-        raise ValueError(f"Q8_0: {xa.size} values is not a multiple of the block size 32")
-    out = np.empty(xa.size // 32 * 34, dtype=np.uint8)
+    if xa.size % block:
+        raise ValueError(f"{name}: {xa.size} values is not a multiple of the {unit} {block}")
+    out = np.empty(xa.size // block * block_bytes, dtype=np.uint8)
     if xa.size == 0:
         return out
     cdef const float[::1] xv = xa
     cdef uint8_t[::1] ov = out
     cdef int64_t n = xa.size
+    cdef cb_status s
     with nogil:
-        s = cb_quantize_q8_0(&xv[0], n, &ov[0])
+        s = fn(&xv[0], n, &ov[0])
     check(s)
     return out
+
+
+def quantize_q8_0(x):
+    """Quantize float32 values (size a multiple of 32) to Q8_0 blocks (uint8, 34 bytes each)."""
+    return _quantize(x, "Q8_0", "block size", 32, 34, cb_quantize_q8_0)
 
 
 def quantize_i4g128(x):
@@ -266,16 +275,4 @@ def quantize_i4g128(x):
     each: f16 d = f16(max|x|/7), 64 bytes of nibbles, value 2i low / 2i+1 high nibble of byte i,
     q = clip(rint(x/d) + 8, 0, 15)). A [rows, cols] array gives rows * cols/128 * 66 bytes,
     row-major. ValueError on a non-finite value or an f16 scale overflow."""
-    xa = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
-    if xa.size % 128:
-        raise ValueError(f"I4_G128: {xa.size} values is not a multiple of the group size 128")
-    out = np.empty(xa.size // 128 * 66, dtype=np.uint8)
-    if xa.size == 0:
-        return out
-    cdef const float[::1] xv = xa
-    cdef uint8_t[::1] ov = out
-    cdef int64_t n = xa.size
-    with nogil:
-        s = cb_quantize_i4g128(&xv[0], n, &ov[0])
-    check(s)
-    return out
+    return _quantize(x, "I4_G128", "group size", 128, 66, cb_quantize_i4g128)
