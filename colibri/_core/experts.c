@@ -25,7 +25,11 @@
  * being evicted; below that it fills free slots only, so wrong predictions cannot displace
  * experts the compute uses.
  * Per-layer statistics and per-expert routing counts live in tables allocated once; acquire
- * allocates nothing. */
+ * allocates nothing.
+ * Pool pinning (cache mode): an outside owner of page locks (colibri.cuda's cuMemHostRegister)
+ * registers the pool through cb_experts_pin_pool's callbacks; the store keeps the unpin
+ * callback and calls it exactly once, at cb_experts_unpin_pool or in cb_experts_free before the
+ * munmap, so the registration can never outlive the mapping. */
 #include "colibri/experts.h"
 
 #include <errno.h>
@@ -78,6 +82,9 @@ struct cb_experts {
     size_t slot_bytes;
     uint8_t *pool;                     /* cache: n_slots * slot_bytes (mapped) */
     size_t pool_map_bytes;
+    cb_experts_pool_unpin_fn unpin;    /* set while an external owner pins the pool */
+    void *unpin_user;
+    int pool_pinned;
     int32_t *slot_of;                  /* [total] */
     int32_t *layer_of;                 /* [total] layer of a global index */
     uint64_t *freq;                    /* [total] acquisitions ever (LFRU) */
@@ -683,6 +690,7 @@ void cb_experts_free(cb_experts_t *s) {
         pthread_cond_destroy(&s->cv_done);
         pthread_mutex_destroy(&s->mu);
     }
+    cb_experts_unpin_pool(s); /* the registration ends before the memory does */
     if (s->pool) munmap(s->pool, s->pool_map_bytes);
     if (s->fd >= 0) close(s->fd);
     free(s->layers);
@@ -716,6 +724,51 @@ cb_status cb_experts_info(const cb_experts_t *s, cb_experts_info_t *out) {
     out->pool_bytes = s->pool_map_bytes;
     out->expert_bytes = s->expert_bytes;
     return CB_OK;
+}
+
+/* ---- the slot pool ---- */
+
+cb_status cb_experts_pool(const cb_experts_t *s, cb_experts_pool_t *out) {
+    if (!s || !out) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: pool of NULL");
+    memset(out, 0, sizeof *out);
+    if (s->mode != CB_EXPERTS_CACHE || !s->pool)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: only the cache store has a slot "
+                       "pool (mode %d)", (int)s->mode);
+    out->base = s->pool;
+    out->bytes = s->pool_map_bytes;
+    out->slot_bytes = s->slot_bytes;
+    out->n_slots = s->n_slots;
+    out->pinned = s->pool_pinned;
+    return CB_OK;
+}
+
+cb_status cb_experts_pin_pool(cb_experts_t *s, cb_experts_pool_pin_fn pin,
+                              cb_experts_pool_unpin_fn unpin, void *user) {
+    if (!s || !pin || !unpin)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: pin_pool needs a store and both "
+                       "callbacks");
+    if (s->mode != CB_EXPERTS_CACHE || !s->pool)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: only the cache store has a slot "
+                       "pool to pin (mode %d)", (int)s->mode);
+    if (s->pool_pinned)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: the %zu-byte slot pool is already "
+                       "pinned (one registration at a time)", s->pool_map_bytes);
+    cb_status st = pin(user, s->pool, s->pool_map_bytes);
+    if (st != CB_OK) return st;
+    s->unpin = unpin;
+    s->unpin_user = user;
+    s->pool_pinned = 1;
+    return CB_OK;
+}
+
+void cb_experts_unpin_pool(cb_experts_t *s) {
+    if (!s || !s->pool_pinned) return;
+    cb_experts_pool_unpin_fn unpin = s->unpin;
+    void *user = s->unpin_user;
+    s->pool_pinned = 0;
+    s->unpin = NULL;
+    s->unpin_user = NULL;
+    unpin(user, s->pool, s->pool_map_bytes);
 }
 
 /* ---- acquire / release ---- */

@@ -56,7 +56,10 @@
  *
  * Ownership: the store borrows every base pointer (the caller keeps the mapping alive for the
  * store's lifetime) and owns its tables, pool, prefetch thread and file descriptor (cache and
- * mmap modes open params.path read-only; every range is checked against the file's size).
+ * mmap modes open params.path read-only; every range is checked against the file's size). The
+ * cache store's pool can be page-locked by an outside owner (cb_experts_pin_pool: a GPU
+ * runtime's cuMemHostRegister) while the store keeps owning it: the store unpins before it
+ * unmaps.
  * Statistics count, per layer, acquisitions (expert uses), distinct experts per call, and
  * bytes touched.
  *
@@ -161,7 +164,8 @@ cb_status cb_experts_info(const cb_experts_t *s, cb_experts_info_t *out);
  * min_slots unpinned slots. Pinning a pinned expert does nothing. */
 cb_status cb_experts_pin(cb_experts_t *s, int32_t layer, int32_t expert);
 
-/* Frees the store (not the memory its bases point into). NULL accepted. */
+/* Frees the store (not the memory its bases point into); unpins a pinned pool first. NULL
+ * accepted. */
 void cb_experts_free(cb_experts_t *s);
 
 /* Pointers for experts ids[0..n) of layer; out[i] receives expert ids[i]. uses[i] (nullable)
@@ -184,6 +188,40 @@ int32_t cb_experts_prefetching(const cb_experts_t *s);
 
 /* Waits until the prefetch thread has nothing queued or in flight (tests, benchmarks). */
 void cb_experts_prefetch_sync(cb_experts_t *s);
+
+/* The cache store's slot pool: the single allocation made at creation (page-aligned, bytes a
+ * multiple of 2 MiB), owned by the store; slot k is [base + k * slot_bytes, + slot_bytes).
+ * Acquire's pointers in cache mode lie inside it. pinned: 1 while a pin callback holds it. */
+typedef struct cb_experts_pool {
+    uint8_t *base;        /* borrowed: valid until cb_experts_free */
+    size_t bytes;         /* the whole mapping (>= n_slots * slot_bytes) */
+    size_t slot_bytes;
+    int32_t n_slots;
+    int32_t pinned;
+} cb_experts_pool_t;
+
+/* Page-locks (or otherwise registers) the pool: called once with the whole range. A failure is
+ * returned by cb_experts_pin_pool (set its detail with cb_fail). */
+typedef cb_status (*cb_experts_pool_pin_fn)(void *user, uint8_t *base, size_t bytes);
+/* Undoes pin for the same range; must not fail (it runs inside cb_experts_free). */
+typedef void (*cb_experts_pool_unpin_fn)(void *user, uint8_t *base, size_t bytes);
+
+/* The slot pool of a cache store. INVALID_ARGUMENT for the mapped and mmap stores (no pool). */
+cb_status cb_experts_pool(const cb_experts_t *s, cb_experts_pool_t *out);
+
+/* Registers the pool with an external owner of page locks (colibri.cuda: cuMemHostRegister
+ * through PyCUDA): calls pin(user, base, bytes) now, and the store calls unpin(user, base,
+ * bytes) exactly once - from cb_experts_unpin_pool, or from cb_experts_free BEFORE the pool is
+ * unmapped - so a freed store never leaves a registered range behind. user is borrowed until
+ * then. One registration at a time: INVALID_ARGUMENT when already pinned, for a store without
+ * a pool, or NULL callbacks; pin's own status when it fails (nothing is kept then). Called by
+ * the thread that owns the store (not concurrently with acquire). */
+cb_status cb_experts_pin_pool(cb_experts_t *s, cb_experts_pool_pin_fn pin,
+                              cb_experts_pool_unpin_fn unpin, void *user);
+
+/* Calls unpin for the current registration and forgets it; does nothing when not pinned or
+ * s is NULL. */
+void cb_experts_unpin_pool(cb_experts_t *s);
 
 /* Statistics of one layer (layer >= 0) or the sum of all (layer == -1). */
 cb_status cb_experts_stats(const cb_experts_t *s, int32_t layer, cb_experts_layer_stats_t *out);

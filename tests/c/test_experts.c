@@ -3,7 +3,8 @@
  * through a scan that LRU evicts; locked experts are never evicted; too-small pools fail.
  * One read per expert on a container-like layout (gate|up|down adjacent per expert); the
  * prefetch thread: hinted experts become hits, bytes always match the mapped store while hints
- * and acquires race, statistics add up, free() while reads are in flight. */
+ * and acquires race, statistics add up, free() while reads are in flight. The cache pool's
+ * pin/unpin callbacks: once each, unpin before the unmap, refusals. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -295,6 +296,92 @@ static void test_prefetch(void) {
     unlink(path);
 }
 
+/* pool pinning: the callbacks see the pool's range once each, unpin runs before the unmap
+ * (the range is still mapped inside it), double pins and pool-less stores are refused, a
+ * failing pin keeps nothing */
+static struct {
+    int pins, unpins, fail, mapped_at_unpin;
+    uint8_t *base;
+    size_t bytes;
+} pinrec;
+
+static cb_status rec_pin(void *user, uint8_t *base, size_t bytes) {
+    CHECK(user == &pinrec);
+    if (pinrec.fail) return cb_fail(CB_STATUS_IO, "test: cannot pin %zu bytes", bytes);
+    pinrec.pins++;
+    pinrec.base = base;
+    pinrec.bytes = bytes;
+    return CB_OK;
+}
+
+static void rec_unpin(void *user, uint8_t *base, size_t bytes) {
+    CHECK(user == &pinrec && base == pinrec.base && bytes == pinrec.bytes);
+    unsigned char vec[4];
+    /* mincore fails with ENOMEM on an unmapped range: the pool must still be mapped */
+    pinrec.mapped_at_unpin = mincore(base, 4 * (size_t)sysconf(_SC_PAGESIZE), vec) == 0;
+    memset(base, 0x5a, bytes < 4096 ? bytes : 4096); /* and writable */
+    pinrec.unpins++;
+}
+
+static void test_pool_pinning(const char *path, const cb_experts_layer_t *ls) {
+    cb_experts_pool_t pool;
+    for (int mode = CB_EXPERTS_MAPPED; mode <= CB_EXPERTS_MMAP; mode += 2) {
+        cb_experts_t *s = make(mode, CB_EXPERTS_LRU, path, 1, 3, ls);
+        CHECK(cb_experts_pool(s, &pool) == CB_STATUS_INVALID_ARGUMENT);
+        CHECK(strstr(cb_last_error(), "only the cache store") != NULL);
+        CHECK(cb_experts_pin_pool(s, rec_pin, rec_unpin, &pinrec) == CB_STATUS_INVALID_ARGUMENT);
+        cb_experts_unpin_pool(s); /* not pinned: nothing */
+        cb_experts_free(s);
+    }
+    CHECK(pinrec.pins == 0 && pinrec.unpins == 0);
+    cb_experts_unpin_pool(NULL);
+
+    cb_experts_t *s = make(CB_EXPERTS_CACHE, CB_EXPERTS_LRU, path, 1, 3, ls);
+    cb_experts_info_t info;
+    CHECK(cb_experts_info(s, &info) == CB_OK);
+    CHECK(cb_experts_pool(s, &pool) == CB_OK);
+    CHECK(pool.base != NULL && pool.n_slots == info.n_slots && pool.n_slots == 3);
+    CHECK(pool.slot_bytes == info.slot_bytes && pool.bytes == info.pool_bytes);
+    CHECK(pool.bytes >= (size_t)pool.n_slots * pool.slot_bytes && pool.bytes % (2u << 20) == 0);
+    CHECK((uintptr_t)pool.base % (uintptr_t)sysconf(_SC_PAGESIZE) == 0 && !pool.pinned);
+    /* acquire's pointers lie inside the pool's slots */
+    int ids[3] = {0, 4, 5};
+    cb_expert_ref_t r[3];
+    CHECK(cb_experts_acquire(s, 1, ids, 3, NULL, r) == CB_OK);
+    const uint8_t *end = pool.base + (size_t)pool.n_slots * pool.slot_bytes;
+    for (int i = 0; i < 3; i++) {
+        CHECK(r[i].gate >= pool.base && r[i].gate + GS <= end);
+        CHECK(r[i].up >= pool.base && r[i].up + US <= end);
+        CHECK(r[i].down >= pool.base && r[i].down + DS <= end);
+    }
+    CHECK(cb_experts_release(s, 1, ids, 3) == CB_OK);
+    /* a failing pin is reported and keeps nothing */
+    pinrec.fail = 1;
+    CHECK(cb_experts_pin_pool(s, rec_pin, rec_unpin, &pinrec) == CB_STATUS_IO);
+    CHECK(strstr(cb_last_error(), "cannot pin") != NULL);
+    CHECK(cb_experts_pool(s, &pool) == CB_OK && !pool.pinned);
+    pinrec.fail = 0;
+    CHECK(cb_experts_pin_pool(s, NULL, rec_unpin, &pinrec) == CB_STATUS_INVALID_ARGUMENT);
+    /* pin once; a second registration is refused; unpin once; pin again */
+    CHECK(cb_experts_pin_pool(s, rec_pin, rec_unpin, &pinrec) == CB_OK);
+    CHECK(pinrec.pins == 1 && pinrec.base == pool.base && pinrec.bytes == pool.bytes);
+    CHECK(cb_experts_pool(s, &pool) == CB_OK && pool.pinned);
+    CHECK(cb_experts_pin_pool(s, rec_pin, rec_unpin, &pinrec) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(cb_last_error(), "already pinned") != NULL && pinrec.pins == 1);
+    cb_experts_unpin_pool(s);
+    cb_experts_unpin_pool(s);
+    CHECK(pinrec.unpins == 1 && pinrec.mapped_at_unpin);
+    CHECK(cb_experts_pool(s, &pool) == CB_OK && !pool.pinned);
+    CHECK(cb_experts_pin_pool(s, rec_pin, rec_unpin, &pinrec) == CB_OK && pinrec.pins == 2);
+    /* the store still works while pinned */
+    CHECK(cb_experts_acquire(s, 0, ids, 3, NULL, r) == CB_OK);
+    CHECK(cb_experts_release(s, 0, ids, 3) == CB_OK);
+    /* free unpins, before the unmap */
+    pinrec.mapped_at_unpin = 0;
+    cb_experts_free(s);
+    CHECK(pinrec.unpins == 2 && pinrec.mapped_at_unpin);
+}
+
 int main(void) {
     char path[] = "/tmp/cb_test_experts_XXXXXX";
     int fd = mkstemp(path);
@@ -472,6 +559,7 @@ int main(void) {
         CHECK(cb_experts_new(&p, ls, NL, &s) == CB_STATUS_INVALID_ARGUMENT && !s);
     }
 
+    test_pool_pinning(path, ls);
     cb_experts_free(ref);
     free(bytes);
     close(fd);
