@@ -2,13 +2,32 @@
 """Write a benchmark GGUF with random weights in the shape of Qwen3-30B-A3B.
 
     python tools/make_bench_model.py OUT.gguf [--layers 12] [--type q4_k_m|q8_0|q4_0]
+                                     [--routing spread|raw]
 
 Shape (per layer): hidden 2048, 32 query heads and 4 KV heads of 128, q/k RMSNorm, 128 experts
 with FFN 768, top-8 renormalised softmax routing (qwen3moe), vocabulary 151936. Weights are
 random but valid blocks of the chosen types, written tensor by tensor (a pool of random blocks
 is generated once and cut at random offsets), so a 12-layer model of several GB is written in
 about a minute without holding it in memory. Routers, norms and embeddings-as-floats are real
-random floats, so routing varies from token to token as in a real model.
+random floats, so routing varies from token to token.
+
+Routing (--routing). A random router on random weights does not route like a trained one: the
+hidden states of a random model share a token-independent direction, and a random router's
+projection of it favours the same few experts for every token (300 decode steps of a 4-layer
+model touch about half of the 512 (layer, expert) pairs). A trained MoE is balanced by its
+auxiliary loss: over a long generation nearly every expert of every layer is used. `spread`
+(the default) first scales attention's output projection down 10x: random attention sends
+every query to the same few keys, so its output is nearly the same vector at every position and
+would dominate the residual stream (|mean h| / |h| 0.9 from layer 1 on); scaled down, the hidden
+state stays specific to the token (0.14), as a trained model's is. It then calibrates each
+router after the weights are written, layer by layer in order: it
+runs the model on random tokens, takes the routed layer's input h (through the forward's MoE
+hook, which computes the layer's experts with colibri's own kernels while calibrating), removes
+the mean direction, and replaces the router by a random Gaussian mixture of the leading
+whitened principal directions of h, so every expert's logit has zero mean and the same spread
+over tokens, and the experts' logits are nearly uncorrelated. Routing is then close to uniform
+over the experts, token by token, with no temporal locality (random tokens): a harder case for
+a cache than real text, where consecutive tokens share experts. `raw` keeps the random routers.
 
 Types: q8_0 (every matrix Q8_0); q4_0; q4_k_m (llama.cpp's recipe: Q4_K for most matrices,
 Q6_K for attn_v, ffn_down(_exps) and the output).
@@ -20,6 +39,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Any
 
 import gguf
 import numpy as np
@@ -68,8 +88,9 @@ class Pool:
         self.mb = mb
         self.pools: dict[QT, np.ndarray] = {}
 
-    def data(self, qtype: QT, shape: tuple[int, ...]) -> np.ndarray:
-        """Raw bytes of a tensor of numpy shape `shape` (rows last)."""
+    def data(self, qtype: QT, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
+        """Raw bytes of a tensor of numpy shape `shape` (rows last), its values times `scale`
+        (the blocks' fp16 scale fields are multiplied)."""
         bs, nb = gguf.GGML_QUANT_SIZES[qtype]
         n_blocks = int(np.prod(shape)) // bs
         if qtype not in self.pools:
@@ -83,7 +104,18 @@ class Pool:
             start = int(self.rng.integers(0, pool_blocks - take + 1))
             out[done * nb : (done + take) * nb] = pool[start * nb : (start + take) * nb]
             done += take
+        if scale != 1.0:
+            lo, hi = _SCALE_FIELDS[qtype]
+            blocks = out.reshape(n_blocks, nb)
+            f = np.ascontiguousarray(blocks[:, lo:hi]).view(np.float16) * np.float16(scale)
+            blocks[:, lo:hi] = f.view(np.uint8)
         return out.reshape(*shape[:-1], shape[-1] // bs * nb)
+
+
+# bytes of a block holding its fp16 scale(s): every value of the block is linear in them
+_SCALE_FIELDS = {QT.Q8_0: (0, 2), QT.Q4_0: (0, 2), QT.Q4_K: (0, 4), QT.Q6_K: (208, 210)}
+# with `spread` routing: attention's output projection, scaled down (see the module docstring)
+ATTN_OUT_SCALE = 0.1
 
 
 def plan(n_layers: int, kind: str) -> list[tuple[str, tuple[int, ...], QT | None]]:
@@ -127,7 +159,9 @@ def _float_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator) -
 
 
 def write(path: str, n_layers: int = 12, kind: str = "q4_k_m", seed: int = 0,
-          progress: bool = True) -> str:
+          progress: bool = True, routing: str = "spread") -> str:
+    if routing not in ("spread", "raw"):
+        raise ValueError(f"unknown routing {routing!r}: spread or raw")
     rng = np.random.default_rng(seed)
     s = SHAPE
     tmp = path + ".tmp"
@@ -183,7 +217,8 @@ def write(path: str, n_layers: int = 12, kind: str = "q4_k_m", seed: int = 0,
     t0 = time.time()
     total = len(tensors)
     for k, (name, shape, qt) in enumerate(tensors):
-        data = _float_tensor(name, shape, rng) if qt is None else pool.data(qt, shape)
+        scale = ATTN_OUT_SCALE if routing == "spread" and name.endswith("attn_output.weight") else 1.0
+        data = _float_tensor(name, shape, rng) if qt is None else pool.data(qt, shape, scale)
         w.write_tensor_data(data)
         if progress and (k % 12 == 0 or k == total - 1):
             print(f"\r{k + 1}/{total} tensors, {time.time() - t0:.0f} s", end="", file=sys.stderr,
@@ -191,8 +226,95 @@ def write(path: str, n_layers: int = 12, kind: str = "q4_k_m", seed: int = 0,
     w.close()
     if progress:
         print(file=sys.stderr)
+    if routing == "spread":
+        spread_routers(tmp, seed=seed, progress=progress)
     os.replace(tmp, path)
     return path
+
+
+def _router_from(h: np.ndarray, n_expert: int, rng: np.random.Generator,
+                 logit_std: float = 1.5) -> np.ndarray:
+    """A router [n_expert, n_embd] whose logits on inputs like h [N, n_embd] have zero mean,
+    standard deviation logit_std and nearly no correlation between experts (see the module
+    docstring)."""
+    h = h.astype(np.float64)
+    mu = h.mean(axis=0)
+    u = mu / max(float(np.linalg.norm(mu)), 1e-30)
+    hp = h - np.outer(h @ u, u)  # without the mean direction
+    hp -= hp.mean(axis=0)
+    _, sv, vt = np.linalg.svd(hp, full_matrices=False)
+    r = max(8, min(len(h) // 4, n_expert * 2, len(sv)))
+    whiten = vt[:r] * (np.sqrt(len(h)) / sv[:r])[:, None]  # [r, n_embd]: unit-variance coordinates
+    whiten -= np.outer(whiten @ u, u)  # exactly orthogonal to the mean direction
+    mix = rng.standard_normal((n_expert, r)) / np.sqrt(r)
+    return (logit_std * mix @ whiten).astype(np.float32)
+
+
+def cpu_moe(m: Any, layer: int, h: np.ndarray, logits: np.ndarray, out: np.ndarray) -> None:
+    """The routed experts of a qwen3moe layer with colibri's kernels, for the forward's MoE hook:
+    softmax over the top k logits, out = sum of weight * down(silu(gate(h)) * up(h))."""
+    import colibri._core._quant as _q
+
+    L = m.desc.layers[layer]
+    X = L.experts
+    k, F, D = L.n_expert_used, L.n_ff_exp, m.desc.n_embd
+    top = np.argsort(-logits, axis=1)[:, :k]
+    sel = np.take_along_axis(logits, top, axis=1)
+    w = np.exp(sel - sel.max(axis=1, keepdims=True))
+    w /= w.sum(axis=1, keepdims=True)
+    for e in np.unique(top):
+        rows, slot = np.nonzero(top == e)
+        x = np.ascontiguousarray(h[rows])
+
+        def mat(base: np.ndarray, stride: int, typ: int, r: int, c: int, v: np.ndarray,
+                e: int = int(e)) -> np.ndarray:
+            raw = base[e * stride : e * stride + r * _q.row_bytes(typ, c)]
+            return _q.matmul(typ, raw, r, c, v, pool=m.pool)
+
+        g = mat(X.gate_base, X.gate_stride, X.gate.type, F, D, x)
+        up = mat(X.up_base, X.up_stride, X.up.type, F, D, x)
+        a = (g / (1.0 + np.exp(-g)) * up).astype(np.float32)
+        out[rows] += w[rows, slot][:, None] * mat(X.down_base, X.down_stride, X.down.type, D, F, a)
+
+
+def spread_routers(path: str, n_tokens: int = 512, seed: int = 0, progress: bool = True) -> None:
+    """Recalibrate every router of the model at `path` in place (the `spread` routing)."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from colibri.model import Model
+
+    rng = np.random.default_rng(seed + 1)
+    reader = gguf.GGUFReader(path, "r+")
+    routers = {t.name: t for t in reader.tensors if t.name.endswith("ffn_gate_inp.weight")}
+    n_layers = len(routers)
+    tokens = [int(t) for t in rng.integers(0, SHAPE["n_vocab"], n_tokens)]
+    t0 = time.time()
+    for li in range(n_layers):
+        m = Model(path, threads=os.cpu_count() or 1, ctx=n_tokens + 8, max_batch=n_tokens,
+                  tokenizer=False, expert_mode="mapped")
+        seen: list[np.ndarray] = []
+
+        def hook(layer: int, h: np.ndarray, logits: np.ndarray, out: np.ndarray,
+                 m: Model = m, li: int = li, seen: list[np.ndarray] = seen) -> None:
+            out[:] = 0.0
+            if layer > li:
+                return  # calibrating layer li: what comes after it does not matter
+            if layer == li:
+                seen.append(h.copy())
+            cpu_moe(m, layer, h, logits, out)
+
+        m._fw.set_moe_hook(hook)
+        m.eval([m.new_sequence()], tokens=tokens, logits=[False] * (n_tokens - 1) + [True])
+        n_expert = m.desc.layers[li].n_expert
+        m.close()
+        t = routers[f"blk.{li}.ffn_gate_inp.weight"]
+        t.data[...] = _router_from(np.concatenate(seen), n_expert, rng).reshape(t.data.shape)
+        reader.data.flush()
+        if progress:
+            print(f"\rrouters calibrated: {li + 1}/{n_layers}, {time.time() - t0:.0f} s", end="",
+                  file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+    del reader
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,10 +323,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--type", default="q4_k_m", choices=["q4_k_m", "q8_0", "q4_0"])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--routing", default="spread", choices=["spread", "raw"],
+                    help="spread: routers calibrated so routing covers the experts evenly, as a "
+                         "trained MoE's does (default); raw: the random routers")
     args = ap.parse_args(argv)
     if args.layers < 1:
         ap.error("--layers must be at least 1")
-    path = write(args.out, args.layers, args.type, args.seed)
+    path = write(args.out, args.layers, args.type, args.seed, routing=args.routing)
     print(f"wrote {path} ({os.path.getsize(path) / 2**30:.2f} GiB)")
     return 0
 
