@@ -343,14 +343,49 @@ class CudaRuntime:
     def pin_host_memory(self, array: np.ndarray) -> np.ndarray:
         """Page-lock host memory owned elsewhere (e.g. the expert store's slots) with
         cuMemHostRegister; returns a view of it whose ``.base.unregister()`` undoes that
-        (call it before the owner frees the memory). ``array`` must be C-contiguous."""
+        (:meth:`unpin_host_memory`; call it before the owner frees the memory). ``array`` must
+        be C-contiguous. Registering a range that overlaps a registered one fails."""
         if not array.flags.c_contiguous:
             raise ValueError("pin_host_memory needs a C-contiguous array")
+        if array.nbytes == 0:
+            raise ValueError("pin_host_memory needs a non-empty array")
         try:
             pinned: np.ndarray = self._drv.register_host_memory(array, flags=0)
         except Exception as e:
             raise ColibriError(f"cuMemHostRegister of {array.nbytes} bytes failed: {e}") from e
         return pinned
+
+    def unpin_host_memory(self, pinned: np.ndarray) -> None:
+        """Undo :meth:`pin_host_memory` (cuMemHostUnregister) for the view it returned."""
+        try:
+            pinned.base.unregister()
+        except Exception as e:
+            raise ColibriError(f"cuMemHostUnregister of {pinned.nbytes} bytes failed: {e}") from e
+
+    @property
+    def stream(self) -> Any:
+        """The runtime's copy-and-compute stream (created on first use); the staged expert
+        path issues its host->device copies and the expert kernels on it."""
+        if getattr(self, "_stream", None) is None:
+            self._stream = self._drv.Stream()
+        return self._stream
+
+    def alloc(self, nbytes: int) -> Any:
+        """A device allocation of nbytes (pycuda DeviceAllocation, freed with .free())."""
+        try:
+            return self._drv.mem_alloc(max(int(nbytes), 1))
+        except Exception as e:
+            raise ColibriError(f"cuMemAlloc of {nbytes} bytes failed: {e}") from e
+
+    def copy_htod(self, dest: int, src: np.ndarray, stream: Any = None) -> None:
+        """Copy host bytes to device address ``dest``: asynchronously on ``stream`` (``src``
+        must then be pinned and stay untouched until the stream passes the copy), else
+        synchronously."""
+        buf = np.ascontiguousarray(src).view(np.uint8).ravel()
+        if stream is None:
+            self._drv.memcpy_htod(int(dest), buf)
+        else:
+            self._drv.memcpy_htod_async(int(dest), buf, stream)
 
     # ---------------------------------------------------------------- routing
     def route(
@@ -513,9 +548,11 @@ class CudaRuntime:
                       _ptr(ws.out), _ptr(ws.err)], stream)
 
     def moe_ffn(self, x: np.ndarray, pool: DevicePool, routing: Routing,
-                activation: str = "silu") -> np.ndarray:
+                activation: str = "silu", stream: Any = None) -> np.ndarray:
         """The grouped expert FFN: out [T, D] float32 = sum_j w[t, j] * expert_{id[t, j]}(x[t])
-        for x [T, D] (converted to fp16), the experts in ``pool``, routed by ``routing``."""
+        for x [T, D] (converted to fp16), the experts in ``pool``, routed by ``routing``.
+        With ``stream`` the kernels run on it after whatever it holds (staged expert copies)
+        and the stream is synchronised before the result is read."""
         xh = np.ascontiguousarray(x, dtype=np.float16)
         lay = pool.layout
         if xh.shape != (routing.n_tokens, lay.hidden):
@@ -525,7 +562,10 @@ class CudaRuntime:
         if activation not in ref.ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ref.ACTIVATIONS)}, got {activation!r}")
         ws = self.workspace(routing, lay)
-        self.moe_ffn_launch(self.to_gpu(xh), pool, routing, ref.ACTIVATIONS[activation], ws)
+        self.moe_ffn_launch(self.to_gpu(xh), pool, routing, ref.ACTIVATIONS[activation], ws,
+                            stream)
+        if stream is not None:
+            stream.synchronize()
         out: np.ndarray = ws.out.get().reshape(routing.n_tokens, lay.hidden)
         self._check_err(ws.err, "moe_ffn")
         return out

@@ -78,8 +78,39 @@ def poisoned(n: int, dtype) -> np.ndarray:
     return a
 
 
-def make_fake_pycuda(lib: ctypes.CDLL, calls: dict[str, int]) -> dict[str, types.ModuleType]:
+class HostRegistry:
+    """What the emulated driver knows about memory, checked the way the real one behaves or
+    stricter: device allocations (every copy's device range must lie inside one), page-locked
+    host ranges (cuMemHostRegister refuses a range overlapping a registered one; unregistering
+    twice fails; an asynchronous host->device copy must come from a registered range, which is
+    what colibri relies on for real asynchrony)."""
+
+    def __init__(self) -> None:
+        import weakref
+
+        self.device: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
+        self.pinned: dict[int, int] = {}  # start -> end of registered host ranges
+        self.log: list[tuple[str, int, int]] = []  # ("register"/"unregister", start, bytes)
+        self.async_bytes = 0
+
+    def add_device(self, a: np.ndarray) -> None:
+        self.device[int(a.ctypes.data)] = a
+
+    def check_device(self, ptr: int, n: int, what: str) -> None:
+        for start, a in list(self.device.items()):
+            if start <= ptr and ptr + n <= start + a.nbytes:
+                return
+        raise AssertionError(f"{what}: device range [{ptr:#x}, +{n}) is in no allocation")
+
+    def is_pinned(self, ptr: int, n: int) -> bool:
+        return any(a <= ptr and ptr + n <= b for a, b in self.pinned.items())
+
+
+def make_fake_pycuda(lib: ctypes.CDLL, calls: dict[str, int],
+                     reg: HostRegistry | None = None) -> dict[str, types.ModuleType]:
+    reg = reg if reg is not None else HostRegistry()
     drv = types.ModuleType("pycuda.driver")
+    drv.registry = reg  # type: ignore[attr-defined]
     ga = types.ModuleType("pycuda.gpuarray")
     comp = types.ModuleType("pycuda.compiler")
     pkg = types.ModuleType("pycuda")
@@ -145,14 +176,60 @@ def make_fake_pycuda(lib: ctypes.CDLL, calls: dict[str, int]) -> dict[str, types
             return Function(name)
 
     def mem_alloc(n):
-        return Ptr(poisoned(n, np.uint8))
+        a = poisoned(n, np.uint8)
+        reg.add_device(a)
+        return Ptr(a)
 
     def memcpy_htod(dest, src):
         src = np.ascontiguousarray(src)
+        reg.check_device(int(dest), src.nbytes, "memcpy_htod")
         ctypes.memmove(int(dest), src.ctypes.data, src.nbytes)
 
+    def memcpy_htod_async(dest, src, stream=None):
+        assert isinstance(src, np.ndarray) and src.flags.c_contiguous, "a contiguous buffer"
+        assert stream is None or isinstance(stream, Stream), stream
+        if not reg.is_pinned(int(src.ctypes.data), src.nbytes):
+            raise AssertionError(f"memcpy_htod_async from {src.nbytes} bytes of pageable memory")
+        reg.async_bytes += src.nbytes
+        calls["memcpy_htod_async"] = calls.get("memcpy_htod_async", 0) + 1
+        memcpy_htod(dest, src)
+
     def memcpy_dtod(dest, src, n):
+        reg.check_device(int(dest), n, "memcpy_dtod")
+        reg.check_device(int(src), n, "memcpy_dtod")
         ctypes.memmove(int(dest), int(src), n)
+
+    class Stream:
+        def __init__(self, flags=0):
+            calls["streams"] = calls.get("streams", 0) + 1
+
+        def synchronize(self):
+            calls["stream_sync"] = calls.get("stream_sync", 0) + 1
+
+    class RegisteredHostMemory:
+        """pycuda.driver.RegisteredHostMemory: the base of the array register_host_memory
+        returns; unregister() ends the registration (a second call fails)."""
+
+        def __init__(self, ary):
+            self.ary, self.start, self.valid = ary, int(ary.ctypes.data), True
+            self.__array_interface__ = ary.__array_interface__
+
+        def unregister(self):
+            if not self.valid:
+                raise Error("registered_host_memory::free failed: invalid resource handle")
+            self.valid = False
+            del reg.pinned[self.start]
+            reg.log.append(("unregister", self.start, self.ary.nbytes))
+
+    def register_host_memory(ary, flags=0):
+        if not isinstance(ary, np.ndarray) or not ary.flags.c_contiguous:
+            raise Error("register_host_memory failed: ary argument is not contiguous")
+        a, n = int(ary.ctypes.data), ary.nbytes
+        if any(s < a + n and a < e for s, e in reg.pinned.items()):
+            raise Error("cuMemHostRegister failed: CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED")
+        reg.pinned[a] = a + n
+        reg.log.append(("register", a, n))
+        return np.asarray(RegisteredHostMemory(ary))
 
     class Event:
         def record(self, stream=None):
@@ -179,8 +256,9 @@ def make_fake_pycuda(lib: ctypes.CDLL, calls: dict[str, int]) -> dict[str, types
     drv.mem_alloc = mem_alloc
     drv.memcpy_htod = memcpy_htod
     drv.memcpy_dtod = memcpy_dtod
-    drv.memcpy_htod_async = lambda dest, src, stream: memcpy_htod(dest, src)
-    drv.register_host_memory = lambda a, flags=0: a
+    drv.memcpy_htod_async = memcpy_htod_async
+    drv.register_host_memory = register_host_memory
+    drv.Stream = Stream
 
     class GPUArray:
         def __init__(self, a):
@@ -198,9 +276,13 @@ def make_fake_pycuda(lib: ctypes.CDLL, calls: dict[str, int]) -> dict[str, types
         def size(self):
             return self.a.size
 
+    def gpu(a):
+        reg.add_device(a)
+        return GPUArray(a)
+
     ga.GPUArray = GPUArray
-    ga.to_gpu = lambda a: GPUArray(np.array(a, copy=True))
-    ga.empty = lambda n, dtype: GPUArray(poisoned(n, dtype))
+    ga.to_gpu = lambda a: gpu(np.array(a, copy=True))
+    ga.empty = lambda n, dtype: gpu(poisoned(n, dtype))
 
     def compile_(source, **kw):
         calls["nvcc"] = calls.get("nvcc", 0) + 1
@@ -302,7 +384,29 @@ def test_bad_pools_and_inputs(rt):
         rt.moe_ffn(np.zeros((1, 64), np.float16), dp, r)
     with pytest.raises(ColibriError, match=r"not resident.*moe_gemm\.cu"):
         rt.moe_ffn(np.zeros((1, 128), np.float16), dp, r)
-    assert rt.pin_host_memory(pool) is pool
+
+
+def test_pin_host_memory(rt):
+    """Pinning registers the range once (a second registration of it fails, as
+    cuMemHostRegister does), unpinning ends it (twice fails); async copies need pinned
+    memory and stay inside the device allocation."""
+    reg = sys.modules["pycuda.driver"].registry
+    host = np.arange(4096, dtype=np.uint8)
+    pinned = rt.pin_host_memory(host)
+    assert np.shares_memory(pinned, host) and reg.log == [("register", host.ctypes.data, 4096)]
+    with pytest.raises(ColibriError, match="ALREADY_REGISTERED"):
+        rt.pin_host_memory(host[100:200])
+    dev = rt.alloc(4096)
+    rt.copy_htod(int(dev) + 96, host[:4000], rt.stream)  # from a slice of the pinned range
+    assert np.array_equal(dev.owner[96:], host[:4000])
+    with pytest.raises(AssertionError, match="no allocation"):
+        rt.copy_htod(int(dev) + 97, host[:4000], rt.stream)
+    rt.unpin_host_memory(pinned)
+    with pytest.raises(ColibriError, match="cuMemHostUnregister"):
+        rt.unpin_host_memory(pinned)
+    with pytest.raises(AssertionError, match="pageable"):
+        rt.copy_htod(int(dev), host[:16], rt.stream)
+    rt.copy_htod(int(dev), host[:16])  # synchronous copies take any host memory
 
 
 def test_every_output_written(rt):
@@ -333,7 +437,9 @@ def test_write_slot_replaces_an_expert(rt):
     new = tuple(rng.normal(0, 0.1, (64, 64)) for _ in range(3))
     pool2, _ = build_pool([experts[0], new, experts[2]], lay)
     sb = lay.slot_bytes
-    rt.write_slot(dp, int(offsets[1]), pool2[sb : 2 * sb], stream=object())
+    pinned = rt.pin_host_memory(pool2)
+    rt.write_slot(dp, int(offsets[1]), pinned[sb : 2 * sb], stream=rt.stream)
+    rt.unpin_host_memory(pinned)
     x = rng.normal(size=(4, 64)).astype(np.float16)
     r = rt.route(np.tile(np.array([[0.0, 3.0, 1.0]], np.float32), (4, 1)), 2, tile=16)
     out = rt.moe_ffn(x, dp, r)

@@ -1,6 +1,8 @@
 """The C forward pass over a model description (colibri.arch.ModelDesc)."""
 include "_check.pxi"
 
+cimport cython
+
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memset
@@ -16,7 +18,9 @@ from colibri._core.forward cimport (
     cb_experts_t, cb_experts_layer_t, cb_experts_layer_stats_t, cb_experts_params_t,
     cb_experts_info_t, cb_experts_default_params, cb_experts_new, cb_experts_info, cb_experts_pin,
     cb_experts_free, cb_experts_stats, cb_experts_route_counts, cb_experts_reset_stats,
-    cb_experts_prefetch, cb_experts_prefetch_sync,
+    cb_experts_prefetch, cb_experts_prefetch_sync, cb_experts_pool_t, cb_expert_ref_t,
+    cb_experts_pool, cb_experts_pin_pool, cb_experts_unpin_pool, cb_experts_acquire,
+    cb_experts_release,
     cb_layer_desc_t, cb_model_desc_t, cb_forward_t, cb_batch_t, cb_forward_new, cb_forward_free,
     cb_forward_run, cb_forward_set_moe_hook,
 )
@@ -53,6 +57,42 @@ _MODES = {"mapped": 0, "cache": 1, "mmap": 2}
 _POLICIES = {"lru": 0, "lfru": 1}
 
 
+cdef cb_status _pool_pin_cb(void *user, uint8_t *base, size_t n) noexcept with gil:
+    """cb_experts_pool_pin_fn: ExpertStore's pin(view) on a numpy view of the pool (the view
+    does not own the memory; the store unpins before freeing it)."""
+    cdef ExpertStore st = <ExpertStore>user
+    try:
+        view = np.asarray(<uint8_t[:n]>base)
+        st._pin_handle = st._pin_fn(view)
+    except BaseException as exc:
+        st._pin_error = exc
+        return CB_STATUS_INTERNAL
+    return CB_OK
+
+
+cdef void _pool_unpin_cb(void *user, uint8_t *base, size_t n) noexcept with gil:
+    """cb_experts_pool_unpin_fn: unpin(handle); never raises into C (an error is kept in
+    ExpertStore.unpin_error)."""
+    cdef ExpertStore st = <ExpertStore>user
+    handle, fn = st._pin_handle, st._unpin_fn
+    st._pin_handle = st._pin_fn = st._unpin_fn = None
+    try:
+        if fn is not None:
+            fn(handle)
+    except BaseException as exc:
+        st.unpin_error = exc
+
+
+class _PoolBuffer:
+    """The array interface of the store's slot pool, holding the store alive."""
+
+    def __init__(self, store, uintptr_t addr, size_t nbytes):
+        self.store = store
+        self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                    "data": (addr, False), "version": 3}
+
+
+@cython.no_gc_clear  # __dealloc__ may call the unpin callable held in _unpin_fn
 cdef class ExpertStore:
     """The expert store over a model's stacked expert tensors (owns a cb_experts_t).
 
@@ -62,6 +102,8 @@ cdef class ExpertStore:
     starts the store's background thread (cache/mmap), fed by the forward pass's hints."""
     cdef cb_experts_t *s
     cdef object desc
+    cdef object _pin_fn, _unpin_fn, _pin_handle, _pin_error
+    cdef public object unpin_error
     cdef readonly int n_layers
     cdef readonly str mode, policy
 
@@ -145,8 +187,93 @@ cdef class ExpertStore:
         check(st)
 
     def __dealloc__(self):
-        cb_experts_free(self.s)
+        cb_experts_free(self.s)  # calls the unpin callable first when the pool is pinned
         self.s = NULL
+
+    def pool(self):
+        """The cache store's slot pool: {"address", "bytes", "slot_bytes", "n_slots", "pinned"}
+        (ColibriError for the mapped and mmap stores, which have none)."""
+        cdef cb_experts_pool_t p
+        check(cb_experts_pool(self.s, &p))
+        return {"address": <uintptr_t>p.base, "bytes": p.bytes, "slot_bytes": p.slot_bytes,
+                "n_slots": p.n_slots, "pinned": bool(p.pinned)}
+
+    def pool_view(self):
+        """A uint8 numpy view of the whole slot pool; it keeps this store alive."""
+        p = self.pool()
+        return np.asarray(_PoolBuffer(self, p["address"], p["bytes"]))
+
+    def pin_pool(self, pin, unpin):
+        """Pin the slot pool through an outside owner: pin(view) -> handle is called now with a
+        uint8 view of the whole pool (valid until unpin); unpin(handle) is called exactly once,
+        by unpin_pool() or when the store is freed, before the pool is unmapped. One
+        registration at a time."""
+        if not callable(pin) or not callable(unpin):
+            raise TypeError("pin_pool needs two callables")
+        if self._unpin_fn is not None:
+            raise ValueError("the expert pool is already pinned (one registration at a time)")
+        self._pin_fn, self._unpin_fn, self._pin_error = pin, unpin, None
+        cdef cb_status st = cb_experts_pin_pool(self.s, _pool_pin_cb, _pool_unpin_cb,
+                                                <void *>self)
+        if st != CB_OK:
+            self._pin_fn = self._unpin_fn = self._pin_handle = None
+            err, self._pin_error = self._pin_error, None
+            if err is not None:
+                cb_clear_error()
+                raise err
+            check(st)
+
+    def unpin_pool(self):
+        """Undo pin_pool (calls its unpin); nothing when not pinned."""
+        cb_experts_unpin_pool(self.s)
+        if self.unpin_error is not None:
+            err, self.unpin_error = self.unpin_error, None
+            raise err
+
+    def acquire(self, int layer, ids, uses=None):
+        """Acquire experts ids of layer: uint64 [n, 3] addresses of each one's gate, up and down
+        matrices (inside the slot pool in cache mode), valid until release(layer, ids)."""
+        arr = np.ascontiguousarray(ids, dtype=np.int32).reshape(-1)
+        cdef int32_t n = <int32_t>arr.shape[0]
+        out = np.zeros((max(n, 1), 3), dtype=np.uint64)
+        if n == 0:
+            return out[:0]
+        u = None
+        if uses is not None:
+            u = np.ascontiguousarray(uses, dtype=np.int32).reshape(-1)
+            if u.shape[0] != n:
+                raise ValueError(f"uses has {u.shape[0]} entries for {n} experts")
+        cdef int32_t[::1] v = arr
+        cdef int32_t[::1] uv
+        cdef const int32_t *up = NULL
+        if u is not None:
+            uv = u
+            up = &uv[0]
+        cdef cb_expert_ref_t *refs = <cb_expert_ref_t *>calloc(n, sizeof(cb_expert_ref_t))
+        if refs == NULL:
+            raise MemoryError("no memory for expert refs")
+        cdef cb_status st
+        cdef uint64_t[:, ::1] o = out
+        try:
+            with nogil:
+                st = cb_experts_acquire(self.s, layer, &v[0], n, up, refs)
+            check(st)
+            for i in range(n):
+                o[i, 0] = <uintptr_t>refs[i].gate
+                o[i, 1] = <uintptr_t>refs[i].up
+                o[i, 2] = <uintptr_t>refs[i].down
+        finally:
+            free(refs)
+        return out
+
+    def release(self, int layer, ids):
+        """Give back what acquire(layer, ids) handed out."""
+        arr = np.ascontiguousarray(ids, dtype=np.int32).reshape(-1)
+        cdef int32_t n = <int32_t>arr.shape[0]
+        if n == 0:
+            return
+        cdef int32_t[::1] v = arr
+        check(cb_experts_release(self.s, layer, &v[0], n))
 
     def _address(self):
         return <uintptr_t>self.s

@@ -31,6 +31,23 @@ cdef extern from "colibri/experts.h" nogil:
     ctypedef struct cb_experts_info_t:
         int32_t mode, policy, n_slots, n_pinned, prefetch, one_read_layers
         uint64_t slot_bytes, pool_bytes, expert_bytes
+    ctypedef struct cb_experts_pool_t:
+        uint8_t *base
+        size_t bytes, slot_bytes
+        int32_t n_slots, pinned
+    ctypedef struct cb_expert_ref_t:
+        const uint8_t *gate
+        const uint8_t *up
+        const uint8_t *down
+    ctypedef cb_status (*cb_experts_pool_pin_fn)(void *user, uint8_t *base, size_t bytes) noexcept
+    ctypedef void (*cb_experts_pool_unpin_fn)(void *user, uint8_t *base, size_t bytes) noexcept
+    cb_status cb_experts_pool(const cb_experts_t *s, cb_experts_pool_t *out)
+    cb_status cb_experts_pin_pool(cb_experts_t *s, cb_experts_pool_pin_fn pin,
+                                  cb_experts_pool_unpin_fn unpin, void *user)
+    void cb_experts_unpin_pool(cb_experts_t *s)
+    cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n,
+                                 const int32_t *uses, cb_expert_ref_t *out)
+    cb_status cb_experts_release(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n)
     cb_experts_params_t cb_experts_default_params()
     cb_status cb_experts_new(const cb_experts_params_t *params, const cb_experts_layer_t *layers,
                              int32_t n_layers, cb_experts_t **out)
