@@ -33,6 +33,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         "(PyCUDA); the rest stays on the CPU")
     p.add_argument("--cuda-weights", choices=("f16", "int4-g128"), default="f16",
                    help="format of the experts on the GPU")
+    p.add_argument("--cuda-expert-budget", default=None,
+                   help="device bytes for experts (2GB, or a fraction such as 0.25): a device "
+                        "expert cache staged from the expert store (default: all experts)")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -97,7 +100,8 @@ def _load(args: argparse.Namespace):
                  verify=not getattr(args, "no_verify", False),
                  prefetch=getattr(args, "prefetch", None),
                  device=getattr(args, "device", "cpu"),
-                 cuda_weights=getattr(args, "cuda_weights", "f16"))
+                 cuda_weights=getattr(args, "cuda_weights", "f16"),
+                 cuda_expert_budget=_budget_arg(getattr(args, "cuda_expert_budget", None)))
 
 
 def _budget_arg(raw: str | None) -> str | float | None:

@@ -358,7 +358,8 @@ class CudaRuntime:
     def unpin_host_memory(self, pinned: np.ndarray) -> None:
         """Undo :meth:`pin_host_memory` (cuMemHostUnregister) for the view it returned."""
         try:
-            pinned.base.unregister()
+            reg: Any = pinned.base
+            reg.unregister()
         except Exception as e:
             raise ColibriError(f"cuMemHostUnregister of {pinned.nbytes} bytes failed: {e}") from e
 

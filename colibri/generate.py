@@ -37,6 +37,7 @@ class GenerationStats:
     peak_rss_bytes: int = 0
     stop_reason: str = ""
     expert: dict[str, float] = field(default_factory=dict)
+    device_expert: dict[str, float] = field(default_factory=dict)  # device="cuda"
 
     @property
     def prompt_tps(self) -> float:
@@ -70,6 +71,12 @@ class GenerationStats:
                 parts.append(f"prefetch {self.expert.get('prefetch_hits', 0):.0f} hits of "
                              f"{self.expert['prefetch_issued']:.0f} read, "
                              f"{self.expert.get('prefetch_wasted', 0):.0f} wasted")
+        dev = self.device_expert
+        if dev.get("staged"):
+            got = dev.get("hits", 0.0) + dev.get("misses", 0.0)
+            parts.append(f"device expert hit rate {dev.get('hits', 0.0) / got * 100 if got else 0:.1f}% "
+                         f"staged {dev.get('bytes_staged', 0.0) / 2**20:.1f} MiB "
+                         f"({dev.get('device_slots', 0):.0f} device slots)")
         return "[" + " | ".join(parts) + "]"
 
 
@@ -231,6 +238,7 @@ def stream(
         stats.generate_s = time.perf_counter() - t0
         stats.peak_rss_bytes = peak_rss_bytes()
         stats.expert = model.expert_stats()
+        stats.device_expert = model.device_expert_stats()
 
 
 # Used when a GGUF carries no tokenizer.chat_template (llama.cpp detects the same families by

@@ -208,6 +208,11 @@ class Model:
     - device: "cpu", or "cuda" (MoE models, PyCUDA and an NVIDIA GPU): routing and the routed
       experts of every MoE layer run on the GPU (colibri.cuda_moe), the rest on the CPU.
     - cuda_weights: the experts' format on the GPU, "f16" or "int4-g128".
+    - cuda_expert_budget: device bytes for routed experts ("2GB", an int, or a fraction in
+      (0, 1] of all experts in the device format; COLIBRI_CUDA_EXPERT_BUDGET). Default: every
+      expert uploaded at load. Smaller: a device expert cache staged from the expert store per
+      MoE call (colibri.cuda_moe); with expert_mode="cache" the store's slot pool is
+      page-locked for the copies. Logits do not depend on it.
     """
 
     def __init__(
@@ -228,6 +233,7 @@ class Model:
         verify: bool = True,
         device: str = "cpu",
         cuda_weights: str = "f16",
+        cuda_expert_budget: str | float | int | None = None,
     ) -> None:
         t0 = time.perf_counter()
         if device not in ("cpu", "cuda"):
@@ -263,7 +269,10 @@ class Model:
                                  "model has none (run it on the CPU)")
             from colibri.cuda_moe import CudaExperts
 
-            self.cuda_experts = CudaExperts(d, weights=cuda_weights)
+            if cuda_expert_budget is None:
+                cuda_expert_budget = os.environ.get("COLIBRI_CUDA_EXPERT_BUDGET") or None
+            self.cuda_experts = CudaExperts(d, weights=cuda_weights, store=self.experts,
+                                            budget=cuda_expert_budget)
             self._fw.set_moe_hook(self.cuda_experts)
         self._lock = threading.Lock()
         self.load_s = time.perf_counter() - t0
@@ -319,6 +328,8 @@ class Model:
         return self.desc.n_ctx_train
 
     def close(self) -> None:
+        if self.cuda_experts is not None:
+            self.cuda_experts.close()
         self.gguf.close()
 
     def __enter__(self) -> Model:
@@ -521,6 +532,13 @@ class Model:
     def reset_expert_stats(self) -> None:
         if self.experts is not None:
             self.experts.reset_stats()
+
+    def device_expert_stats(self, layer: int = -1) -> dict[str, float]:
+        """Device expert statistics with device="cuda" (colibri.cuda_moe.CudaExperts.stats:
+        hits, misses, bytes_staged, evictions... of the device expert cache); {} otherwise."""
+        if self.cuda_experts is None:
+            return {}
+        return dict(self.cuda_experts.stats(layer))
 
     def route_counts(self, layer: int) -> np.ndarray:
         if self.cuda_experts is not None:

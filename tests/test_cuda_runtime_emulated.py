@@ -552,3 +552,150 @@ def test_cli_run_on_the_device(rt, moe_models, monkeypatch, capsys):
     monkeypatch.setattr(cuda, "_runtimes", {})
     assert main(args + ["--device", "cuda"]) == 1
     assert "PyCUDA not installed" in capsys.readouterr().err
+
+
+# ------------------------------------------------ the staged path: a device expert cache
+
+def _slot_bytes(model_or_desc, weights):
+    """Bytes of one device expert slot of a model in a weights format."""
+    from colibri._cuda_ref import SLOT_ALIGN
+    from colibri.cuda_moe import _pad_to
+
+    desc = getattr(model_or_desc, "desc", model_or_desc)
+    mult = 128 if weights == "int4-g128" else 64
+    sb = max(ExpertLayout(_pad_to(desc.n_embd, mult), _pad_to(L.n_ff_exp, mult), weights).slot_bytes
+             for L in desc.layers if L.n_expert > 0)
+    return -(-sb // SLOT_ALIGN) * SLOT_ALIGN
+
+
+@pytest.mark.parametrize("family,weights,mode,extra", [
+    ("mixtral", "f16", "cache", 1), ("qwen2_moe", "f16", "mapped", 0),
+    ("gemma4", "f16", "cache", 2), ("mixtral", "int4-g128", "cache", 0)])
+def test_staged_matches_the_whole_pool(rt, moe_models, monkeypatch, family, weights, mode,
+                                       extra):
+    """A device budget of k (+ extra) experts: the 12-token prompt needs more distinct experts
+    per layer than that (split into token chunks), decode evicts all the time; logits equal
+    the whole-pool device path bit for bit (same packed weights, kernels and tile)."""
+    from oracle_models import prompt
+
+    import colibri.cuda as cuda
+    from colibri.model import Model
+
+    monkeypatch.setattr(cuda, "get_runtime", lambda device=0: rt)
+    ids = prompt(12, seed=7)
+    kw = dict(threads=2, ctx=64, tokenizer=False, device="cuda", cuda_weights=weights)
+    whole = Model(moe_models[family], **kw)
+    k = max(L.n_expert_used for L in whole.desc.layers)
+    budget = (k + extra) * _slot_bytes(whole, weights)
+    staged = Model(moe_models[family], expert_mode=mode, cuda_expert_budget=budget, **kw)
+    assert not whole.cuda_experts.staged and staged.cuda_experts.staged
+    assert staged.cuda_experts.n_slots == k + extra
+    want = whole.logits(ids)
+    got = staged.logits(ids)
+    assert np.array_equal(got, want)
+    st = staged.device_expert_stats()
+    assert st["splits"] > 0 and st["evictions"] > 0
+    assert st["hits"] + st["misses"] > 0 and st["uses"] == 12 * sum(
+        L.n_expert_used for L in staged.desc.layers if L.n_expert > 0)
+    for layer in range(staged.desc.n_layer):
+        if staged.desc.layers[layer].n_expert:
+            np.testing.assert_array_equal(staged.route_counts(layer), whole.route_counts(layer))
+    s, w = staged.new_sequence(), whole.new_sequence()
+    for t in ids[:4]:
+        assert np.array_equal(staged.eval([s], tokens=[t]), whole.eval([w], tokens=[t]))
+    # the store served exactly the device misses
+    assert staged.expert_stats()["acquired"] == staged.device_expert_stats()["misses"]
+    staged.close()
+    whole.close()
+
+
+def test_staged_pins_once_and_counts_hits(rt, moe_models, monkeypatch):
+    """The cache store's slot pool is registered once (the whole mapping), the staging buffer
+    once, both unregistered at close; every expert copy is asynchronous from a registered
+    range; hits, misses and evictions follow the LRU for a routing chosen by hand; each call's
+    result equals the whole pool's."""
+    import colibri.cuda as cuda
+    from colibri.cuda_moe import CudaExperts
+    from colibri.model import Model
+
+    monkeypatch.setattr(cuda, "get_runtime", lambda device=0: rt)
+    reg = sys.modules["pycuda.driver"].registry
+    m = Model(moe_models["mixtral"], threads=2, ctx=64, tokenizer=False, expert_mode="cache")
+    whole = CudaExperts(m.desc, rt, "f16")
+    sb = _slot_bytes(m, "f16")
+    async_before = reg.async_bytes
+    dev = CudaExperts(m.desc, rt, "f16", store=m.experts, budget=3 * sb)
+    pool = m.experts.pool()
+    assert pool["pinned"] and dev.n_slots == 3
+    regs = [entry for entry in reg.log if entry[0] == "register"]
+    assert ("register", pool["address"], pool["bytes"]) in regs
+    assert reg.pinned == {pool["address"]: pool["address"] + pool["bytes"],
+                          dev._staging.ctypes.data: dev._staging.ctypes.data + dev._staging.nbytes}
+    with pytest.raises(ValueError, match="already pinned"):
+        m.experts.pin_pool(rt.pin_host_memory, rt.unpin_host_memory)
+    rng = np.random.default_rng(5)
+    E, D = m.desc.layers[0].n_expert, m.desc.n_embd
+
+    def call(layer, pair, n=3):
+        logits = np.zeros((n, E), np.float32)
+        logits[:, pair] = (4.0, 3.0)
+        h = rng.normal(size=(n, D)).astype(np.float32)
+        out, ref_out = np.zeros((n, D), np.float32), np.zeros((n, D), np.float32)
+        dev(layer, h, logits, out)
+        whole(layer, h, logits, ref_out)
+        assert np.array_equal(out, ref_out)
+        return dev.stats(layer)
+
+    seq = [((1, 2), (0, 2, 0)), ((1, 2), (2, 2, 0)), ((3, 4), (2, 4, 1)), ((2, 4), (4, 4, 1)),
+           ((1, 4), (5, 5, 2))]  # LRU order after each: 12, 12, 234, 342, 241
+    for pair, (hits, misses, evictions) in seq:
+        st = call(0, list(pair))
+        assert (st["hits"], st["misses"], st["evictions"]) == (hits, misses, evictions), pair
+    assert dev.stats(0)["bytes_staged"] == 5 * ExpertLayout(64, 64, "f16").slot_bytes
+    st = call(1, [0, 9])  # layer 1 evicts layer 0's two least recent (3: gone; 2, 4)
+    assert (st["misses"], dev.stats()["evictions"]) == (2, 4)
+    assert reg.async_bytes - async_before == dev.stats()["bytes_staged"]
+    dev.close()
+    dev.close()
+    assert reg.pinned == {} and not m.experts.pool()["pinned"]
+    assert [e for e in reg.log if e[0] == "unregister"][-2:] == [
+        ("unregister", pool["address"], pool["bytes"]),
+        ("unregister", dev._staging.ctypes.data, dev._staging.nbytes)]
+    with pytest.raises(ColibriError, match="closed"):
+        call(0, [1, 2])
+
+
+def test_staged_store_freed_unpins(rt, moe_models, monkeypatch):
+    """Dropping a Model without close(): the C store unpins its pool before unmapping it."""
+    import gc
+
+    import colibri.cuda as cuda
+    from colibri.model import Model
+
+    monkeypatch.setattr(cuda, "get_runtime", lambda device=0: rt)
+    reg = sys.modules["pycuda.driver"].registry
+    m = Model(moe_models["mixtral"], threads=2, ctx=64, tokenizer=False, expert_mode="cache",
+              device="cuda", cuda_expert_budget=0.3)
+    pool = m.experts.pool()
+    assert reg.pinned.get(pool["address"]) == pool["address"] + pool["bytes"]
+    assert np.isfinite(m.logits([1, 2, 3])).all()
+    del m
+    gc.collect()
+    assert pool["address"] not in reg.pinned
+    assert ("unregister", pool["address"], pool["bytes"]) in reg.log
+
+
+def test_staged_budget_errors(rt, moe_models, monkeypatch):
+    import colibri.cuda as cuda
+    from colibri.model import Model
+
+    monkeypatch.setattr(cuda, "get_runtime", lambda device=0: rt)
+    path = moe_models["qwen2_moe"]  # top-4 routing
+    kw = dict(threads=2, ctx=64, tokenizer=False, device="cuda")
+    sb = _slot_bytes(Model(path, tokenizer=False).desc, "f16")
+    with pytest.raises(ValueError, match=r"holds 3 experts .* one token needs 4"):
+        Model(path, cuda_expert_budget=3 * sb + 100, **kw)
+    with pytest.raises(ValueError, match="expert budget"):
+        Model(path, cuda_expert_budget="lots", **kw)
+    m = Model(path, cuda_expert_budget=1.0, **kw)  # everything fits: the whole pool
+    assert not m.cuda_experts.staged and m.device_expert_stats()["staged"] == 0
