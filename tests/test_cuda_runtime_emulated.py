@@ -699,3 +699,51 @@ def test_staged_budget_errors(rt, moe_models, monkeypatch):
         Model(path, cuda_expert_budget="lots", **kw)
     m = Model(path, cuda_expert_budget=1.0, **kw)  # everything fits: the whole pool
     assert not m.cuda_experts.staged and m.device_expert_stats()["staged"] == 0
+
+
+@pytest.fixture(scope="module")
+def f16_mixtral(tmp_path_factory):
+    """A mixtral whose expert tensors are F16 with FFN width 64: their file bytes already are
+    the kernels' fp16 layout (no padding, no scale)."""
+    import torch
+    import transformers as T
+    from oracle_models import _convert_module, add_bigram_path, family_configs
+
+    out = tmp_path_factory.mktemp("cuda_f16")
+    configs, common = family_configs()
+    cfg = T.MixtralConfig(**{**common, **configs["mixtral"][2], "intermediate_size": 64})
+    torch.manual_seed(4321)
+    model = T.MixtralForCausalLM(cfg).eval()
+    add_bigram_path(model, seed=3)
+    model.save_pretrained(out / "hf")
+    return _convert_module().convert(out / "hf", out / "mixtral64-f16.gguf", "f16")
+
+
+@pytest.mark.parametrize("mode", ["cache", "mapped"])
+def test_staged_copies_fp16_experts_from_the_store_as_they_are(rt, f16_mixtral, monkeypatch,
+                                                               mode):
+    """F16 experts that need no padding go from the store to the device without conversion:
+    three copies per expert straight from the store's bytes (asynchronous from the pinned
+    slot pool in cache mode, synchronous from the file mapping otherwise), and the logits
+    equal the whole pool's."""
+    from oracle_models import prompt
+
+    import colibri.cuda as cuda
+    from colibri.model import Model
+
+    monkeypatch.setattr(cuda, "get_runtime", lambda device=0: rt)
+    reg = sys.modules["pycuda.driver"].registry
+    kw = dict(threads=2, ctx=64, tokenizer=False, device="cuda")
+    whole = Model(f16_mixtral, **kw)
+    staged = Model(f16_mixtral, expert_mode=mode, cuda_expert_budget=3 * 3 * 64 * 64 * 2, **kw)
+    ce = staged.cuda_experts
+    assert all(ce.direct.values()) and ce.n_slots == 3
+    before = reg.async_bytes
+    ids = prompt(10, seed=2)
+    assert np.array_equal(staged.logits(ids), whole.logits(ids))
+    st = staged.device_expert_stats()
+    assert st["bytes_staged"] == st["misses"] * 3 * 64 * 64 * 2 and st["misses"] > 0
+    # cache mode: every staged byte came asynchronously from the pinned pool, nothing went
+    # through the staging buffer; mapped: synchronous copies from the mapping
+    assert reg.async_bytes - before == (st["bytes_staged"] if mode == "cache" else 0)
+    staged.close()
