@@ -747,3 +747,17 @@ def test_staged_copies_fp16_experts_from_the_store_as_they_are(rt, f16_mixtral, 
     # through the staging buffer; mapped: synchronous copies from the mapping
     assert reg.async_bytes - before == (st["bytes_staged"] if mode == "cache" else 0)
     staged.close()
+
+
+def test_cuda_check_staged_step(rt, tmp_path):
+    """tools/bench/cuda_check.py's staged-path step (run on a lent GPU) on the emulation."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cuda_check", ROOT / "tools" / "bench" / "cuda_check.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    reg = sys.modules["pycuda.driver"].registry
+    st = mod.staged_check(rt, np.random.default_rng(3), tmp_path, small=True)
+    assert st["f16"]["misses"] > 0 and st["int4-g128"]["splits"] >= 1
+    assert reg.pinned == {}
