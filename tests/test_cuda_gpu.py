@@ -1,6 +1,7 @@
 """The CUDA kernels on a real device against the NumPy references (colibri._cuda_ref):
 routing (ids, weights, grouping, offsets), the grouped expert FFN in fp16 and int4-g128 with
-both tiles and both activations, every output element written, bad input reported.
+both tiles and both activations, every output element written, bad input reported; the staged
+expert path (a device budget, pinned expert store slots) against the whole pool.
 Skipped, saying why, without PyCUDA or a CUDA device."""
 
 from __future__ import annotations
@@ -123,3 +124,45 @@ def test_model_on_the_device(tmp_path, family, weights):
     s = dev.new_sequence()
     steps = np.concatenate([dev.eval([s], tokens=[t]) for t in ids[:8]])
     assert rel_err(steps, got[:8]) < 1e-3
+
+
+@pytest.mark.parametrize("weights", ["f16", "int4-g128"])
+def test_staged_model_matches_the_whole_pool(tmp_path, weights):
+    """A device budget of k + 1 experts (cuda_expert_budget): the expert store's slot pool is
+    page-locked (cache mode), misses are staged per MoE call; the logits equal the whole-pool
+    device path bit for bit (same packed weights, kernels and tile), prefill (split into token
+    chunks) and decode."""
+    from oracle_models import build, prompt
+
+    from colibri.model import Model
+
+    path = build("mixtral", tmp_path)[1]["f32"]
+    ids = prompt(24, seed=5)
+    kw = dict(threads=2, ctx=64, tokenizer=False, device="cuda", cuda_weights=weights)
+    whole = Model(path, **kw)
+    k = max(L.n_expert_used for L in whole.desc.layers)
+    sb = max(lay.slot_bytes for lay in whole.cuda_experts.layouts.values())
+    staged = Model(path, expert_mode="cache", cuda_expert_budget=(k + 1) * sb, **kw)
+    assert staged.cuda_experts.staged and staged.experts.pool()["pinned"]
+    np.testing.assert_array_equal(staged.logits(ids), whole.logits(ids))
+    s, w = staged.new_sequence(), whole.new_sequence()
+    for t in ids[:6]:
+        np.testing.assert_array_equal(staged.eval([s], tokens=[t]), whole.eval([w], tokens=[t]))
+    st = staged.device_expert_stats()
+    assert st["misses"] > 0 and st["evictions"] > 0 and st["splits"] > 0
+    staged.close()
+    assert not staged.experts.pool()["pinned"]
+
+
+def test_cuda_check_staged_step(rt, tmp_path):
+    """tools/bench/cuda_check.py's staged-path step on the device."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("cuda_check", root / "tools" / "bench" / "cuda_check.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    st = mod.staged_check(rt, np.random.default_rng(8), tmp_path)
+    assert st["f16"]["misses"] > 0 and st["int4-g128"]["misses"] > 0
