@@ -27,7 +27,8 @@ from quant_util import (
 import colibri._core._quant as q
 import colibri.simd as simd
 
-LEVELS = ["scalar", "avx2"] if simd.detected() != "scalar" else ["scalar"]
+# every level up to the CPU's: scalar, avx2, and avx512 on AVX-512 machines
+LEVELS = list(simd.LEVELS[: simd.LEVELS.index(simd.detected()) + 1])
 
 
 def test_type_table_matches_gguf():

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install colibri with its test dependencies, then run every check the project has:
-# ruff and mypy, the C unit tests under ASan/UBSan (and a -Wall -Wextra -Werror build),
+# ruff and mypy, the C unit tests under ASan/UBSan (and a -Wall -Wextra -Werror build; SIMDe,
+# Debian's libsimde-dev, is installed first where missing: it emulates the AVX-512 kernels),
 # nvcc compilation of every cuda/*.cu for sm_80 and sm_90, and pytest.
 # Usage: bash tools/test.sh [pytest args...]
 set -euo pipefail
@@ -16,6 +17,12 @@ echo "== mypy"
 "$PY" -m mypy
 
 echo "== C unit tests (ASan/UBSan)"
+# tests/c/test_quant_avx512.c emulates the AVX-512 kernels with SIMDe (Debian: libsimde-dev)
+if [ ! -f /usr/include/simde/x86/avx512.h ]; then
+    SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq libsimde-dev ||
+        { echo "tools/test.sh: cannot install libsimde-dev (SIMDe), needed by the C tests" >&2; exit 1; }
+fi
 make -s -C tests/c
 
 echo "== CUDA kernels (nvcc)"

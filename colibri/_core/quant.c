@@ -674,6 +674,11 @@ static cb_act_kind act_for(int type) {
     }
 }
 
+/* The scalar kernels for tests of the SIMD ones (quant_impl.h). */
+cb_dot_fn cb_scalar_dot(int type) { return dot_for(type); }
+void cb_scalar_quantize_q8a(const float *x, int64_t n, void *dst) { quantize_q8a_scalar(x, n, dst); }
+void cb_scalar_quantize_q8k(const float *x, int64_t n, void *dst) { quantize_q8k_scalar(x, n, dst); }
+
 /* ---------------------------------------------------------------- drivers */
 
 /* Batches from this many tokens take the packed-row path where there is one. */
@@ -701,8 +706,10 @@ typedef struct {
     cb_act_fn act;
     int64_t tokens_per_task;
     uint8_t *xa_out;
-    /* packed-row path (AVX2, 32-block types with a batch of tokens, see quant_avx2.c) */
+    /* packed-row path (AVX2 packing, 32-block types with a batch of tokens, see quant_avx2.c;
+     * avx512: its AVX-512 activation quantizer and tile, quant_avx512.c) */
     int rp;
+    int avx512;
     int type;
     uint8_t *pack; /* per-thread group buffers, pack_stride bytes apart */
     size_t pack_stride;
@@ -716,8 +723,8 @@ static void mm_quantize_task(void *vctx, int task, int thread) {
     for (int64_t t = t0; t < t1; t++) {
         int64_t src = c->token_ids ? c->token_ids[t] : t;
         if (c->rp && c->act == NULL)
-            cb_avx2_rp_quantize(c->type, c->x + src * c->x_stride, c->cols,
-                                c->xa_out + t * c->xa_stride);
+            (c->avx512 ? cb_avx512_rp_quantize : cb_avx2_rp_quantize)(
+                c->type, c->x + src * c->x_stride, c->cols, c->xa_out + t * c->xa_stride);
         else
             c->act(c->x + src * c->x_stride, c->cols, c->xa_out + t * c->xa_stride);
     }
@@ -787,7 +794,8 @@ static void mm_task_rp(void *vctx, int task, int thread) {
         cb_avx2_rp_pack(c->type, c->w + r0 * c->w_stride, c->w_stride, nr, c->cols, pk);
         for (int64_t t0 = 0; t0 < c->n_tokens; t0 += 4) {
             int nt = c->n_tokens - t0 < 4 ? (int)(c->n_tokens - t0) : 4;
-            cb_avx2_rp_tile(c->type, pk, c->kn, c->xa + t0 * c->xa_stride, c->xa_stride, nt, out);
+            (c->avx512 ? cb_avx512_rp_tile : cb_avx2_rp_tile)(
+                c->type, pk, c->kn, c->xa + t0 * c->xa_stride, c->xa_stride, nt, out);
             mm_store(c, r0, nr, t0, nt, out);
         }
     }
@@ -839,7 +847,9 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
     c.w_stride = w->row_bytes;
     c.rows = w->rows;
     c.dot = dot_for(w->type);
-    c.tile = level >= CB_SIMD_AVX2 ? cb_avx2_tile(w->type) : NULL;
+    c.avx512 = level >= CB_SIMD_AVX512;
+    c.tile = c.avx512 ? cb_avx512_tile(w->type) : NULL;
+    if (!c.tile) c.tile = level >= CB_SIMD_AVX2 ? cb_avx2_tile(w->type) : NULL;
     c.n_tokens = n_tokens;
     c.y = y;
     c.y_stride = y_stride;
@@ -860,7 +870,8 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
     } else if (ak == CB_ACT_Q8A) {
         c.kn = w->cols / CB_QK;
         c.xa_stride = (size_t)c.kn * sizeof(cb_q8a_t);
-        c.act = level >= CB_SIMD_AVX2 ? cb_avx2_quantize_q8a : quantize_q8a_scalar;
+        c.act = c.avx512 ? cb_avx512_quantize_q8a
+                : (level >= CB_SIMD_AVX2 ? cb_avx2_quantize_q8a : quantize_q8a_scalar);
         if (c.rp) {
             c.xa_stride = cb_avx2_rp_act_stride(w->cols);
             c.act = NULL; /* planar activations: cb_avx2_rp_quantize */
@@ -869,7 +880,8 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
     } else {
         c.kn = w->cols / CB_QKK;
         c.xa_stride = (size_t)c.kn * sizeof(cb_q8k_t);
-        c.act = level >= CB_SIMD_AVX2 ? cb_avx2_quantize_q8k : quantize_q8k_scalar;
+        c.act = c.avx512 ? cb_avx512_quantize_q8k
+                : (level >= CB_SIMD_AVX2 ? cb_avx2_quantize_q8k : quantize_q8k_scalar);
         need = c.xa_stride * (size_t)n_tokens;
     }
     if (need > 0 && need / (size_t)n_tokens != c.xa_stride)

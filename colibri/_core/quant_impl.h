@@ -1,5 +1,6 @@
 /* Private declarations shared by the quant kernels (quant.c: types, scalar kernels, drivers;
- * quant_avx2.c: AVX2 kernels). */
+ * quant_avx2.c: AVX2 kernels; quant_avx512.c: AVX-512 kernels, which reuse the AVX2 packed-row
+ * packing). */
 #ifndef COLIBRI_QUANT_IMPL_H
 #define COLIBRI_QUANT_IMPL_H
 
@@ -64,6 +65,25 @@ void cb_avx2_rp_quantize(int type, const float *x, int64_t cols, uint8_t *dst);
 void cb_avx2_rp_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst);
 void cb_avx2_rp_tile(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
                      int nt, float *out);
+
+/* AVX-512 (F/BW/DQ/VL) kernels (quant_avx512.c), used when cb_cpu_level() >= CB_SIMD_AVX512:
+ * the same contracts as the AVX2 ones above. cb_avx512_rp_tile reads groups packed by
+ * cb_avx2_rp_pack and activations laid out as cb_avx2_rp_quantize's (cb_avx512_rp_quantize
+ * writes the same bytes). Compiled with CB_AVX512_EMULATE (tests), the same source defines
+ * cb_avx512emu_* instead, on SIMDe. */
+cb_tile_fn cb_avx512_tile(int type);
+void cb_avx512_quantize_q8a(const float *x, int64_t n, void *dst);
+void cb_avx512_quantize_q8k(const float *x, int64_t n, void *dst);
+void cb_avx512_rp_quantize(int type, const float *x, int64_t cols, uint8_t *dst);
+void cb_avx512_rp_tile(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
+                       int nt, float *out);
+
+/* The scalar reference kernels (quant.c), for tests of the SIMD ones: dot(weight row w,
+ * activation row x) with n as for cb_tile_fn; NULL for a type without kernels. */
+typedef float (*cb_dot_fn)(int64_t n, const uint8_t *w, const uint8_t *x);
+cb_dot_fn cb_scalar_dot(int type);
+void cb_scalar_quantize_q8a(const float *x, int64_t n, void *dst);
+void cb_scalar_quantize_q8k(const float *x, int64_t n, void *dst);
 
 static inline uint16_t cb_rd16(const uint8_t *p) {
     uint16_t v;

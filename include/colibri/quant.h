@@ -34,15 +34,16 @@
  *   - Q4_K, Q5_K, Q6_K weights: x in blocks of 256 as int8, f32 scale and 16 int16 sums of 16;
  *   - F32, F16, BF16 weights: x stays float (f32 products).
  * The error this adds is bounded by sum_b max|x_b|/254 * sum_{c in b} |W[r,c]| (the per-value
- * rounding of x), the same as llama.cpp's CPU backend. The integer sums are exact; the AVX2
+ * rounding of x), the same as llama.cpp's CPU backend. The integer sums are exact; the SIMD
  * and scalar paths compute the same products and differ only in float summation order.
  *
- * SIMD: AVX2 (+FMA, F16C) kernels chosen at run time with cb_cpu_level(); a scalar path for
- * every type (tests cap the level to exercise it). On AVX-512 machines the AVX2 kernels run.
- * With 4 or more tokens, the quantized types run a packed-row AVX2 kernel (8 weight rows
- * unpacked once per call into the pool's scratch, as the 8 lanes of a vector; see
- * quant_avx2.c); the integer block sums are the same, so results differ from the other paths
- * only in float summation order.
+ * SIMD: AVX-512 (F/BW/DQ/VL) and AVX2 (+FMA, F16C) kernels chosen at run time with
+ * cb_cpu_level() (AVX-512 where the CPU has it, else AVX2); a scalar path for every type (tests
+ * cap the level to exercise it). With 4 or more tokens, the quantized types run a packed-row
+ * kernel (8 weight rows unpacked once per call into the pool's scratch, as the 8 lanes of a
+ * vector; see quant_avx2.c; the AVX-512 tile reads the same packing, two steps per vector);
+ * the integer block sums are the same, so results differ from the other paths only in float
+ * summation order.
  *
  * Threads: pass a cb_threadpool_t (threadpool.h) to split output rows across its threads, or
  * NULL to compute on the calling thread. Every call is synchronous: pointers are borrowed for

@@ -1,0 +1,896 @@
+/* AVX-512 (F, BW, DQ, VL; + FMA, F16C) kernels for quant.c: activation quantizers, the
+ * register-tiled dot products of every block type, and the packed-row matmul tile.
+ *
+ * Compiled per function with a target attribute whatever the build's -march, and only called when
+ * cb_cpu_level() >= CB_SIMD_AVX512 (AVX-512 F/BW/DQ/VL; VNNI is not assumed). The math is the
+ * scalar kernels' (quant.c), exactly as in quant_avx2.c: the same activation rounding
+ * (round-to-nearest-even of x*127/max|x|, saturated to int8), exact int32 block sums, float
+ * scaling per block; only the float summation order differs from the other paths.
+ * What 512 bits change against quant_avx2.c (same tiles, same streaming order):
+ *   - 32-blocks (Q4_0 ... MXFP4): two consecutive blocks per vector (lanes 0..7 block b, 8..15
+ *     block b+1), each lane scaled by its own block's d_w*d_x; an odd last block runs with a zero
+ *     upper half. I4_G128: a half group (two activation blocks) per vector.
+ *   - K-quants: 64 values (two sub-blocks / four Q6_K groups) per vector, int16 scales per half.
+ *   - float weights: 16 values per step.
+ *   - packed-row matmul: the AVX2 packing (quant_avx2.c, cb_avx2_rp_pack: 8 rows as lanes) is
+ *     reused; one 512-bit vector holds two packing steps (rows 0..7 of steps s and s+1), the
+ *     activation words of both steps are placed with one permute, and the int32 halves are added
+ *     before the (8-lane) float scaling, so the integer block sums are the AVX2 ones.
+ *   - signed weights (Q8_0, MXFP4): there is no 512-bit vpsignb; |w| times x negated where w < 0
+ *     (a byte mask from the sign bits), the same products.
+ *
+ * Emulation (tests): with CB_AVX512_EMULATE defined, this file is compiled against SIMDe (SIMD
+ * Everywhere, header-only portable implementations of the Intel intrinsics) instead of
+ * <immintrin.h>, without target attributes, and its exported names become cb_avx512emu_* (see
+ * CB_AVX512_FN) so tests/c/test_quant_avx512.c can #include it beside the native copy and check
+ * the AVX-512 code on CPUs without AVX-512. A few 512-bit intrinsics SIMDe 0.7.4 lacks are
+ * defined below (emulation only) from the same operation on the two 256-bit halves.
+ * Ownership: every pointer is borrowed for one call; nothing is allocated.
+ */
+#include "quant_impl.h"
+
+#if defined(CB_AVX512_EMULATE)
+#define CB_AVX512_FN(name) cb_avx512emu_##name
+#define CB_AVX512_ON 1
+#define CB_AVX512_TARGET
+#define SIMDE_ENABLE_NATIVE_ALIASES
+/* __m512 values passed to / returned from static functions: notes about an ABI not used here */
+#pragma GCC diagnostic ignored "-Wpsabi"
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpedantic"
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#include <simde/x86/avx512.h>
+#include <simde/x86/f16c.h>
+#pragma GCC diagnostic pop
+/* SIMDe 0.7.4 aliases _mm512_madd_epi16 with the masked form's four arguments */
+#undef _mm512_madd_epi16
+#define _mm512_madd_epi16(a, b) simde_mm512_madd_epi16(a, b)
+/* SIMDe 0.7.4 lacks these: the same conversions on the two 256-bit halves. */
+#ifndef _mm512_cvtepi32_ps
+static inline __m512 cb_emu_cvtepi32_ps(__m512i v) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtepi32_ps(_mm512_castsi512_si256(v))),
+                              _mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(v, 1)), 1);
+}
+#define _mm512_cvtepi32_ps cb_emu_cvtepi32_ps
+#endif
+#ifndef _mm512_cvtps_epi32
+static inline __m512i cb_emu_cvtps_epi32(__m512 v) {
+    __m256 lo = _mm512_castps512_ps256(v);
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtps_epi32(lo)), _mm256_cvtps_epi32(hi),
+                              1);
+}
+#define _mm512_cvtps_epi32 cb_emu_cvtps_epi32
+#endif
+#ifndef _mm512_cvtph_ps
+static inline __m512 cb_emu_cvtph_ps(__m256i h) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtph_ps(_mm256_castsi256_si128(h))),
+                              _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), 1);
+}
+#define _mm512_cvtph_ps cb_emu_cvtph_ps
+#endif
+#ifndef _mm512_cvtepu16_epi32
+static inline __m512i cb_emu_cvtepu16_epi32(__m256i h) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h))),
+                              _mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 1);
+}
+#define _mm512_cvtepu16_epi32 cb_emu_cvtepu16_epi32
+#endif
+#define CB_F16(p) cb_f16_to_f32(cb_rd16(p))
+#elif defined(__x86_64__) && defined(__GNUC__)
+#define CB_AVX512_FN(name) cb_avx512_##name
+#define CB_AVX512_ON 1
+#define CB_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
+#include <immintrin.h>
+#define CB_F16(p) _cvtsh_ss(cb_rd16(p))
+#else
+#define CB_AVX512_FN(name) cb_avx512_##name
+#define CB_AVX512_ON 0
+#endif
+
+#if CB_AVX512_ON
+
+#ifdef CB_AVX512_EMULATE
+/* emulated: let the compiler choose (forced inlining of SIMDe's code compiles for minutes) */
+#define INL static inline
+#else
+#define INL static inline __attribute__((always_inline)) CB_AVX512_TARGET
+#endif
+
+/* ------------------------------------------------------------ helpers */
+
+INL __m256 hi_ps(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
+INL __m256i hi_si(__m512i v) { return _mm512_extracti64x4_epi64(v, 1); }
+
+INL __m512i join_si(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+INL __m512 join_ps(__m256 lo, __m256 hi) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+
+/* a 256-bit vector in the low half, zeros above */
+INL __m512i zext_si(__m256i v) { return _mm512_inserti64x4(_mm512_setzero_si512(), v, 0); }
+
+INL __m256i loadu256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+INL __m512i loadu512(const void *p) { return _mm512_loadu_si512(p); }
+
+INL float hsum256_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INL float hsum_ps(__m512 v) { return hsum256_ps(_mm256_add_ps(_mm512_castps512_ps256(v), hi_ps(v))); }
+
+INL int hsum_epi32(__m512i v) {
+    __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(v), hi_si(v));
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+INL float hmax_ps(__m512 v) {
+    __m256 h = _mm256_max_ps(_mm512_castps512_ps256(v), hi_ps(v));
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* the int32 lanes 0..7 plus lanes 8..15 */
+INL __m256i fold_epi32(__m512i v) { return _mm256_add_epi32(_mm512_castsi512_si256(v), hi_si(v)); }
+
+INL int32_t rd_i32(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* x with its bytes negated where w is negative (vpsignb for |w| * x, w != 0 lanes) */
+INL __m512i sign_by(__m512i x, __m512i w) {
+    return _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
+}
+
+/* ------------------------------------------------------------ activation quantizers */
+
+/* 16 floats * id -> 16 int8 (round to nearest even, saturated), *sum = their sum */
+INL __m128i quant16(const float *v, __m512 id, int *sum) {
+    __m512 s = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(v), id),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512i i = _mm512_cvtps_epi32(s); /* integral already: exact */
+    *sum = hsum_epi32(i);
+    return _mm512_cvtsepi32_epi8(i);
+}
+
+INL float amax_n(const float *v, int n) {
+    __m512 m = _mm512_setzero_ps();
+    for (int j = 0; j < n; j += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(v + j)));
+    return hmax_ps(m);
+}
+
+CB_AVX512_TARGET void CB_AVX512_FN(quantize_q8a)(const float *x, int64_t n, void *dst) {
+    cb_q8a_t *o = dst;
+    for (int64_t b = 0; b < n / CB_QK; b++) {
+        const float *v = x + b * CB_QK;
+        float amax = amax_n(v, CB_QK);
+        float d = amax / 127.0f;
+        __m512 id = _mm512_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+        int s0, s1;
+        _mm_storeu_si128((__m128i *)(void *)o[b].qs, quant16(v, id, &s0));
+        _mm_storeu_si128((__m128i *)(void *)(o[b].qs + 16), quant16(v + 16, id, &s1));
+        o[b].d = d;
+        o[b].isum = s0 + s1;
+        o[b].s = d * (float)(s0 + s1);
+    }
+}
+
+CB_AVX512_TARGET void CB_AVX512_FN(quantize_q8k)(const float *x, int64_t n, void *dst) {
+    cb_q8k_t *o = dst;
+    for (int64_t b = 0; b < n / CB_QKK; b++) {
+        const float *v = x + b * CB_QKK;
+        float amax = amax_n(v, CB_QKK);
+        __m512 id = _mm512_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+        o[b].d = amax / 127.0f;
+        for (int g = 0; g < 16; g++) {
+            int s;
+            _mm_storeu_si128((__m128i *)(void *)(o[b].qs + 16 * g), quant16(v + 16 * g, id, &s));
+            o[b].bsums[g] = (int16_t)s;
+        }
+    }
+}
+
+/* zero point of the packed-row layout (quant_avx2.c rp_z) */
+INL int rp_z(int type) {
+    switch (type) {
+    case CB_TYPE_Q4_0:
+    case CB_TYPE_I4_G128: return 8;
+    case CB_TYPE_Q5_0: return 16;
+    case CB_TYPE_MXFP4: return 12;
+    default: return 0;
+    }
+}
+
+/* The packed-row activation layout of cb_avx2_rp_quantize (quant_avx2.c): qs[cols], then
+ * float d[nb], int32 z*isum[nb], float s[nb] = d*isum. */
+CB_AVX512_TARGET void CB_AVX512_FN(rp_quantize)(int type, const float *x, int64_t cols,
+                                                uint8_t *dst) {
+    const int64_t nb = cols / CB_QK;
+    const int z = rp_z(type);
+    float *dx = (float *)(void *)(dst + cols);
+    int32_t *zi = (int32_t *)(void *)(dx + nb);
+    float *sx = (float *)(void *)(zi + nb);
+    for (int64_t b = 0; b < nb; b++) {
+        const float *v = x + b * CB_QK;
+        float amax = amax_n(v, CB_QK);
+        float d = amax / 127.0f;
+        __m512 id = _mm512_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+        int s0, s1;
+        _mm_storeu_si128((__m128i *)(void *)(dst + 32 * b), quant16(v, id, &s0));
+        _mm_storeu_si128((__m128i *)(void *)(dst + 32 * b + 16), quant16(v + 16, id, &s1));
+        dx[b] = d;
+        zi[b] = z * (s0 + s1);
+        sx[b] = d * (float)(s0 + s1);
+    }
+}
+
+/* ------------------------------------------------------------ 32-blocks with cb_q8a_t */
+
+/* Decode streams each weight row once; prefetch the next tile's rows at the same offset
+ * (as quant_avx2.c). */
+INL void prefetch_span(const uint8_t *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+    __builtin_prefetch(p + bytes - 1, 0, 3);
+}
+
+/* Two blocks' 16 nibble bytes -> 64 bytes: [low nibbles p0, high nibbles p0, low p1, high p1]
+ * (values 0..31 of block p0, then of block p1); p1 NULL gives zeros there. */
+INL __m512i nibbles2(const uint8_t *p0, const uint8_t *p1) {
+    __m128i v0 = _mm_loadu_si128((const __m128i *)(const void *)p0);
+    __m128i v1 = p1 ? _mm_loadu_si128((const __m128i *)(const void *)p1) : _mm_setzero_si128();
+    __m256i t = _mm256_set_m128i(v1, v0);
+    __m512i z = join_si(t, _mm256_srli_epi16(t, 4)); /* [v0, v1, v0>>4, v1>>4] */
+    z = _mm512_shuffle_i32x4(z, z, 0xD8);             /* [v0, v0>>4, v1, v1>>4] */
+    return _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+}
+
+/* 0x10 in byte j where bit j of the (qh1 << 32 | qh0) is set (Q5_0/Q5_1 fifth bits) */
+INL __m512i fifth_bits2(const uint8_t *p0, const uint8_t *p1) {
+    uint64_t m = (uint64_t)cb_rd32(p0) | (p1 ? (uint64_t)cb_rd32(p1) << 32 : 0);
+    return _mm512_maskz_mov_epi8((__mmask64)m, _mm512_set1_epi8(0x10));
+}
+
+INL size_t bytes32(int type) {
+    switch (type) {
+    case CB_TYPE_Q4_0: return 18;
+    case CB_TYPE_Q4_1: return 20;
+    case CB_TYPE_Q5_0: return 22;
+    case CB_TYPE_Q5_1: return 24;
+    case CB_TYPE_Q8_0: return 34;
+    default: return 17;
+    }
+}
+
+INL float scale32(int type, const uint8_t *b) {
+    return type == CB_TYPE_MXFP4 ? cb_e8m0_half(b[0]) : CB_F16(b);
+}
+
+/* Blocks p0 and p1 (NULL: none, zeros) as 64 bytes: unsigned q for Q4_0/Q4_1/Q5_0/Q5_1, signed
+ * for Q8_0/MXFP4. */
+INL __m512i unpack64(int type, const uint8_t *p0, const uint8_t *p1) {
+    switch (type) {
+    case CB_TYPE_Q4_0: return nibbles2(p0 + 2, p1 ? p1 + 2 : NULL);
+    case CB_TYPE_Q4_1: return nibbles2(p0 + 4, p1 ? p1 + 4 : NULL);
+    case CB_TYPE_Q5_0:
+        return _mm512_or_si512(nibbles2(p0 + 6, p1 ? p1 + 6 : NULL),
+                               fifth_bits2(p0 + 2, p1 ? p1 + 2 : NULL));
+    case CB_TYPE_Q5_1:
+        return _mm512_or_si512(nibbles2(p0 + 8, p1 ? p1 + 8 : NULL),
+                               fifth_bits2(p0 + 4, p1 ? p1 + 4 : NULL));
+    case CB_TYPE_Q8_0:
+        return join_si(loadu256(p0 + 2), p1 ? loadu256(p1 + 2) : _mm256_setzero_si256());
+    default: { /* MXFP4 */
+        const __m512i table = _mm512_broadcast_i32x4(
+            _mm_loadu_si128((const __m128i *)(const void *)cb_mxfp4_values));
+        return _mm512_shuffle_epi8(table, nibbles2(p0 + 1, p1 ? p1 + 1 : NULL));
+    }
+    }
+}
+
+INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
+                const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
+    const int offset = type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_1;
+    /* Q4_0/Q5_0: unsigned q times x, minus zero point * sum(x), spread over the block's 8
+     * lanes: isum (Q4_0: 8*isum/8) or 2*isum (Q5_0) per lane */
+    const int zp = type == CB_TYPE_Q4_0 ? 1 : (type == CB_TYPE_Q5_0 ? 2 : 0);
+    const int unsig = offset || zp;
+    const size_t bb = bytes32(type);
+    const __m512i ones = _mm512_set1_epi16(1);
+    __m512 acc[2][4];
+    float off[2][4];
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            acc[r][t] = _mm512_setzero_ps();
+            off[r][t] = 0.0f;
+        }
+    for (int64_t b = 0; b < nb; b += 2) {
+        const int two = b + 1 < nb; /* an odd last block runs alone in the low half */
+        __m512i wq[2], aw[2];
+        float d0[2], d1[2], m0[2] = {0.0f, 0.0f}, m1[2] = {0.0f, 0.0f};
+        #pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *p0 = w + (size_t)r * ws + (size_t)b * bb, *p1 = two ? p0 + bb : NULL;
+            if (NT == 1) prefetch_span(p0 + (size_t)NR * ws, two ? 2 * bb : bb);
+            wq[r] = unpack64(type, p0, p1);
+            aw[r] = unsig ? wq[r] : _mm512_abs_epi8(wq[r]);
+            d0[r] = scale32(type, p0);
+            d1[r] = two ? scale32(type, p1) : 0.0f;
+            if (offset) {
+                m0[r] = CB_F16(p0 + 2);
+                m1[r] = two ? CB_F16(p1 + 2) : 0.0f;
+            }
+        }
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            const cb_q8a_t *a = (const cb_q8a_t *)(const void *)(x + (size_t)t * xs) + b;
+            const __m512i xv = join_si(loadu256(a[0].qs), two ? loadu256(a[1].qs)
+                                                              : _mm256_setzero_si256());
+            const float dx1 = two ? a[1].d : 0.0f;
+            const __m512i zs = join_si(_mm256_set1_epi32(a[0].isum),
+                                       _mm256_set1_epi32(two ? a[1].isum : 0));
+            #pragma GCC unroll 8
+            for (int r = 0; r < NR; r++) {
+                __m512i xr = unsig ? xv : sign_by(xv, wq[r]);
+                __m512i p = _mm512_madd_epi16(_mm512_maddubs_epi16(aw[r], xr), ones);
+                if (zp) {
+                    p = _mm512_sub_epi32(p, zs);
+                    if (zp == 2) p = _mm512_sub_epi32(p, zs);
+                }
+                __m512 sc = join_ps(_mm256_set1_ps(d0[r] * a[0].d), _mm256_set1_ps(d1[r] * dx1));
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[r][t]);
+                if (offset) {
+                    off[r][t] += m0[r] * a[0].s;
+                    if (two) off[r][t] += m1[r] * a[1].s;
+                }
+            }
+        }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum_ps(acc[r][t]) + off[r][t];
+}
+
+/* I4_G128 against cb_q8a_t: a half group (32 bytes) unpacks to activation blocks b, b+1. */
+INL void tile_i4(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
+                 const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
+    (void)unused;
+    const __m512i ones = _mm512_set1_epi16(1);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m512 acc[2][4];
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b += 2) {
+        __m512i wq[2];
+        float dw[2];
+        #pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *blk = w + (size_t)r * ws + (size_t)(b >> 2) * 66;
+            if (NT == 1 && (b & 3) == 0) prefetch_span(blk + (size_t)NR * ws, 66);
+            __m256i v = loadu256(blk + 2 + 16 * (b & 3));
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            /* byte i -> values 2i (low nibble), 2i+1 (high): per 128-bit lane, then lanes in order */
+            __m512i z = join_si(_mm256_unpacklo_epi8(lo, hi), _mm256_unpackhi_epi8(lo, hi));
+            wq[r] = _mm512_shuffle_i32x4(z, z, 0xD8);
+            dw[r] = CB_F16(blk);
+        }
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            const cb_q8a_t *a = (const cb_q8a_t *)(const void *)(x + (size_t)t * xs) + b;
+            const __m512i xv = join_si(loadu256(a[0].qs), loadu256(a[1].qs));
+            const __m512i zs = join_si(_mm256_set1_epi32(a[0].isum), _mm256_set1_epi32(a[1].isum));
+            #pragma GCC unroll 8
+            for (int r = 0; r < NR; r++) {
+                /* unsigned q times x, minus 8*isum spread over each block's 8 lanes */
+                __m512i p = _mm512_sub_epi32(
+                    _mm512_madd_epi16(_mm512_maddubs_epi16(wq[r], xv), ones), zs);
+                __m512 sc = join_ps(_mm256_set1_ps(dw[r] * a[0].d), _mm256_set1_ps(dw[r] * a[1].d));
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[r][t]);
+            }
+        }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum_ps(acc[r][t]);
+}
+
+/* ------------------------------------------------------------ K-quants with cb_q8k_t */
+
+/* Q4_K/Q5_K: per super-block, chunk c of 32 qs bytes holds sub-blocks 2c (low nibbles) and 2c+1
+ * (high): one vector [low, high] meets activations 64c..64c+63 with int16 scales sc_2c | sc_2c+1. */
+INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
+                  const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
+    const size_t bb = q5 ? 176 : 144;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[2][4];
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        #pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *blk = w + (size_t)r * ws + (size_t)b * bb;
+            if (NT == 1) prefetch_span(blk + (size_t)NR * ws, bb);
+            const uint8_t *qs = blk + (q5 ? 48 : 16);
+            float d = CB_F16(blk), dmin = CB_F16(blk + 2);
+            /* the 12 packed bytes -> bytes sc[0..7], m[0..7] (6 bits each, see
+             * cb_scale_min_k4) with 32-bit word operations */
+            uint32_t u[4];
+            memcpy(u, blk + 4, 12);
+            u[3] = ((u[2] >> 4) & 0x0F0F0F0Fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+            uint32_t m_lo = u[1] & 0x3F3F3F3Fu;
+            u[1] = (u[2] & 0x0F0F0F0Fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+            u[2] = m_lo;
+            u[0] &= 0x3F3F3F3Fu;
+            uint8_t scm[16];
+            memcpy(scm, u, 16);
+            const __m512i qh = q5 ? _mm512_broadcast_i64x4(loadu256(blk + 16)) : _mm512_setzero_si512();
+            __m512i isum[4];
+            #pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) isum[t] = _mm512_setzero_si512();
+            #pragma GCC unroll 1
+            for (int c = 0; c < 4; c++) {
+                __m256i qb = loadu256(qs + 32 * c);
+                __m512i wv = join_si(_mm256_and_si256(qb, m4),
+                                     _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4));
+                if (q5) {
+                    /* bit 2c of qh[l] for the low half, bit 2c+1 for the high half */
+                    __m512i bit = join_si(_mm256_set1_epi8((char)(1 << (2 * c))),
+                                          _mm256_set1_epi8((char)(1 << (2 * c + 1))));
+                    wv = _mm512_or_si512(wv, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(qh, bit),
+                                                                    _mm512_set1_epi8(0x10)));
+                }
+                __m512i sc = join_si(_mm256_set1_epi16(scm[2 * c]), _mm256_set1_epi16(scm[2 * c + 1]));
+                #pragma GCC unroll 8
+                for (int t = 0; t < NT; t++) {
+                    const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
+                    __m512i xv = loadu512(a->qs + 64 * c);
+                    isum[t] = _mm512_add_epi32(isum[t],
+                                               _mm512_madd_epi16(_mm512_maddubs_epi16(wv, xv), sc));
+                }
+            }
+            /* mins as int16 pairs (m_k, m_k) against the bsums pairs (2k, 2k+1) */
+            __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+                _mm_loadu_si128((const __m128i *)(const void *)scm),
+                _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
+            #pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
+                __m256i mm = _mm256_madd_epi16(loadu256(a->bsums), mins);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_epi32(isum[t])),
+                                            _mm256_set1_ps(d * a->d), acc[r][t]);
+                acc[r][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mm), _mm256_set1_ps(dmin * a->d),
+                                             acc[r][t]);
+            }
+        }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum256_ps(acc[r][t]);
+}
+
+/* word w of the Q6_K scale index vectors: group w/8 of the four in a vector */
+static const int16_t q6_group_idx[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
+
+/* Q6_K: per half h (128 values), [ql 0..31 | ql 32..63] and the qh bytes twice give values
+ * 128h+0..63 and 128h+64..127 as two vectors (4 groups of 16 each). */
+INL void tile_q6k(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
+                  const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
+    (void)unused;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    /* per 16-bit word: high-bit shifts of values 0..31 | 32..63 (left) and 64..95 | 96..127 (right) */
+    const __m512i shl = join_si(_mm256_set1_epi16(4), _mm256_set1_epi16(2));
+    const __m512i shr = join_si(_mm256_setzero_si256(), _mm256_set1_epi16(2));
+    const __m512i gidx = loadu512(q6_group_idx);
+    __m256 acc[2][4];
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        #pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *blk = w + (size_t)r * ws + (size_t)b * 210;
+            if (NT == 1) prefetch_span(blk + (size_t)NR * ws, 210);
+            float d = CB_F16(blk + 208);
+            const __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 192)));
+            const __m512i sc512 = zext_si(scw);
+            __m512i isum[4];
+            #pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) isum[t] = _mm512_setzero_si512();
+            #pragma GCC unroll 1
+            for (int h = 0; h < 2; h++) {
+                __m512i ql = loadu512(blk + 64 * h);
+                __m512i hv = _mm512_broadcast_i64x4(loadu256(blk + 128 + 32 * h));
+                __m512i q01 = _mm512_or_si512(_mm512_and_si512(ql, m4),
+                                              _mm512_and_si512(_mm512_sllv_epi16(hv, shl), m30));
+                __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                              _mm512_and_si512(_mm512_srlv_epi16(hv, shr), m30));
+                __m512i s01 = _mm512_permutexvar_epi16(
+                    _mm512_add_epi16(gidx, _mm512_set1_epi16((short)(8 * h))), sc512);
+                __m512i s23 = _mm512_permutexvar_epi16(
+                    _mm512_add_epi16(gidx, _mm512_set1_epi16((short)(8 * h + 4))), sc512);
+                #pragma GCC unroll 8
+                for (int t = 0; t < NT; t++) {
+                    const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
+                    __m512i x01 = loadu512(a->qs + 128 * h), x23 = loadu512(a->qs + 128 * h + 64);
+                    isum[t] = _mm512_add_epi32(
+                        isum[t], _mm512_add_epi32(
+                                     _mm512_madd_epi16(_mm512_maddubs_epi16(q01, x01), s01),
+                                     _mm512_madd_epi16(_mm512_maddubs_epi16(q23, x23), s23)));
+                }
+            }
+            #pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
+                /* the zero point 32: 32 * sum_g sc_g * bsums_g */
+                __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(loadu256(a->bsums), scw), 5);
+                acc[r][t] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(_mm256_sub_epi32(fold_epi32(isum[t]), corr)),
+                    _mm256_set1_ps(d * a->d), acc[r][t]);
+            }
+        }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum256_ps(acc[r][t]);
+}
+
+/* ------------------------------------------------------------ float weights */
+
+INL __m512 load16(int type, const uint8_t *p) {
+    if (type == CB_TYPE_F32) return _mm512_loadu_ps((const float *)(const void *)p);
+    __m256i h = loadu256(p);
+    if (type == CB_TYPE_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+INL float load1(int type, const uint8_t *p) {
+    if (type == CB_TYPE_F32) {
+        float f;
+        memcpy(&f, p, 4);
+        return f;
+    }
+    return type == CB_TYPE_F16 ? CB_F16(p) : cb_bf16_to_f32(cb_rd16(p));
+}
+
+INL void tile_float(int type, int NR, int NT, int64_t n, const uint8_t *w, size_t ws,
+                    const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
+    const size_t es = type == CB_TYPE_F32 ? 4 : 2;
+    __m512 acc[2][4];
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+    int64_t c = 0;
+    for (; c + 16 <= n; c += 16) {
+        #pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) {
+            __m512 wv = load16(type, w + (size_t)r * ws + (size_t)c * es);
+            #pragma GCC unroll 8
+            for (int t = 0; t < NT; t++)
+                acc[r][t] = _mm512_fmadd_ps(
+                    wv, _mm512_loadu_ps((const float *)(const void *)(x + (size_t)t * xs) + c),
+                    acc[r][t]);
+        }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            float s = hsum_ps(acc[r][t]);
+            const float *xf = (const float *)(const void *)(x + (size_t)t * xs);
+            for (int64_t cc = c; cc < n; cc++) s += load1(type, w + (size_t)r * ws + (size_t)cc * es) * xf[cc];
+            out[(r + r_off) * out_nt + t] = s;
+        }
+}
+
+/* ------------------------------------------------------------ dispatch: rows in pairs */
+
+#define CB_DEFINE_TILE(NAME, BODY, TYPE)                                                        \
+    CB_AVX512_TARGET static void NAME(int64_t n, const uint8_t *w, size_t ws, int nr,          \
+                                      const uint8_t *x, size_t xs, int nt, float *out) {       \
+        for (int r = 0; r < nr; r += 2) {                                                      \
+            const uint8_t *wr = w + (size_t)r * ws;                                            \
+            if (nr - r >= 2) {                                                                 \
+                switch (nt) {                                                                  \
+                case 1: BODY(TYPE, 2, 1, n, wr, ws, x, xs, out, nt, r); break;                 \
+                case 2: BODY(TYPE, 2, 2, n, wr, ws, x, xs, out, nt, r); break;                 \
+                case 3: BODY(TYPE, 2, 3, n, wr, ws, x, xs, out, nt, r); break;                 \
+                default: BODY(TYPE, 2, 4, n, wr, ws, x, xs, out, nt, r); break;                \
+                }                                                                              \
+            } else {                                                                           \
+                switch (nt) {                                                                  \
+                case 1: BODY(TYPE, 1, 1, n, wr, ws, x, xs, out, nt, r); break;                 \
+                case 2: BODY(TYPE, 1, 2, n, wr, ws, x, xs, out, nt, r); break;                 \
+                case 3: BODY(TYPE, 1, 3, n, wr, ws, x, xs, out, nt, r); break;                 \
+                default: BODY(TYPE, 1, 4, n, wr, ws, x, xs, out, nt, r); break;                \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+    }
+
+CB_DEFINE_TILE(tile512_q4_0, tile32, CB_TYPE_Q4_0)
+CB_DEFINE_TILE(tile512_q4_1, tile32, CB_TYPE_Q4_1)
+CB_DEFINE_TILE(tile512_q5_0, tile32, CB_TYPE_Q5_0)
+CB_DEFINE_TILE(tile512_q5_1, tile32, CB_TYPE_Q5_1)
+CB_DEFINE_TILE(tile512_q8_0, tile32, CB_TYPE_Q8_0)
+CB_DEFINE_TILE(tile512_mxfp4, tile32, CB_TYPE_MXFP4)
+CB_DEFINE_TILE(tile512_i4g128, tile_i4, 0)
+CB_DEFINE_TILE(tile512_q4_k, tile_q4k, 0)
+CB_DEFINE_TILE(tile512_q5_k, tile_q4k, 1)
+CB_DEFINE_TILE(tile512_q6_k, tile_q6k, 0)
+CB_DEFINE_TILE(tile512_f32, tile_float, CB_TYPE_F32)
+CB_DEFINE_TILE(tile512_f16, tile_float, CB_TYPE_F16)
+CB_DEFINE_TILE(tile512_bf16, tile_float, CB_TYPE_BF16)
+
+cb_tile_fn CB_AVX512_FN(tile)(int type) {
+    switch (type) {
+    case CB_TYPE_F32: return tile512_f32;
+    case CB_TYPE_F16: return tile512_f16;
+    case CB_TYPE_BF16: return tile512_bf16;
+    case CB_TYPE_Q4_0: return tile512_q4_0;
+    case CB_TYPE_Q4_1: return tile512_q4_1;
+    case CB_TYPE_Q5_0: return tile512_q5_0;
+    case CB_TYPE_Q5_1: return tile512_q5_1;
+    case CB_TYPE_Q8_0: return tile512_q8_0;
+    case CB_TYPE_MXFP4: return tile512_mxfp4;
+    case CB_TYPE_I4_G128: return tile512_i4g128;
+    case CB_TYPE_Q4_K: return tile512_q4_k;
+    case CB_TYPE_Q5_K: return tile512_q5_k;
+    case CB_TYPE_Q6_K: return tile512_q6_k;
+    default: return NULL;
+    }
+}
+
+/* ------------------------------------------------------------ packed rows (matmul)
+ *
+ * The groups come from cb_avx2_rp_pack (quant_avx2.c; layout described there): per block of 32
+ * values, 8 vectors of 32 bytes (step s: values 4s..4s+3 of rows 0..7), then d[8] (and m[8]).
+ * Here one 512-bit load takes steps s and s+1; the token's 32 activation bytes of the block,
+ * loaded once, give [word s x 8 | word s+1 x 8] with one vpermd. Each int16 lane then holds
+ * one step per pair of steps, so the int16 overflow bound per lane (rp_steps steps) holds with
+ * up to rp_steps pairs between widenings; the two int32 halves are added per block (the AVX2
+ * kernel's exact integer sums), then scaled in float on 8 lanes = 8 rows. */
+
+INL int rp_has_m(int type) { return type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_1; }
+
+INL int rp_steps(int type) { /* as quant_avx2.c: G*2*qmax*127 <= 32767 */
+    switch (type) {
+    case CB_TYPE_Q4_0:
+    case CB_TYPE_Q4_1:
+    case CB_TYPE_I4_G128: return 8;
+    case CB_TYPE_Q8_0: return 1;
+    default: return 4;
+    }
+}
+
+INL size_t rp_bstride(int type) { return 256 + 32 + (rp_has_m(type) ? 32 : 0); }
+
+/* the vpermd index taking words (2p, 2p+1) of a 32-byte activation chunk to [2p x 8 | 2p+1 x 8] */
+INL __m512i pair_idx(int p) {
+    return join_si(_mm256_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1));
+}
+
+INL void rp_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
+                 float *out) {
+    const int G = rp_steps(type) < 4 ? rp_steps(type) : 4, z = rp_z(type), hm = rp_has_m(type);
+    const int sgn = type == CB_TYPE_Q8_0;
+    const size_t bst = rp_bstride(type);
+    const int64_t cols = nb * CB_QK;
+    const __m512i ones = _mm512_set1_epi16(1);
+    const uint8_t *xq[4];
+    const float *dx[4], *sx[4];
+    const int32_t *zi[4];
+    __m256 facc[4];
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        xq[t] = xa + (size_t)t * xs;
+        dx[t] = (const float *)(const void *)(xq[t] + cols);
+        zi[t] = (const int32_t *)(const void *)(dx[t] + nb);
+        sx[t] = (const float *)(const void *)(zi[t] + nb);
+        facc[t] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = pk + (size_t)b * bst;
+        __m512i xb32[4], iacc[4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) xb32[t] = zext_si(loadu256(xq[t] + 32 * b));
+        #pragma GCC unroll 4
+        for (int g0 = 0; g0 < 4; g0 += G) {
+            __m512i a16[4];
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) a16[t] = _mm512_setzero_si512();
+            #pragma GCC unroll 1
+            for (int p = g0; p < g0 + G; p++) {
+                __m512i wv = loadu512(q + 64 * p);
+                __m512i aw = sgn ? _mm512_abs_epi8(wv) : wv;
+                __m512i idx = pair_idx(p);
+                #pragma GCC unroll 4
+                for (int t = 0; t < NT; t++) {
+                    __m512i xb = _mm512_permutexvar_epi32(idx, xb32[t]);
+                    if (sgn) xb = sign_by(xb, wv);
+                    a16[t] = _mm512_add_epi16(a16[t], _mm512_maddubs_epi16(aw, xb));
+                }
+            }
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                __m512i p = _mm512_madd_epi16(a16[t], ones);
+                iacc[t] = g0 == 0 ? p : _mm512_add_epi32(iacc[t], p);
+            }
+        }
+        const __m256 dv = _mm256_loadu_ps((const float *)(const void *)(q + 256));
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            __m256i s = fold_epi32(iacc[t]);
+            __m256i p = z ? _mm256_sub_epi32(s, _mm256_set1_epi32(zi[t][b])) : s;
+            facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
+                                      _mm256_mul_ps(dv, _mm256_set1_ps(dx[t][b])), facc[t]);
+            if (hm)
+                facc[t] = _mm256_fmadd_ps(_mm256_loadu_ps((const float *)(const void *)(q + 288)),
+                                          _mm256_set1_ps(sx[t][b]), facc[t]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, facc[t]);
+        for (int r = 0; r < 8; r++) out[r * NT + t] = tmp[r];
+    }
+}
+
+/* K-quants (cb_avx2_rp_pack's layout for Q4_K/Q5_K/Q6_K, see quant_avx2.c): 64 steps of 32
+ * bytes, then ns scale vectors, 8 min vectors, d[8], dmin[8]. Pairs of steps as above; one
+ * sub-block (Q4_K/Q5_K: 8 steps, Q6_K: 4) is at most rpk_g steps per int16 lane, so each
+ * sub-block widens once with its scales. */
+INL int rpk_ns(int type) { return type == CB_TYPE_Q6_K ? 16 : 8; }
+INL size_t rpk_bstride(int type) {
+    return 2048 + (size_t)(type == CB_TYPE_Q6_K ? 16 : 8) * 32 + 256 + 64;
+}
+
+INL void rpk_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
+                  float *out) {
+    const int ns = rpk_ns(type), SB = 64 / ns; /* steps per sub-block */
+    const size_t bst = rpk_bstride(type);
+    __m256 facc[4];
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) facc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = pk + (size_t)b * bst, *scv = q + 2048, *mnv = scv + 32 * ns;
+        const cb_q8k_t *a[4];
+        __m512i isum[4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            a[t] = (const cb_q8k_t *)(const void *)(xa + (size_t)t * xs) + b;
+            isum[t] = _mm512_setzero_si512();
+        }
+        #pragma GCC unroll 1
+        for (int j = 0; j < ns; j++) {
+            const __m512i sc = _mm512_broadcast_i64x4(loadu256(scv + 32 * j));
+            __m512i xj[4], a16[4];
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                const uint8_t *xp = (const uint8_t *)a[t]->qs + 4 * SB * j;
+                /* the sub-block's 4*SB activation bytes (32 or 16) */
+                xj[t] = SB == 8 ? zext_si(loadu256(xp))
+                                : _mm512_inserti32x4(_mm512_setzero_si512(),
+                                                     _mm_loadu_si128((const __m128i *)(const void *)xp), 0);
+                a16[t] = _mm512_setzero_si512();
+            }
+            #pragma GCC unroll 4
+            for (int p = 0; p < SB / 2; p++) {
+                __m512i wv = loadu512(q + 32 * (j * SB + 2 * p));
+                __m512i idx = pair_idx(p);
+                #pragma GCC unroll 4
+                for (int t = 0; t < NT; t++)
+                    a16[t] = _mm512_add_epi16(
+                        a16[t], _mm512_maddubs_epi16(wv, _mm512_permutexvar_epi32(idx, xj[t])));
+            }
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++)
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(a16[t], sc));
+        }
+        const __m256 dv = _mm256_loadu_ps((const float *)(const void *)(mnv + 256));
+        const __m256 dmv = _mm256_loadu_ps((const float *)(const void *)(mnv + 288));
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            /* min vectors k, k+1 against bsums pairs k, k+1 */
+            const __m512i bs = zext_si(loadu256(a[t]->bsums));
+            __m512i ms = _mm512_setzero_si512();
+            #pragma GCC unroll 4
+            for (int p = 0; p < 4; p++)
+                ms = _mm512_add_epi32(ms, _mm512_madd_epi16(loadu512(mnv + 64 * p),
+                                                            _mm512_permutexvar_epi32(pair_idx(p), bs)));
+            const __m256 dxv = _mm256_set1_ps(a[t]->d);
+            facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_epi32(isum[t])), _mm256_mul_ps(dv, dxv),
+                                      facc[t]);
+            facc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(fold_epi32(ms)), _mm256_mul_ps(dmv, dxv),
+                                       facc[t]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, facc[t]);
+        for (int r = 0; r < 8; r++) out[r * NT + t] = tmp[r];
+    }
+}
+
+#define CB_DEFINE_RP(NAME, BODY, TYPE)                                                          \
+    CB_AVX512_TARGET static void NAME(const uint8_t *pk, int64_t nb, const uint8_t *xa,        \
+                                      size_t xs, int nt, float *out) {                         \
+        switch (nt) {                                                                           \
+        case 1: BODY(TYPE, 1, pk, nb, xa, xs, out); break;                                      \
+        case 2: BODY(TYPE, 2, pk, nb, xa, xs, out); break;                                      \
+        case 3: BODY(TYPE, 3, pk, nb, xa, xs, out); break;                                      \
+        default: BODY(TYPE, 4, pk, nb, xa, xs, out); break;                                     \
+        }                                                                                       \
+    }
+
+CB_DEFINE_RP(rp512_q4_0, rp_tile, CB_TYPE_Q4_0)
+CB_DEFINE_RP(rp512_q4_1, rp_tile, CB_TYPE_Q4_1)
+CB_DEFINE_RP(rp512_q5_0, rp_tile, CB_TYPE_Q5_0)
+CB_DEFINE_RP(rp512_q5_1, rp_tile, CB_TYPE_Q5_1)
+CB_DEFINE_RP(rp512_q8_0, rp_tile, CB_TYPE_Q8_0)
+CB_DEFINE_RP(rp512_mxfp4, rp_tile, CB_TYPE_MXFP4)
+CB_DEFINE_RP(rp512_i4g128, rp_tile, CB_TYPE_I4_G128)
+CB_DEFINE_RP(rp512_q4_k, rpk_tile, CB_TYPE_Q4_K)
+CB_DEFINE_RP(rp512_q5_k, rpk_tile, CB_TYPE_Q5_K)
+CB_DEFINE_RP(rp512_q6_k, rpk_tile, CB_TYPE_Q6_K)
+
+void CB_AVX512_FN(rp_tile)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
+                           int nt, float *out) {
+    switch (type) {
+    case CB_TYPE_Q4_0: rp512_q4_0(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q4_1: rp512_q4_1(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q5_0: rp512_q5_0(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q5_1: rp512_q5_1(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q8_0: rp512_q8_0(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_MXFP4: rp512_mxfp4(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_I4_G128: rp512_i4g128(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q4_K: rp512_q4_k(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q5_K: rp512_q5_k(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q6_K: rp512_q6_k(pk, nb, xa, xs, nt, out); break;
+    default: break;
+    }
+}
+
+#else
+/* Not x86-64 GCC/Clang: no AVX-512 kernels (cb_cpu_level() is scalar there). */
+cb_tile_fn CB_AVX512_FN(tile)(int type) {
+    (void)type;
+    return NULL;
+}
+void CB_AVX512_FN(quantize_q8a)(const float *x, int64_t n, void *dst) { (void)x; (void)n; (void)dst; }
+void CB_AVX512_FN(quantize_q8k)(const float *x, int64_t n, void *dst) { (void)x; (void)n; (void)dst; }
+void CB_AVX512_FN(rp_quantize)(int type, const float *x, int64_t cols, uint8_t *dst) {
+    (void)type; (void)x; (void)cols; (void)dst;
+}
+void CB_AVX512_FN(rp_tile)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
+                           int nt, float *out) {
+    (void)type; (void)pk; (void)nb; (void)xa; (void)xs; (void)nt; (void)out;
+}
+#endif

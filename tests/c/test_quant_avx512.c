@@ -1,0 +1,381 @@
+/* The AVX-512 kernels (colibri/_core/quant_avx512.c) against the scalar reference kernels, on
+ * any x86-64 CPU: this file compiles the very same source again with CB_AVX512_EMULATE, i.e. on
+ * SIMDe's portable implementations of the AVX-512 intrinsics, under the names cb_avx512emu_*
+ * (the native copy, cb_avx512_*, is linked beside it and is checked the same way when the CPU
+ * has AVX-512). Checked, for every block type, on random shapes (odd block counts, float rows
+ * with tails, 1..4 rows and tokens per tile, 1..8 rows per packed group, 1..4 tokens):
+ *   - the activation quantizers (q8a, q8k, the packed-row layout): the same bytes as the scalar
+ *     quantizer (incl. zero blocks and rounding ties);
+ *   - the matvec tiles and the packed-row matmul tile: "exact" data (power-of-two scales, integer
+ *     activations with d = 1, sums far below 2^24) where every path computes the same number,
+ *     so results must be equal bit for bit (the integer block sums are the scalar ones); and
+ *     random data, where they must agree within 2e-5 of sum|w*x| (float summation order).
+ * Without AVX2 (needed for cb_avx2_rp_pack, the packing the AVX-512 matmul tile reads) the
+ * packed-row part cannot run and says so. */
+#define CB_AVX512_EMULATE 1
+#include "quant_avx512.c"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "colibri/cpu.h"
+#include "testutil.h"
+
+typedef struct {
+    const char *name;
+    cb_tile_fn (*tile)(int type);
+    void (*q8a)(const float *x, int64_t n, void *dst);
+    void (*q8k)(const float *x, int64_t n, void *dst);
+    void (*rp_quantize)(int type, const float *x, int64_t cols, uint8_t *dst);
+    void (*rp_tile)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs, int nt,
+                    float *out);
+} kernels;
+
+static const kernels EMULATED = {"emulated", cb_avx512emu_tile, cb_avx512emu_quantize_q8a,
+                                 cb_avx512emu_quantize_q8k, cb_avx512emu_rp_quantize,
+                                 cb_avx512emu_rp_tile};
+static const kernels NATIVE = {"native", cb_avx512_tile, cb_avx512_quantize_q8a,
+                               cb_avx512_quantize_q8k, cb_avx512_rp_quantize, cb_avx512_rp_tile};
+
+static const int TYPES[] = {CB_TYPE_F32,   CB_TYPE_F16,  CB_TYPE_BF16, CB_TYPE_Q4_0, CB_TYPE_Q4_1,
+                            CB_TYPE_Q5_0,  CB_TYPE_Q5_1, CB_TYPE_Q8_0, CB_TYPE_MXFP4,
+                            CB_TYPE_Q4_K,  CB_TYPE_Q5_K, CB_TYPE_Q6_K, CB_TYPE_I4_G128};
+#define N_TYPES ((int)(sizeof TYPES / sizeof TYPES[0]))
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+static float rndf(void) { return (float)(rnd() % 20001) / 10000.0f - 1.0f; }
+static int rndi(int lo, int hi) { return lo + (int)(rnd() % (uint32_t)(hi - lo + 1)); } /* [lo, hi] */
+
+static int kind_of(int type) { /* 0: float activations, 1: q8a, 2: q8k */
+    int64_t bs = cb_type_block_size(type);
+    return bs == 1 ? 0 : (bs == 256 ? 2 : 1);
+}
+
+static void put16(uint8_t *p, float f) {
+    uint16_t h = cb_f32_to_f16(f);
+    memcpy(p, &h, 2);
+}
+
+static float pow2(int lo, int hi) { return ldexpf(1.0f, rndi(lo, hi)); }
+
+/* Random valid weight bytes. exact: power-of-two scales (and offsets), small Q6_K scales and
+ * float weights on a 1/4 grid, so that every product and partial sum is exact in float. */
+static void fill_weights(int type, uint8_t *raw, size_t bytes, int exact) {
+    for (size_t i = 0; i < bytes; i++) raw[i] = (uint8_t)rnd();
+    size_t bb = cb_type_block_bytes(type);
+    for (size_t b = 0; b < bytes / bb; b++) {
+        uint8_t *p = raw + b * bb;
+        float d = exact ? pow2(-1, 0) : 0.01f + 0.02f * (float)(rnd() % 100) / 100.0f;
+        float m = exact ? (rnd() & 1 ? -1.0f : 1.0f) * pow2(-1, 0) : -0.005f + 0.01f * rndf();
+        float v = exact ? 0.25f * (float)rndi(-64, 64) : rndf();
+        switch (type) {
+        case CB_TYPE_F32: memcpy(p, &v, 4); break;
+        case CB_TYPE_F16: put16(p, v); break;
+        case CB_TYPE_BF16: {
+            uint32_t u;
+            memcpy(&u, &v, 4);
+            uint16_t h = (uint16_t)(u >> 16);
+            memcpy(p, &h, 2);
+            break;
+        }
+        case CB_TYPE_Q4_1: case CB_TYPE_Q5_1:
+            put16(p, d);
+            put16(p + 2, m);
+            break;
+        case CB_TYPE_Q4_K: case CB_TYPE_Q5_K:
+            put16(p, d);
+            put16(p + 2, exact ? pow2(-1, 0) : 0.005f);
+            break;
+        case CB_TYPE_Q6_K:
+            put16(p + 208, d);
+            if (exact)
+                for (int g = 0; g < 16; g++) p[192 + g] = (uint8_t)(int8_t)rndi(-32, 31);
+            break;
+        case CB_TYPE_MXFP4: p[0] = (uint8_t)(exact ? rndi(126, 128) : rndi(118, 127)); break;
+        default: put16(p, d); break;
+        }
+    }
+}
+
+/* Activations: exact: small integers with one +-127 per activation block (so d = 1, q = x);
+ * float weights: integers in [-8, 8]. Random: uniform in [-3, 3]. */
+static void fill_x(int type, float *x, int64_t n, int exact) {
+    int kind = kind_of(type);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = exact ? (float)(kind ? rndi(-4, 4) : rndi(-8, 8)) : 3.0f * rndf();
+    if (exact && kind) {
+        int ab = kind == 2 ? CB_QKK : CB_QK;
+        for (int64_t b = 0; b < n / ab; b++) x[b * ab + rndi(0, ab - 1)] = rnd() & 1 ? 127.0f : -127.0f;
+    }
+}
+
+/* sum_c |W[r,c] * x_c| (dequantized activations) for the tolerance of random data */
+static double magnitude(int type, const float *wrow, const uint8_t *xa, const float *xf, int64_t cols) {
+    double mag = 0.0;
+    int kind = kind_of(type);
+    for (int64_t c = 0; c < cols; c++) {
+        double xv;
+        if (kind == 0) {
+            xv = xf[c];
+        } else if (kind == 1) {
+            const cb_q8a_t *a = (const cb_q8a_t *)(const void *)xa + c / CB_QK;
+            xv = (double)a->d * a->qs[c % CB_QK];
+        } else {
+            const cb_q8k_t *a = (const cb_q8k_t *)(const void *)xa + c / CB_QKK;
+            xv = (double)a->d * a->qs[c % CB_QKK];
+        }
+        mag += fabs((double)wrow[c] * xv);
+    }
+    return mag;
+}
+
+static int close_enough(float got, float ref, double mag, int exact) {
+    if (exact) return memcmp(&got, &ref, sizeof got) == 0;
+    return fabs((double)got - (double)ref) <= 2e-5 * mag + 1e-30;
+}
+
+/* activation bytes of one row of `cols` values, quantized by the scalar kernel and by k */
+static size_t act_stride(int type, int64_t cols) {
+    int kind = kind_of(type);
+    return kind == 0 ? (size_t)cols * 4
+                     : (kind == 1 ? (size_t)(cols / CB_QK) * sizeof(cb_q8a_t)
+                                  : (size_t)(cols / CB_QKK) * sizeof(cb_q8k_t));
+}
+
+static int quantize_both(const kernels *k, int type, const float *x, int64_t cols, uint8_t *mine,
+                         uint8_t *ref) {
+    int kind = kind_of(type);
+    size_t bytes = act_stride(type, cols);
+    if (kind == 0) {
+        memcpy(mine, x, bytes);
+        memcpy(ref, x, bytes);
+        return 1;
+    }
+    (kind == 1 ? k->q8a : k->q8k)(x, cols, mine);
+    (kind == 1 ? cb_scalar_quantize_q8a : cb_scalar_quantize_q8k)(x, cols, ref);
+    return memcmp(mine, ref, bytes) == 0;
+}
+
+static int64_t random_cols(int type) {
+    switch (kind_of(type)) {
+    case 0: return rndi(1, 80);
+    case 2: return (int64_t)CB_QKK * rndi(1, 3);
+    default: return type == CB_TYPE_I4_G128 ? 128 * rndi(1, 3) : CB_QK * rndi(1, 7);
+    }
+}
+
+/* the matvec/small-batch tile: nr <= 4 rows x nt <= 4 tokens */
+static int check_tile(const kernels *k, int type, int exact) {
+    int64_t cols = random_cols(type);
+    int nr = rndi(1, CB_TILE_R), nt = rndi(1, CB_TILE_T);
+    size_t rb;
+    if (cb_type_row_bytes(type, cols, &rb) != CB_OK) return 0;
+    size_t ws = rb + (size_t)rndi(0, 3) * 7; /* row strides beyond the row */
+    size_t xs = act_stride(type, cols);
+    int64_t n = kind_of(type) == 0 ? cols : (kind_of(type) == 1 ? cols / CB_QK : cols / CB_QKK);
+    uint8_t *w = malloc(ws * (size_t)nr);
+    float *wf = malloc(sizeof(float) * (size_t)(cols * nr));
+    float *x = malloc(sizeof(float) * (size_t)(cols * nt));
+    uint8_t *xa = malloc(xs * (size_t)nt), *xr = malloc(xs * (size_t)nt);
+    float out[CB_TILE_R * CB_TILE_T];
+    int ok = 1;
+    for (int r = 0; r < nr; r++) {
+        fill_weights(type, w + (size_t)r * ws, ws, exact); /* padding past rb: random bytes */
+        fill_weights(type, w + (size_t)r * ws, rb, exact);
+    }
+    for (int r = 0; r < nr; r++)
+        if (cb_dequantize_rows(type, w + (size_t)r * ws, cols, wf + r * cols) != CB_OK) ok = 0;
+    fill_x(type, x, cols * nt, exact);
+    for (int t = 0; t < nt; t++)
+        if (!quantize_both(k, type, x + t * cols, cols, xa + (size_t)t * xs, xr + (size_t)t * xs)) {
+            fprintf(stderr, "%s %s: activation quantizer differs from the scalar one\n", k->name,
+                    cb_type_name(type));
+            ok = 0;
+        }
+    cb_tile_fn tile = k->tile(type);
+    cb_dot_fn dot = cb_scalar_dot(type);
+    if (!tile || !dot) ok = 0;
+    if (ok) {
+        tile(n, w, ws, nr, xa, xs, nt, out);
+        for (int r = 0; r < nr; r++)
+            for (int t = 0; t < nt; t++) {
+                float ref = dot(n, w + (size_t)r * ws, xr + (size_t)t * xs);
+                double mag = magnitude(type, wf + r * cols, xr + (size_t)t * xs, x + t * cols, cols);
+                if (!close_enough(out[r * nt + t], ref, mag, exact)) {
+                    if (ok)
+                        fprintf(stderr,
+                                "%s tile %s %s cols=%lld nr=%d nt=%d: [%d,%d] = %.9g, scalar %.9g "
+                                "(sum|wx| %g)\n",
+                                k->name, cb_type_name(type), exact ? "exact" : "random",
+                                (long long)cols, nr, nt, r, t, (double)out[r * nt + t], (double)ref,
+                                mag);
+                    ok = 0;
+                }
+            }
+    }
+    free(w);
+    free(wf);
+    free(x);
+    free(xa);
+    free(xr);
+    return ok;
+}
+
+static void *aligned(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, (bytes + 63) / 64 * 64 + 64) != 0) return NULL;
+    return p;
+}
+
+/* The packed-row layout built from the scalar q8a quantizer (see cb_avx2_rp_quantize). */
+static void rp_expected(int type, const float *x, int64_t cols, uint8_t *dst, uint8_t *q8) {
+    int64_t nb = cols / CB_QK;
+    cb_scalar_quantize_q8a(x, cols, q8);
+    const cb_q8a_t *a = (const cb_q8a_t *)(const void *)q8;
+    int z = type == CB_TYPE_Q4_0 || type == CB_TYPE_I4_G128 ? 8
+            : type == CB_TYPE_Q5_0                          ? 16
+            : type == CB_TYPE_MXFP4                         ? 12
+                                                            : 0;
+    for (int64_t b = 0; b < nb; b++) {
+        memcpy(dst + 32 * b, a[b].qs, 32);
+        int32_t zi = z * a[b].isum;
+        memcpy(dst + cols + 4 * b, &a[b].d, 4);
+        memcpy(dst + cols + 4 * nb + 4 * b, &zi, 4);
+        memcpy(dst + cols + 8 * nb + 4 * b, &a[b].s, 4);
+    }
+}
+
+/* the packed-row matmul tile: nr <= 8 rows packed by cb_avx2_rp_pack, nt <= 4 tokens */
+static int check_rp(const kernels *k, int type, int exact) {
+    int64_t cols = random_cols(type);
+    int nr = rndi(1, 8), nt = rndi(1, 4);
+    int kq = kind_of(type) == 2;
+    size_t rb;
+    if (cb_type_row_bytes(type, cols, &rb) != CB_OK) return 0;
+    size_t ws = rb + (size_t)rndi(0, 2) * 5;
+    size_t xs = kq ? act_stride(type, cols) : cb_avx2_rp_act_stride(cols);
+    size_t rs = act_stride(type, cols); /* scalar activations (q8a / q8k) */
+    int64_t nb = kq ? cols / CB_QKK : cols / CB_QK;
+    uint8_t *w = malloc(ws * (size_t)nr);
+    float *wf = malloc(sizeof(float) * (size_t)(cols * nr));
+    float *x = malloc(sizeof(float) * (size_t)(cols * nt));
+    uint8_t *pk = aligned(cb_avx2_rp_group_bytes(type, cols));
+    uint8_t *xa = aligned(xs * (size_t)nt), *xe = aligned(xs * (size_t)nt);
+    uint8_t *xr = malloc(rs * (size_t)nt);
+    float out[8 * 4];
+    int ok = pk && xa && xe;
+    for (int r = 0; r < nr; r++) {
+        fill_weights(type, w + (size_t)r * ws, ws, exact); /* padding past rb: random bytes */
+        fill_weights(type, w + (size_t)r * ws, rb, exact);
+    }
+    for (int r = 0; r < nr; r++)
+        if (cb_dequantize_rows(type, w + (size_t)r * ws, cols, wf + r * cols) != CB_OK) ok = 0;
+    fill_x(type, x, cols * nt, exact);
+    for (int t = 0; ok && t < nt; t++) {
+        if (kq) {
+            ok &= quantize_both(k, type, x + t * cols, cols, xa + (size_t)t * xs, xr + (size_t)t * rs);
+        } else {
+            k->rp_quantize(type, x + t * cols, cols, xa + (size_t)t * xs);
+            rp_expected(type, x + t * cols, cols, xe + (size_t)t * xs, xr + (size_t)t * rs);
+            ok &= memcmp(xa + (size_t)t * xs, xe + (size_t)t * xs, (size_t)(cols + 12 * nb)) == 0;
+        }
+        if (!ok)
+            fprintf(stderr, "%s %s: packed-row activations differ from the scalar quantizer's\n",
+                    k->name, cb_type_name(type));
+    }
+    if (ok) {
+        cb_avx2_rp_pack(type, w, ws, nr, cols, pk);
+        for (int i = 0; i < 8 * 4; i++) out[i] = -1.0f;
+        k->rp_tile(type, pk, kq ? nb : cols / CB_QK, xa, xs, nt, out);
+        cb_dot_fn dot = cb_scalar_dot(type);
+        int64_t n = cols / (kq ? CB_QKK : CB_QK);
+        for (int r = 0; r < 8; r++)
+            for (int t = 0; t < nt; t++) {
+                float got = out[r * nt + t];
+                float ref = r < nr ? dot(n, w + (size_t)r * ws, xr + (size_t)t * rs) : 0.0f;
+                double mag = r < nr ? magnitude(type, wf + r * cols, xr + (size_t)t * rs, NULL, cols)
+                                    : 0.0;
+                if (!(r < nr ? close_enough(got, ref, mag, exact) : got == 0.0f)) {
+                    if (ok)
+                        fprintf(stderr,
+                                "%s packed rows %s %s cols=%lld nr=%d nt=%d: [%d,%d] = %.9g, "
+                                "scalar %.9g (sum|wx| %g)\n",
+                                k->name, cb_type_name(type), exact ? "exact" : "random",
+                                (long long)cols, nr, nt, r, t, (double)got, (double)ref, mag);
+                    ok = 0;
+                }
+            }
+    }
+    free(w);
+    free(wf);
+    free(x);
+    free(pk);
+    free(xa);
+    free(xe);
+    free(xr);
+    return ok;
+}
+
+/* quantizers on their own: random blocks, an all-zero block and rounding ties */
+static void check_quantizers(const kernels *k) {
+    float x[3 * CB_QKK];
+    for (int i = 0; i < 3 * CB_QKK; i++) x[i] = 2.0f * rndf();
+    for (int i = CB_QKK; i < CB_QKK + 32; i++) x[i] = 0.0f;            /* a zero block */
+    for (int i = 2 * CB_QKK; i < 3 * CB_QKK; i++) x[i] = 0.5f * (float)rndi(-253, 253); /* ties */
+    x[2 * CB_QKK] = 127.0f; /* amax 127 in every 32-block of the last 256: x*127/amax = x */
+    for (int b = 2 * CB_QKK + 32; b < 3 * CB_QKK; b += 32) x[b] = -127.0f;
+    cb_q8a_t qa[3 * CB_QKK / CB_QK], ra[3 * CB_QKK / CB_QK];
+    cb_q8k_t qk[3], rk[3];
+    memset(qa, 0, sizeof qa);
+    memset(ra, 0, sizeof ra);
+    memset(qk, 0, sizeof qk);
+    memset(rk, 0, sizeof rk);
+    k->q8a(x, 3 * CB_QKK, qa);
+    cb_scalar_quantize_q8a(x, 3 * CB_QKK, ra);
+    CHECK(memcmp(qa, ra, sizeof qa) == 0);
+    k->q8k(x, 3 * CB_QKK, qk);
+    cb_scalar_quantize_q8k(x, 3 * CB_QKK, rk);
+    CHECK(memcmp(qk, rk, sizeof qk) == 0);
+    /* the ties did round to even: 2.5 -> 2, not 3 */
+    float tie[32] = {127.0f, 2.5f, -2.5f, 3.5f};
+    k->q8a(tie, 32, qa);
+    CHECK(qa[0].qs[0] == 127 && qa[0].qs[1] == 2 && qa[0].qs[2] == -2 && qa[0].qs[3] == 4);
+}
+
+static void run(const kernels *k, int with_rp) {
+    check_quantizers(k);
+    for (int i = 0; i < N_TYPES; i++) {
+        int type = TYPES[i], ok = 1;
+        for (int rep = 0; rep < 40; rep++) ok &= check_tile(k, type, rep & 1);
+        CHECK(ok);
+        if (with_rp && cb_avx2_rp_supported(type)) {
+            ok = 1;
+            for (int rep = 0; rep < 40; rep++) ok &= check_rp(k, type, rep & 1);
+            CHECK(ok);
+        }
+    }
+}
+
+int main(void) {
+    cb_simd_level cpu = cb_cpu_detect();
+    int with_rp = cpu >= CB_SIMD_AVX2;
+    if (!with_rp)
+        printf("test_quant_avx512: no AVX2 here: the packed-row tile is not checked "
+               "(it reads cb_avx2_rp_pack's groups)\n");
+    run(&EMULATED, with_rp);
+    if (cpu >= CB_SIMD_AVX512) {
+        printf("test_quant_avx512: this CPU has AVX-512: checking the native kernels too\n");
+        run(&NATIVE, with_rp);
+    } else {
+        printf("test_quant_avx512: no AVX-512 here: emulated kernels only\n");
+    }
+    TEST_MAIN_END("test_quant_avx512");
+}
