@@ -73,6 +73,8 @@ __all__ = [
 NVCC_OPTIONS = ["-std=c++17", "-O3"]
 MODULES = ("routing", "moe_gemm")
 ROUTE_THREADS = 1024
+ROUTE_MB_THREADS = 256  # the multi-block routing kernels' blocks
+MULTI_BLOCK_TOKENS = 2048  # route() uses the multi-block pair above this many tokens
 MAX_EXPERTS = 1024  # CB_ROUTE_MAX_EXPERTS in cuda/routing_logic.h
 MAX_K = 32  # CB_ROUTE_MAX_K
 TILES = (16, 64)  # the GEMM row tiles (m16 and m64 kernels)
@@ -85,6 +87,8 @@ COMBINE_THREADS = 256
 _GEMM_SIG = "PPPPPP" + "iiii" + "PPP"
 KERNELS: dict[str, tuple[str, str]] = {
     "cb_route_topk": ("routing", "P" + "iiii" + "P" + "if" + "ii" + "P" * 11),
+    "cb_route_count": ("routing", "P" + "iiii" + "P" + "if" + "P" * 7),
+    "cb_route_place": ("routing", "iiiii" + "P" * 9),
     "cb_moe_combine": ("moe_gemm", "PP" + "iii" + "PP"),
     **{
         f"cb_moe_{part}_{w}_m{t}": ("moe_gemm", _GEMM_SIG)
@@ -400,6 +404,7 @@ class CudaRuntime:
         tile: int | None = None,
         slot_offset: np.ndarray | None = None,
         check: bool = True,
+        multi_block: bool | None = None,
     ) -> Routing:
         """Route ``logits`` [n_tokens, n_experts] (float32) with the fused kernel.
 
@@ -407,6 +412,9 @@ class CudaRuntime:
         when the batch averages at least 32 rows per expert, else 16. ``slot_offset`` (int64
         [n_experts], pool byte offsets, -1 = absent) fills ``sel_offset`` and checks that every
         routed expert is resident. With ``check`` the device error record is read (one sync).
+        ``multi_block``: the two-kernel routing (cb_route_count over the tokens, then
+        cb_route_place, a warp per expert over the grid) instead of the single block; None
+        picks it above MULTI_BLOCK_TOKENS tokens. Both write the same outputs.
         """
         lg = np.ascontiguousarray(logits, dtype=np.float32)
         if lg.ndim != 2 or lg.shape[0] < 1:
@@ -457,15 +465,40 @@ class CudaRuntime:
         }
         lg_gpu = self.to_gpu(lg)
         r = Routing(n_tokens, k, n_experts, tile, cap, arrays, [lg_gpu, bias_gpu, slot_gpu])
-        self.route_launch(lg_gpu, r, ref.GATINGS[gating], bias_gpu, renorm, scale, slot_gpu)
+        if multi_block is None:
+            multi_block = n_tokens > MULTI_BLOCK_TOKENS
+        self.route_launch(lg_gpu, r, ref.GATINGS[gating], bias_gpu, renorm, scale, slot_gpu,
+                          multi_block=multi_block)
         if check:
             self._check_err(arrays["err"], "cb_route_topk")
         return r
 
     def route_launch(self, logits_gpu: Any, r: Routing, gating: int, bias_gpu: Any,
-                     renorm: bool, scale: float, slot_gpu: Any, stream: Any = None) -> None:
-        """Launch cb_route_topk into the buffers of ``r`` (no checks, no sync)."""
+                     renorm: bool, scale: float, slot_gpu: Any, stream: Any = None,
+                     multi_block: bool = False) -> None:
+        """Launch cb_route_topk (or the multi-block pair) into the buffers of ``r`` (no checks,
+        no sync)."""
         a = r.arrays
+        if multi_block:
+            self._drv.memset_d32(_ptr(a["counts"]), 0, r.n_experts)  # summed into by blocks
+            self._launch(
+                "cb_route_count", (-(-r.n_tokens // ROUTE_MB_THREADS), 1), ROUTE_MB_THREADS,
+                [_ptr(logits_gpu), r.n_tokens, r.n_experts, r.k, gating, _ptr(bias_gpu),
+                 int(bool(renorm)), float(scale), _ptr(slot_gpu), _ptr(a["topk_ids"]),
+                 _ptr(a["topk_w"]), _ptr(a["sel_offset"]), _ptr(a["pair_pos"]),
+                 _ptr(a["counts"]), _ptr(a["err"])],
+                stream,
+            )
+            self._launch(
+                "cb_route_place", (-(-r.n_experts // (ROUTE_MB_THREADS // 32)), 1),
+                ROUTE_MB_THREADS,
+                [r.n_tokens, r.n_experts, r.k, r.tile, r.cap, _ptr(a["topk_ids"]),
+                 _ptr(a["topk_w"]), _ptr(a["counts"]), _ptr(a["seg_offset"]),
+                 _ptr(a["sorted_token"]), _ptr(a["sorted_weight"]), _ptr(a["pair_pos"]),
+                 _ptr(a["tile_expert"]), _ptr(a["err"])],
+                stream,
+            )
+            return
         self._launch(
             "cb_route_topk", (1, 1), ROUTE_THREADS,
             [_ptr(logits_gpu), r.n_tokens, r.n_experts, r.k, gating,

@@ -39,11 +39,121 @@
  * Errors go to err[4] (common.cuh); a token whose logits are not finite gets ids -1,
  * weights 0, and takes no rows.
  *
+ * Multi-block routing for large batches (the single block walks every token on 1024 threads):
+ * the same outputs from two launches on the same stream, with the same per-token and
+ * per-expert code (the helpers below) and no host round trip in between:
+ *   cb_route_count (grid ceil(n_tokens / blockDim)): phase 1, a thread per token; each block
+ *     counts in shared memory and adds its counts to `counts` with atomics (zeroed by the
+ *     caller first; integer sums do not depend on order).
+ *   cb_route_place (any grid): every block computes the padded prefix sum of `counts` itself
+ *     (n_experts <= 1024 adds), block 0 writes seg_offset and reports a capacity overflow;
+ *     then a warp per expert over the whole grid (phase 3) and grid-stride phase 4.
+ * Results are identical to cb_route_topk's, bit for bit (deterministic placement).
+ *
  * All pointers are device pointers owned by the caller; bias and slot_offset may be NULL.
  */
 #define CB_FILE_ID 1
 #include "common.cuh"
 #include "routing_logic.h"
+
+/* Phase 1 for token t: route it, write its ids, weights, pool offsets and pair_pos = -1, and
+ * count its experts into cnt (shared memory). */
+__device__ __forceinline__ void cb_route_one(
+    const float *__restrict__ logits, int t, int n_experts, int k, int gating,
+    const float *__restrict__ bias, int renorm, float scale,
+    const long long *__restrict__ slot_offset, int *__restrict__ topk_ids,
+    float *__restrict__ topk_w, long long *__restrict__ sel_offset, int *__restrict__ pair_pos,
+    int *cnt, int *__restrict__ err)
+{
+    int *ids = topk_ids + (size_t)t * k;
+    float *w = topk_w + (size_t)t * k;
+    int st = cb_route_token(logits + (size_t)t * n_experts, n_experts, k, gating, bias, renorm,
+                            scale, ids, w);
+    if (st != CB_ROUTE_OK)
+        cb_kernel_fail(err, st == CB_ROUTE_ENONFINITE ? CB_KERR_ROUTE_NONFINITE
+                                                      : CB_KERR_ROUTE_ARG,
+                       __LINE__, CB_FILE_ID, t);
+    for (int j = 0; j < k; j++) {
+        int e = ids[j];
+        long long off = -1;
+        pair_pos[(size_t)t * k + j] = -1;
+        if (e >= 0) {
+            atomicAdd(&cnt[e], 1);
+            if (slot_offset != nullptr) {
+                off = slot_offset[e];
+                if (off < 0) cb_kernel_fail(err, CB_KERR_NOT_RESIDENT, __LINE__, CB_FILE_ID, e);
+            }
+        }
+        sel_offset[(size_t)t * k + j] = off;
+    }
+}
+
+/* Phase 2 (one thread): seg[e] = padded exclusive prefix sum of cnt; returns whether the
+ * total fits cap (seg[n_experts] = the total either way). */
+__device__ __forceinline__ int cb_route_prefix(const int *cnt, int *seg, int n_experts,
+                                               int tile, int cap)
+{
+    int acc = 0;
+    for (int e = 0; e < n_experts; e++) {
+        seg[e] = acc;
+        acc += cb_route_pad(cnt[e], tile);
+    }
+    seg[n_experts] = acc;
+    return acc <= cap;
+}
+
+/* Phase 3 for expert e, by one whole warp: its tokens in ascending order into the rows from
+ * seg (ballot + popcount), then its padding rows and its tiles. */
+__device__ __forceinline__ void cb_route_place_expert(
+    int e, int lane, int seg, int n_tokens, int k, int tile,
+    const int *__restrict__ topk_ids, const float *__restrict__ topk_w,
+    int *__restrict__ sorted_token, float *__restrict__ sorted_weight,
+    int *__restrict__ pair_pos, int *__restrict__ tile_expert)
+{
+    int placed = 0;
+    for (int base = 0; base < n_tokens; base += 32) {
+        const int t = base + lane;
+        int j_hit = -1;
+        if (t < n_tokens) {
+            const int *ids = topk_ids + (size_t)t * k;
+            for (int j = 0; j < k; j++)
+                if (ids[j] == e) j_hit = j;
+        }
+        const unsigned hits = __ballot_sync(0xffffffffu, j_hit >= 0);
+        if (j_hit >= 0) {
+            const int row = seg + placed + __popc(hits & cb_lanemask_lt());
+            sorted_token[row] = t;
+            sorted_weight[row] = topk_w[(size_t)t * k + j_hit];
+            pair_pos[(size_t)t * k + j_hit] = row;
+        }
+        placed += __popc(hits);
+    }
+    const int end = seg + cb_route_pad(placed, tile);
+    for (int row = seg + placed + lane; row < end; row += 32) {
+        sorted_token[row] = -1;
+        sorted_weight[row] = 0.0f;
+    }
+    for (int i = seg / tile + lane; i < end / tile; i += 32) tile_expert[i] = e;
+}
+
+/* Phase 4 (grid-stride from index `first` by `stride`): rows [total, cap) and the tiles past
+ * the end are empty. */
+__device__ __forceinline__ void cb_route_clear_tail(int first, int stride, int total, int tile,
+                                                    int cap, int *__restrict__ sorted_token,
+                                                    float *__restrict__ sorted_weight,
+                                                    int *__restrict__ tile_expert)
+{
+    for (int row = total + first; row < cap; row += stride) {
+        sorted_token[row] = -1;
+        sorted_weight[row] = 0.0f;
+    }
+    for (int i = total / tile + first; i < cap / tile; i += stride) tile_expert[i] = -1;
+}
+
+#define CB_ROUTE_ARGS_OK(nthreads)                                                           \
+    (n_tokens >= 0 && n_experts >= 1 && n_experts <= CB_ROUTE_MAX_EXPERTS && k >= 1 &&       \
+     k <= n_experts && k <= CB_ROUTE_MAX_K && tile >= 1 && cap >= 0 && cap % tile == 0 &&    \
+     ((nthreads) & 31) == 0)
 
 extern "C" __global__ void __launch_bounds__(1024) cb_route_topk(
     const float *__restrict__ logits,    /* [n_tokens, n_experts] */
@@ -72,51 +182,21 @@ extern "C" __global__ void __launch_bounds__(1024) cb_route_topk(
     const int warp = tid >> 5, lane = tid & 31, nwarps = nthreads >> 5;
 
     /* Arguments the block cannot work with at all: flag and leave (nothing is written). */
-    CB_KCHECK(n_tokens >= 0 && n_experts >= 1 && n_experts <= CB_ROUTE_MAX_EXPERTS &&
-                  k >= 1 && k <= n_experts && k <= CB_ROUTE_MAX_K && tile >= 1 &&
-                  cap >= 0 && cap % tile == 0 && (nthreads & 31) == 0,
-              err, CB_KERR_ROUTE_ARG, 0);
+    CB_KCHECK(CB_ROUTE_ARGS_OK(nthreads), err, CB_KERR_ROUTE_ARG, 0);
 
     for (int e = tid; e < n_experts; e += nthreads) s_count[e] = 0;
     __syncthreads();
 
     /* Phase 1: route each token. */
-    for (int t = tid; t < n_tokens; t += nthreads) {
-        int *ids = topk_ids + (size_t)t * k;
-        float *w = topk_w + (size_t)t * k;
-        int st = cb_route_token(logits + (size_t)t * n_experts, n_experts, k, gating, bias,
-                                renorm, scale, ids, w);
-        if (st != CB_ROUTE_OK)
-            cb_kernel_fail(err, st == CB_ROUTE_ENONFINITE ? CB_KERR_ROUTE_NONFINITE
-                                                          : CB_KERR_ROUTE_ARG,
-                           __LINE__, CB_FILE_ID, t);
-        for (int j = 0; j < k; j++) {
-            int e = ids[j];
-            long long off = -1;
-            pair_pos[(size_t)t * k + j] = -1;
-            if (e >= 0) {
-                atomicAdd(&s_count[e], 1);
-                if (slot_offset != nullptr) {
-                    off = slot_offset[e];
-                    if (off < 0)
-                        cb_kernel_fail(err, CB_KERR_NOT_RESIDENT, __LINE__, CB_FILE_ID, e);
-                }
-            }
-            sel_offset[(size_t)t * k + j] = off;
-        }
-    }
+    for (int t = tid; t < n_tokens; t += nthreads)
+        cb_route_one(logits, t, n_experts, k, gating, bias, renorm, scale, slot_offset,
+                     topk_ids, topk_w, sel_offset, pair_pos, s_count, err);
     __syncthreads();
 
     /* Phase 2: padded exclusive prefix sum. */
     if (tid == 0) {
-        int acc = 0;
-        for (int e = 0; e < n_experts; e++) {
-            s_seg[e] = acc;
-            acc += cb_route_pad(s_count[e], tile);
-        }
-        s_seg[n_experts] = acc;
-        s_ok = acc <= cap;
-        if (!s_ok) cb_kernel_fail(err, CB_KERR_CAPACITY, __LINE__, CB_FILE_ID, acc);
+        s_ok = cb_route_prefix(s_count, s_seg, n_experts, tile, cap);
+        if (!s_ok) cb_kernel_fail(err, CB_KERR_CAPACITY, __LINE__, CB_FILE_ID, s_seg[n_experts]);
     }
     __syncthreads();
     for (int e = tid; e < n_experts; e += nthreads) {
@@ -127,40 +207,73 @@ extern "C" __global__ void __launch_bounds__(1024) cb_route_topk(
     const int total = s_ok ? s_seg[n_experts] : 0;
 
     /* Phase 3: stable placement, warp per expert. */
-    if (s_ok) {
-        for (int e = warp; e < n_experts; e += nwarps) {
-            const int seg = s_seg[e];
-            int placed = 0;
-            for (int base = 0; base < n_tokens; base += 32) {
-                const int t = base + lane;
-                int j_hit = -1;
-                if (t < n_tokens) {
-                    const int *ids = topk_ids + (size_t)t * k;
-                    for (int j = 0; j < k; j++)
-                        if (ids[j] == e) j_hit = j;
-                }
-                const unsigned hits = __ballot_sync(0xffffffffu, j_hit >= 0);
-                if (j_hit >= 0) {
-                    const int row = seg + placed + __popc(hits & cb_lanemask_lt());
-                    sorted_token[row] = t;
-                    sorted_weight[row] = topk_w[(size_t)t * k + j_hit];
-                    pair_pos[(size_t)t * k + j_hit] = row;
-                }
-                placed += __popc(hits);
-            }
-            const int end = seg + cb_route_pad(placed, tile);
-            for (int row = seg + placed + lane; row < end; row += 32) {
-                sorted_token[row] = -1;
-                sorted_weight[row] = 0.0f;
-            }
-            for (int i = seg / tile + lane; i < end / tile; i += 32) tile_expert[i] = e;
-        }
-    }
+    if (s_ok)
+        for (int e = warp; e < n_experts; e += nwarps)
+            cb_route_place_expert(e, lane, s_seg[e], n_tokens, k, tile, topk_ids, topk_w,
+                                  sorted_token, sorted_weight, pair_pos, tile_expert);
 
     /* Phase 4: everything past the padded total is empty. */
-    for (int row = total + tid; row < cap; row += nthreads) {
-        sorted_token[row] = -1;
-        sorted_weight[row] = 0.0f;
+    cb_route_clear_tail(tid, nthreads, total, tile, cap, sorted_token, sorted_weight,
+                        tile_expert);
+}
+
+/* Multi-block phase 1: a thread per token over the grid; counts (zeroed by the caller) get
+ * each block's shared counts added atomically. */
+extern "C" __global__ void __launch_bounds__(256) cb_route_count(
+    const float *__restrict__ logits, int n_tokens, int n_experts, int k, int gating,
+    const float *__restrict__ bias, int renorm, float scale,
+    const long long *__restrict__ slot_offset, /* [n_experts] pool byte offsets or NULL */
+    int *__restrict__ topk_ids, float *__restrict__ topk_w, long long *__restrict__ sel_offset,
+    int *__restrict__ pair_pos,
+    int *__restrict__ counts,            /* [n_experts] in/out: zeroed before the launch */
+    int *__restrict__ err)
+{
+    __shared__ int s_count[CB_ROUTE_MAX_EXPERTS];
+    const int tid = threadIdx.x, nthreads = blockDim.x;
+    const int tile = 1, cap = 0; /* for the shared argument check */
+    CB_KCHECK(CB_ROUTE_ARGS_OK(nthreads), err, CB_KERR_ROUTE_ARG, 0);
+    for (int e = tid; e < n_experts; e += nthreads) s_count[e] = 0;
+    __syncthreads();
+    const int t = blockIdx.x * nthreads + tid;
+    if (t < n_tokens)
+        cb_route_one(logits, t, n_experts, k, gating, bias, renorm, scale, slot_offset,
+                     topk_ids, topk_w, sel_offset, pair_pos, s_count, err);
+    __syncthreads();
+    for (int e = tid; e < n_experts; e += nthreads)
+        if (s_count[e]) atomicAdd(&counts[e], s_count[e]);
+}
+
+/* Multi-block phases 2-4, after cb_route_count on the same stream. */
+extern "C" __global__ void __launch_bounds__(256) cb_route_place(
+    int n_tokens, int n_experts, int k, int tile, int cap,
+    const int *__restrict__ topk_ids, const float *__restrict__ topk_w,
+    const int *__restrict__ counts,      /* [n_experts] from cb_route_count */
+    int *__restrict__ seg_offset, int *__restrict__ sorted_token,
+    float *__restrict__ sorted_weight, int *__restrict__ pair_pos,
+    int *__restrict__ tile_expert, int *__restrict__ err)
+{
+    __shared__ int s_count[CB_ROUTE_MAX_EXPERTS];
+    __shared__ int s_seg[CB_ROUTE_MAX_EXPERTS + 1];
+    __shared__ int s_ok;
+    const int tid = threadIdx.x, nthreads = blockDim.x;
+    const int lane = tid & 31, nwarps = nthreads >> 5;
+    CB_KCHECK(CB_ROUTE_ARGS_OK(nthreads), err, CB_KERR_ROUTE_ARG, 0);
+    for (int e = tid; e < n_experts; e += nthreads) s_count[e] = counts[e];
+    __syncthreads();
+    if (tid == 0) {
+        s_ok = cb_route_prefix(s_count, s_seg, n_experts, tile, cap);
+        if (!s_ok && blockIdx.x == 0)
+            cb_kernel_fail(err, CB_KERR_CAPACITY, __LINE__, CB_FILE_ID, s_seg[n_experts]);
     }
-    for (int i = total / tile + tid; i < cap / tile; i += nthreads) tile_expert[i] = -1;
+    __syncthreads();
+    if (blockIdx.x == 0)
+        for (int e = tid; e <= n_experts; e += nthreads) seg_offset[e] = s_seg[e];
+    const int total = s_ok ? s_seg[n_experts] : 0;
+    const int gwarp = blockIdx.x * nwarps + (tid >> 5), all_warps = gridDim.x * nwarps;
+    if (s_ok)
+        for (int e = gwarp; e < n_experts; e += all_warps)
+            cb_route_place_expert(e, lane, s_seg[e], n_tokens, k, tile, topk_ids, topk_w,
+                                  sorted_token, sorted_weight, pair_pos, tile_expert);
+    cb_route_clear_tail(blockIdx.x * nthreads + tid, gridDim.x * nthreads, total, tile, cap,
+                        sorted_token, sorted_weight, tile_expert);
 }

@@ -57,7 +57,7 @@ def run(exe: Path, *args: object) -> None:
     assert r.returncode == 0, r.stderr[-4000:]
 
 
-def emu_route(exe, d: Path, logits, k, gating, bias, renorm, scale, tile, slot=None):
+def emu_route(exe, d: Path, logits, k, gating, bias, renorm, scale, tile, slot=None, blocks=0):
     n_tokens, n_experts = logits.shape
     logits.astype(np.float32).tofile(d / "logits.bin")
     if bias is not None:
@@ -65,7 +65,7 @@ def emu_route(exe, d: Path, logits, k, gating, bias, renorm, scale, tile, slot=N
     if slot is not None:
         slot.astype(np.int64).tofile(d / "slot.bin")
     run(exe, "route", d, n_tokens, n_experts, k, GATINGS[gating], int(renorm), repr(float(scale)),
-        tile, int(bias is not None), int(slot is not None))
+        tile, int(bias is not None), int(slot is not None), blocks)
     cap = routing_capacity(n_tokens, k, n_experts, tile)
     rd = lambda name, dt: np.fromfile(d / f"{name}.bin", dtype=dt)  # noqa: E731
     return {
@@ -111,6 +111,32 @@ def test_route_kernel(emu, tmp_path, n_tokens, n_experts, k, gating, use_bias, r
     for key in ("counts", "seg_offset", "sorted_token", "pair_pos", "tile_expert"):
         np.testing.assert_array_equal(got[key], g[key].ravel(), err_msg=key)
     np.testing.assert_array_equal(got["sorted_weight"], g["sorted_weight"].astype(np.float32))
+
+
+@pytest.mark.parametrize("n_tokens,n_experts,k,gating,tile,blocks", [
+    (1, 8, 2, "softmax", 16, 1), (600, 64, 6, "sigmoid", 16, 3), (1100, 128, 8, "softmax", 64, 5)])
+def test_route_multi_block(emu, tmp_path, n_tokens, n_experts, k, gating, tile, blocks):
+    """cb_route_count + cb_route_place (several blocks, atomics across blocks, a warp per expert
+    over the grid) write exactly what the single-block cb_route_topk writes, and match the
+    reference grouping."""
+    rng = np.random.default_rng(n_tokens + 5)
+    logits = separated_logits(rng, n_tokens, n_experts)
+    bias = (rng.integers(-2, 3, n_experts) * 1.5).astype(np.float32)
+    slot = np.arange(n_experts, dtype=np.int64) * 512
+    (tmp_path / "one").mkdir()
+    (tmp_path / "many").mkdir()
+    one = emu_route(emu, tmp_path / "one", logits, k, gating, bias, True, 1.5, tile, slot)
+    many = emu_route(emu, tmp_path / "many", logits, k, gating, bias, True, 1.5, tile, slot,
+                     blocks=blocks)
+    assert many["err"].tolist() == [0, 0, 0, 0]
+    for key in ("topk_ids", "topk_w", "sel_offset", "counts", "seg_offset", "sorted_token",
+                "sorted_weight", "pair_pos", "tile_expert"):
+        np.testing.assert_array_equal(many[key], one[key], err_msg=key)
+    ids, _ = route_reference(logits, k, gating, bias, True, 1.5)
+    np.testing.assert_array_equal(many["topk_ids"], ids)
+    g = group_reference(ids, many["topk_w"], n_experts, tile, many["cap"])
+    for key in ("counts", "seg_offset", "sorted_token", "pair_pos", "tile_expert"):
+        np.testing.assert_array_equal(many[key], g[key].ravel(), err_msg=key)
 
 
 def test_route_kernel_errors(emu, tmp_path):

@@ -319,16 +319,21 @@ def test_compile_once_and_cache(rt, tmp_path):
     assert rt.calls["nvcc"] == 2  # second runtime: both cubins from the cache
 
 
-@pytest.mark.parametrize("n_tokens,n_experts,k,gating,bias_on,tile", [
-    (3, 16, 2, "softmax", False, None), (200, 32, 4, "sigmoid", True, None),
+@pytest.mark.parametrize("n_tokens,n_experts,k,gating,bias_on,tile,multi", [
+    (3, 16, 2, "softmax", False, None, None), (200, 32, 4, "sigmoid", True, None, None),
+    (200, 32, 4, "sigmoid", True, None, True), (2100, 16, 2, "softmax", False, None, None),
 ])
-def test_route(rt, n_tokens, n_experts, k, gating, bias_on, tile):
+def test_route(rt, n_tokens, n_experts, k, gating, bias_on, tile, multi):
     rng = np.random.default_rng(n_tokens)
     logits = separated_logits(rng, n_tokens, n_experts)
     bias = (rng.integers(-2, 3, n_experts) * 1.5).astype(np.float32) if bias_on else None
     slot = np.arange(n_experts, dtype=np.int64)[::-1] * 512
-    r = rt.route(logits, k, gating, bias, renorm=True, scale=2.0, tile=tile, slot_offset=slot)
+    r = rt.route(logits, k, gating, bias, renorm=True, scale=2.0, tile=tile, slot_offset=slot,
+                 multi_block=multi)
     assert r.tile == (64 if n_tokens * k >= 32 * n_experts else 16)
+    # the multi-block pair when asked for, or above MULTI_BLOCK_TOKENS tokens
+    assert ("cb_route_place" in rt.calls) == (multi or n_tokens > 2048)
+    assert ("cb_route_topk" in rt.calls) != ("cb_route_place" in rt.calls)
     h = r.to_host()
     ids, w = route_reference(logits, k, gating, bias, True, 2.0)
     np.testing.assert_array_equal(h["topk_ids"], ids)

@@ -4,7 +4,9 @@
  * are documented to use, so ASan reports any access outside it; outputs start poisoned
  * (NaN for floats, 0x7f7f7f7f for integers) so unwritten elements show.
  *
- *   emu route DIR n_tokens n_experts k gating renorm scale tile has_bias has_slot
+ *   emu route DIR n_tokens n_experts k gating renorm scale tile has_bias has_slot [blocks]
+ *       blocks > 0: the multi-block pair (cb_route_count over ceil(n_tokens / 256) blocks,
+ *       then cb_route_place over `blocks` blocks of 256 threads) instead of cb_route_topk;
  *       reads logits.bin [bias.bin] [slot.bin]; writes topk_ids.bin topk_w.bin sel_offset.bin
  *       counts.bin seg_offset.bin sorted_token.bin sorted_weight.bin pair_pos.bin
  *       tile_expert.bin err.bin (cap from routing_capacity, computed here the same way)
@@ -18,6 +20,7 @@
 #undef CB_FILE_ID
 #include "../../cuda/moe_gemm.cu"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -52,11 +55,12 @@ std::vector<T> poisoned(size_t n) {
     return v;
 }
 
-int route(const std::string &dir, char **a) {
+int route(const std::string &dir, char **a, int na) {
     const int n_tokens = std::atoi(a[0]), n_experts = std::atoi(a[1]), k = std::atoi(a[2]);
     const int gating = std::atoi(a[3]), renorm = std::atoi(a[4]);
     const float scale = std::strtof(a[5], nullptr);
     const int tile = std::atoi(a[6]), has_bias = std::atoi(a[7]), has_slot = std::atoi(a[8]);
+    const int blocks = na > 9 ? std::atoi(a[9]) : 0;
     const long pairs = (long)n_tokens * k;
     long cap = pairs + std::min<long>(n_experts, pairs) * (tile - 1);
     cap = std::max<long>(tile, (cap + tile - 1) / tile * tile);
@@ -75,13 +79,28 @@ int route(const std::string &dir, char **a) {
     auto pp = poisoned<int>(pairs);
     auto te = poisoned<int>(cap / tile);
     std::vector<int> err(4, 0);
-    emu::launch(dim3(1), dim3(1024), [&] {
-        cb_route_topk(logits.data(), n_tokens, n_experts, k, gating,
-                      has_bias ? bias.data() : nullptr, renorm, scale, tile, (int)cap,
-                      has_slot ? slot.data() : nullptr, ids.data(), w.data(), sel.data(),
-                      counts.data(), seg.data(), stok.data(), sw.data(), pp.data(), te.data(),
-                      err.data());
-    });
+    if (blocks > 0) {
+        std::fill(counts.begin(), counts.end(), 0); /* the caller zeroes counts */
+        emu::launch(dim3((n_tokens + 255) / 256), dim3(256), [&] {
+            cb_route_count(logits.data(), n_tokens, n_experts, k, gating,
+                           has_bias ? bias.data() : nullptr, renorm, scale,
+                           has_slot ? slot.data() : nullptr, ids.data(), w.data(), sel.data(),
+                           pp.data(), counts.data(), err.data());
+        });
+        emu::launch(dim3(blocks), dim3(256), [&] {
+            cb_route_place(n_tokens, n_experts, k, tile, (int)cap, ids.data(), w.data(),
+                           counts.data(), seg.data(), stok.data(), sw.data(), pp.data(),
+                           te.data(), err.data());
+        });
+    } else {
+        emu::launch(dim3(1), dim3(1024), [&] {
+            cb_route_topk(logits.data(), n_tokens, n_experts, k, gating,
+                          has_bias ? bias.data() : nullptr, renorm, scale, tile, (int)cap,
+                          has_slot ? slot.data() : nullptr, ids.data(), w.data(), sel.data(),
+                          counts.data(), seg.data(), stok.data(), sw.data(), pp.data(),
+                          te.data(), err.data());
+        });
+    }
     write_file(dir + "/topk_ids.bin", ids);
     write_file(dir + "/topk_w.bin", w);
     write_file(dir + "/sel_offset.bin", sel);
@@ -138,7 +157,7 @@ int moe(const std::string &dir, char **a) {
 }  // namespace
 
 int main(int argc, char **argv) {
-    if (argc >= 12 && std::strcmp(argv[1], "route") == 0) return route(argv[2], argv + 3);
+    if (argc >= 12 && std::strcmp(argv[1], "route") == 0) return route(argv[2], argv + 3, argc - 3);
     if (argc >= 13 && std::strcmp(argv[1], "moe") == 0) return moe(argv[2], argv + 3);
     std::fprintf(stderr, "usage: see the top of emu_main.cpp\n");
     return 2;

@@ -12,7 +12,8 @@ when $OUT is set):
      build/pycuda_src (parallel build_ext); the build time is reported.
   2. Kernels compiled for the device's own architecture (colibri.cuda, cubin cache).
   3. Routing on fresh random logits vs colibri._cuda_ref (float64): ids exact, weights within
-     2e-5 relative, grouping (counts, segments, sorted list, pair positions, tiles) exact.
+     2e-5 relative, grouping (counts, segments, sorted list, pair positions, tiles) exact;
+     up to 2048 tokens the single-block kernel, 5000 tokens the multi-block pair.
   4. Grouped expert FFN vs the float64 reference on the weights as stored (fp16, or int4-g128
      dequantized): relative Frobenius error < 5e-3 for both formats (fp32 accumulation, fp16
      x and h), with every output element written (outputs pre-filled with NaN).
@@ -140,6 +141,7 @@ def check_routing(route_fn, rng) -> None:
         (1024, 128, 8, "softmax", False, True, 1.0, 64),
         (333, 256, 8, "sigmoid", True, True, 2.5, 16),
         (2048, 128, 8, "sigmoid", True, True, 2.5, 64),
+        (5000, 128, 8, "softmax", False, True, 1.0, 64),  # > 2048 tokens: multi-block routing
     ]
     for n_tokens, n_exp, k, gating, use_bias, renorm, scale, tile in cases:
         logits = separated_logits(rng, n_tokens, n_exp)
