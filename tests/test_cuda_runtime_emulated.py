@@ -574,11 +574,11 @@ def _slot_bytes(model_or_desc, weights):
 
 
 @pytest.mark.parametrize("family,weights,mode,extra", [
-    ("mixtral", "f16", "cache", 1), ("qwen2_moe", "f16", "mapped", 0),
-    ("gemma4", "f16", "cache", 2), ("mixtral", "int4-g128", "cache", 0)])
+    ("mixtral", "int4-g128", "cache", 1), ("qwen2_moe", "f16", "mapped", 0),
+    ("gemma4", "f16", "cache", 2)])
 def test_staged_matches_the_whole_pool(rt, moe_models, monkeypatch, family, weights, mode,
                                        extra):
-    """A device budget of k (+ extra) experts: the 12-token prompt needs more distinct experts
+    """A device budget of k (+ extra) experts: the 8-token prompt needs more distinct experts
     per layer than that (split into token chunks), decode evicts all the time; logits equal
     the whole-pool device path bit for bit (same packed weights, kernels and tile)."""
     from oracle_models import prompt
@@ -587,7 +587,7 @@ def test_staged_matches_the_whole_pool(rt, moe_models, monkeypatch, family, weig
     from colibri.model import Model
 
     monkeypatch.setattr(cuda, "get_runtime", lambda device=0: rt)
-    ids = prompt(12, seed=7)
+    ids = prompt(8, seed=7)
     kw = dict(threads=2, ctx=64, tokenizer=False, device="cuda", cuda_weights=weights)
     whole = Model(moe_models[family], **kw)
     k = max(L.n_expert_used for L in whole.desc.layers)
@@ -600,13 +600,13 @@ def test_staged_matches_the_whole_pool(rt, moe_models, monkeypatch, family, weig
     assert np.array_equal(got, want)
     st = staged.device_expert_stats()
     assert st["splits"] > 0 and st["evictions"] > 0
-    assert st["hits"] + st["misses"] > 0 and st["uses"] == 12 * sum(
+    assert st["hits"] + st["misses"] > 0 and st["uses"] == 8 * sum(
         L.n_expert_used for L in staged.desc.layers if L.n_expert > 0)
     for layer in range(staged.desc.n_layer):
         if staged.desc.layers[layer].n_expert:
             np.testing.assert_array_equal(staged.route_counts(layer), whole.route_counts(layer))
     s, w = staged.new_sequence(), whole.new_sequence()
-    for t in ids[:4]:
+    for t in ids[:2]:
         assert np.array_equal(staged.eval([s], tokens=[t]), whole.eval([w], tokens=[t]))
     # the store served exactly the device misses
     assert staged.expert_stats()["acquired"] == staged.device_expert_stats()["misses"]

@@ -27,7 +27,7 @@ when $OUT is set):
      the whole pool, bit for bit, on a synthetic F16 expert file served by a real expert
      store in cache mode whose slot pool is page-locked (cuMemHostRegister): fp16 weights
      copied straight from the pinned slots, int4-g128 converted through the pinned staging
-     buffer; batches of 1..40 tokens, with evictions and a batch split; the pool unpinned at
+     buffer; batches of 1..40 tokens, with evictions and batch splits; the pool unpinned at
      close. (:func:`staged_check`, also run by tests/test_cuda_runtime_emulated.py.)
 
 --cpu-only runs steps 3-4 with a NumPy emulation of the kernels' data flow (router output
@@ -266,7 +266,7 @@ def staged_check(rt: Any, rng: np.random.Generator, tmp: Path, small: bool = Fal
         if staged.direct[0] != (fmt == "f16"):
             raise AssertionError(f"{fmt}: direct copies expected only for fp16")
         distinct = 0
-        for n_tokens in (1, 1, 3, 40, 1, 7, 2):
+        for n_tokens in ((1, 3, 12, 2) if small else (1, 1, 3, 40, 1, 7, 2)):
             logits = separated_logits(rng, n_tokens, n_exp)
             h = rng.standard_normal((n_tokens, d), dtype=np.float32)
             a, b = np.zeros((n_tokens, d), np.float32), np.zeros((n_tokens, d), np.float32)
