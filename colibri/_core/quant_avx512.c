@@ -322,15 +322,16 @@ INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
     for (int64_t b = 0; b < nb; b += 2) {
         const int two = b + 1 < nb; /* an odd last block runs alone in the low half */
         __m512i wq[2], aw[2];
-        float d0[2], d1[2], m0[2] = {0.0f, 0.0f}, m1[2] = {0.0f, 0.0f};
+        __m512 dv[2]; /* [d of block b x 8 | d of block b+1 x 8] */
+        float m0[2] = {0.0f, 0.0f}, m1[2] = {0.0f, 0.0f};
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *p0 = w + (size_t)r * ws + (size_t)b * bb, *p1 = two ? p0 + bb : NULL;
             if (NT == 1) prefetch_span(p0 + (size_t)NR * ws, two ? 2 * bb : bb);
             wq[r] = unpack64(type, p0, p1);
             aw[r] = unsig ? wq[r] : _mm512_abs_epi8(wq[r]);
-            d0[r] = scale32(type, p0);
-            d1[r] = two ? scale32(type, p1) : 0.0f;
+            dv[r] = join_ps(_mm256_set1_ps(scale32(type, p0)),
+                            _mm256_set1_ps(two ? scale32(type, p1) : 0.0f));
             if (offset) {
                 m0[r] = CB_F16(p0 + 2);
                 m1[r] = two ? CB_F16(p1 + 2) : 0.0f;
@@ -341,7 +342,7 @@ INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
             const cb_q8a_t *a = (const cb_q8a_t *)(const void *)(x + (size_t)t * xs) + b;
             const __m512i xv = join_si(loadu256(a[0].qs), two ? loadu256(a[1].qs)
                                                               : _mm256_setzero_si256());
-            const float dx1 = two ? a[1].d : 0.0f;
+            const __m512 dx = join_ps(_mm256_set1_ps(a[0].d), _mm256_set1_ps(two ? a[1].d : 0.0f));
             const __m512i zs = join_si(_mm256_set1_epi32(a[0].isum),
                                        _mm256_set1_epi32(two ? a[1].isum : 0));
             #pragma GCC unroll 8
@@ -352,8 +353,8 @@ INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
                     p = _mm512_sub_epi32(p, zs);
                     if (zp == 2) p = _mm512_sub_epi32(p, zs);
                 }
-                __m512 sc = join_ps(_mm256_set1_ps(d0[r] * a[0].d), _mm256_set1_ps(d1[r] * dx1));
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dv[r], dx),
+                                            acc[r][t]);
                 if (offset) {
                     off[r][t] += m0[r] * a[0].s;
                     if (two) off[r][t] += m1[r] * a[1].s;
@@ -380,7 +381,7 @@ INL void tile_i4(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size_
         for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b += 2) {
         __m512i wq[2];
-        float dw[2];
+        __m512 dw[2];
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)(b >> 2) * 66;
@@ -390,20 +391,21 @@ INL void tile_i4(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size_
             /* byte i -> values 2i (low nibble), 2i+1 (high): per 128-bit lane, then lanes in order */
             __m512i z = join_si(_mm256_unpacklo_epi8(lo, hi), _mm256_unpackhi_epi8(lo, hi));
             wq[r] = _mm512_shuffle_i32x4(z, z, 0xD8);
-            dw[r] = CB_F16(blk);
+            dw[r] = _mm512_set1_ps(CB_F16(blk));
         }
         #pragma GCC unroll 8
         for (int t = 0; t < NT; t++) {
             const cb_q8a_t *a = (const cb_q8a_t *)(const void *)(x + (size_t)t * xs) + b;
             const __m512i xv = join_si(loadu256(a[0].qs), loadu256(a[1].qs));
             const __m512i zs = join_si(_mm256_set1_epi32(a[0].isum), _mm256_set1_epi32(a[1].isum));
+            const __m512 dx = join_ps(_mm256_set1_ps(a[0].d), _mm256_set1_ps(a[1].d));
             #pragma GCC unroll 8
             for (int r = 0; r < NR; r++) {
                 /* unsigned q times x, minus 8*isum spread over each block's 8 lanes */
                 __m512i p = _mm512_sub_epi32(
                     _mm512_madd_epi16(_mm512_maddubs_epi16(wq[r], xv), ones), zs);
-                __m512 sc = join_ps(_mm256_set1_ps(dw[r] * a[0].d), _mm256_set1_ps(dw[r] * a[1].d));
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx),
+                                            acc[r][t]);
             }
         }
     }

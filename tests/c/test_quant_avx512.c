@@ -354,11 +354,11 @@ static void run(const kernels *k, int with_rp) {
     check_quantizers(k);
     for (int i = 0; i < N_TYPES; i++) {
         int type = TYPES[i], ok = 1;
-        for (int rep = 0; rep < 40; rep++) ok &= check_tile(k, type, rep & 1);
+        for (int rep = 0; rep < 100; rep++) ok &= check_tile(k, type, rep & 1);
         CHECK(ok);
         if (with_rp && cb_avx2_rp_supported(type)) {
             ok = 1;
-            for (int rep = 0; rep < 40; rep++) ok &= check_rp(k, type, rep & 1);
+            for (int rep = 0; rep < 100; rep++) ok &= check_rp(k, type, rep & 1);
             CHECK(ok);
         }
     }
