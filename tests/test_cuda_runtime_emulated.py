@@ -766,3 +766,42 @@ def test_cuda_check_staged_step(rt, tmp_path):
     st = mod.staged_check(rt, np.random.default_rng(3), tmp_path, small=True)
     assert st["f16"]["misses"] > 0 and st["int4-g128"]["splits"] >= 1
     assert reg.pinned == {}
+
+
+def test_store_pin_pool_callbacks(moe_models):
+    """ExpertStore.pin_pool: pin's exception propagates and nothing stays pinned; unpin is
+    called once with pin's handle, by unpin_pool or by the store's own free; an exception in
+    unpin is raised by unpin_pool; the mapped store has no pool."""
+    import gc
+
+    from colibri.model import Model
+
+    m = Model(moe_models["mixtral"], threads=2, ctx=64, tokenizer=False, expert_mode="cache")
+    store = m.experts
+
+    def bad_pin(view):
+        raise OSError("cannot lock")
+
+    with pytest.raises(OSError, match="cannot lock"):
+        store.pin_pool(bad_pin, lambda h: None)
+    assert not store.pool()["pinned"]
+    seen: list = []
+    store.pin_pool(lambda view: ("handle", view.nbytes), seen.append)
+    assert store.pool()["pinned"] and seen == []
+    store.unpin_pool()
+    store.unpin_pool()
+    assert seen == [("handle", store.pool()["bytes"])]
+
+    def bad_unpin(handle):
+        raise RuntimeError("driver gone")
+
+    store.pin_pool(lambda view: 1, bad_unpin)
+    with pytest.raises(RuntimeError, match="driver gone"):
+        store.unpin_pool()
+    store.pin_pool(lambda view: 2, seen.append)
+    del m, store
+    gc.collect()
+    assert seen[-1] == 2  # the freed store unpinned itself
+    mapped = Model(moe_models["mixtral"], threads=2, ctx=64, tokenizer=False)
+    with pytest.raises(ValueError, match="only the cache store"):  # INVALID_ARGUMENT
+        mapped.experts.pool()
