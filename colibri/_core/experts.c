@@ -16,7 +16,8 @@
  * Concurrency: one mutex mu guards every table, slot and statistic. The compute thread (acquire,
  * release, pin, prefetch) and the prefetch thread take it for bookkeeping only: a read (pread,
  * madvise) runs with mu released on a slot that its reader owns (locked or loading), which no
- * one else reads, writes or evicts meanwhile. cv_done is broadcast when a prefetch read ends
+ * one else reads, writes or evicts meanwhile. An acquire claims all its misses' slots first and
+ * then reads them on up to CB_EXPERTS_READERS threads at once (cache mode; see read_jobs). cv_done is broadcast when a prefetch read ends
  * (an acquire waiting for that expert, or for any evictable slot, wakes up); cv_work wakes the
  * prefetch thread. The prefetch queue is the current hint only (a new hint empties it), in
  * hint order, and a hint round number protects the current hint's resident experts from the
@@ -35,6 +36,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -64,6 +66,13 @@ typedef struct layout {
     size_t span;        /* bytes a one-read reads (one_read) */
     int one_read;       /* the three ranges are adjacent in the file: one pread */
 } layout_t;
+
+/* one miss of an acquire: slot k is filled with expert g (cache mode, mu released) */
+typedef struct read_job {
+    int32_t k, g;
+    cb_status rs;
+    uint64_t reads, bytes;
+} read_job_t;
 
 struct cb_experts {
     int32_t n_layers;
@@ -104,6 +113,7 @@ struct cb_experts {
     uint32_t *queued_round;            /* [total] round in which g was queued */
     uint32_t round;
     int32_t n_loading;                 /* slots the prefetch thread is reading */
+    read_job_t *jobs;                  /* [n_slots] one acquire's misses, read in parallel */
     uint32_t pf_good, pf_bad;          /* recent prefetches used / evicted unused (halved at 64) */
 };
 
@@ -621,8 +631,9 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
     s->heap = malloc((size_t)s->n_slots * sizeof *s->heap);
     s->queue = malloc(total * sizeof *s->queue);
     s->queued_round = calloc(total, sizeof *s->queued_round);
+    s->jobs = malloc((size_t)s->n_slots * sizeof *s->jobs);
     if (!s->slot_of || !s->layer_of || !s->freq || !s->slots || !s->free_stack || !s->heap ||
-        !s->queue || !s->queued_round) {
+        !s->queue || !s->queued_round || !s->jobs) {
         cb_experts_free(s);
         return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: no memory for %d slots",
                        (int)want);
@@ -706,6 +717,7 @@ void cb_experts_free(cb_experts_t *s) {
     free(s->heap);
     free(s->queue);
     free(s->queued_round);
+    free(s->jobs);
     free(s);
 }
 
@@ -774,6 +786,53 @@ void cb_experts_unpin_pool(cb_experts_t *s) {
 /* ---- acquire / release ---- */
 
 /* undo the locks taken by a failed acquire: ids[0..n) (mu held) */
+/* Parallel miss reads: an acquire with several misses claims their slots first (locked, owner
+ * set: no one else reads, writes or evicts them), then reads them with mu released on up to
+ * CB_EXPERTS_READERS threads (itself and short-lived helpers), so the disk sees several
+ * requests at once: a virtio or NVMe device delivers more bandwidth at a queue depth above
+ * one. Each job has its own slot, so the reads share nothing but the file descriptor. */
+#define CB_EXPERTS_READERS 4
+
+typedef struct read_batch {
+    const cb_experts_t *s;
+    read_job_t *jobs;
+    int32_t n;
+    int32_t next;   /* atomic: the next job to take */
+    int32_t failed; /* atomic: a reader failed; the first one's detail is in err */
+    cb_status rs;
+    char err[256];
+} read_batch_t;
+
+static void *read_worker(void *arg) {
+    read_batch_t *b = arg;
+    for (;;) {
+        int32_t j = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
+        if (j >= b->n) break;
+        read_job_t *x = &b->jobs[j];
+        x->rs = read_expert(b->s, x->k, x->g, &x->reads, &x->bytes);
+        if (x->rs != CB_OK && __atomic_exchange_n(&b->failed, 1, __ATOMIC_ACQ_REL) == 0) {
+            b->rs = x->rs; /* the detail is thread-local: hand it to the caller */
+            snprintf(b->err, sizeof b->err, "%s", cb_last_error());
+        }
+    }
+    return NULL;
+}
+
+/* reads every job (mu released); a helper thread that cannot start leaves its share to us.
+ * A failure's detail is left in the calling thread's cb_last_error(). */
+static void read_jobs(const cb_experts_t *s, read_job_t *jobs, int32_t n) {
+    read_batch_t b = {.s = s, .jobs = jobs, .n = n, .next = 0, .failed = 0, .rs = CB_OK};
+    pthread_t th[CB_EXPERTS_READERS - 1];
+    int started[CB_EXPERTS_READERS - 1] = {0};
+    int32_t helpers = n - 1 < CB_EXPERTS_READERS - 1 ? n - 1 : CB_EXPERTS_READERS - 1;
+    for (int32_t i = 0; i < helpers; i++)
+        started[i] = pthread_create(&th[i], NULL, read_worker, &b) == 0;
+    read_worker(&b);
+    for (int32_t i = 0; i < helpers; i++)
+        if (started[i]) pthread_join(th[i], NULL);
+    if (b.failed) (void)cb_fail(b.rs, "%s", b.err);
+}
+
 static void unlock_ids(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n) {
     for (int32_t i = 0; i < n; i++) {
         int32_t e = ids[i];
@@ -844,7 +903,8 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
         if (k < 0 || s->slots[k].locked) continue;
         lock_hit(s, k, st);
     }
-    /* pass 2: load the misses into free slots or victims', reading with mu released */
+    /* pass 2: claim free slots or victims' for the misses; pass 3 reads them (mu released) */
+    int32_t nj = 0;
     for (int32_t i = 0; i < n; i++) {
         size_t g = base + (size_t)ids[i];
         int32_t k;
@@ -864,6 +924,13 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
             continue;
         }
         if (k < 0) {
+            for (int32_t j = 0; j < nj; j++) { /* claimed, not read: back to the free stack */
+                read_job_t *x = &s->jobs[j];
+                s->slot_of[x->g] = -1;
+                s->slots[x->k].owner = -1;
+                s->slots[x->k].locked = 0;
+                s->free_stack[s->n_free++] = x->k;
+            }
             unlock_ids(s, layer, ids, n);
             int32_t np = s->n_pinned;
             pthread_mutex_unlock(&s->mu);
@@ -875,22 +942,40 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
         s->slots[k].owner = (int32_t)g;
         s->slots[k].locked = 1;
         s->slot_of[g] = k;
+        s->jobs[nj++] = (read_job_t){.k = k, .g = (int32_t)g};
+    }
+    /* pass 3: read the claimed slots, several at once in cache mode */
+    if (nj > 0) {
         pthread_mutex_unlock(&s->mu);
-        uint64_t reads = 0, bytes = 0;
-        cb_status rs = read_expert(s, k, (int32_t)g, &reads, &bytes);
-        pthread_mutex_lock(&s->mu);
-        if (rs != CB_OK) {
-            /* the slot was not filled: it goes back to the free stack */
-            s->slot_of[g] = -1;
-            s->slots[k].owner = -1;
-            s->slots[k].locked = 0;
-            s->free_stack[s->n_free++] = k;
-            unlock_ids(s, layer, ids, n);
-            pthread_mutex_unlock(&s->mu);
-            return rs;
+        if (s->mode == CB_EXPERTS_CACHE && nj > 1) {
+            read_jobs(s, s->jobs, nj);
+        } else {
+            for (int32_t j = 0; j < nj; j++) {
+                read_job_t *x = &s->jobs[j];
+                x->rs = read_expert(s, x->k, x->g, &x->reads, &x->bytes);
+            }
         }
-        account_read(s, (int32_t)g, reads, bytes);
-        st->misses++;
+        pthread_mutex_lock(&s->mu);
+        cb_status first = CB_OK;
+        for (int32_t j = 0; j < nj; j++) {
+            read_job_t *x = &s->jobs[j];
+            if (x->rs == CB_OK) {
+                account_read(s, x->g, x->reads, x->bytes);
+                st->misses++;
+                continue;
+            }
+            /* the slot was not filled: it goes back to the free stack */
+            if (first == CB_OK) first = x->rs;
+            s->slot_of[x->g] = -1;
+            s->slots[x->k].owner = -1;
+            s->slots[x->k].locked = 0;
+            s->free_stack[s->n_free++] = x->k;
+        }
+        if (first != CB_OK) {
+            unlock_ids(s, layer, ids, n); /* the experts read are kept, unlocked */
+            pthread_mutex_unlock(&s->mu);
+            return first;
+        }
     }
     for (int32_t i = 0; i < n; i++) refs_of(s, (int32_t)(base + (size_t)ids[i]), &out[i]);
     st->wait_ns += now_ns() - t0;

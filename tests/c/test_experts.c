@@ -149,6 +149,58 @@ static void test_one_read(void) {
     unlink(path);
 }
 
+/* Misses read in parallel: an acquire of 6 missing experts reads them at once (several reader
+ * threads) into the right slots; when the file has shrunk under the store, the acquire fails
+ * with an I/O error naming the cause, keeps nothing it could not read, and the store works
+ * again once the file is whole. */
+static void test_parallel_reads(void) {
+    char path[] = "/tmp/cb_test_experts_r_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    const size_t head = 4096, per = 64 * 1024;
+    size_t fsize = head + (size_t)NL * CNE * per;
+    uint8_t *bytes = malloc(fsize);
+    for (size_t i = 0; i < fsize; i++) bytes[i] = (uint8_t)rnd();
+    CHECK(write(fd, bytes, fsize) == (ssize_t)fsize);
+    cb_experts_layer_t ls[NL];
+    memset(ls, 0, sizeof ls);
+    for (int l = 0; l < NL; l++) {
+        size_t o = head + (size_t)l * CNE * per;
+        ls[l] = (cb_experts_layer_t){.n_expert = CNE, .n_embd = 4, .n_ff = 4,
+                                     .gate_stride = per, .up_stride = per, .down_stride = per,
+                                     .gate_bytes = CG, .up_bytes = CU, .down_bytes = CD,
+                                     .gate_off = o, .up_off = o + 1024, .down_off = o + 1792};
+        ls[l].gate_base = bytes + ls[l].gate_off;
+        ls[l].up_base = bytes + ls[l].up_off;
+        ls[l].down_base = bytes + ls[l].down_off;
+    }
+    cb_experts_t *s = make(CB_EXPERTS_CACHE, CB_EXPERTS_LRU, path, 1, 6, ls);
+    int ids[6] = {5, 0, 7, 2, 3, 6};
+    cb_expert_ref_t a[6];
+    CHECK(ftruncate(fd, (off_t)head) == 0); /* every expert now lies past the end */
+    CHECK(cb_experts_acquire(s, 1, ids, 6, NULL, a) == CB_STATUS_IO);
+    CHECK(strstr(cb_last_error(), "ends before") != NULL);
+    cb_experts_layer_stats_t st;
+    CHECK(cb_experts_stats(s, -1, &st) == CB_OK && st.resident == 0 && st.misses == 0);
+    CHECK(pwrite(fd, bytes, fsize, 0) == (ssize_t)fsize);
+    for (int round = 0; round < 2; round++) { /* misses, then hits */
+        CHECK(cb_experts_acquire(s, 1, ids, 6, NULL, a) == CB_OK);
+        for (int i = 0; i < 6; i++) {
+            size_t o = ls[1].gate_off + (size_t)ids[i] * per;
+            CHECK(memcmp(a[i].gate, bytes + o, CG) == 0 &&
+                  memcmp(a[i].up, bytes + o + 1024, CU) == 0 &&
+                  memcmp(a[i].down, bytes + o + 1792, CD) == 0);
+        }
+        CHECK(cb_experts_release(s, 1, ids, 6) == CB_OK);
+    }
+    CHECK(cb_experts_stats(s, -1, &st) == CB_OK && st.misses == 6 && st.hits == 6 &&
+          st.resident == 6 && st.reads == 6);
+    cb_experts_free(s);
+    free(bytes);
+    close(fd);
+    unlink(path);
+}
+
 /* The prefetch thread on bigger experts (reads take time): hinted experts are hits; bytes match
  * the mapped store while hints and acquires race (every mode and policy); statistics add up;
  * free() joins a thread that is reading. */
@@ -565,6 +617,7 @@ int main(void) {
     close(fd);
     unlink(path);
     test_one_read();
+    test_parallel_reads();
     test_prefetch();
     TEST_MAIN_END("test_experts");
 }
