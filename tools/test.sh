@@ -20,7 +20,7 @@ echo "== C unit tests (ASan/UBSan)"
 # tests/c/test_quant_avx512.c emulates the AVX-512 kernels with SIMDe (Debian: libsimde-dev)
 if [ ! -f /usr/include/simde/x86/avx512.h ]; then
     SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
-    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq libsimde-dev ||
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libsimde-dev ||
         { echo "tools/test.sh: cannot install libsimde-dev (SIMDe), needed by the C tests" >&2; exit 1; }
 fi
 make -s -C tests/c

@@ -70,6 +70,7 @@ typedef struct layout {
 /* one miss of an acquire: slot k is filled with expert g (cache mode, mu released) */
 typedef struct read_job {
     int32_t k, g;
+    int32_t part; /* -1: the whole expert (read_expert); 0..2: one matrix (three-read layout) */
     cb_status rs;
     uint64_t reads, bytes;
 } read_job_t;
@@ -113,7 +114,7 @@ struct cb_experts {
     uint32_t *queued_round;            /* [total] round in which g was queued */
     uint32_t round;
     int32_t n_loading;                 /* slots the prefetch thread is reading */
-    read_job_t *jobs;                  /* [n_slots] one acquire's misses, read in parallel */
+    read_job_t *jobs;                  /* [3 n_slots] one acquire's misses, read in parallel */
     uint32_t pf_good, pf_bad;          /* recent prefetches used / evicted unused (halved at 64) */
 };
 
@@ -345,6 +346,25 @@ static cb_status read_expert(const cb_experts_t *s, int32_t k, int32_t g, uint64
         *bytes = (uint64_t)len[0] + len[1] + len[2];
     }
     return CB_OK;
+}
+
+/* one matrix (part 0 gate, 1 up, 2 down) of g into cache slot k, for the three-read layout */
+static cb_status read_part(const cb_experts_t *s, int32_t k, int32_t g, int32_t part,
+                           uint64_t *reads, uint64_t *bytes) {
+    uint64_t off[3];
+    size_t len[3];
+    const uint8_t *addr[3];
+    expert_ranges(s, g, off, len, addr);
+    const layout_t *y = &s->lay[s->layer_of[g]];
+    *reads = 1;
+    *bytes = len[part];
+    return pread_all(s->fd, s->pool + (size_t)k * s->slot_bytes + y->at[part], len[part],
+                     off[part]);
+}
+
+static cb_status read_job(const cb_experts_t *s, read_job_t *x) {
+    if (x->part < 0) return read_expert(s, x->k, x->g, &x->reads, &x->bytes);
+    return read_part(s, x->k, x->g, x->part, &x->reads, &x->bytes);
 }
 
 /* bookkeeping after a successful read of g into its slot (mu held) */
@@ -631,7 +651,7 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
     s->heap = malloc((size_t)s->n_slots * sizeof *s->heap);
     s->queue = malloc(total * sizeof *s->queue);
     s->queued_round = calloc(total, sizeof *s->queued_round);
-    s->jobs = malloc((size_t)s->n_slots * sizeof *s->jobs);
+    s->jobs = malloc(3 * (size_t)s->n_slots * sizeof *s->jobs);
     if (!s->slot_of || !s->layer_of || !s->freq || !s->slots || !s->free_stack || !s->heap ||
         !s->queue || !s->queued_round || !s->jobs) {
         cb_experts_free(s);
@@ -791,7 +811,7 @@ void cb_experts_unpin_pool(cb_experts_t *s) {
  * CB_EXPERTS_READERS threads (itself and short-lived helpers), so the disk sees several
  * requests at once: a virtio or NVMe device delivers more bandwidth at a queue depth above
  * one. Each job has its own slot, so the reads share nothing but the file descriptor. */
-#define CB_EXPERTS_READERS 4
+#define CB_EXPERTS_READERS 8
 
 typedef struct read_batch {
     const cb_experts_t *s;
@@ -809,7 +829,7 @@ static void *read_worker(void *arg) {
         int32_t j = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
         if (j >= b->n) break;
         read_job_t *x = &b->jobs[j];
-        x->rs = read_expert(b->s, x->k, x->g, &x->reads, &x->bytes);
+        x->rs = read_job(b->s, x);
         if (x->rs != CB_OK && __atomic_exchange_n(&b->failed, 1, __ATOMIC_ACQ_REL) == 0) {
             b->rs = x->rs; /* the detail is thread-local: hand it to the caller */
             snprintf(b->err, sizeof b->err, "%s", cb_last_error());
@@ -926,6 +946,7 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
         if (k < 0) {
             for (int32_t j = 0; j < nj; j++) { /* claimed, not read: back to the free stack */
                 read_job_t *x = &s->jobs[j];
+                if (x->part > 0) continue; /* the expert's first job stands for it */
                 s->slot_of[x->g] = -1;
                 s->slots[x->k].owner = -1;
                 s->slots[x->k].locked = 0;
@@ -942,7 +963,12 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
         s->slots[k].owner = (int32_t)g;
         s->slots[k].locked = 1;
         s->slot_of[g] = k;
-        s->jobs[nj++] = (read_job_t){.k = k, .g = (int32_t)g};
+        if (s->mode == CB_EXPERTS_CACHE && !s->lay[layer].one_read) {
+            for (int32_t part = 0; part < 3; part++) /* three reads: each its own job */
+                s->jobs[nj++] = (read_job_t){.k = k, .g = (int32_t)g, .part = part};
+        } else {
+            s->jobs[nj++] = (read_job_t){.k = k, .g = (int32_t)g, .part = -1};
+        }
     }
     /* pass 3: read the claimed slots, several at once in cache mode */
     if (nj > 0) {
@@ -950,15 +976,18 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
         if (s->mode == CB_EXPERTS_CACHE && nj > 1) {
             read_jobs(s, s->jobs, nj);
         } else {
-            for (int32_t j = 0; j < nj; j++) {
-                read_job_t *x = &s->jobs[j];
-                x->rs = read_expert(s, x->k, x->g, &x->reads, &x->bytes);
-            }
+            for (int32_t j = 0; j < nj; j++) s->jobs[j].rs = read_job(s, &s->jobs[j]);
         }
         pthread_mutex_lock(&s->mu);
         cb_status first = CB_OK;
         for (int32_t j = 0; j < nj; j++) {
             read_job_t *x = &s->jobs[j];
+            if (x->part > 0) continue; /* folded into the expert's first job below */
+            for (int32_t i = j + 1; i < nj && s->jobs[i].part > 0; i++) {
+                if (x->rs == CB_OK) x->rs = s->jobs[i].rs;
+                x->reads += s->jobs[i].reads;
+                x->bytes += s->jobs[i].bytes;
+            }
             if (x->rs == CB_OK) {
                 account_read(s, x->g, x->reads, x->bytes);
                 st->misses++;

@@ -150,10 +150,10 @@ static void test_one_read(void) {
 }
 
 /* Misses read in parallel: an acquire of 6 missing experts reads them at once (several reader
- * threads) into the right slots; when the file has shrunk under the store, the acquire fails
+ * threads; one job per expert, or per matrix when they are not adjacent) into the right slots; when the file has shrunk under the store, the acquire fails
  * with an I/O error naming the cause, keeps nothing it could not read, and the store works
  * again once the file is whole. */
-static void test_parallel_reads(void) {
+static void test_parallel_reads(int three) {
     char path[] = "/tmp/cb_test_experts_r_XXXXXX";
     int fd = mkstemp(path);
     CHECK(fd >= 0);
@@ -164,17 +164,21 @@ static void test_parallel_reads(void) {
     CHECK(write(fd, bytes, fsize) == (ssize_t)fsize);
     cb_experts_layer_t ls[NL];
     memset(ls, 0, sizeof ls);
+    /* gate|up|down in order (one read per expert), or gate|down|up (three reads, each a job) */
+    const size_t up_at = three ? 2048 : 1024, down_at = three ? 1024 : 1792;
     for (int l = 0; l < NL; l++) {
         size_t o = head + (size_t)l * CNE * per;
         ls[l] = (cb_experts_layer_t){.n_expert = CNE, .n_embd = 4, .n_ff = 4,
                                      .gate_stride = per, .up_stride = per, .down_stride = per,
                                      .gate_bytes = CG, .up_bytes = CU, .down_bytes = CD,
-                                     .gate_off = o, .up_off = o + 1024, .down_off = o + 1792};
+                                     .gate_off = o, .up_off = o + up_at, .down_off = o + down_at};
         ls[l].gate_base = bytes + ls[l].gate_off;
         ls[l].up_base = bytes + ls[l].up_off;
         ls[l].down_base = bytes + ls[l].down_off;
     }
     cb_experts_t *s = make(CB_EXPERTS_CACHE, CB_EXPERTS_LRU, path, 1, 6, ls);
+    cb_experts_info_t info;
+    CHECK(cb_experts_info(s, &info) == CB_OK && info.one_read_layers == (three ? 0 : NL));
     int ids[6] = {5, 0, 7, 2, 3, 6};
     cb_expert_ref_t a[6];
     CHECK(ftruncate(fd, (off_t)head) == 0); /* every expert now lies past the end */
@@ -188,13 +192,13 @@ static void test_parallel_reads(void) {
         for (int i = 0; i < 6; i++) {
             size_t o = ls[1].gate_off + (size_t)ids[i] * per;
             CHECK(memcmp(a[i].gate, bytes + o, CG) == 0 &&
-                  memcmp(a[i].up, bytes + o + 1024, CU) == 0 &&
-                  memcmp(a[i].down, bytes + o + 1792, CD) == 0);
+                  memcmp(a[i].up, bytes + o + up_at, CU) == 0 &&
+                  memcmp(a[i].down, bytes + o + down_at, CD) == 0);
         }
         CHECK(cb_experts_release(s, 1, ids, 6) == CB_OK);
     }
     CHECK(cb_experts_stats(s, -1, &st) == CB_OK && st.misses == 6 && st.hits == 6 &&
-          st.resident == 6 && st.reads == 6);
+          st.resident == 6 && st.reads == (three ? 18u : 6u));
     cb_experts_free(s);
     free(bytes);
     close(fd);
@@ -617,7 +621,8 @@ int main(void) {
     close(fd);
     unlink(path);
     test_one_read();
-    test_parallel_reads();
+    test_parallel_reads(0);
+    test_parallel_reads(1);
     test_prefetch();
     TEST_MAIN_END("test_experts");
 }

@@ -5,13 +5,13 @@
                                   [--budgets 1,0.75,0.5,0.25]
                                   [--modes cache,mmap] [--policies lru,lfru] [--prefetch on,off]
                                   [--llama-extra-bufts] [--container] [--no-llama] [--json OUT]
+                                  [--margin MiB] [--timeout S]
 
 colibri runs with max_batch=1 (the prompt token by token), so a budget's pool floor is one
 token's experts per layer (min_expert_slots). Without --model it writes the benchmark MoE model
-(tools/make_bench_model.py: Qwen3-30B-A3B shape, random --type weights (default Q4_K_M: zero-mean
-random blocks, so routing spreads over the experts as in a real model), --layers layers) to a
-temporary directory. For each budget B (a
-fraction of the experts' size) every run happens in a fresh process, inside a cgroup-v1 memory
+(tools/make_bench_model.py: Qwen3-30B-A3B shape, random --type weights (default Q4_K_M),
+spread routing, --layers layers) to a temporary directory. For each budget B (a fraction of
+the experts' size) every run happens in a fresh process, inside a cgroup-v1 memory
 limit of dense + B * experts + a margin when /sys/fs/cgroup/memory is writable (the page cache
 counts against that limit, so mmap thrashing shows); otherwise without a limit, and the report
 says so. Runs: colibri's mapped store (full RAM, the reference), colibri cache/mmap x policy at
@@ -27,12 +27,15 @@ runs the cache mode on the container (one pread per expert) at each budget.
 Validation: every colibri configuration must produce the mapped store's logits bit for bit
 (a SHA-1 of all logits); llama.cpp's top-1 per step is compared with colibri's and the
 agreement reported (random weights: near-ties may differ). The page cache of the model file is
-dropped before each run.
+dropped before each run (read in full before the full-RAM reference).
 Figures: decode tok/s (1 / the median step time: the machine is shared; one token per step after an 8-token prompt, teacher-forced on a fixed
 random token stream), expert hit rate, prefetch hits / experts the prefetch thread read
 ("pf h/read"), pread calls, bytes read, peak RSS; ratios to llama.cpp at the same
-budget and to the mapped store. The benchmark model's random router concentrates on few
-experts; the number of distinct experts used is printed so the budgets can be read against it.
+budget and to the mapped store. The generated model routes evenly over its experts, as a
+trained MoE does (make_bench_model's default `spread` routing; `--routing raw` models
+concentrate on a few experts); the number of distinct experts used is printed so the budgets
+can be read against it. A run that does not finish in --timeout seconds is reported as an upper
+bound on its speed (and the ratios against it as lower bounds); rows print as they finish.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 CG = Path("/sys/fs/cgroup/memory")
 MARGIN = 400 * 2**20
+TIMEOUT = 900  # seconds per run (--timeout)
 PROMPT = [11, 9301, 345, 77, 2048, 15, 5000, 123]
 
 
@@ -164,21 +168,41 @@ def _drop_cache(path: str) -> None:
         os.close(fd)
 
 
+def _warm_cache(path: str) -> None:
+    """Read the whole model file into the page cache: the full-RAM reference starts with every
+    page resident (with spread routing a cold start would fault experts in for hundreds of
+    steps and time the disk, not the full-RAM path)."""
+    with open(path, "rb", buffering=0) as f:
+        while f.read(16 << 20):
+            pass
+
+
 def run(cfg: dict[str, Any], limit: int | None) -> dict[str, Any]:
-    _drop_cache(cfg["path"])
+    if cfg.get("mode") == "mapped":
+        _warm_cache(cfg["path"])
+    else:
+        _drop_cache(cfg["path"])
     cg = _cgroup(limit)
 
     def enter() -> None:
         if cg is not None:
             (cg / "cgroup.procs").write_text(str(os.getpid()))
 
-    p = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], capture_output=True,
-                       text=True, preexec_fn=enter, cwd=ROOT, timeout=900)
-    if cg is not None:
-        try:
-            cg.rmdir()
-        except OSError:
-            pass
+    try:
+        p = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)],
+                           capture_output=True, text=True, preexec_fn=enter, cwd=ROOT,
+                           timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        # slower than gen / TIMEOUT tokens/s (loading included): reported as an upper bound
+        return {"error": f"did not finish {cfg['gen']} steps in {TIMEOUT} s",
+                "limited": cg is not None, "timeout": True,
+                "decode_tps_max": cfg["gen"] / TIMEOUT}
+    finally:
+        if cg is not None:
+            try:
+                cg.rmdir()
+            except OSError:
+                pass
     for line in p.stdout.splitlines():
         if line.startswith("RESULT"):
             r = dict(json.loads(line[6:]))
@@ -188,6 +212,7 @@ def run(cfg: dict[str, Any], limit: int | None) -> dict[str, Any]:
 
 
 def main() -> int:
+    global TIMEOUT, MARGIN
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--model")
@@ -210,11 +235,20 @@ def main() -> int:
     ap.add_argument("--container", action="store_true",
                     help="also run cache mode on a converted container (tools/convert_gguf.py)")
     ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--margin", type=int, default=MARGIN >> 20,
+                    help="MiB above dense + budget in the memory limit of every run (default "
+                         "400: generous to llama.cpp's own buffers; colibri's tests hold it to "
+                         "150)")
+    ap.add_argument("--timeout", type=int, default=TIMEOUT,
+                    help="seconds one run may take; a slower run is reported as an upper bound "
+                         "on its speed")
     ap.add_argument("--json")
     a = ap.parse_args()
     if a.child:
         print("RESULT" + json.dumps(child(json.loads(a.child))))
         return 0
+    TIMEOUT = a.timeout
+    MARGIN = a.margin << 20
     tmp = None
     path = a.model
     if path is None:
@@ -255,8 +289,50 @@ def main() -> int:
                               f"{MARGIN >> 20} MiB, page cache included" if cg_ok else
                               "NOT enforced (no writable cgroup): runs share the machine's RAM"))
     bad = 0
+    header = (f"{'engine':10} {'mode':7} {'policy':6} {'pf':3} {'budget':>6} {'tok/s':>7} "
+              f"{'vs full':>7} {'vs llama':>8} {'hit %':>6} {'pf h/read':>9} {'reads':>6} "
+              f"{'read MiB':>9} {'rss MiB':>8}  note")
+    llama: dict[float, dict[str, Any]] = {}
+
+    def line(r: dict[str, Any]) -> str:
+        pf = r.get("prefetch", "-")
+        if "error" in r:
+            return (f"{r['engine']:10} {r['mode']:7} {r['policy']:6} {pf:3} {r['budget']:6.2f}  "
+                    f"ERROR {r['error']}")
+        st = r["stats"]
+        hit = 100 * st["hits"] / st["acquired"] if st.get("acquired") else float("nan")
+        peer = llama.get(r["budget"])
+        vs = f"{'-':>8}"
+        if peer is not None and r["engine"] != "llama.cpp":
+            if "error" not in peer:
+                vs = f"{r['decode_tps'] / peer['decode_tps']:8.2f}"
+            elif peer.get("timeout"):  # llama.cpp slower than gen / timeout: a lower bound
+                vs = f"{'>' + format(r['decode_tps'] / peer['decode_tps_max'], '.1f'):>8}"
+        note = ""
+        if r["engine"] == "llama.cpp":
+            same = sum(x == y for x, y in zip(r["tokens"], ref["tokens"], strict=True))
+            note = f"top-1 equal to colibri's: {same}/{len(ref['tokens'])}"
+        pfh = (f"{st['prefetch_hits']:4d}/{st['prefetch_issued']:<4d}"
+               if st.get("prefetch_issued") else f"{'-':>9}")
+        return (f"{r['engine']:10} {r['mode']:7} {r['policy']:6} {pf:3} {r['budget']:6.2f} "
+                f"{r['decode_tps']:7.2f} {r['decode_tps'] / ref['decode_tps']:7.2f} {vs} "
+                f"{hit:6.1f} {pfh} {st.get('reads', 0):6d} "
+                f"{st.get('bytes_read', 0) / 2**20:9.0f} {r['peak_rss'] / 2**20:8.0f}  {note}")
+
+    def add(row: dict[str, Any]) -> None:
+        rows.append(row)
+        print("  " + line(row), flush=True)  # as it finishes: a long run keeps what it has
+        if a.json:
+            Path(a.json).write_text(json.dumps(rows, indent=1))
+
+    print(header, flush=True)
+    print("  " + line(rows[0]), flush=True)
     for b in [float(x) for x in a.budgets.split(",")]:
         limit = dense + int(b * experts) + MARGIN
+        if not a.no_llama:  # first, so the colibri rows of this budget print their ratio
+            r = run({**base, "engine": "llama.cpp", "extra_bufts": a.llama_extra_bufts}, limit)
+            llama[b] = {"engine": "llama.cpp", "mode": "mmap", "policy": "-", "budget": b, **r}
+            add(llama[b])
         for mode in a.modes.split(","):
             for pol in a.policies.split(","):
                 for pf in a.prefetch.split(","):
@@ -265,8 +341,8 @@ def main() -> int:
                     if "error" not in r and r["digest"] != ref["digest"]:
                         r["error"] = "logits differ from the mapped store"
                         bad += 1
-                    rows.append({"engine": "colibri", "mode": mode, "policy": pol, "budget": b,
-                                 "prefetch": pf, **r})
+                    add({"engine": "colibri", "mode": mode, "policy": pol, "budget": b,
+                         "prefetch": pf, **r})
         if container is not None:
             for pf in a.prefetch.split(","):
                 r = run({**base, "path": container, "engine": "colibri", "mode": "cache",
@@ -274,43 +350,17 @@ def main() -> int:
                 if "error" not in r and r["digest"] != ref["digest"]:
                     r["error"] = "logits differ from the mapped store (GGUF)"
                     bad += 1
-                rows.append({"engine": "colibri", "mode": "cont", "policy": "lru", "budget": b,
-                             "prefetch": pf, **r})
-        if not a.no_llama:
-            r = run({**base, "engine": "llama.cpp", "extra_bufts": a.llama_extra_bufts}, limit)
-            rows.append({"engine": "llama.cpp", "mode": "mmap", "policy": "-", "budget": b, **r})
+                add({"engine": "colibri", "mode": "cont", "policy": "lru", "budget": b,
+                     "prefetch": pf, **r})
+    print()
     print("llama.cpp: " + ("default extra buffer types (repacked weights in anonymous memory)"
                            if a.llama_extra_bufts else
                            "use_extra_bufts=False (weights stay in the file mapping)"))
-    print(f"{'engine':10} {'mode':7} {'policy':6} {'pf':3} {'budget':>6} {'tok/s':>7} "
-          f"{'vs full':>7} {'vs llama':>8} {'hit %':>6} {'pf h/read':>9} {'reads':>6} "
-          f"{'read MiB':>9} {'rss MiB':>8}  note")
     print(f"(routing of this model: {ref['stats']['distinct']} distinct (layer, expert) pairs of "
           f"{sum(L.n_expert for L in d.layers)} used in the decode steps)")
-    llama = {r["budget"]: r for r in rows if r["engine"] == "llama.cpp" and "error" not in r}
+    print(header)
     for r in rows:
-        pf = r.get("prefetch", "-")
-        if "error" in r:
-            print(f"{r['engine']:10} {r['mode']:7} {r['policy']:6} {pf:3} {r['budget']:6.2f}  "
-                  f"ERROR {r['error']}")
-            continue
-        st = r["stats"]
-        hit = 100 * st["hits"] / st["acquired"] if st.get("acquired") else float("nan")
-        peer = llama.get(r["budget"])
-        vs = (f"{r['decode_tps'] / peer['decode_tps']:8.2f}" if peer and r["engine"] != "llama.cpp"
-              else f"{'-':>8}")
-        note = ""
-        if r["engine"] == "llama.cpp":
-            same = sum(x == y for x, y in zip(r["tokens"], ref["tokens"], strict=True))
-            note = f"top-1 equal to colibri's: {same}/{len(ref['tokens'])}"
-        pfh = (f"{st['prefetch_hits']:4d}/{st['prefetch_issued']:<4d}"
-               if st.get("prefetch_issued") else f"{'-':>9}")
-        print(f"{r['engine']:10} {r['mode']:7} {r['policy']:6} {pf:3} {r['budget']:6.2f} "
-              f"{r['decode_tps']:7.2f} {r['decode_tps'] / ref['decode_tps']:7.2f} {vs} "
-              f"{hit:6.1f} {pfh} {st.get('reads', 0):6d} "
-              f"{st.get('bytes_read', 0) / 2**20:9.0f} {r['peak_rss'] / 2**20:8.0f}  {note}")
-    if a.json:
-        Path(a.json).write_text(json.dumps(rows, indent=1))
+        print(line(r))
     if tmp is not None:
         tmp.cleanup()
     return 1 if bad else 0
