@@ -23,7 +23,7 @@ if [ ! -f /usr/include/simde/x86/avx512.h ]; then
     $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libsimde-dev ||
         { echo "tools/test.sh: cannot install libsimde-dev (SIMDe), needed by the C tests" >&2; exit 1; }
 fi
-make -s -C tests/c
+make -s -j"$(nproc)" -C tests/c
 
 echo "== CUDA kernels (nvcc)"
 bash tools/build_cuda.sh
