@@ -367,6 +367,14 @@ static cb_status read_job(const cb_experts_t *s, read_job_t *x) {
     return read_part(s, x->k, x->g, x->part, &x->reads, &x->bytes);
 }
 
+/* a claimed slot whose read failed or never ran goes back to the free stack (mu held) */
+static void slot_unclaim(cb_experts_t *s, int32_t k) {
+    s->slot_of[s->slots[k].owner] = -1;
+    s->slots[k].owner = -1;
+    s->slots[k].locked = 0;
+    s->free_stack[s->n_free++] = k;
+}
+
 /* bookkeeping after a successful read of g into its slot (mu held) */
 static void account_read(cb_experts_t *s, int32_t g, uint64_t reads, uint64_t bytes) {
     int32_t l = s->layer_of[g];
@@ -489,9 +497,7 @@ static void *prefetch_main(void *arg) {
             x->prefetched = 1;
             evictable_add(s, k);
         } else { /* the compute reads it itself and reports the error */
-            s->slot_of[g] = -1;
-            x->owner = -1;
-            s->free_stack[s->n_free++] = k;
+            slot_unclaim(s, k);
         }
         pthread_cond_broadcast(&s->cv_done);
     }
@@ -946,11 +952,7 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
         if (k < 0) {
             for (int32_t j = 0; j < nj; j++) { /* claimed, not read: back to the free stack */
                 read_job_t *x = &s->jobs[j];
-                if (x->part > 0) continue; /* the expert's first job stands for it */
-                s->slot_of[x->g] = -1;
-                s->slots[x->k].owner = -1;
-                s->slots[x->k].locked = 0;
-                s->free_stack[s->n_free++] = x->k;
+                if (x->part <= 0) slot_unclaim(s, x->k); /* an expert's first job stands for it */
             }
             unlock_ids(s, layer, ids, n);
             int32_t np = s->n_pinned;
@@ -995,10 +997,7 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
             }
             /* the slot was not filled: it goes back to the free stack */
             if (first == CB_OK) first = x->rs;
-            s->slot_of[x->g] = -1;
-            s->slots[x->k].owner = -1;
-            s->slots[x->k].locked = 0;
-            s->free_stack[s->n_free++] = x->k;
+            slot_unclaim(s, x->k);
         }
         if (first != CB_OK) {
             unlock_ids(s, layer, ids, n); /* the experts read are kept, unlocked */
@@ -1045,9 +1044,7 @@ static cb_status pin_locked(cb_experts_t *s, int32_t layer, int32_t expert) {
         uint64_t reads = 0, bytes = 0;
         cb_status rs = read_expert(s, k, (int32_t)g, &reads, &bytes); /* mu held: setup time */
         if (rs != CB_OK) {
-            s->slot_of[g] = -1;
-            s->slots[k].owner = -1;
-            s->free_stack[s->n_free++] = k;
+            slot_unclaim(s, k);
             return rs;
         }
         account_read(s, (int32_t)g, reads, bytes);

@@ -780,15 +780,8 @@ INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
             if (NT == 1) prefetch_span(blk + (size_t)NR * ws, bb);
             const uint8_t *qs = blk + (q5 ? 48 : 16);
             float d = f16(blk), dmin = f16(blk + 2);
-            /* the 12 packed bytes -> bytes sc[0..7], m[0..7] (6 bits each, see
-             * cb_scale_min_k4) with 32-bit word operations */
             uint32_t u[4];
-            memcpy(u, blk + 4, 12);
-            u[3] = ((u[2] >> 4) & 0x0F0F0F0Fu) | (((u[1] >> 6) & 0x03030303u) << 4);
-            uint32_t m_lo = u[1] & 0x3F3F3F3Fu;
-            u[1] = (u[2] & 0x0F0F0F0Fu) | (((u[0] >> 6) & 0x03030303u) << 4);
-            u[2] = m_lo;
-            u[0] &= 0x3F3F3F3Fu;
+            cb_k4_scale_words(blk + 4, u);
             __m128i scm = _mm_loadu_si128((const __m128i *)(const void *)u);
             __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
             __m256i qhv = q5 ? _mm256_loadu_si256((const __m256i *)(const void *)(blk + 16))

@@ -435,15 +435,8 @@ INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
             if (NT == 1) prefetch_span(blk + (size_t)NR * ws, bb);
             const uint8_t *qs = blk + (q5 ? 48 : 16);
             float d = CB_F16(blk), dmin = CB_F16(blk + 2);
-            /* the 12 packed bytes -> bytes sc[0..7], m[0..7] (6 bits each, see
-             * cb_scale_min_k4) with 32-bit word operations */
             uint32_t u[4];
-            memcpy(u, blk + 4, 12);
-            u[3] = ((u[2] >> 4) & 0x0F0F0F0Fu) | (((u[1] >> 6) & 0x03030303u) << 4);
-            uint32_t m_lo = u[1] & 0x3F3F3F3Fu;
-            u[1] = (u[2] & 0x0F0F0F0Fu) | (((u[0] >> 6) & 0x03030303u) << 4);
-            u[2] = m_lo;
-            u[0] &= 0x3F3F3F3Fu;
+            cb_k4_scale_words(blk + 4, u);
             uint8_t scm[16];
             memcpy(scm, u, 16);
             const __m512i qh = q5 ? _mm512_broadcast_i64x4(loadu256(blk + 16)) : _mm512_setzero_si512();

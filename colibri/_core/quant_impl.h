@@ -97,6 +97,17 @@ static inline uint32_t cb_rd32(const uint8_t *p) {
     return v;
 }
 
+/* Q4_K/Q5_K: the 12 packed scale bytes -> bytes sc[0..7] (u[0..1]) and m[0..7] (u[2..3]), 6 bits
+ * each (see cb_scale_min_k4), with 32-bit word operations; shared by the SIMD kernels. */
+static inline void cb_k4_scale_words(const uint8_t *p12, uint32_t u[4]) {
+    memcpy(u, p12, 12);
+    u[3] = ((u[2] >> 4) & 0x0F0F0F0Fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    uint32_t m_lo = u[1] & 0x3F3F3F3Fu;
+    u[1] = (u[2] & 0x0F0F0F0Fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    u[2] = m_lo;
+    u[0] &= 0x3F3F3F3Fu;
+}
+
 /* MXFP4's e8m0 scale halved (the kvalues table is doubled): 2^(e-128), exact for every e. */
 static inline float cb_e8m0_half(uint8_t e) {
     uint32_t bits = e < 2 ? (uint32_t)0x00200000u << e : (uint32_t)(e - 1) << 23;
