@@ -14,7 +14,10 @@ the device raises :class:`colibri.ColibriError` with that reason otherwise.
   ``colibri._cuda_ref`` and docs/ARCHITECTURE.md) copied to the device; the host bytes stay
   owned by the caller (the expert store), which can pin them with
   :meth:`CudaRuntime.pin_host_memory` (``cuMemHostRegister``) for fast asynchronous copies.
-* :meth:`CudaRuntime.moe_ffn`: the grouped expert FFN for a routed batch.
+* :meth:`CudaRuntime.moe_ffn`: the grouped expert FFN for a routed batch. fp16 experts use the
+  cp.async-pipelined GEMM kernels on sm_80+ (:attr:`CudaRuntime.gemm_pipeline` "cp"), the
+  register-prefetch ones elsewhere and for int4 ("regs"; ``COLIBRI_CUDA_GEMM_PIPELINE=regs``
+  forces them).
 
 Every launch goes through :meth:`CudaRuntime._launch`, which turns a driver error into a
 ColibriError naming the kernel and its grid; every kernel also reports bad input in a small
@@ -58,6 +61,7 @@ __all__ = [
     "available",
     "build_pool",
     "dequantize_int4_g128",
+    "gemm_cp_smem_bytes",
     "get_runtime",
     "kernel_dir",
     "moe_ffn",
@@ -81,6 +85,11 @@ TILES = (16, 64)  # the GEMM row tiles (m16 and m64 kernels)
 # tile -> (columns per block, threads per block) of the GEMM kernels in cuda/moe_gemm.cu
 GEMM_CONFIG = {16: (64, 128), 64: (128, 256)}
 COMBINE_THREADS = 256
+# The fp16 "_cp" GEMM kernels (cuda/moe_gemm.cu, moe_gemm_cp_body): a multi-stage cp.async
+# pipeline in dynamic shared memory, used on sm_80+ unless COLIBRI_CUDA_GEMM_PIPELINE=regs.
+# tile -> (columns per block, slice depth BK, threads per block, stages)
+GEMM_CP_CONFIG = {16: (64, 64, 128, 4), 64: (128, 32, 256, 3)}
+GEMM_PIPELINES = ("cp", "regs")
 
 # PyCUDA "prepared" argument types of every kernel: P pointer, i int32, f float32. They must
 # follow the C parameter lists; tests/test_cuda_sources.py checks them against the .cu files.
@@ -96,7 +105,21 @@ KERNELS: dict[str, tuple[str, str]] = {
         for w in ("f16", "i4")
         for t in TILES
     },
+    **{
+        f"cb_moe_{part}_f16_m{t}_cp": ("moe_gemm", _GEMM_SIG)
+        for part in ("gate_up", "down")
+        for t in TILES
+    },
 }
+
+
+def gemm_cp_smem_bytes(tile: int, gate_up: bool) -> int:
+    """Dynamic shared memory of a "_cp" GEMM kernel: its stages of (tile + NW * BN) rows of
+    BK + 8 halves (NW = 2 weight tiles for gate/up, 1 for down), or the fp32 epilogue tile if
+    larger. The kernel checks it was given at least this (CB_KERR_SMEM)."""
+    bn, bk, _, stages = GEMM_CP_CONFIG[tile]
+    nw = 2 if gate_up else 1
+    return max(stages * (tile + nw * bn) * (bk + 8) * 2, tile * (bn + 4) * 4)
 
 # The device error record (cuda/common.cuh): err[0] code, err[1] line, err[2] file id, err[3] value.
 _KERR_NAMES = {
@@ -105,6 +128,7 @@ _KERR_NAMES = {
     3: "the sorted token list does not fit its capacity",
     4: "a routed expert is not resident in the expert pool",
     5: "a GEMM dimension is not supported",
+    6: "a GEMM kernel was launched with less dynamic shared memory than it needs",
 }
 _FILE_IDS = {1: "routing.cu", 2: "moe_gemm.cu"}
 
@@ -291,6 +315,29 @@ class CudaRuntime:
             fn.prepare(sig)
             self._fn[name] = fn
         self._modules = modules
+        self.cp_supported, self.gemm_pipeline = self._setup_gemm_pipeline(drv, cc)
+
+    def _setup_gemm_pipeline(self, drv: Any, cc: tuple[int, int]) -> tuple[bool, str]:
+        """Whether the cp.async GEMM kernels can run here (sm_80+ with enough opt-in shared
+        memory; their limits raised with cuFuncSetAttribute), and the pipeline moe_ffn uses by
+        default: "cp" where they can, else "regs"; COLIBRI_CUDA_GEMM_PIPELINE overrides."""
+        need = max(gemm_cp_smem_bytes(t, gu) for t in TILES for gu in (True, False))
+        optin = self.device.get_attribute(drv.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        ok = tuple(cc) >= (8, 0) and optin >= need
+        if ok:
+            for t in TILES:
+                for part in ("gate_up", "down"):
+                    self._fn[f"cb_moe_{part}_f16_m{t}_cp"].set_attribute(
+                        drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        gemm_cp_smem_bytes(t, part == "gate_up"))
+        want = os.environ.get("COLIBRI_CUDA_GEMM_PIPELINE", "").strip().lower()
+        if want and want not in GEMM_PIPELINES:
+            raise ColibriError(f"COLIBRI_CUDA_GEMM_PIPELINE must be one of {GEMM_PIPELINES}, "
+                               f"got {want!r}")
+        if want == "cp" and not ok:
+            raise ColibriError(f"COLIBRI_CUDA_GEMM_PIPELINE=cp needs sm_80+ and {need} bytes of "
+                               f"shared memory per block; {self.name} is {self.arch} with {optin}")
+        return ok, want or ("cp" if ok else "regs")
 
     def close(self) -> None:
         """Pop the context this runtime pushed (idempotent)."""
@@ -303,10 +350,12 @@ class CudaRuntime:
 
     # ---------------------------------------------------------------- helpers
     def _launch(self, name: str, grid: tuple[int, int], block: int, args: list[Any],
-                stream: Any = None) -> None:
-        """Launch a prepared kernel; a driver error becomes a ColibriError naming it."""
+                stream: Any = None, shared: int = 0) -> None:
+        """Launch a prepared kernel (``shared`` bytes of dynamic shared memory); a driver error
+        becomes a ColibriError naming it."""
         try:
-            self._fn[name].prepared_async_call(grid + (1,), (block, 1, 1), stream, *args)
+            self._fn[name].prepared_async_call(grid + (1,), (block, 1, 1), stream, *args,
+                                               shared_size=shared)
         except Exception as e:
             caller = sys._getframe(1)
             raise ColibriError(
@@ -562,27 +611,36 @@ class CudaRuntime:
         )
 
     def moe_ffn_launch(self, x_gpu: Any, pool: DevicePool, routing: Routing, act: int,
-                       ws: Workspace, stream: Any = None) -> None:
+                       ws: Workspace, stream: Any = None, pipeline: str | None = None) -> None:
         """Launch gate/up, down and combine for a routed batch (no checks, no sync):
-        ws.out [T, D] float32 receives the weighted sum of each token's experts."""
+        ws.out [T, D] float32 receives the weighted sum of each token's experts.
+        ``pipeline`` ("cp" or "regs", default :attr:`gemm_pipeline`) picks the fp16 GEMM
+        kernels; int4 weights always use the register-prefetch kernels."""
         lay, r, a = pool.layout, routing, routing.arrays
+        pipe = pipeline or self.gemm_pipeline
+        if pipe not in GEMM_PIPELINES or (pipe == "cp" and not self.cp_supported):
+            raise ColibriError(f"GEMM pipeline {pipe!r} is not available on {self.name} "
+                               f"({self.arch}); use one of {GEMM_PIPELINES} (cp needs sm_80+)")
         w = "i4" if lay.fmt == "int4-g128" else "f16"
+        cp = pipe == "cp" and w == "f16"
         bn, threads = GEMM_CONFIG[r.tile]
         tiles = r.cap // r.tile
         common = [_ptr(a["sorted_token"]), _ptr(a["sorted_weight"]), _ptr(a["tile_expert"]),
                   _ptr(pool.buffer), _ptr(pool.offsets), pool.n_experts]
-        self._launch(f"cb_moe_gate_up_{w}_m{r.tile}", (tiles, -(-lay.ffn // bn)), threads,
+        sfx = "_cp" if cp else ""
+        self._launch(f"cb_moe_gate_up_{w}_m{r.tile}{sfx}", (tiles, -(-lay.ffn // bn)), threads,
                      [_ptr(x_gpu), *common, lay.hidden, lay.ffn, act, _ptr(ws.h), 0,
-                      _ptr(ws.err)], stream)
-        self._launch(f"cb_moe_down_{w}_m{r.tile}", (tiles, -(-lay.hidden // bn)), threads,
+                      _ptr(ws.err)], stream, gemm_cp_smem_bytes(r.tile, True) if cp else 0)
+        self._launch(f"cb_moe_down_{w}_m{r.tile}{sfx}", (tiles, -(-lay.hidden // bn)), threads,
                      [_ptr(ws.h), *common, lay.ffn, lay.hidden, act, 0, _ptr(ws.z),
-                      _ptr(ws.err)], stream)
+                      _ptr(ws.err)], stream, gemm_cp_smem_bytes(r.tile, False) if cp else 0)
         self._launch("cb_moe_combine", (r.n_tokens, 1), COMBINE_THREADS,
                      [_ptr(ws.z), _ptr(a["pair_pos"]), r.n_tokens, r.k, lay.hidden,
                       _ptr(ws.out), _ptr(ws.err)], stream)
 
     def moe_ffn(self, x: np.ndarray, pool: DevicePool, routing: Routing,
-                activation: str = "silu", stream: Any = None) -> np.ndarray:
+                activation: str = "silu", stream: Any = None,
+                pipeline: str | None = None) -> np.ndarray:
         """The grouped expert FFN: out [T, D] float32 = sum_j w[t, j] * expert_{id[t, j]}(x[t])
         for x [T, D] (converted to fp16), the experts in ``pool``, routed by ``routing``.
         With ``stream`` the kernels run on it after whatever it holds (staged expert copies)
@@ -597,7 +655,7 @@ class CudaRuntime:
             raise ValueError(f"activation must be one of {sorted(ref.ACTIVATIONS)}, got {activation!r}")
         ws = self.workspace(routing, lay)
         self.moe_ffn_launch(self.to_gpu(xh), pool, routing, ref.ACTIVATIONS[activation], ws,
-                            stream)
+                            stream, pipeline)
         if stream is not None:
             stream.synchronize()
         out: np.ndarray = ws.out.get().reshape(routing.n_tokens, lay.hidden)

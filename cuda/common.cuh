@@ -29,6 +29,7 @@
 #define CB_KERR_CAPACITY 3         /* the padded token list does not fit the buffers given */
 #define CB_KERR_NOT_RESIDENT 4     /* a routed expert has no slot in the expert pool */
 #define CB_KERR_SHAPE 5            /* a GEMM dimension is not a multiple of what it needs */
+#define CB_KERR_SMEM 6             /* launched with less dynamic shared memory than it needs */
 
 /* Record the first failure (code, line, file, value) in err[0..3]; later failures are dropped
  * so the first cause is the one reported. */
@@ -64,6 +65,53 @@ __device__ __forceinline__ void cb_kernel_fail(int *err, int code, int line, int
             return cb_err_;                                                               \
         }                                                                                 \
     } while (0)
+#endif
+
+/* Asynchronous global -> shared copies (the cp.async pipeline of the fp16 GEMM kernels).
+ *   cb_cp_async16(dst, src, pred): copy 16 bytes (both addresses 16-byte aligned); when pred is
+ *       false nothing is read and dst is zero-filled (src must still be a valid pointer);
+ *   cb_cp_async_commit(): close this thread's current group of copies;
+ *   cb_cp_async_wait<N>(): wait until at most N of this thread's groups are still in flight.
+ * Only the issuing thread's view is covered: a __syncthreads after the wait makes the data
+ * visible to the block. sm_80+ issue cp.async.cg (L2 only, no register round trip); older
+ * architectures copy synchronously (same results, no overlap).
+ * CB_DYNAMIC_SMEM(name) declares the kernel's dynamic shared memory (128-byte aligned) and
+ * cb_dynamic_smem_bytes() reads its size as launched, so a kernel can refuse a short launch.
+ * The CPU emulation (tests/cuda_emu/cuda_emu.h, which defines CB_CUDA_EMU) brings its own
+ * versions: copies land at a random moment between issue and wait. */
+#ifndef CB_CUDA_EMU
+__device__ __forceinline__ void cb_cp_async16(void *dst, const void *src, bool pred) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
+                 "r"(pred ? 16 : 0)
+                 : "memory");
+#else
+    *reinterpret_cast<uint4 *>(dst) =
+        pred ? *reinterpret_cast<const uint4 *>(src) : make_uint4(0u, 0u, 0u, 0u);
+#endif
+}
+
+__device__ __forceinline__ void cb_cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void cb_cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+__device__ __forceinline__ unsigned cb_dynamic_smem_bytes() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+    return r;
+}
+
+#define CB_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
 #endif
 
 /* Lanes below this one in the warp: a mask for ranking within a __ballot_sync. */

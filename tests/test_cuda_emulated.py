@@ -26,6 +26,7 @@ from colibri._cuda_ref import (
     routing_capacity,
     unpack_expert,
 )
+from colibri.cuda import gemm_cp_smem_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -154,14 +155,21 @@ def test_route_kernel_errors(emu, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "fmt,d,f,n_exp,k,n_tokens,act,tile",
-    [("f16", 64, 192, 6, 2, 1, "silu", 16),
-     ("f16", 128, 64, 5, 2, 23, "gelu_tanh", 16),
-     ("f16", 64, 320, 4, 2, 40, "silu", 64),
-     ("int4-g128", 128, 256, 4, 2, 9, "silu", 16),
-     ("int4-g128", 256, 128, 3, 2, 35, "gelu_tanh", 64)],
+    "fmt,d,f,n_exp,k,n_tokens,act,tile,cp",
+    [("f16", 64, 192, 6, 2, 1, "silu", 16, False),
+     ("f16", 128, 64, 5, 2, 23, "gelu_tanh", 16, False),
+     ("f16", 64, 320, 4, 2, 40, "silu", 64, False),
+     ("f16", 64, 192, 6, 2, 1, "silu", 16, True),
+     ("f16", 320, 128, 5, 2, 23, "gelu_tanh", 16, True),
+     ("f16", 64, 320, 4, 2, 40, "silu", 64, True),
+     ("f16", 192, 256, 3, 2, 70, "silu", 64, True),
+     ("int4-g128", 128, 256, 4, 2, 9, "silu", 16, False),
+     ("int4-g128", 256, 128, 3, 2, 35, "gelu_tanh", 64, False)],
 )
-def test_moe_kernels(emu, tmp_path, fmt, d, f, n_exp, k, n_tokens, act, tile):
+def test_moe_kernels(emu, tmp_path, fmt, d, f, n_exp, k, n_tokens, act, tile, cp):
+    """The grouped FFN kernels against the float64 reference; cp: the fp16 cp.async-pipeline
+    kernels, launched with exactly the dynamic shared memory colibri.cuda gives them (copies
+    land early or late at random; K from 1 slice, fewer than the stages, to 10)."""
     rng = np.random.default_rng(d + f + n_tokens)
     lay = ExpertLayout(d, f, fmt)
     experts = [(rng.normal(0, d**-0.5, (f, d)), rng.normal(0, d**-0.5, (f, d)),
@@ -180,8 +188,9 @@ def test_moe_kernels(emu, tmp_path, fmt, d, f, n_exp, k, n_tokens, act, tile):
     pool.tofile(tmp_path / "pool.bin")
     offsets.astype(np.int64).tofile(tmp_path / "offsets.bin")
     cap = r["cap"]
+    smem = [gemm_cp_smem_bytes(tile, True), gemm_cp_smem_bytes(tile, False)] if cp else []
     run(emu, "moe", tmp_path, n_tokens, n_exp, k, d, f, int(fmt == "int4-g128"),
-        ACTIVATIONS[act], tile, cap, pool.size)
+        ACTIVATIONS[act], tile, cap, pool.size, *smem)
     err = np.fromfile(tmp_path / "err.bin", np.int32)
     assert err.tolist() == [0, 0, 0, 0]
     out = np.fromfile(tmp_path / "out.bin", np.float32).reshape(n_tokens, d)
@@ -210,3 +219,22 @@ def test_moe_kernel_rejects_bad_shape(emu, tmp_path):
     run(emu, "moe", tmp_path, n_tokens, n_exp, k, d, f, 1, 0, tile, r["cap"], 32768)
     code, line, file_id, value = np.fromfile(tmp_path / "err.bin", np.int32).tolist()
     assert (code, file_id, value) == (5, 2, 64) and line > 0
+
+
+@pytest.mark.parametrize("tile", [16, 64])
+def test_cp_kernels_refuse_short_shared_memory(emu, tmp_path, tile):
+    """A cp.async kernel launched with less dynamic shared memory than its stages need records
+    CB_KERR_SMEM with the bytes it needs, and writes nothing past the buffer (ASan)."""
+    n_tokens, n_exp, k, d, f = 2, 2, 1, 64, 64
+    r = emu_route(emu, tmp_path, np.array([[1.0, 0.0], [0.0, 1.0]], np.float32), k, "softmax",
+                  None, False, 1.0, tile)
+    np.zeros((n_tokens, d), np.float16).tofile(tmp_path / "x.bin")
+    lay = ExpertLayout(d, f, "f16")
+    pool, offsets = build_pool([tuple(np.zeros((64, 64)) for _ in range(3))] * n_exp, lay)
+    pool.tofile(tmp_path / "pool.bin")
+    offsets.astype(np.int64).tofile(tmp_path / "offsets.bin")
+    need = gemm_cp_smem_bytes(tile, True)
+    run(emu, "moe", tmp_path, n_tokens, n_exp, k, d, f, 0, 0, tile, r["cap"], pool.size,
+        need - 16, gemm_cp_smem_bytes(tile, False))
+    code, line, file_id, value = np.fromfile(tmp_path / "err.bin", np.int32).tolist()
+    assert (code, file_id, value) == (6, 2, need) and line > 0

@@ -107,7 +107,12 @@ class HostRegistry:
 
 
 def make_fake_pycuda(lib: ctypes.CDLL, calls: dict[str, int],
-                     reg: HostRegistry | None = None) -> dict[str, types.ModuleType]:
+                     reg: HostRegistry | None = None, cc: tuple[int, int] = (9, 0),
+                     smem_optin: int = 232448) -> dict[str, types.ModuleType]:
+    """The stand-in pycuda package: a device of compute capability ``cc`` (sm_90 by default)
+    with ``smem_optin`` bytes of opt-in shared memory per block (an H100/H200's 227 KiB). A
+    launch with more dynamic shared memory than 48 KiB, or than the kernel's attribute allows,
+    fails as the driver's would."""
     reg = reg if reg is not None else HostRegistry()
     drv = types.ModuleType("pycuda.driver")
     drv.registry = reg  # type: ignore[attr-defined]
@@ -137,10 +142,14 @@ def make_fake_pycuda(lib: ctypes.CDLL, calls: dict[str, int],
             return 1
 
         def name(self):
-            return "emulated sm_90"
+            return f"emulated sm_{cc[0]}{cc[1]}"
 
         def compute_capability(self):
-            return (9, 0)
+            return cc
+
+        def get_attribute(self, attr):
+            assert attr == "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", attr
+            return smem_optin
 
         def retain_primary_context(self):
             return Ctx()
@@ -149,12 +158,22 @@ def make_fake_pycuda(lib: ctypes.CDLL, calls: dict[str, int],
         def __init__(self, name):
             self.name = name
             self.fmt: str | None = None
+            self.max_dynamic_smem = 48 * 1024
 
         def prepare(self, fmt):
             self.fmt = fmt
 
-        def prepared_async_call(self, grid, block, stream, *args):
+        def set_attribute(self, attr, value):
+            assert attr == "MAX_DYNAMIC_SHARED_SIZE_BYTES", attr
+            if value > smem_optin:
+                raise Error("cuFuncSetAttribute failed: invalid value")
+            self.max_dynamic_smem = value
+
+        def prepared_async_call(self, grid, block, stream, *args, shared_size=0):
             assert self.fmt is not None and len(args) == len(self.fmt), (self.name, args)
+            if shared_size > self.max_dynamic_smem:
+                raise Error(f"cuLaunchKernel failed: invalid argument ({shared_size} bytes of "
+                            f"shared memory, {self.max_dynamic_smem} allowed)")
             conv = []
             for c, a in zip(self.fmt, args, strict=True):
                 if c == "P":
@@ -169,7 +188,8 @@ def make_fake_pycuda(lib: ctypes.CDLL, calls: dict[str, int],
             assert len(grid) == 3 and grid[2] == 1 and block[1:] == (1, 1)
             calls[self.name] = calls.get(self.name, 0) + 1
             getattr(lib, f"emu_{self.name}")(ctypes.c_uint(grid[0]), ctypes.c_uint(grid[1]),
-                                              ctypes.c_uint(block[0]), *conv)
+                                              ctypes.c_uint(block[0]),
+                                              ctypes.c_size_t(shared_size), *conv)
 
     class Module:
         def get_function(self, name):
@@ -252,6 +272,10 @@ def make_fake_pycuda(lib: ctypes.CDLL, calls: dict[str, int],
     drv.Event = Event
     drv.init = lambda: None
     drv.Device = Device
+    drv.device_attribute = types.SimpleNamespace(
+        MAX_SHARED_MEMORY_PER_BLOCK_OPTIN="MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
+    drv.function_attribute = types.SimpleNamespace(
+        MAX_DYNAMIC_SHARED_SIZE_BYTES="MAX_DYNAMIC_SHARED_SIZE_BYTES")
     drv.module_from_buffer = lambda cubin: Module()
     drv.mem_alloc = mem_alloc
     drv.memcpy_htod = memcpy_htod
@@ -286,7 +310,7 @@ def make_fake_pycuda(lib: ctypes.CDLL, calls: dict[str, int],
 
     def compile_(source, **kw):
         calls["nvcc"] = calls.get("nvcc", 0) + 1
-        assert kw["arch"] == "sm_90" and kw["no_extern_c"] is True
+        assert kw["arch"] == f"sm_{cc[0]}{cc[1]}" and kw["no_extern_c"] is True
         return b"emulated cubin"
 
     comp.compile = compile_
@@ -355,8 +379,13 @@ def test_route_errors(rt):
         rt.route(np.zeros((1, 4), np.float32), 1, tile=32)
 
 
-@pytest.mark.parametrize("fmt,tile,act", [("f16", 16, "silu"), ("int4-g128", 64, "gelu_tanh")])
-def test_moe_ffn(rt, fmt, tile, act):
+@pytest.mark.parametrize("fmt,tile,act,pipeline", [
+    ("f16", 16, "silu", None), ("f16", 64, "gelu_tanh", None), ("f16", 16, "silu", "regs"),
+    ("f16", 64, "silu", "regs"), ("int4-g128", 64, "gelu_tanh", None),
+])
+def test_moe_ffn(rt, fmt, tile, act, pipeline):
+    """Both GEMM pipelines against the float64 reference; on the emulated sm_90 the default is
+    the cp.async one for fp16 (int4 always uses the register-prefetch kernels)."""
     rng = np.random.default_rng(11)
     d, f, n_exp, k, n_tokens = 128, 128, 4, 2, 21
     lay = ExpertLayout(d, f, fmt)
@@ -366,14 +395,89 @@ def test_moe_ffn(rt, fmt, tile, act):
     dp = rt.upload_pool(pool, offsets, lay)
     x = rng.normal(size=(n_tokens, d)).astype(np.float16)
     r = rt.route(rng.normal(size=(n_tokens, n_exp)).astype(np.float32), k, renorm=True, tile=tile)
-    out = rt.moe_ffn(x, dp, r, act)
+    assert rt.gemm_pipeline == "cp" and rt.cp_supported
+    out = rt.moe_ffn(x, dp, r, act, pipeline=pipeline)
     h = r.to_host()
     seen = [unpack_expert(pool[o:], lay) for o in offsets]
     ref = moe_ffn_reference(x, seen, h["topk_ids"], h["topk_w"], act)
     assert np.isfinite(out).all()
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
     w = "i4" if fmt == "int4-g128" else "f16"
-    assert rt.calls[f"cb_moe_gate_up_{w}_m{tile}"] == 1 and rt.calls["cb_moe_combine"] == 1
+    sfx = "_cp" if fmt == "f16" and pipeline is None else ""
+    assert rt.calls[f"cb_moe_gate_up_{w}_m{tile}{sfx}"] == 1
+    assert rt.calls[f"cb_moe_down_{w}_m{tile}{sfx}"] == 1 and rt.calls["cb_moe_combine"] == 1
+
+
+@pytest.mark.parametrize("tile", [16, 64])
+def test_gemm_pipelines_agree_bit_for_bit(rt, tile):
+    """The cp.async kernels multiply the same slices in the same order as the register-prefetch
+    ones: in the emulation their outputs are bit-identical (copies landing early or late at
+    random, CB_EMU_SEED; a stage read before it is complete, or overwritten while in use,
+    shows here as a difference), over K spanning fewer slices than the pipeline has stages
+    and many more, N not a multiple of the block's columns, and padding rows."""
+    rng = np.random.default_rng(tile)
+    for d, f, n_exp, k, n_tokens in ((64, 192, 3, 2, 5), (256, 320, 6, 3, 70)):
+        lay = ExpertLayout(d, f, "f16")
+        experts = [(rng.normal(0, d**-0.5, (f, d)), rng.normal(0, d**-0.5, (f, d)),
+                    rng.normal(0, f**-0.5, (d, f))) for _ in range(n_exp)]
+        pool, offsets = build_pool(experts, lay)
+        dp = rt.upload_pool(pool, offsets, lay)
+        x = rng.normal(size=(n_tokens, d)).astype(np.float16)
+        r = rt.route(separated_logits(rng, n_tokens, n_exp), k, tile=tile)
+        a = rt.moe_ffn(x, dp, r, "silu", pipeline="cp")
+        b = rt.moe_ffn(x, dp, r, "silu", pipeline="regs")
+        assert np.isfinite(a).all()
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("cc,optin,env,want", [
+    ((9, 0), 232448, None, "cp"), ((8, 0), 166912, None, "cp"), ((8, 6), 101376, None, "cp"),
+    ((7, 5), 65536, None, "regs"), ((8, 9), 65536, None, "regs"), ((9, 0), 232448, "regs", "regs"),
+    ((7, 5), 65536, "cp", "error"), ((9, 0), 232448, "fast", "error"),
+])
+def test_gemm_pipeline_choice(emu_lib, monkeypatch, tmp_path, cc, optin, env, want):
+    """cp.async kernels on sm_80+ when the device gives a block enough shared memory (their
+    limits raised to exactly what they launch with), else the register-prefetch kernels;
+    COLIBRI_CUDA_GEMM_PIPELINE overrides, and asking for what the device cannot do fails
+    clearly, at construction or at the call."""
+    calls: dict[str, int] = {}
+    fake = make_fake_pycuda(emu_lib, calls, cc=cc, smem_optin=optin)
+    for name, mod in fake.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setenv("COLIBRI_CUDA_CACHE", str(tmp_path / "cache"))
+    if env is None:
+        monkeypatch.delenv("COLIBRI_CUDA_GEMM_PIPELINE", raising=False)
+    else:
+        monkeypatch.setenv("COLIBRI_CUDA_GEMM_PIPELINE", env)
+    import colibri.cuda as cuda
+
+    if want == "error":
+        with pytest.raises(ColibriError, match="COLIBRI_CUDA_GEMM_PIPELINE"):
+            cuda.CudaRuntime(0)
+        return
+    rt = cuda.CudaRuntime(0)
+    try:
+        assert rt.gemm_pipeline == want and rt.cp_supported == (optin >= 82944 and cc >= (8, 0))
+        for t in cuda.TILES:
+            for part in ("gate_up", "down"):
+                fn = rt._fn[f"cb_moe_{part}_f16_m{t}_cp"]
+                assert fn.max_dynamic_smem == (cuda.gemm_cp_smem_bytes(t, part == "gate_up")
+                                               if rt.cp_supported else 48 * 1024)
+        rng = np.random.default_rng(0)
+        lay = ExpertLayout(64, 64, "f16")
+        pool, offsets = build_pool([tuple(rng.normal(0, 0.1, (64, 64)) for _ in range(3))
+                                    for _ in range(2)], lay)
+        dp = rt.upload_pool(pool, offsets, lay)
+        r = rt.route(np.array([[1.0, 0.0], [0.0, 1.0]], np.float32), 1)
+        x = rng.normal(size=(2, 64)).astype(np.float16)
+        out = rt.moe_ffn(x, dp, r)
+        assert np.isfinite(out).all()
+        assert calls.get("cb_moe_gate_up_f16_m16_cp", 0) == (want == "cp")
+        if not rt.cp_supported:
+            with pytest.raises(ColibriError, match="pipeline 'cp' is not available"):
+                rt.moe_ffn(x, dp, r, pipeline="cp")
+    finally:
+        rt.close()
 
 
 def test_bad_pools_and_inputs(rt):
@@ -491,9 +595,9 @@ def test_model_on_the_device_matches_the_cpu(rt, moe_models, monkeypatch, family
     print(f"{family} {weights}: relative logit error {rel:.2e}")
     assert 0 < rel < (5e-3 if weights == "f16" else 0.15), rel
     np.testing.assert_array_equal(dev.route_counts(0), cpu.route_counts(0))
-    w = "i4" if weights == "int4-g128" else "f16"
+    down = "cb_moe_down_i4_m16" if weights == "int4-g128" else "cb_moe_down_f16_m16_cp"
     n_moe = sum(1 for L in dev.desc.layers if L.n_expert > 0)
-    assert rt.calls["cb_route_topk"] == n_moe and rt.calls[f"cb_moe_down_{w}_m16"] == n_moe
+    assert rt.calls["cb_route_topk"] == n_moe and rt.calls[down] == n_moe
     # decode through the KV cache uses the device too, and agrees with the batch
     s = dev.new_sequence()
     steps = np.concatenate([dev.eval([s], tokens=[t]) for t in ids])

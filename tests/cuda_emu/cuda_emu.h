@@ -12,6 +12,13 @@
  * invisible because only lane 0 stores. Loads and stores check the alignment rules of the
  * real API (pointer 256-bit aligned, ldm a multiple of 16 bytes) in every lane.
  *
+ * cp.async (cuda/common.cuh's cb_cp_async16 / _commit / _wait<N>): each copy lands at a random
+ * moment the real hardware allows: at issue, or only when the issuing thread waits for its
+ * group, so a stage read before its wait and barrier, or overwritten while other warps still
+ * read it, gives wrong results (the seed is CB_EMU_SEED, default 1). A thread that ends with
+ * copies never waited for aborts. Dynamic shared memory (CB_DYNAMIC_SMEM) is a 128-byte aligned
+ * buffer of the size given to launch(), filled with 0xA5 before every block.
+ *
  * Include this before the .cu file; compile with -I<cuda>/include for cuda_fp16.h.
  */
 #ifndef COLIBRI_CUDA_EMU_H
@@ -26,10 +33,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
+#include <random>
 #include <thread>
 #include <vector>
+
+#define CB_CUDA_EMU 1
 
 #undef __global__
 #undef __device__
@@ -52,23 +63,57 @@ inline dim3 block_idx, block_dim, grid_dim;
 inline thread_local dim3 thread_idx;
 inline std::barrier<> *block_barrier = nullptr;
 inline std::vector<Warp> *warps = nullptr;
+inline unsigned char *dyn_smem = nullptr;
+inline size_t dyn_smem_size = 0;
+
+struct CpCopy {
+    void *dst;
+    const void *src;
+    bool pred;
+};
+inline thread_local std::vector<CpCopy> cp_open;                 /* not yet committed */
+inline thread_local std::vector<std::vector<CpCopy>> cp_groups;  /* committed, in flight */
+inline thread_local std::minstd_rand cp_rng;
+
+inline void cp_land(const CpCopy &c) {
+    unsigned char *d = static_cast<unsigned char *>(c.dst);
+    if (c.pred)
+        std::memcpy(d, c.src, 16);
+    else
+        std::memset(d, 0, 16);
+}
+
+inline unsigned seed() {
+    const char *s = std::getenv("CB_EMU_SEED");
+    return s ? static_cast<unsigned>(std::strtoul(s, nullptr, 10)) : 1u;
+}
 
 [[noreturn]] inline void die(const char *what) {
     std::fprintf(stderr, "cuda_emu: %s\n", what);
     std::abort();
 }
 
-/* Run kernel(args...) over grid x block, blocks in order, a block's threads concurrently. */
+/* Run kernel(args...) over grid x block, blocks in order, a block's threads concurrently;
+ * smem = bytes of dynamic shared memory. */
 template <class F>
-void launch(dim3 grid, dim3 block, F &&kernel) {
+void launch(dim3 grid, dim3 block, F &&kernel, size_t smem = 0) {
     const unsigned n = block.x * block.y * block.z;
     if (block.y != 1 || block.z != 1 || n % 32 != 0) die("launch: 1-D blocks of whole warps only");
     grid_dim = grid;
     block_dim = block;
+    std::unique_ptr<unsigned char, decltype(&std::free)> dyn(
+        static_cast<unsigned char *>(std::aligned_alloc(128, (smem + 127) / 128 * 128 + 128)),
+        &std::free);
+    dyn_smem = dyn.get();
+    dyn_smem_size = smem;
+    const unsigned base_seed = seed();
     for (unsigned bz = 0; bz < grid.z; bz++)
         for (unsigned by = 0; by < grid.y; by++)
             for (unsigned bx = 0; bx < grid.x; bx++) {
                 block_idx = dim3(bx, by, bz);
+                std::memset(dyn_smem, 0xA5, smem);
+                const unsigned block_seed =
+                    base_seed * 2654435761u + ((bz * grid.y + by) * grid.x + bx) * 1024u;
                 std::barrier<> bar(n);
                 std::vector<Warp> ws(n / 32);
                 for (auto &w : ws) w.bar = std::make_unique<std::barrier<>>(32);
@@ -77,9 +122,15 @@ void launch(dim3 grid, dim3 block, F &&kernel) {
                 std::vector<std::thread> threads;
                 threads.reserve(n);
                 for (unsigned t = 0; t < n; t++)
-                    threads.emplace_back([t, &kernel] {
+                    threads.emplace_back([t, block_seed, &kernel] {
                         thread_idx = dim3(t, 0, 0);
+                        cp_rng.seed(block_seed + t + 1);
+                        cp_open.clear();
+                        cp_groups.clear();
                         kernel();
+                        bool pending = !cp_open.empty();
+                        for (auto &g : cp_groups) pending = pending || !g.empty();
+                        if (pending) die("cp.async: a thread ended with copies it never waited for");
                     });
                 for (auto &th : threads) th.join();
             }
@@ -103,6 +154,36 @@ inline unsigned __ballot_sync(unsigned mask, int pred) {
     w.bar->arrive_and_wait(); /* nobody overwrites vals before everyone has read them */
     return m;
 }
+
+/* cp.async (see the top of this file) and dynamic shared memory, replacing common.cuh's. */
+inline void cb_cp_async16(void *dst, const void *src, bool pred) {
+    if (reinterpret_cast<std::uintptr_t>(dst) % 16 != 0 ||
+        (pred && reinterpret_cast<std::uintptr_t>(src) % 16 != 0))
+        emu::die("cp.async: address not 16-byte aligned");
+    if (dst < emu::dyn_smem || static_cast<unsigned char *>(dst) + 16 > emu::dyn_smem + emu::dyn_smem_size)
+        emu::die("cp.async: destination outside the dynamic shared memory");
+    const emu::CpCopy c{dst, src, pred};
+    if (emu::cp_rng() & 1u)
+        emu::cp_land(c); /* lands at once */
+    else
+        emu::cp_open.push_back(c); /* lands when its group is waited for */
+}
+
+inline void cb_cp_async_commit() {
+    emu::cp_groups.push_back(std::move(emu::cp_open));
+    emu::cp_open.clear();
+}
+
+template <int N>
+inline void cb_cp_async_wait() {
+    while (emu::cp_groups.size() > static_cast<size_t>(N)) {
+        for (const auto &c : emu::cp_groups.front()) emu::cp_land(c);
+        emu::cp_groups.erase(emu::cp_groups.begin());
+    }
+}
+
+inline unsigned cb_dynamic_smem_bytes() { return static_cast<unsigned>(emu::dyn_smem_size); }
+#define CB_DYNAMIC_SMEM(name) unsigned char *name = emu::dyn_smem
 
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }

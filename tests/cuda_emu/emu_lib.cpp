@@ -1,5 +1,6 @@
 /* emu_lib.cpp: colibri's CUDA kernels on the CPU (cuda_emu.h) as a shared library, one
- * launcher per kernel: emu_<kernel>(grid_x, grid_y, block_x, <the kernel's parameters>).
+ * launcher per kernel: emu_<kernel>(grid_x, grid_y, block_x, dynamic_smem_bytes, <the kernel's
+ * parameters>).
  * tests/test_cuda_runtime_emulated.py loads it behind a stand-in `pycuda` package so that
  * colibri/cuda.py (argument packing, buffer sizes, grids, error records) runs end to end
  * without a GPU. Device pointers are host pointers here. */
@@ -10,8 +11,9 @@
 #include "../../cuda/moe_gemm.cu"
 
 #define EMU_LAUNCH(kernel, params, args)                                                  \
-    extern "C" void emu_##kernel(unsigned gx, unsigned gy, unsigned bx, params) {          \
-        emu::launch(dim3(gx, gy), dim3(bx), [&] { kernel(args); });                        \
+    extern "C" void emu_##kernel(unsigned gx, unsigned gy, unsigned bx, size_t smem,       \
+                                 params) {                                                 \
+        emu::launch(dim3(gx, gy), dim3(bx), [&] { kernel(args); }, smem);                  \
     }
 
 #define EMU_COMMA ,
@@ -63,6 +65,10 @@ EMU_GEMM(cb_moe_down_f16_m16)
 EMU_GEMM(cb_moe_down_f16_m64)
 EMU_GEMM(cb_moe_down_i4_m16)
 EMU_GEMM(cb_moe_down_i4_m64)
+EMU_GEMM(cb_moe_gate_up_f16_m16_cp)
+EMU_GEMM(cb_moe_gate_up_f16_m64_cp)
+EMU_GEMM(cb_moe_down_f16_m16_cp)
+EMU_GEMM(cb_moe_down_f16_m64_cp)
 
 EMU_LAUNCH(cb_moe_combine,
            const float *z EMU_COMMA const int *pair_pos EMU_COMMA int n_tokens EMU_COMMA int k

@@ -10,7 +10,8 @@
  *       reads logits.bin [bias.bin] [slot.bin]; writes topk_ids.bin topk_w.bin sel_offset.bin
  *       counts.bin seg_offset.bin sorted_token.bin sorted_weight.bin pair_pos.bin
  *       tile_expert.bin err.bin (cap from routing_capacity, computed here the same way)
- *   emu moe DIR n_tokens n_experts k D F int4 act tile cap pool_bytes
+ *   emu moe DIR n_tokens n_experts k D F int4 act tile cap pool_bytes [smem_gate_up smem_down]
+ *       with the two dynamic shared memory sizes: the fp16 "_cp" kernels (cp.async pipeline);
  *       reads x.bin pool.bin offsets.bin sorted_token.bin sorted_weight.bin tile_expert.bin
  *       pair_pos.bin; writes h.bin z.bin out.bin err.bin
  */
@@ -114,11 +115,18 @@ int route(const std::string &dir, char **a, int na) {
     return 0;
 }
 
-int moe(const std::string &dir, char **a) {
+int moe(const std::string &dir, char **a, int argc) {
     const int n_tokens = std::atoi(a[0]), n_experts = std::atoi(a[1]), k = std::atoi(a[2]);
     const int D = std::atoi(a[3]), F = std::atoi(a[4]), int4 = std::atoi(a[5]);
     const int act = std::atoi(a[6]), tile = std::atoi(a[7]), cap = std::atoi(a[8]);
     const long pool_bytes = std::atol(a[9]);
+    const bool cp = argc >= 12;
+    const size_t smem_gu = cp ? std::strtoul(a[10], nullptr, 10) : 0;
+    const size_t smem_dn = cp ? std::strtoul(a[11], nullptr, 10) : 0;
+    if (cp && int4) {
+        std::fprintf(stderr, "the cp.async kernels are fp16 only\n");
+        return 2;
+    }
     auto x = read_file<__half>(dir + "/x.bin", (size_t)n_tokens * D);
     auto pool = read_file<unsigned char>(dir + "/pool.bin", pool_bytes);
     auto off = read_file<long long>(dir + "/offsets.bin", n_experts);
@@ -132,18 +140,20 @@ int moe(const std::string &dir, char **a) {
     std::vector<int> err(4, 0);
     const int bn = tile == 16 ? 64 : 128, threads = tile == 16 ? 128 : 256;
     const dim3 blk(threads);
-    auto gate_up = tile == 16 ? (int4 ? cb_moe_gate_up_i4_m16 : cb_moe_gate_up_f16_m16)
+    auto gate_up = cp ? (tile == 16 ? cb_moe_gate_up_f16_m16_cp : cb_moe_gate_up_f16_m64_cp)
+                 : tile == 16 ? (int4 ? cb_moe_gate_up_i4_m16 : cb_moe_gate_up_f16_m16)
                               : (int4 ? cb_moe_gate_up_i4_m64 : cb_moe_gate_up_f16_m64);
-    auto down = tile == 16 ? (int4 ? cb_moe_down_i4_m16 : cb_moe_down_f16_m16)
+    auto down = cp ? (tile == 16 ? cb_moe_down_f16_m16_cp : cb_moe_down_f16_m64_cp)
+              : tile == 16 ? (int4 ? cb_moe_down_i4_m16 : cb_moe_down_f16_m16)
                            : (int4 ? cb_moe_down_i4_m64 : cb_moe_down_f16_m64);
     emu::launch(dim3(cap / tile, (F + bn - 1) / bn), blk, [&] {
         gate_up(x.data(), stok.data(), sw.data(), te.data(), pool.data(), off.data(), n_experts,
                 D, F, act, h.data(), nullptr, err.data());
-    });
+    }, smem_gu);
     emu::launch(dim3(cap / tile, (D + bn - 1) / bn), blk, [&] {
         down(h.data(), stok.data(), sw.data(), te.data(), pool.data(), off.data(), n_experts, F,
              D, act, nullptr, z.data(), err.data());
-    });
+    }, smem_dn);
     emu::launch(dim3(n_tokens), dim3(256), [&] {
         cb_moe_combine(z.data(), pp.data(), n_tokens, k, D, out.data(), err.data());
     });
@@ -158,7 +168,7 @@ int moe(const std::string &dir, char **a) {
 
 int main(int argc, char **argv) {
     if (argc >= 12 && std::strcmp(argv[1], "route") == 0) return route(argv[2], argv + 3, argc - 3);
-    if (argc >= 13 && std::strcmp(argv[1], "moe") == 0) return moe(argv[2], argv + 3);
+    if (argc >= 13 && std::strcmp(argv[1], "moe") == 0) return moe(argv[2], argv + 3, argc - 3);
     std::fprintf(stderr, "usage: see the top of emu_main.cpp\n");
     return 2;
 }
