@@ -872,6 +872,37 @@ def test_cuda_check_staged_step(rt, tmp_path):
     assert reg.pinned == {}
 
 
+def test_cuda_check_gpu_main_small(rt, tmp_path, monkeypatch, capsys):
+    """The whole GPU check (tools/bench/cuda_check.py, what runs on a lent device) end to end
+    on the emulation with --small shapes and one timed run: routing and FFN checks with both
+    GEMM pipelines, timing rows for every format / pipeline / token count with the pipelines
+    compared bit for bit, the target report, the staged step, the JSON summary."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("cuda_check_main", ROOT / "tools" / "bench" / "cuda_check.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "measure_matmul_peer", lambda: (100.0, "stand-in peer"))
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["cuda_check.py", "--small", "--runs", "1"])
+    assert mod.main() == 0
+    res = json.loads((tmp_path / "cuda_check.json").read_text())
+    assert res["pipelines"] == ["cp", "regs"] and res["gemm_pipeline"] == "cp"
+    assert {(r["fmt"], r["pipeline"]) for r in res["ffn"]} == {
+        ("f16", "cp"), ("int4-g128", "cp"), ("f16", "regs")}
+    rows = res["timings"]
+    assert len(rows) == 3 * len(mod.TIMING_TOKENS)
+    for r in rows:
+        assert r["ms"] > 0 and 0 < r["frac_roofline"] and r["frac_matmul"] > 0
+        if r["pipeline"] == "regs" and r["fmt"] == "f16":
+            assert r["bit_identical_to_cp"] is True
+    assert set(res["target"]) == set() and res["staged"]["f16"]["misses"] > 0
+    out = capsys.readouterr().out
+    assert "all checks passed" in out and "of roofline" in out
+
+
 def test_store_pin_pool_callbacks(moe_models):
     """ExpertStore.pin_pool: pin's exception propagates and nothing stays pinned; unpin is
     called once with pin's handle, by unpin_pool or by the store's own free; an exception in

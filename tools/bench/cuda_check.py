@@ -18,11 +18,18 @@ when $OUT is set):
      dequantized): relative Frobenius error < 5e-3 for both formats (fp32 accumulation, fp16
      x and h), with every output element written (outputs pre-filled with NaN).
   5. Timing with CUDA events (median of many runs after warm-up) of the grouped FFN (gate/up,
-     down, combine) at 1, 16, 128 and 1024 tokens, Qwen3-30B-A3B expert shapes (hidden 2048,
-     expert FFN 768, 128 experts, top-8), fp16 and int4; reported as TFLOP/s of useful work
-     (6 * D * F per routed token) against the device's measured fp16 matmul rate (PyTorch or
-     CuPy, same run), and as weight bandwidth against a measured device-to-device copy.
-     Target: at 1024 tokens, fp16, >= 50% of the matmul rate.
+     down, combine) at 1, 16, 128 and 1024 tokens, for two expert shapes: Qwen3-30B-A3B
+     (hidden 2048, expert FFN 768, 128 experts, top-8; ~64 rows per expert at 1024 tokens:
+     bound by reading the weights) and Mixtral-8x7B (hidden 4096, FFN 14336, 8 experts,
+     top-2; ~256 rows per expert: bound by the tensor cores); fp16 with both GEMM pipelines
+     (cp.async, register prefetch; compared with each other bit for bit) and int4. Each row is
+     checked against the float64 reference first (small token counts). Reported as TFLOP/s of
+     useful work (6 * D * F per routed token) against the device's measured fp16 matmul rate
+     (PyTorch or CuPy, same run), against the roofline (the larger of flops / matmul rate and
+     weight bytes / copy bandwidth), as weight bandwidth against a measured device-to-device
+     copy, and against PyTorch's eager per-expert loop on the same routing (the peer).
+     Target: at 1024 tokens, fp16, >= 50% of the matmul rate; stated per shape with whether
+     the roofline allows it.
   6. The staged expert path (colibri.cuda_moe with a device budget of a few experts) against
      the whole pool, bit for bit, on a synthetic F16 expert file served by a real expert
      store in cache mode whose slot pool is page-locked (cuMemHostRegister): fp16 weights
@@ -58,8 +65,20 @@ from colibri._cuda_ref import ExpertLayout  # noqa: E402
 
 FFN_REL_BOUND = 5e-3
 ROUTE_W_RTOL = 2e-5
-TIMING_SHAPE = {"hidden": 2048, "ffn": 768, "experts": 128, "k": 8}
+# The timed shapes: Qwen3-30B-A3B's experts (small experts, many of them: at 1024 tokens each
+# expert gets ~64 rows and the GEMM is bound by reading the weights) and Mixtral-8x7B's (few,
+# large experts: ~256 rows each at 1024 tokens, bound by the tensor cores). "check" = the
+# largest token count compared with the float64 reference; "distinct" = how many different
+# experts are generated on the host (the rest of the slots are device copies of them, so the
+# memory traffic is that of all the experts).
+TIMING_SHAPES: dict[str, dict[str, int]] = {
+    "qwen3-30b-a3b": {"hidden": 2048, "ffn": 768, "experts": 128, "k": 8, "check": 128,
+                      "distinct": 8},
+    "mixtral-8x7b": {"hidden": 4096, "ffn": 14336, "experts": 8, "k": 2, "check": 16,
+                     "distinct": 2},
+}
 TIMING_TOKENS = (1, 16, 128, 1024)
+TARGET_TOKENS, TARGET_FRAC = 1024, 0.5
 RESULTS: dict[str, Any] = {}
 
 
@@ -78,6 +97,27 @@ def separated_logits(rng: np.random.Generator, n_tokens: int, n_experts: int) ->
     base = np.arange(n_experts) * (8.0 / n_experts) - 4.0
     noise = rng.uniform(0, 2.0 / n_experts, (n_tokens, n_experts))
     return (np.array([rng.permutation(base) for _ in range(n_tokens)]) + noise).astype(np.float32)
+
+
+def random_pool(rng: np.random.Generator, lay: ExpertLayout, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """n expert slots of random weights written straight in the pool layout (no float64
+    detour, for the large timing shapes): fp16 ~ N(0, 1/cols), or int4 codes uniform in 0..15
+    with fp16 group scales giving the same spread."""
+    sb, mb = lay.slot_bytes, lay.matrix_bytes
+    pool = np.zeros(n * sb, np.uint8)
+    for e in range(n):
+        for i, (rows, cols) in enumerate(((lay.ffn, lay.hidden), (lay.ffn, lay.hidden),
+                                          (lay.hidden, lay.ffn))):
+            b = pool[e * sb + i * mb : e * sb + (i + 1) * mb]
+            if lay.fmt == "f16":
+                w = rng.standard_normal(rows * cols, dtype=np.float32) / np.float32(np.sqrt(cols))
+                b.view(np.float16)[:] = w.astype(np.float16)
+            else:
+                nq = rows * cols // 2
+                b[:nq] = rng.integers(0, 256, nq, dtype=np.uint8)
+                sc = rng.uniform(0.8, 1.2, rows * (cols // 128)) / (4.6 * np.sqrt(cols))
+                b[nq:].view(np.float16)[:] = sc.astype(np.float16)
+    return pool, np.arange(n, dtype=np.int64) * sb
 
 
 def make_experts(rng: np.random.Generator, n: int, d: int, f: int) -> list[tuple[np.ndarray, ...]]:
@@ -161,7 +201,7 @@ def check_routing(route_fn, rng) -> None:
             f"{' +bias' if use_bias else '      '}: ids exact, weights max rel {werr:.1e}, grouping exact")
 
 
-def check_ffn(ffn_fn, rng, cases) -> list[dict[str, Any]]:
+def check_ffn(ffn_fn, rng, cases, label: str = "") -> list[dict[str, Any]]:
     """ffn_fn(x16, pool, offsets, layout, logits, k, act, tile) -> (out, routing dict)."""
     results = []
     for fmt, d, f, n_exp, k, n_tokens, act, tile in cases:
@@ -180,11 +220,11 @@ def check_ffn(ffn_fn, rng, cases) -> list[dict[str, Any]]:
         qerr = rel_err(want, ref.moe_ffn_reference(x16, experts, routed["topk_ids"],
                                                    routed["topk_w"], act))
         ok = err < FFN_REL_BOUND
-        log(f"  ffn {fmt:9s} D={d} F={f} E={n_exp} k={k} T={n_tokens:4d} {act:9s} tile={tile}: "
+        log(f"  ffn{label} {fmt:9s} D={d} F={f} E={n_exp} k={k} T={n_tokens:4d} {act:9s} tile={tile}: "
             f"rel err {err:.2e} (bound {FFN_REL_BOUND:.0e}) {'ok' if ok else 'FAIL'}; "
             f"format vs float weights {qerr:.2e}")
         results.append({"fmt": fmt, "tokens": n_tokens, "act": act, "tile": tile,
-                        "rel_err": err, "format_err": qerr})
+                        "pipeline": label.strip(" []") or None, "rel_err": err, "format_err": qerr})
         if not ok:
             raise AssertionError(f"{fmt} FFN relative error {err:.2e} >= {FFN_REL_BOUND}")
     return results
@@ -451,6 +491,193 @@ def measure_matmul_peer(n: int = 8192) -> tuple[float | None, str]:
         return None, f"no fp16 matmul peer: {torch_note}; cupy unusable ({ex!r})"
 
 
+def cuda_event_median(drv: Any, fn: Any, runs: int) -> float:
+    """Median seconds of fn() between two CUDA events, after min(10, runs) warm-up runs."""
+    warmup = min(10, runs)
+    s_ev, e_ev = drv.Event(), drv.Event()
+    ts = []
+    for i in range(runs + warmup):
+        s_ev.record()
+        fn()
+        e_ev.record()
+        e_ev.synchronize()
+        if i >= warmup:
+            ts.append(e_ev.time_since(s_ev) / 1e3)
+    return float(np.median(ts))
+
+
+def torch_loop_peer(h: dict[str, np.ndarray], d: int, f: int, n_exp: int,
+                    runs: int) -> float | None:
+    """The same routed fp16 FFN as PyTorch runs it eagerly (a loop over the experts with
+    tokens: gather, two matmuls, SiLU * up, matmul, scale, index_add - the Hugging Face MoE
+    loop), on n_exp distinct random experts; median seconds, None without CUDA torch."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+    except Exception:
+        return None
+    dev = "cuda"
+    wg = torch.randn(n_exp, f, d, device=dev, dtype=torch.float16) / d**0.5
+    wu = torch.randn(n_exp, f, d, device=dev, dtype=torch.float16) / d**0.5
+    wd = torch.randn(n_exp, d, f, device=dev, dtype=torch.float16) / f**0.5
+    n_tokens, k = h["topk_ids"].shape
+    x = torch.randn(n_tokens, d, device=dev, dtype=torch.float16)
+    groups = []
+    for e in range(n_exp):
+        tok, j = np.nonzero(h["topk_ids"] == e)
+        if tok.size:
+            groups.append((e, torch.as_tensor(tok, device=dev),
+                           torch.as_tensor(h["topk_w"][tok, j], device=dev, dtype=torch.float16)))
+
+    def run() -> None:
+        out = torch.zeros(n_tokens, d, device=dev, dtype=torch.float16)
+        for e, tok, w in groups:
+            xe = x.index_select(0, tok)
+            y = (torch.nn.functional.silu(xe @ wg[e].T) * (xe @ wu[e].T)) @ wd[e].T
+            out.index_add_(0, tok, y * w[:, None])
+
+    s, e_ = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ts = []
+    for i in range(runs + min(5, runs)):
+        s.record()
+        run()
+        e_.record()
+        e_.synchronize()
+        if i >= min(5, runs):
+            ts.append(s.elapsed_time(e_) / 1e3)
+    return float(np.median(ts))
+
+
+def time_shape(rt: Any, drv: Any, shape_name: str, shape: dict[str, int], pipelines: list[str],
+               peak: float | None, copy_bw: float, rng: np.random.Generator,
+               args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Time the grouped FFN (gate/up, down, combine) of one model's expert shape at every
+    TIMING_TOKENS count: fp16 with each GEMM pipeline, int4-g128; each run first compared with
+    the float64 reference up to shape["check"] tokens and the pipelines with each other.
+    Reported: TFLOP/s of useful work (6 D F per routed token), against the fp16 matmul rate,
+    against the roofline (the time the larger of flops / matmul rate and weight bytes / copy
+    bandwidth takes), weight GB/s, and the PyTorch per-expert loop on the same routing."""
+    import colibri.cuda as cuda
+
+    d, f, n_exp, k = (shape[x] for x in ("hidden", "ffn", "experts", "k"))
+    n_distinct = min(shape["distinct"], n_exp)
+    log(f"  -- {shape_name}: hidden {d}, expert FFN {f}, {n_exp} experts, top-{k}")
+    rows: list[dict[str, Any]] = []
+    for fmt in ("f16", "int4-g128"):
+        lay = ExpertLayout(d, f, fmt)
+        t0 = time.perf_counter()
+        base_pool, base_off = random_pool(rng, lay, n_distinct)
+        sb = lay.slot_bytes
+        pool_dev = drv.mem_alloc(n_exp * sb)
+        drv.memcpy_htod(pool_dev, base_pool)
+        for e in range(n_distinct, n_exp):
+            drv.memcpy_dtod(int(pool_dev) + e * sb, int(pool_dev) + (e % n_distinct) * sb, sb)
+        offsets = np.arange(n_exp, dtype=np.int64) * sb
+        dp = cuda.DevicePool(lay, n_exp, n_exp * sb, pool_dev, rt.to_gpu(offsets))
+        seen = [ref.unpack_expert(base_pool[o:], lay) for o in base_off]
+        log(f"     {fmt}: pool of {n_exp * sb / 2**30:.2f} GiB ready in "
+            f"{time.perf_counter() - t0:.1f} s")
+        for n_tokens in TIMING_TOKENS:
+            x16 = rng.standard_normal((n_tokens, d), dtype=np.float32).astype(np.float16)
+            logits = rng.standard_normal((n_tokens, n_exp), dtype=np.float32)
+            r = rt.route(logits, k, "softmax", None, True, 1.0)
+            h = r.to_host()
+            ws = rt.workspace(r, lay)
+            x_gpu = rt.to_gpu(x16)
+            flops = 6.0 * d * f * n_tokens * k
+            wbytes = int((h["counts"] > 0).sum()) * 3 * lay.matrix_bytes
+            t_bound = max(flops / (peak * 1e12) if peak else 0.0, wbytes / (copy_bw * 1e9))
+            want = None
+            if n_tokens <= shape["check"]:
+                want = ref.moe_ffn_reference(x16, [seen[e % n_distinct] for e in range(n_exp)],
+                                             h["topk_ids"], h["topk_w"], "silu")
+            first = None
+            runs = args.runs if n_tokens < 1024 else max(min(20, args.runs), args.runs // 4)
+            for pipe in (pipelines if fmt == "f16" else ["regs"]):
+                rt.poison(ws.out)
+                rt.moe_ffn_launch(x_gpu, dp, r, 0, ws, pipeline=pipe)
+                out = ws.out.get().reshape(n_tokens, d)
+                rt._check_err(ws.err, "moe_ffn")
+                if not np.isfinite(out).all():
+                    raise AssertionError(f"{shape_name} {fmt} [{pipe}] T={n_tokens}: "
+                                         "outputs unwritten or not finite")
+                err = rel_err(out, want) if want is not None else float("nan")
+                if want is not None and err >= FFN_REL_BOUND:
+                    raise AssertionError(f"{shape_name} {fmt} [{pipe}] T={n_tokens}: "
+                                         f"rel err {err:.2e}")
+                same = None
+                if first is None:
+                    first = out
+                else:
+                    same = bool(np.array_equal(out.view(np.uint32), first.view(np.uint32)))
+                    if not same and rel_err(out, first) >= FFN_REL_BOUND:
+                        raise AssertionError(f"{shape_name} {fmt} T={n_tokens}: the pipelines "
+                                             f"differ by {rel_err(out, first):.2e}")
+                def launch(x_gpu=x_gpu, dp=dp, r=r, ws=ws, pipe=pipe) -> None:
+                    rt.moe_ffn_launch(x_gpu, dp, r, 0, ws, pipeline=pipe)
+
+                t = cuda_event_median(drv, launch, runs)
+                tf = flops / t / 1e12
+                row = {"shape": shape_name, "fmt": fmt, "pipeline": pipe, "tokens": n_tokens,
+                       "tile": r.tile, "ms": t * 1e3, "tflops": tf,
+                       "frac_matmul": tf / peak if peak else None,
+                       "frac_roofline": t_bound / t, "roofline_tflops": flops / t_bound / 1e12,
+                       "weight_gbs": wbytes / t / 1e9, "frac_copy_bw": wbytes / t / 1e9 / copy_bw,
+                       "rel_err": err, "bit_identical_to_cp": same}
+                if fmt == "f16" and pipe == pipelines[0]:
+                    # the same logits: re-routing rewrites r with what it already holds
+                    lg_gpu = rt.to_gpu(logits)
+                    row["route_ms"] = 1e3 * cuda_event_median(
+                        drv, lambda lg=lg_gpu, r=r: rt.route_launch(lg, r, 0, None, True, 1.0,
+                                                                    None), min(20, runs))
+                    tp = torch_loop_peer(h, d, f, n_exp, max(5, runs // 4))
+                    row["torch_loop_ms"] = tp * 1e3 if tp else None
+                    row["vs_torch_loop"] = tp / t if tp else None
+                rows.append(row)
+                frac = f"{row['frac_matmul']:.0%} of matmul, " if peak else ""
+                peer = (f", torch loop {row['torch_loop_ms']:.3f} ms ({row['vs_torch_loop']:.1f}x)"
+                        if row.get("vs_torch_loop") else "")
+                route = f" (route {row['route_ms']:.3f} ms)" if row.get("route_ms") else ""
+                log(f"     {fmt:9s} [{pipe:4s}] T={n_tokens:5d} tile={r.tile:2d}: "
+                    f"{row['ms']:.3f} ms{route}, {tf:.1f} TFLOP/s = {frac}"
+                    f"{row['frac_roofline']:.0%} of roofline ({row['roofline_tflops']:.0f}), "
+                    f"weights {row['weight_gbs']:.0f} GB/s = {row['frac_copy_bw']:.0%} of copy bw"
+                    f"{peer}; err {err:.1e}{'' if same is None else f', same as cp: {same}'}")
+        pool_dev.free()
+    return rows
+
+
+def report_target(timings: list[dict[str, Any]], peak: float | None) -> dict[str, Any]:
+    """The issue's target: fp16 at TARGET_TOKENS tokens >= TARGET_FRAC of the fp16 matmul
+    rate, for each timed shape with the best pipeline; and whether the roofline allows it (a
+    shape whose weight reads alone take longer than TARGET_FRAC of the matmul rate allows
+    cannot reach it, whatever the kernel)."""
+    out: dict[str, Any] = {}
+    if not peak:
+        log("== target: no fp16 matmul peer measured, the fraction cannot be stated")
+        return out
+    for shape_name in TIMING_SHAPES:
+        cands = [r for r in timings if r["shape"] == shape_name and r["fmt"] == "f16"
+                 and r["tokens"] == TARGET_TOKENS]
+        if not cands:
+            continue
+        best = max(cands, key=lambda r: r["tflops"])
+        reachable = best["roofline_tflops"] >= TARGET_FRAC * peak
+        met = best["frac_matmul"] >= TARGET_FRAC
+        out[shape_name] = {"pipeline": best["pipeline"], "frac_matmul": best["frac_matmul"],
+                           "frac_roofline": best["frac_roofline"],
+                           "roofline_frac_matmul": best["roofline_tflops"] / peak,
+                           "reachable": reachable, "met": met}
+        log(f"== target {shape_name}: fp16 at {TARGET_TOKENS} tokens [{best['pipeline']}] "
+            f"reaches {best['frac_matmul']:.0%} of the fp16 matmul rate (goal >= "
+            f"{TARGET_FRAC:.0%}): {'MET' if met else 'NOT MET'}; the roofline allows "
+            f"{best['roofline_tflops'] / peak:.0%} ({'reachable' if reachable else 'bound by weight reads'}), "
+            f"the kernel reaches {best['frac_roofline']:.0%} of it")
+    return out
+
+
 def gpu_main(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     log("== PyCUDA")
@@ -488,23 +715,32 @@ def gpu_main(args: argparse.Namespace) -> int:
 
     log("== grouped expert FFN vs reference (outputs pre-filled with NaN)")
 
-    def ffn_fn(x16, pool, offsets, lay, logits, k, act, tile):
-        dp = rt.upload_pool(pool, offsets, lay)
-        r = rt.route(logits, k, "softmax", None, True, 1.0, tile)
-        ws = rt.workspace(r, lay)
-        for buf in (ws.out, ws.z, ws.h):
-            rt.poison(buf)
-        rt.moe_ffn_launch(rt.to_gpu(x16), dp, r, ref.ACTIVATIONS[act], ws)
-        out = ws.out.get().reshape(x16.shape[0], lay.hidden)
-        rt._check_err(ws.err, "moe_ffn")
-        h = r.to_host()
-        total = int(h["seg_offset"][-1])
-        hh = ws.h.get().reshape(r.cap, lay.ffn)[:total]
-        if not np.isfinite(hh).all():
-            raise AssertionError("gate/up left rows of h unwritten")
-        return out, h
+    def ffn_for(pipeline: str):
+        def ffn_fn(x16, pool, offsets, lay, logits, k, act, tile):
+            dp = rt.upload_pool(pool, offsets, lay)
+            r = rt.route(logits, k, "softmax", None, True, 1.0, tile)
+            ws = rt.workspace(r, lay)
+            for buf in (ws.out, ws.z, ws.h):
+                rt.poison(buf)
+            rt.moe_ffn_launch(rt.to_gpu(x16), dp, r, ref.ACTIVATIONS[act], ws, pipeline=pipeline)
+            out = ws.out.get().reshape(x16.shape[0], lay.hidden)
+            rt._check_err(ws.err, "moe_ffn")
+            h = r.to_host()
+            total = int(h["seg_offset"][-1])
+            hh = ws.h.get().reshape(r.cap, lay.ffn)[:total]
+            if not np.isfinite(hh).all():
+                raise AssertionError("gate/up left rows of h unwritten")
+            return out, h
 
-    RESULTS["ffn"] = check_ffn(ffn_fn, rng, FFN_CASES)
+        return ffn_fn
+
+    pipelines = ["cp", "regs"] if rt.cp_supported else ["regs"]
+    RESULTS.update(gemm_pipeline=rt.gemm_pipeline, pipelines=pipelines)
+    log(f"  fp16 GEMM pipelines: {pipelines} (default {rt.gemm_pipeline}); int4: regs")
+    RESULTS["ffn"] = check_ffn(ffn_for(pipelines[0]), rng, FFN_CASES, f" [{pipelines[0]}]")
+    for pipe in pipelines[1:]:
+        RESULTS["ffn"] += check_ffn(ffn_for(pipe), rng, [c for c in FFN_CASES if c[0] == "f16"],
+                                    f" [{pipe}]")
 
     log("== peers")
     peak, peer = measure_matmul_peer()
@@ -528,73 +764,9 @@ def gpu_main(args: argparse.Namespace) -> int:
     log(f"  device copy: {copy_bw:.0f} GB/s (read + write)")
 
     log("== timing (median of CUDA-event runs after warm-up)")
-    d, f, n_exp, k = (TIMING_SHAPE[x] for x in ("hidden", "ffn", "experts", "k"))
     timings = []
-    for fmt in ("f16", "int4-g128"):
-        lay = ExpertLayout(d, f, fmt)
-        # 8 distinct experts, replicated across the 128 slots on the device (the GEMM reads
-        # each slot at its own address, so the memory traffic is that of 128 experts).
-        base_pool, base_off = ref.build_pool(make_experts(rng, 8, d, f), lay)
-        sb = lay.slot_bytes
-        pool_dev = drv.mem_alloc(n_exp * sb)
-        drv.memcpy_htod(pool_dev, base_pool)
-        for e in range(8, n_exp):
-            drv.memcpy_dtod(int(pool_dev) + e * sb, int(pool_dev) + (e % 8) * sb, sb)
-        offsets = np.arange(n_exp, dtype=np.int64) * sb
-        dp = cuda.DevicePool(lay, n_exp, n_exp * sb, pool_dev, rt.to_gpu(offsets))
-        seen = [ref.unpack_expert(base_pool[o:], lay) for o in base_off]
-        for n_tokens in TIMING_TOKENS:
-            x16 = rng.standard_normal((n_tokens, d), dtype=np.float32).astype(np.float16)
-            r = rt.route(rng.standard_normal((n_tokens, n_exp), dtype=np.float32), k, "softmax",
-                         None, True, 1.0)
-            h = r.to_host()
-            ws = rt.workspace(r, lay)
-            x_gpu = rt.to_gpu(x16)
-            rt.moe_ffn_launch(x_gpu, dp, r, 0, ws)
-            out = ws.out.get().reshape(n_tokens, d)
-            rt._check_err(ws.err, "moe_ffn")
-            if n_tokens <= 128:  # the float64 reference is cheap enough up to here
-                want = ref.moe_ffn_reference(x16, [seen[e % 8] for e in range(n_exp)],
-                                             h["topk_ids"], h["topk_w"], "silu")
-                err = rel_err(out, want)
-                if err >= FFN_REL_BOUND:
-                    raise AssertionError(f"timing-shape {fmt} T={n_tokens}: rel err {err:.2e}")
-            else:
-                err = float("nan")
-            runs = args.runs if n_tokens < 1024 else max(20, args.runs // 4)
-            ts = []
-            for i in range(runs + 10):
-                s_ev.record()
-                rt.moe_ffn_launch(x_gpu, dp, r, 0, ws)
-                e_ev.record()
-                e_ev.synchronize()
-                if i >= 10:
-                    ts.append(e_ev.time_since(s_ev) / 1e3)
-            rts = []
-            lg_gpu = rt.to_gpu(rng.standard_normal((n_tokens, n_exp), dtype=np.float32))
-            for i in range(30):
-                s_ev.record()
-                rt.route_launch(lg_gpu, r, 0, None, True, 1.0, None)
-                e_ev.record()
-                e_ev.synchronize()
-                if i >= 10:
-                    rts.append(e_ev.time_since(s_ev) / 1e3)
-            t = float(np.median(ts))
-            flops = 6.0 * d * f * n_tokens * k
-            touched = int((h["counts"] > 0).sum())
-            wbytes = touched * 3 * lay.matrix_bytes
-            row = {"fmt": fmt, "tokens": n_tokens, "tile": r.tile, "ms": t * 1e3,
-                   "route_ms": float(np.median(rts)) * 1e3, "tflops": flops / t / 1e12,
-                   "frac_matmul": (flops / t / 1e12 / peak) if peak else None,
-                   "weight_gbs": wbytes / t / 1e9, "frac_copy_bw": wbytes / t / 1e9 / copy_bw,
-                   "rel_err": err}
-            timings.append(row)
-            frac = f"{row['frac_matmul']:.0%} of matmul" if peak else "no matmul peer"
-            log(f"  {fmt:9s} T={n_tokens:5d} tile={r.tile:2d}: {row['ms']:.3f} ms "
-                f"(route {row['route_ms']:.3f} ms), {row['tflops']:.1f} TFLOP/s = {frac}, "
-                f"weights {row['weight_gbs']:.0f} GB/s = {row['frac_copy_bw']:.0%} of copy bw, "
-                f"check err {err:.1e}")
-        pool_dev.free()
+    for shape_name, shape in TIMING_SHAPES.items():
+        timings += time_shape(rt, drv, shape_name, shape, pipelines, peak, copy_bw, rng, args)
     RESULTS["timings"] = timings
 
     log("== staged expert path vs the whole pool (pinned expert store slots)")
@@ -602,13 +774,8 @@ def gpu_main(args: argparse.Namespace) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         RESULTS["staged"] = staged_check(rt, rng, Path(tmp), args.small)
-    target = next((r for r in timings if r["fmt"] == "f16" and r["tokens"] == 1024), None)
     RESULTS["small_shapes"] = args.small
-    if target and peak:
-        met = target["frac_matmul"] >= 0.5
-        RESULTS["target_met"] = met
-        log(f"== target: fp16 at 1024 tokens reaches {target['frac_matmul']:.0%} of the fp16 "
-            f"matmul rate (goal >= 50%): {'MET' if met else 'NOT MET'}")
+    RESULTS["target"] = report_target(timings, peak)
     RESULTS["total_s"] = time.perf_counter() - t_start
     log(f"== all checks passed in {RESULTS['total_s']:.0f} s")
     return 0
@@ -622,8 +789,9 @@ def main() -> int:
                     help="small shapes everywhere (a quick smoke run; not the reported figures)")
     args = ap.parse_args()
     if args.small:
-        global TIMING_SHAPE, TIMING_TOKENS, FFN_CASES
-        TIMING_SHAPE = {"hidden": 256, "ffn": 128, "experts": 16, "k": 4}
+        global TIMING_SHAPES, TIMING_TOKENS, FFN_CASES
+        TIMING_SHAPES = {"small": {"hidden": 256, "ffn": 128, "experts": 16, "k": 4,
+                                   "check": 64, "distinct": 4}}
         TIMING_TOKENS = (1, 16, 64)
         FFN_CASES = FFN_CASES_CPU
     try:
