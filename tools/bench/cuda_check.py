@@ -109,9 +109,10 @@ def random_pool(rng: np.random.Generator, lay: ExpertLayout, n: int) -> tuple[np
         for i, (rows, cols) in enumerate(((lay.ffn, lay.hidden), (lay.ffn, lay.hidden),
                                           (lay.hidden, lay.ffn))):
             b = pool[e * sb + i * mb : e * sb + (i + 1) * mb]
-            if lay.fmt == "f16":
-                w = rng.standard_normal(rows * cols, dtype=np.float32) / np.float32(np.sqrt(cols))
-                b.view(np.float16)[:] = w.astype(np.float16)
+            if lay.fmt == "f16":  # a random block of up to 4M values, repeated (fast to make)
+                w = rng.standard_normal(min(rows * cols, 1 << 22), dtype=np.float32)
+                w = (w / np.float32(np.sqrt(cols))).astype(np.float16)
+                b.view(np.float16)[:] = np.resize(w, rows * cols)
             else:
                 nq = rows * cols // 2
                 b[:nq] = rng.integers(0, 256, nq, dtype=np.uint8)
@@ -576,7 +577,9 @@ def time_shape(rt: Any, drv: Any, shape_name: str, shape: dict[str, int], pipeli
             drv.memcpy_dtod(int(pool_dev) + e * sb, int(pool_dev) + (e % n_distinct) * sb, sb)
         offsets = np.arange(n_exp, dtype=np.int64) * sb
         dp = cuda.DevicePool(lay, n_exp, n_exp * sb, pool_dev, rt.to_gpu(offsets))
-        seen = [ref.unpack_expert(base_pool[o:], lay) for o in base_off]
+        # float64 once per distinct expert (the reference would convert each routed one)
+        seen = [tuple(m.astype(np.float64) for m in ref.unpack_expert(base_pool[o:], lay))
+                for o in base_off]
         log(f"     {fmt}: pool of {n_exp * sb / 2**30:.2f} GiB ready in "
             f"{time.perf_counter() - t0:.1f} s")
         for n_tokens in TIMING_TOKENS:
