@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The one command to run on a lent GPU machine (the device tool), from a bare machine:
+#   1. gguf (the one runtime dependency the machine's image lacks) installed offline from the
+#      carried wheels into build/pycuda_site;
+#   2. colibri's C core and Cython extensions built in place (the image has cython, numpy,
+#      setuptools and a compiler; its python3 is not this machine's, so nothing built here
+#      travels);
+#   3. tools/bench/cuda_check.py: builds PyCUDA from the carried sdist, compiles the kernels for
+#      the device, checks routing, both GEMM pipelines and the staged path against the CPU
+#      references, and times the grouped FFN against the device's matmul rate, its copy
+#      bandwidth and PyTorch;
+#   4. if time is left, the GPU tests (tests/test_cuda_gpu.py).
+# Every step's time and output go to $OUT (device_check.log, build_colibri.log,
+# cuda_check.log, cuda_check.json, pytest_gpu.log), which the device tool brings back.
+#
+# Here, once: bash tools/fetch_pycuda.sh   (build/pycuda_wheels: PyCUDA sdist, wheels, gguf)
+# Then one device call: command "bash tools/device_check.sh", carry ["build/pycuda_wheels"],
+# timeout_s 600. DEVICE_CHECK_SECONDS (default 540) is when no new step starts;
+# PYTHON (default python3) the interpreter; extra arguments go to cuda_check.py.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-build/device_out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+LIMIT=${DEVICE_CHECK_SECONDS:-540}
+start=$(date +%s)
+elapsed() { echo $(($(date +%s) - start)); }
+log() { echo "[device_check +$(elapsed)s] $*" | tee -a "$OUT/device_check.log"; }
+fail() {
+    log "FAILED: $*"
+    exit 1
+}
+
+log "$(uname -m), $("$PY" --version 2>&1), $(nproc) cpus, nvcc: $(command -v nvcc || echo none)"
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader \
+        2>&1 | tee -a "$OUT/device_check.log"
+fi
+
+# 1. gguf from the carried wheel, where the image lacks it
+site="$PWD/build/pycuda_site"
+mkdir -p "$site"
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+if ! "$PY" -c "import gguf" 2>/dev/null; then
+    whl=$(ls build/pycuda_wheels/gguf-*.whl 2>/dev/null | tail -1)
+    [ -n "$whl" ] || fail "gguf is not importable and no gguf wheel in build/pycuda_wheels (run tools/fetch_pycuda.sh here and carry build/pycuda_wheels)"
+    PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install -q --disable-pip-version-check --no-index \
+        --no-deps --target "$site" "$whl" || fail "installing $whl"
+    log "gguf installed from $whl"
+fi
+
+# 2. colibri in place
+t=$(date +%s)
+if ! "$PY" setup.py -q build_ext --inplace -j "$(nproc)" >"$OUT/build_colibri.log" 2>&1; then
+    tail -40 "$OUT/build_colibri.log"
+    fail "building colibri (build_colibri.log)"
+fi
+"$PY" -c "import colibri" || fail "import colibri after the build"
+log "colibri built in place in $(($(date +%s) - t)) s"
+
+# 3. the check
+"$PY" tools/bench/cuda_check.py "$@" 2>&1 | tee "$OUT/cuda_check.log"
+rc=${PIPESTATUS[0]}
+log "cuda_check.py exit status $rc"
+
+# 4. the GPU tests, in the time left
+left=$((LIMIT - $(elapsed)))
+if [ "$left" -gt 45 ]; then
+    log "GPU tests (at most ${left} s)"
+    timeout "$left" "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_cuda_gpu.py \
+        >"$OUT/pytest_gpu.log" 2>&1
+    prc=$?
+    tail -25 "$OUT/pytest_gpu.log"
+    log "GPU tests exit status $prc$([ $prc -eq 124 ] && echo ' (out of time)')"
+else
+    log "GPU tests skipped: ${left} s left"
+fi
+log "done"
+exit "$rc"
