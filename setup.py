@@ -10,9 +10,11 @@ import glob
 import os
 import platform
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_clib import build_clib
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -67,6 +69,28 @@ extensions = [
 
 
 
+class build_clib_parallel(build_clib):
+    """setuptools compiles a C library's sources one after another; compile them on every core
+    (COLIBRI_BUILD_JOBS caps it), one compiler process per source, then archive as before."""
+
+    def build_libraries(self, libraries):
+        one_by_one = self.compiler.compile
+        jobs = int(os.environ.get("COLIBRI_BUILD_JOBS", "0") or 0) or os.cpu_count() or 1
+
+        def compile_parallel(sources, *args, **kwargs):
+            if len(sources) < 2 or jobs < 2:
+                return one_by_one(sources, *args, **kwargs)
+            with ThreadPoolExecutor(jobs) as pool:
+                parts = list(pool.map(lambda src: one_by_one([src], *args, **kwargs), sources))
+            return [obj for part in parts for obj in part]
+
+        self.compiler.compile = compile_parallel
+        try:
+            super().build_libraries(libraries)
+        finally:
+            self.compiler.compile = one_by_one
+
+
 class build_ext_with_clib(build_ext):
     """Build the static C library first, so `build_ext --inplace` alone works."""
 
@@ -76,7 +100,7 @@ class build_ext_with_clib(build_ext):
 
 
 setup(
-    cmdclass={"build_ext": build_ext_with_clib},
+    cmdclass={"build_clib": build_clib_parallel, "build_ext": build_ext_with_clib},
     libraries=libraries,
     ext_modules=cythonize(
         extensions,
