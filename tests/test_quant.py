@@ -138,6 +138,23 @@ def test_matvec_and_matmul_random_shapes(t, level):
             np.testing.assert_array_equal(yv, q.matmul(t, raw, rows, cols, x[:1])[0])
 
 
+@pytest.mark.parametrize("t", TYPES)
+def test_packed_path_forced_on_and_off(t):
+    """matmul(packed=True/False/None): the packed-row path forced on (down to one token), off
+    (up to many), or chosen by the batch size; every result within the bound of the float64
+    reference, at token counts on both sides of every type's threshold."""
+    rng = np.random.default_rng(abs(hash(t)) % 2**32)
+    bs, _ = block(t)
+    cols = (256 if t.endswith("_K") else 32) * 3 if bs > 1 else 70
+    rows = 19
+    raw = random_raw(t, rows, cols, rng)
+    pool = q.ThreadPool(2)
+    for n in (1, 2, 3, 5, 7, 11, 17):
+        x = (rng.standard_normal((n, cols)) * 3).astype(np.float32)
+        for packed in (None, True, False):
+            _check_matmul(t, raw, rows, cols, x, pool=pool, packed=packed)
+
+
 @pytest.mark.parametrize("t", ["Q4_0", "Q4_K", "F16"])
 def test_simd_agrees_with_scalar(t):
     rng = np.random.default_rng(3)

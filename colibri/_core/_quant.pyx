@@ -172,7 +172,7 @@ def get_rows(t, raw, int64_t rows, int64_t cols, ids):
 
 
 def matmul(t, raw, int64_t rows, int64_t cols, x, ThreadPool pool=None, int threads=1,
-           out=None, bint accumulate=False, token_scale=None, token_ids=None):
+           out=None, bint accumulate=False, token_scale=None, token_ids=None, packed=None):
     """y = x @ W.T for a (rows, cols) weight W of type t given as raw bytes.
 
     x: float32 [n_tokens, cols] (or [cols] for a single token). Returns float32
@@ -180,6 +180,9 @@ def matmul(t, raw, int64_t rows, int64_t cols, x, ThreadPool pool=None, int thre
     call) splits rows across threads. With `out`, writes (or with accumulate=True adds) into it.
     token_scale: float32 [n_tokens] factors; token_ids: int32 [n_tokens] rows of x and out that
     token t reads and writes (then x and out have any number of rows and out is required).
+    packed: None = the packed-row path when the batch is large enough for the type, True =
+    whenever the type has one, False = never (benchmarks and tests; results agree within
+    rounding).
     """
     cdef cb_matrix_t m
     cdef int type = type_id(t)
@@ -195,6 +198,7 @@ def matmul(t, raw, int64_t rows, int64_t cols, x, ThreadPool pool=None, int thre
     xa = np.ascontiguousarray(xa)
     cdef cb_matmul_opts_t opts = cb_matmul_default_opts()
     opts.accumulate = 1 if accumulate else 0
+    opts.packed = 0 if packed is None else (1 if packed else -1)
     n_tokens = xa.shape[0]
     if token_ids is not None:
         ids_np = np.asarray(token_ids)

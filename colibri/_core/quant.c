@@ -681,8 +681,22 @@ void cb_scalar_quantize_q8k(const float *x, int64_t n, void *dst) { quantize_q8k
 
 /* ---------------------------------------------------------------- drivers */
 
-/* Batches from this many tokens take the packed-row path where there is one. */
-#define CB_RP_MIN_TOKENS 4
+/* Batches from this many tokens take the packed-row path where there is one. Packing costs
+ * about one pass over the weights per call, so it pays once enough tokens share it. Measured
+ * on expert-sized matrices (768 x 2048 and 2048 x 768; packed on against off, AVX2, CPU time
+ * of one thread; `python tools/bench/kernels.py --parts packed`): Q4_K's packed tile gains
+ * least over its direct one and wins from about 24 tokens, Q5_K/Q6_K from about 8, Q8_0 from
+ * 5, the rest from 4. MoE prefill lives below these: 64 prompt tokens over 128 experts,
+ * top-8, give 4 tokens per expert call. */
+static int rp_min_tokens(int type) {
+    switch (type) {
+    case CB_TYPE_Q4_K: return 24;
+    case CB_TYPE_Q5_K:
+    case CB_TYPE_Q6_K: return 8;
+    case CB_TYPE_Q8_0: return 5;
+    default: return 4;
+    }
+}
 
 typedef struct {
     const uint8_t *w;
@@ -860,7 +874,8 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
     c.x_stride = x_stride;
     c.cols = w->cols;
     c.type = w->type;
-    c.rp = level >= CB_SIMD_AVX2 && n_tokens >= CB_RP_MIN_TOKENS && cb_avx2_rp_supported(w->type);
+    c.rp = level >= CB_SIMD_AVX2 && cb_avx2_rp_supported(w->type) &&
+           (o.packed > 0 || (o.packed == 0 && n_tokens >= rp_min_tokens(w->type)));
 
     size_t need = 0;
     if (ak == CB_ACT_F32) {

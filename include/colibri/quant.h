@@ -145,6 +145,11 @@ typedef struct cb_matmul_opts {
     const int32_t *token_ids;
     /* Number of x / y rows the ids may address (required when token_ids is set). */
     int64_t n_rows_xy;
+    /* The packed-row path (weights repacked per call, 8 rows at a time, shared by every
+     * token; AVX2/AVX-512 builds, most quantized types): 0 = when the batch has enough tokens
+     * for the type (the default), > 0 = whenever the type has one, < 0 = never. The results
+     * agree within rounding either way; this is for benchmarks and tests. */
+    int packed;
 } cb_matmul_opts_t;
 
 cb_matmul_opts_t cb_matmul_default_opts(void);

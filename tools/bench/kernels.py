@@ -6,12 +6,16 @@
 - matmul with 32 and 128 tokens on a 4096x4096 weight: GFLOP/s (2*rows*cols*tokens) next to
   numpy's float32 matmul of the dequantized weight with the same thread count (OpenBLAS threads
   set through OPENBLAS_NUM_THREADS in a subprocess).
+- packed (with --parts packed): the packed-row path forced on against forced off on expert-sized
+  weights (768x2048 and 2048x768) at 1-16 tokens, the batch sizes of MoE prefill per expert:
+  the ratio of times and the smallest count from which packing wins, next to the threshold
+  matmul uses (rp_min_tokens in colibri/_core/quant.c).
 Every kernel's output is first checked against gguf's dequantizer + a float64 product (within
 the activation-quantization bound) before it is timed. Times are the best of repeated runs
 (other processes share the machine; best-of is the least noisy estimate for both sides).
 
 Usage: python tools/bench/kernels.py [--types Q4_0,Q4_K] [--threads 1,2] [--tokens 32,128]
-       [--parts matvec,matmul] [--seconds 0.5] [--json out.json]
+       [--parts matvec,matmul,packed] [--seconds 0.5] [--json out.json]
 """
 
 from __future__ import annotations
@@ -134,6 +138,41 @@ def validate(t: str, raw: np.ndarray, rows: int, cols: int, x: np.ndarray, y: np
                          f"(max error/bound {float((err / bound).max()):.3g})")
 
 
+PACKED_TOKENS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
+# rp_min_tokens() in colibri/_core/quant.c, for the report (the test of this table is the
+# benchmark itself: a threshold far from the measured crossover shows there)
+PACKED_MIN = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q5_1": 4, "MXFP4": 4, "I4_G128": 4, "Q8_0": 5,
+              "Q5_K": 8, "Q6_K": 8, "Q4_K": 24}
+
+
+def packed_crossover(types: list[str], pool, th: int, seconds: float, rng, result: dict) -> None:
+    """Packed-row path forced on vs off on expert-sized weights, per token count."""
+    print(f"\npacked-row path on / off, {th} thread(s), time ratio (< 1: packing wins):")
+    print(f"{'type':8s} {'weight':>9s} " + " ".join(f"{n:>5d}" for n in PACKED_TOKENS) +
+          "  wins from  threshold")
+    for t in types:
+        if t not in PACKED_MIN:
+            continue
+        for rows, cols in ((768, 2048), (2048, 768)):
+            raw = cq.random_weight(t, rows, cols, rng)
+            ratios = []
+            for n in PACKED_TOKENS:
+                x = rng.standard_normal((n, cols)).astype(np.float32)
+                for packed in (True, False):
+                    validate(t, raw, rows, cols, x,
+                             cq.matmul(t, raw, rows, cols, x, pool=pool, packed=packed))
+                on, off = (best_time(lambda x=x, t=t, raw=raw, rows=rows, cols=cols, p=p: cq.matmul(
+                    t, raw, rows, cols, x, pool=pool, packed=p), seconds) for p in (True, False))
+                ratios.append(on / off)
+            wins = next((n for i, n in enumerate(PACKED_TOKENS)
+                         if all(r < 1 for r in ratios[i:])), None)
+            result.setdefault("packed", {}).setdefault(t, {})[f"{rows}x{cols}"] = {
+                "tokens": list(PACKED_TOKENS), "on_over_off": ratios, "wins_from": wins,
+                "threshold": PACKED_MIN[t]}
+            print(f"{t:8s} {f'{rows}x{cols}':>9s} " + " ".join(f"{r:5.2f}" for r in ratios) +
+                  f"  {str(wins):>9s}  {PACKED_MIN[t]:>9d}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--types", default=",".join(ALL))
@@ -235,6 +274,9 @@ def main() -> None:
                 if set_blas is not None:
                     line = line[:-1] + f"({peer:.0f}) "
         print(line, flush=True)
+
+    if "packed" in parts:
+        packed_crossover(types, pools[threads[-1]], threads[-1], args.seconds, rng, result)
 
     thmax = threads[-1]
     print("\ntargets:")
