@@ -78,6 +78,17 @@ __device__ __forceinline__ uint4 cb_dequant8(unsigned word, float s) {
     return out;
 }
 
+template <int NW, int FM, int FN>
+__device__ __forceinline__ void cb_zero_acc(
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> (&acc)[NW][FM][FN]) {
+#pragma unroll
+    for (int m = 0; m < NW; m++)
+#pragma unroll
+        for (int i = 0; i < FM; i++)
+#pragma unroll
+            for (int j = 0; j < FN; j++) wmma::fill_fragment(acc[m][i][j], 0.0f);
+}
+
 /* The tensor-core work of one BK-wide slice held in shared memory: the warp (wm, wn) multiplies
  * its WM rows of A by its WN columns of each of the NW weight tiles (B = W^T: W's row n, a
  * column of B, is contiguous in shared memory), accumulating into acc. Row strides SK. */
@@ -296,12 +307,7 @@ __device__ __forceinline__ void moe_gemm_body(
     };
 
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[NW][FM][FN];
-#pragma unroll
-    for (int m = 0; m < NW; m++)
-#pragma unroll
-        for (int i = 0; i < FM; i++)
-#pragma unroll
-            for (int j = 0; j < FN; j++) wmma::fill_fragment(acc[m][i][j], 0.0f);
+    cb_zero_acc<NW, FM, FN>(acc);
 
     const int ksteps = K / BK;
     load_slice(0);
@@ -399,12 +405,7 @@ __device__ __forceinline__ void moe_gemm_cp_body(
     };
 
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[NW][FM][FN];
-#pragma unroll
-    for (int m = 0; m < NW; m++)
-#pragma unroll
-        for (int i = 0; i < FM; i++)
-#pragma unroll
-            for (int j = 0; j < FN; j++) wmma::fill_fragment(acc[m][i][j], 0.0f);
+    cb_zero_acc<NW, FM, FN>(acc);
 
     const int ksteps = K / BK;
     /* Prologue: slices 0 .. STAGES-2, one commit group each (empty past the end, so that the

@@ -64,7 +64,10 @@ log "colibri built in place in $(($(date +%s) - t)) s"
 rc=${PIPESTATUS[0]}
 log "cuda_check.py exit status $rc"
 
-# 4. the GPU tests, in the time left
+# 4. the GPU tests, in the time left, with the PyCUDA that step 3 built on the path
+for d in "$PWD"/build/pycuda_src/pycuda-*; do
+    [ -d "$d" ] && export PYTHONPATH="$d:$PYTHONPATH"
+done
 left=$((LIMIT - $(elapsed)))
 if [ "$left" -gt 45 ]; then
     log "GPU tests (at most ${left} s)"
