@@ -11,7 +11,8 @@
 #      bandwidth and PyTorch;
 #   4. if time is left, the GPU tests (tests/test_cuda_gpu.py).
 # Every step's time and output go to $OUT (device_check.log, build_colibri.log,
-# cuda_check.log, cuda_check.json, pytest_gpu.log), which the device tool brings back.
+# cuda_check.log, cuda_check.json, ptxas.txt, pytest_gpu.log), which the device tool brings
+# back (at most 8 files).
 #
 # Here, once: bash tools/fetch_pycuda.sh   (build/pycuda_wheels: PyCUDA sdist, wheels, gguf)
 # Then one device call: command "bash tools/device_check.sh", carry ["build/pycuda_wheels"],
@@ -63,6 +64,16 @@ log "colibri built in place in $(($(date +%s) - t)) s"
 "$PY" tools/bench/cuda_check.py "$@" 2>&1 | tee "$OUT/cuda_check.log"
 rc=${PIPESTATUS[0]}
 log "cuda_check.py exit status $rc"
+
+# registers, spills and shared memory of every kernel as this machine's nvcc builds them
+cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+if command -v nvcc >/dev/null && [ -n "$cc" ]; then
+    for f in routing moe_gemm; do
+        nvcc -cubin -arch="sm_$cc" -std=c++17 -O3 -Icuda -Xptxas -v -o /dev/null "cuda/$f.cu" \
+            >>"$OUT/ptxas.txt" 2>&1
+    done
+    log "ptxas resource usage for sm_$cc in ptxas.txt"
+fi
 
 # 4. the GPU tests, in the time left, with the PyCUDA that step 3 built on the path
 for d in "$PWD"/build/pycuda_src/pycuda-*; do
