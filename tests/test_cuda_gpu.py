@@ -76,8 +76,6 @@ def make_experts(rng, n, d, f):
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("n_tokens,tile", [(1, 16), (16, 16), (300, 64)])
 def test_moe_ffn(rt, fmt, pipeline, act, n_tokens, tile):
-    if pipeline == "cp" and not rt.cp_supported:
-        pytest.skip(f"{rt.name} ({rt.arch}) cannot run the cp.async kernels (sm_80+)")
     rng = np.random.default_rng(n_tokens)
     d, f, n_exp, k = 256, 384, 16, 4
     lay = ExpertLayout(d, f, fmt)
@@ -87,6 +85,10 @@ def test_moe_ffn(rt, fmt, pipeline, act, n_tokens, tile):
     r = rt.route(rng.normal(size=(n_tokens, n_exp)).astype(np.float32), k, "softmax",
                  renorm=True, tile=tile)
     h = r.to_host()
+    if pipeline == "cp" and not rt.cp_supported:  # before sm_80: refused, clearly
+        with pytest.raises(ColibriError, match="pipeline 'cp' is not available"):
+            rt.moe_ffn(x, pool, r, act, pipeline=pipeline)
+        pipeline = None
     out = rt.moe_ffn(x, pool, r, act, pipeline=pipeline)
     assert out.shape == (n_tokens, d) and np.isfinite(out).all()
     # The reference (float64) uses the weights exactly as the device holds them.
@@ -98,15 +100,19 @@ def test_moe_ffn(rt, fmt, pipeline, act, n_tokens, tile):
 @pytest.mark.parametrize("tile", [16, 64])
 def test_gemm_pipelines_agree(rt, tile):
     """The cp.async kernels issue the same MMAs on the same shared-memory tiles in the same
-    order as the register-prefetch kernels: the outputs are bit-identical."""
-    if not rt.cp_supported:
-        pytest.skip(f"{rt.name} ({rt.arch}) cannot run the cp.async kernels (sm_80+)")
+    order as the register-prefetch kernels: the outputs are bit-identical. Before sm_80 the
+    cp.async kernels are refused with a clear error instead."""
     rng = np.random.default_rng(tile)
     d, f, n_exp, k, n_tokens = 512, 704, 12, 4, 333
     lay = ExpertLayout(d, f, "f16")
     pool = rt.upload_experts(make_experts(rng, n_exp, d, f), lay)
     r = rt.route(rng.normal(size=(n_tokens, n_exp)).astype(np.float32), k, tile=tile)
     x = rng.normal(size=(n_tokens, d)).astype(np.float16)
+    if not rt.cp_supported:
+        assert rt.gemm_pipeline == "regs"
+        with pytest.raises(ColibriError, match="pipeline 'cp' is not available"):
+            rt.moe_ffn(x, pool, r, pipeline="cp")
+        return
     a = rt.moe_ffn(x, pool, r, pipeline="cp")
     b = rt.moe_ffn(x, pool, r, pipeline="regs")
     assert np.isfinite(a).all()

@@ -17,7 +17,8 @@
  * release, pin, prefetch) and the prefetch thread take it for bookkeeping only: a read (pread,
  * madvise) runs with mu released on a slot that its reader owns (locked or loading), which no
  * one else reads, writes or evicts meanwhile. An acquire claims all its misses' slots first and
- * then reads them on up to CB_EXPERTS_READERS threads at once (cache mode; see read_jobs). cv_done is broadcast when a prefetch read ends
+ * then reads them on up to CB_EXPERTS_READERS threads at once (cache mode; see read_jobs).
+ * cv_done is broadcast when a prefetch read ends
  * (an acquire waiting for that expert, or for any evictable slot, wakes up); cv_work wakes the
  * prefetch thread. The prefetch queue is the current hint only (a new hint empties it), in
  * hint order, and a hint round number protects the current hint's resident experts from the
@@ -811,7 +812,6 @@ void cb_experts_unpin_pool(cb_experts_t *s) {
 
 /* ---- acquire / release ---- */
 
-/* undo the locks taken by a failed acquire: ids[0..n) (mu held) */
 /* Parallel miss reads: an acquire with several misses claims their slots first (locked, owner
  * set: no one else reads, writes or evicts them), then reads them with mu released on up to
  * CB_EXPERTS_READERS threads (itself and short-lived helpers), so the disk sees several
@@ -859,6 +859,7 @@ static void read_jobs(const cb_experts_t *s, read_job_t *jobs, int32_t n) {
     if (b.failed) (void)cb_fail(b.rs, "%s", b.err);
 }
 
+/* undo the locks taken by a failed acquire: ids[0..n) (mu held) */
 static void unlock_ids(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n) {
     for (int32_t i = 0; i < n; i++) {
         int32_t e = ids[i];

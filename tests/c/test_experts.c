@@ -150,9 +150,9 @@ static void test_one_read(void) {
 }
 
 /* Misses read in parallel: an acquire of 6 missing experts reads them at once (several reader
- * threads; one job per expert, or per matrix when they are not adjacent) into the right slots; when the file has shrunk under the store, the acquire fails
- * with an I/O error naming the cause, keeps nothing it could not read, and the store works
- * again once the file is whole. */
+ * threads; one job per expert, or per matrix when they are not adjacent) into the right slots;
+ * when the file has shrunk under the store, the acquire fails with an I/O error naming the
+ * cause, keeps nothing it could not read, and the store works again once the file is whole. */
 static void test_parallel_reads(int three) {
     char path[] = "/tmp/cb_test_experts_r_XXXXXX";
     int fd = mkstemp(path);
