@@ -16,6 +16,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_clib import build_clib
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 os.chdir(HERE)
@@ -99,8 +100,26 @@ class build_ext_with_clib(build_ext):
         super().run()
 
 
+class build_py_with_kernels(build_py):
+    """Ship the CUDA kernel sources (cuda/*.cu, *.cuh and the headers they include) inside the
+    package as colibri/_cuda_src, so an installed colibri compiles its kernels without the
+    source tree (colibri.cuda.kernel_dir looks there first)."""
+
+    def run(self):
+        super().run()
+        if self.editable_mode:
+            return  # an editable install reads cuda/ in the source tree
+        dest = os.path.join(self.build_lib, "colibri", "_cuda_src")
+        os.makedirs(dest, exist_ok=True)
+        for src in sorted(glob.glob("cuda/*.cu") + glob.glob("cuda/*.cuh") + glob.glob("cuda/*.h")):
+            self.copy_file(src, os.path.join(dest, os.path.basename(src)))
+        with open(os.path.join(dest, "__init__.py"), "w") as f:
+            f.write('"""The CUDA kernel sources (a copy of cuda/ made at build time)."""\n')
+
+
 setup(
-    cmdclass={"build_clib": build_clib_parallel, "build_ext": build_ext_with_clib},
+    cmdclass={"build_clib": build_clib_parallel, "build_ext": build_ext_with_clib,
+              "build_py": build_py_with_kernels},
     libraries=libraries,
     ext_modules=cythonize(
         extensions,

@@ -42,7 +42,7 @@ def run_colibri(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ct
     from colibri.model import Model
 
     t0 = time.perf_counter()
-    m = Model(path, threads=threads, ctx=ctx, max_batch=max(prompt_tokens, 1))
+    m = Model(path, threads=threads, ctx=ctx, max_batch=max(prompt_tokens, 1), verbose=False)
     m.prefault()  # like llama.cpp's MAP_POPULATE at load: counted in the load time
     load = time.perf_counter() - t0
     ids = _prompt_ids(prompt_tokens, m.n_vocab, m.tokenizer.bos_id if m.tokenizer else None)
@@ -121,8 +121,26 @@ def _in_subprocess(engine: str, **kw: Any) -> dict[str, Any]:
     raise RuntimeError(f"{engine} benchmark failed:\n{p.stderr[-3000:]}")
 
 
+LLAMA_CPP_MISSING = (
+    "--vs-llama-cpp needs llama.cpp's Python binding, which is not installed: "
+    "pip install llama-cpp-python (it builds llama.cpp from source: needs a C++ compiler and "
+    "cmake; CMAKE_ARGS=\"-DGGML_NATIVE=ON\" builds it for this CPU)"
+)
+
+
+def llama_cpp_missing() -> str | None:
+    """None when llama-cpp-python is importable, else how to get it."""
+    import importlib.util
+
+    return None if importlib.util.find_spec("llama_cpp") is not None else LLAMA_CPP_MISSING
+
+
 def bench(path: str, threads: int = 2, prompt_tokens: int = 128, gen_tokens: int = 32,
           vs_llama_cpp: bool = False, ctx: int = 2048) -> list[dict[str, Any]]:
+    if vs_llama_cpp and (missing := llama_cpp_missing()):
+        from colibri.errors import ColibriError
+
+        raise ColibriError(missing)
     kw = dict(path=path, threads=threads, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, ctx=ctx)
     results = [_in_subprocess("colibri", **kw)]
     if vs_llama_cpp:

@@ -1,47 +1,62 @@
-"""The `colibri` command line: run, chat, bench, doctor, plan.
+"""The `colibri` command line: run, chat, bench, convert, plan, doctor, make-bench-model.
 
-Errors a user meets (missing file, not a GGUF, unsupported architecture, not enough memory)
-are one readable line on stderr and exit status 1, not a traceback.
+Errors a user meets (missing file, not a GGUF, unsupported architecture, not enough memory, a
+bad setting) are one readable line on stderr and exit status 1, not a traceback. Progress
+(assembling the default model) is a tqdm bar on stderr; `-v` shows colibri's log.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
+from colibri import config
+
+
+def _setting_help(name: str, what: str) -> str:
+    var = config.VARIABLES[name]
+    return f"{what} (default: {name}, else {var.describe_default()})"
+
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", help="GGUF file (default: Gemma 3 270M from colibri[demo])")
+    p.add_argument("-m", "--model", help="GGUF file or colibri container (default: Gemma 3 270M "
+                   "from colibri[demo])")
     p.add_argument("--threads", type=int, default=None,
-                   help="compute threads (default: COLIBRI_ROUTING_THREADS or all cores)")
+                   help=_setting_help("COLIBRI_ROUTING_THREADS", "compute threads"))
     p.add_argument("--ctx", type=int, default=None,
-                   help="KV cache size in tokens (default: COLIBRI_KV_CACHE_SIZE or 4096)")
+                   help=_setting_help("COLIBRI_KV_CACHE_SIZE", "KV cache size in tokens"))
+    p.add_argument("--max-batch", type=int, default=None,
+                   help=_setting_help("COLIBRI_MAX_BATCH", "tokens per forward batch"))
     p.add_argument("--expert-mode", choices=("mapped", "cache", "mmap"), default=None,
-                   help="where routed experts come from (default: mapped, or cache with a budget)")
+                   help=_setting_help("COLIBRI_EXPERT_MODE", "where routed experts come from"))
     p.add_argument("--expert-budget", default=None,
-                   help="bytes of experts kept resident: 2GB, 512MiB, 0.5 (a fraction) or auto")
+                   help=_setting_help("COLIBRI_EXPERT_BUDGET", "bytes of experts kept resident: "
+                                      "2GB, 512MiB, 0.5 (a fraction) or auto"))
     p.add_argument("--expert-policy", choices=("lru", "lfru"), default="lru",
                    help="eviction policy of the expert store")
     p.add_argument("--no-verify", action="store_true",
                    help="colibri container: skip the data checksums at load")
     p.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=None,
-                   help="prefetch the next layer's predicted experts in the background "
-                        "(cache and mmap modes; default: COLIBRI_EXPERT_PREFETCH, else off)")
+                   help=_setting_help("COLIBRI_EXPERT_PREFETCH", "prefetch the next layer's "
+                                      "predicted experts in the background (cache, mmap modes)"))
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: run routing and the routed experts of MoE layers on the GPU "
                         "(PyCUDA); the rest stays on the CPU")
     p.add_argument("--cuda-weights", choices=("f16", "int4-g128"), default="f16",
                    help="format of the experts on the GPU")
     p.add_argument("--cuda-expert-budget", default=None,
-                   help="device bytes for experts (2GB, or a fraction such as 0.25): a device "
-                        "expert cache staged from the expert store (default: all experts)")
+                   help=_setting_help("COLIBRI_CUDA_EXPERT_BUDGET", "device bytes for experts "
+                                      "(2GB, or a fraction such as 0.25): a device expert cache "
+                                      "staged from the expert store"))
 
 
 def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="colibri", description="Run Mixture-of-Experts language models from GGUF files."
     )
+    p.add_argument("-v", "--verbose", action="store_true", help="show colibri's log on stderr")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("doctor", help="report what this machine offers colibri and what to fix")
     pl = sub.add_parser("plan", help="dense and expert sizes, the expert budget and peak memory")
@@ -53,6 +68,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_model_args(r)
     r.add_argument("prompt_pos", nargs="?", metavar="PROMPT")
     r.add_argument("-p", "--prompt", help="the prompt (or give it as the positional argument)")
+    r.add_argument("--prompt-file", help="read the prompt from this file (UTF-8), - for stdin")
     r.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate")
     r.add_argument("--temp", type=float, default=0.8, help="temperature (0 = greedy)")
     r.add_argument("--top-k", type=int, default=40)
@@ -62,7 +78,8 @@ def _build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=None)
     r.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
 
-    c = sub.add_parser("chat", help="interactive chat with the model's chat template")
+    c = sub.add_parser("chat", help="chat with the model's own chat template: interactive on a "
+                       "terminal; from a pipe, each input line is a user turn")
     _add_model_args(c)
     c.add_argument("-n", "--n-predict", type=int, default=256)
     c.add_argument("--temp", type=float, default=0.8)
@@ -84,43 +101,66 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--vs-llama-cpp", action="store_true",
                    help="also run llama-cpp-python on the same file and report ratios")
     b.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+    mb = sub.add_parser("make-bench-model", help="write a random MoE GGUF (Qwen3-30B-A3B "
+                        "shapes, or --shape tiny) for benchmarks and examples")
+    mb.add_argument("args", nargs=argparse.REMAINDER,
+                    help="the arguments of python -m colibri.tools.make_bench_model (--help)")
     return p
 
 
 def _load(args: argparse.Namespace):
-    from colibri.model import Model, default_model_path
+    from colibri.model import Model, default_model_path, tqdm_progress
 
-    path = args.model or default_model_path()
+    if args.model is not None and not args.model.strip():
+        raise ValueError("-m/--model is empty: give a GGUF file, or leave -m out for the "
+                         "default model")
+    path = args.model or default_model_path(progress=tqdm_progress())
     if not os.path.exists(path):
         raise FileNotFoundError(f"model file not found: {path}")
-    return Model(path, threads=args.threads, ctx=args.ctx,
-                 expert_mode=getattr(args, "expert_mode", None),
-                 expert_budget=_budget_arg(getattr(args, "expert_budget", None)),
-                 expert_policy=getattr(args, "expert_policy", "lru"),
-                 verify=not getattr(args, "no_verify", False),
-                 prefetch=getattr(args, "prefetch", None),
-                 device=getattr(args, "device", "cpu"),
-                 cuda_weights=getattr(args, "cuda_weights", "f16"),
-                 cuda_expert_budget=_budget_arg(getattr(args, "cuda_expert_budget", None)))
+    return Model(path, threads=args.threads, ctx=args.ctx, max_batch=args.max_batch,
+                 expert_mode=args.expert_mode, expert_budget=args.expert_budget,
+                 expert_policy=args.expert_policy, verify=not args.no_verify,
+                 prefetch=args.prefetch, device=args.device, cuda_weights=args.cuda_weights,
+                 cuda_expert_budget=args.cuda_expert_budget, verbose=False)
 
 
-def _budget_arg(raw: str | None) -> str | float | None:
-    """--expert-budget: "auto", a size string, or a fraction such as 0.5."""
-    if raw is None or raw == "auto":
-        return raw
-    try:
-        v = float(raw)
-    except ValueError:
-        return raw
-    return v if v <= 1.0 else raw
+def _read_prompt(args: argparse.Namespace) -> str:
+    """The prompt from -p, the positional argument, --prompt-file or stdin. A prompt that is
+    not valid UTF-8 is explained, not passed on: from the command line the terminal's
+    encoding is the cause, and --prompt-file reads the bytes as they are."""
+    if args.prompt_file is not None:
+        from colibri.model import as_text
 
-
-def _run(args: argparse.Namespace) -> int:
+        if args.prompt_file == "-":
+            raw = sys.stdin.buffer.read()
+        else:
+            with open(args.prompt_file, "rb") as f:
+                raw = f.read()
+        return as_text(raw, f"the prompt file {args.prompt_file}")
     prompt = args.prompt if args.prompt is not None else args.prompt_pos
+    source = "the -p prompt"
     if prompt is None:
         if sys.stdin.isatty():
             raise ValueError("give a prompt: colibri run -p 'Once upon a time'")
-        prompt = sys.stdin.read()
+        from colibri.model import as_text
+
+        return as_text(sys.stdin.buffer.read(), "the prompt read from stdin")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        enc = sys.getfilesystemencoding()
+        raise ValueError(
+            f"{source} is not valid UTF-8 (byte {ord(prompt[e.start]) & 0xFF:#04x} at character "
+            f"{e.start}): the terminal or the shell passed bytes in another encoding (this "
+            f"Python decodes arguments as {enc}); set a UTF-8 locale, or write the prompt to a "
+            f"UTF-8 file and use --prompt-file"
+        ) from None
+    return prompt
+
+
+def _run(args: argparse.Namespace) -> int:
+    prompt = _read_prompt(args)
     model = _load(args)
     out = sys.stdout
     for piece in model.stream(prompt, max_tokens=args.n_predict, temperature=args.temp,
@@ -134,18 +174,32 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _chat(args: argparse.Namespace) -> int:
+    """On a terminal: a prompt per turn, an empty line or Ctrl-D ends. From a pipe: every
+    non-empty input line is a user turn, each reply printed on its own line(s)."""
     model = _load(args)
     messages = []
     if args.system:
         messages.append({"role": "system", "content": args.system})
-    print("colibri chat: an empty line or Ctrl-D ends the conversation", file=sys.stderr)
-    while True:
-        try:
-            line = input("> ")
-        except EOFError:
-            break
-        if not line.strip():
-            break
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print("colibri chat: an empty line or Ctrl-D ends the conversation", file=sys.stderr)
+
+    def turns():
+        if interactive:
+            while True:
+                try:
+                    line = input("> ")
+                except EOFError:
+                    return
+                if not line.strip():
+                    return
+                yield line
+        else:
+            for line in sys.stdin:
+                if line.strip():
+                    yield line.rstrip("\n")
+
+    for line in turns():
         messages.append({"role": "user", "content": line})
         reply = []
         for piece in model.chat(messages, max_tokens=args.n_predict, stream=True,
@@ -154,6 +208,7 @@ def _chat(args: argparse.Namespace) -> int:
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n")
+        sys.stdout.flush()
         messages.append({"role": "assistant", "content": "".join(reply)})
     return 0
 
@@ -164,7 +219,9 @@ def _bench(args: argparse.Namespace) -> int:
     from colibri import bench
     from colibri.model import default_model_path
 
-    path = args.model or default_model_path()
+    if args.vs_llama_cpp and (missing := bench.llama_cpp_missing()):
+        raise ValueError(missing)
+    path = args.model or default_model_path(progress=True)
     if not os.path.exists(path):
         raise FileNotFoundError(f"model file not found: {path}")
     res = bench.bench(path, args.threads, args.prompt_tokens, args.gen_tokens, args.vs_llama_cpp,
@@ -181,15 +238,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from colibri.errors import ColibriError
 
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="colibri: %(message)s")
     try:
         if args.command == "doctor":
-            from colibri.doctor import run
+            from colibri.doctor import report
 
-            return run()
+            print("\n".join(report()))
+            return 0
         if args.command == "plan":
-            from colibri.plan import run as plan_run
+            from colibri.plan import make_plan
 
-            return plan_run(args.model, args.ctx, args.max_batch)
+            print("\n".join(make_plan(args.model, ctx=args.ctx, max_batch=args.max_batch).lines()))
+            return 0
+        if args.command == "make-bench-model":
+            from colibri.tools.make_bench_model import main as make_main
+
+            return make_main(args.args)
         if args.command == "run":
             return _run(args)
         if args.command == "chat":
@@ -202,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_convert(args)
     except KeyboardInterrupt:
         return 130
-    except (OSError, ValueError, MemoryError, ColibriError) as e:
+    except (OSError, ValueError, TypeError, MemoryError, ColibriError) as e:
         print(f"colibri {args.command}: error: {e}", file=sys.stderr)
         return 1
     parser.error(f"unknown command {args.command}")

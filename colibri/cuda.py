@@ -134,10 +134,17 @@ _FILE_IDS = {1: "routing.cu", 2: "moe_gemm.cu"}
 
 
 def kernel_dir() -> Path:
-    """The folder holding the .cu sources: ``COLIBRI_CUDA_DIR`` or ``cuda/`` beside the
-    package (a source checkout)."""
+    """The folder holding the .cu sources: ``COLIBRI_CUDA_DIR``, else the copy shipped in the
+    installed package (colibri/_cuda_src, made by setup.py), else ``cuda/`` of the source
+    checkout the package runs from (an editable install)."""
     env = os.environ.get("COLIBRI_CUDA_DIR")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "cuda"
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parent
+    shipped = here / "_cuda_src"
+    if (shipped / "routing.cu").is_file():
+        return shipped
+    return here.parent / "cuda"
 
 
 def _import_pycuda() -> Any:

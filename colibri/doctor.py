@@ -185,13 +185,29 @@ def findings() -> list[Finding]:
     return res
 
 
-def run() -> int:
+def settings_findings() -> list[Finding]:
+    """One finding per COLIBRI_* variable that is set (colibri.config), a bad value marked with
+    its error."""
+    from colibri import config
+
+    res = []
+    for var, raw, shown in config.settings():
+        if raw is None:
+            continue
+        bad = shown.startswith("error:")
+        res.append(Finding(var.name, f"{raw!r} -> {shown}" if not bad else raw, ok=not bad,
+                           advice=shown[len("error: "):] if bad else ""))
+    return res
+
+
+def report() -> list[str]:
+    """The lines `colibri doctor` prints."""
     from colibri import __version__
 
-    print(f"colibri {__version__} doctor")
-    for f in findings():
+    lines = [f"colibri {__version__} doctor"]
+    for f in findings() + settings_findings():
         mark = "ok " if f.ok else "-- "
-        print(f"{mark}{f.name:24s} {f.value}")
+        lines.append(f"{mark}{f.name:24s} {f.value}")
         if f.advice:
-            print(f"   {'':24s} -> {f.advice}")
-    return 0
+            lines.append(f"   {'':24s} -> {f.advice}")
+    return lines

