@@ -180,10 +180,13 @@ def resolve(name: str, argument: Any = None, environ: Mapping[str, str] | None =
     var = _variable(name)
     if argument is None:
         return from_env(name, environ)
+    label = var.argument or name
+    if isinstance(argument, str) and var.kind in ("positive integer", "boolean"):
+        # text is the environment's form; a Python argument is the value itself
+        raise ConfigError(f"{label}={argument!r}: expected a {var.kind}, not a string")
     try:
         return var.parse(argument)
     except ValueError as e:
-        label = var.argument or name
         raise ConfigError(f"{label}={argument!r}: {e}") from None
 
 

