@@ -2,7 +2,8 @@
 # Install colibri with its test dependencies, then run every check the project has:
 # ruff and mypy, the C unit tests under ASan/UBSan (and a -Wall -Wextra -Werror build; SIMDe,
 # Debian's libsimde-dev, is installed first where missing: it emulates the AVX-512 kernels),
-# nvcc compilation of every cuda/*.cu for sm_80 and sm_90, and pytest.
+# nvcc compilation of every cuda/*.cu for sm_80 and sm_90, the sdist + wheel built and installed
+# in a fresh venv (tools/check_wheel.sh), and pytest (which runs every README example).
 # Usage: bash tools/test.sh [pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,9 @@ make -s -j"$(nproc)" -C tests/c
 
 echo "== CUDA kernels (nvcc)"
 bash tools/build_cuda.sh
+
+echo "== wheel (sdist, wheel, fresh venv, README outside the checkout)"
+bash tools/check_wheel.sh
 
 echo "== pytest"
 "$PY" -m pytest -q "$@"
