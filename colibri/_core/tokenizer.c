@@ -1458,12 +1458,14 @@ cb_status cb_tok_stream_feed(cb_tok_stream_t *s, int32_t id, const uint8_t **out
     if (!s || !out || !out_len) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "tok_stream_feed: NULL argument");
     const cb_tokenizer_t *t = s->tok;
     if (id < 0 || id >= t->n) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "token id %d out of range [0, %d)", id, t->n);
+    /* all-or-nothing: the stream's state (strip, pending bytes) changes only once every buffer
+     * it needs is allocated, so a failed feed can be repeated */
     const uint8_t *p;
     size_t k;
-    render(t, id, s->flags, &s->strip, &p, &k);
+    int strip = s->strip;
+    render(t, id, s->flags, &strip, &p, &k);
     s->in.n = 0;
     if (bvec_add(&s->in, s->pend, s->npend) || bvec_add(&s->in, p, k)) return NOMEM("stream buffer");
-    s->npend = 0;
     /* keep back a valid-but-unfinished sequence at the very end */
     const uint8_t *b = s->in.v ? s->in.v : (const uint8_t *)"";
     size_t n = s->in.n;
@@ -1478,8 +1480,6 @@ cb_status cb_tok_stream_feed(cb_tok_stream_t *s, int32_t id, const uint8_t **out
             break;
         }
     }
-    memcpy(s->pend, b + n - keep, keep);
-    s->npend = keep;
     n -= keep;
     if (s->out.cap < 3 * n + 1) {
         uint8_t *nv = cb_realloc(s->out.v, 3 * n + 1);
@@ -1487,6 +1487,9 @@ cb_status cb_tok_stream_feed(cb_tok_stream_t *s, int32_t id, const uint8_t **out
         s->out.v = nv;
         s->out.cap = 3 * n + 1;
     }
+    memcpy(s->pend, b + n, keep);
+    s->npend = keep;
+    s->strip = strip;
     s->out.n = cb_utf8_sanitize_into(b, n, s->out.v, NULL);
     *out = s->out.v;
     *out_len = s->out.n;
