@@ -24,6 +24,7 @@ from colibri._core.forward cimport (
     cb_layer_desc_t, cb_model_desc_t, cb_forward_t, cb_batch_t, cb_forward_new, cb_forward_free,
     cb_forward_run, cb_forward_set_moe_hook,
 )
+from colibri._core.forward cimport cb_experts_read_fn, cb_experts_set_read_hook  # test only
 
 
 cdef uintptr_t _addr(object arr, object dtype, str what) except? 0:
@@ -92,6 +93,57 @@ class _PoolBuffer:
                                     "data": (addr, False), "version": 3}
 
 
+# ---- test only: I/O fault injection under the cache store (ExpertStore._test_set_read_fault) ----
+
+from libc.errno cimport EIO, EINTR
+from posix.types cimport off_t
+from posix.unistd cimport pread
+
+cdef extern from *:
+    """
+    #include <errno.h>
+    static long cb_test_fault_count(long *p) { return __atomic_fetch_add(p, 1, __ATOMIC_RELAXED); }
+    static int64_t cb_test_fail_errno(int e) { errno = e; return -1; }
+    """
+    long cb_test_fault_count(long *p) noexcept nogil
+    int64_t cb_test_fail_errno(int e) noexcept nogil
+
+_FAULT_KINDS = {"eio": 1, "eof": 2, "eintr": 3, "short": 4}
+
+ctypedef struct _fault_plan:
+    int kind
+    uint64_t lo[3]
+    uint64_t hi[3]
+    long faults
+
+
+cdef class _ReadFault:
+    """TEST ONLY: one fault plan; the store's read hook points at its plan."""
+    cdef _fault_plan plan
+
+
+cdef int64_t _fault_read(void *user, int fd, void *buf, size_t n, uint64_t off) noexcept nogil:
+    """cb_experts_read_fn: pread, unless the range touches the planned expert's matrices."""
+    cdef _fault_plan *p = <_fault_plan *>user
+    cdef bint hit = False
+    cdef long k
+    for i in range(3):
+        if off < p.hi[i] and off + n > p.lo[i]:
+            hit = True
+    if not hit:
+        return pread(fd, buf, n, <off_t>off)
+    k = cb_test_fault_count(&p.faults)
+    if p.kind == 1:
+        return cb_test_fail_errno(EIO)
+    if p.kind == 2:
+        return 0
+    if p.kind == 3 and k % 2 == 0:
+        return cb_test_fail_errno(EINTR)
+    if p.kind == 4 and n > 333:
+        n = 333
+    return pread(fd, buf, n, <off_t>off)
+
+
 @cython.no_gc_clear  # __dealloc__ may call the unpin callable held in _unpin_fn
 cdef class ExpertStore:
     """The expert store over a model's stacked expert tensors (owns a cb_experts_t).
@@ -106,6 +158,7 @@ cdef class ExpertStore:
     cdef public object unpin_error
     cdef readonly int n_layers
     cdef readonly str mode, policy
+    cdef object _read_fault  # test only: the _ReadFault plan the read hook points at
 
     def __cinit__(self, desc, str mode="mapped", path=None, budget_bytes=0, str policy="lru",
                   int min_slots=1, bint huge_pages=True, bint mlock=False, bint prefetch=False):
@@ -316,6 +369,37 @@ cdef class ExpertStore:
 
     def reset_stats(self):
         cb_experts_reset_stats(self.s)
+
+    def _test_set_read_fault(self, kind, int layer=0, int expert=0):
+        """TEST ONLY (tests/test_experts_faults.py): the cache store's reads that touch expert
+        (layer, expert) in the file fail from now on: kind "eio" (EIO), "eof" (the file seems
+        to end there), "eintr" (every other read interrupted) or "short" (333 bytes at a
+        time); None removes the fault. Returns how many reads the previous fault hit."""
+        cdef _ReadFault old = self._read_fault
+        cdef long hits = old.plan.faults if old is not None else 0
+        cdef _ReadFault f
+        if kind is None:
+            with nogil:  # waits for a prefetch read in flight
+                cb_experts_set_read_hook(self.s, NULL, NULL)
+            self._read_fault = None
+            return hits
+        if kind not in _FAULT_KINDS:
+            raise ValueError(f"read fault {kind!r}: expected one of {sorted(_FAULT_KINDS)}")
+        L = self.desc.layers[layer]
+        if L.n_expert == 0 or not 0 <= expert < L.n_expert:
+            raise ValueError(f"layer {layer} has no expert {expert}")
+        f = _ReadFault()
+        f.plan.kind = _FAULT_KINDS[kind]
+        X = L.experts
+        for i, (info, stride, m) in enumerate(((X.gate_info, X.gate_stride, X.gate),
+                                               (X.up_info, X.up_stride, X.up),
+                                               (X.down_info, X.down_stride, X.down))):
+            f.plan.lo[i] = info.offset + expert * stride
+            f.plan.hi[i] = f.plan.lo[i] + m.rows * m.row_bytes
+        with nogil:
+            cb_experts_set_read_hook(self.s, _fault_read, &f.plan)
+        self._read_fault = f  # after the swap: the old plan is no longer read
+        return hits
 
 
 cdef cb_status _moe_trampoline(void *user, int32_t layer, const float *h, const float *logits,

@@ -26,6 +26,8 @@
  */
 #include "colibri/arena.h"
 
+#include "alloc.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -298,7 +300,7 @@ static void note_add(cb_arena_t *a, const char *fmt, ...) {
 /* Anonymous mapping of len bytes aligned to 2 MiB (so THP can back it); NULL on failure. */
 static uint8_t *map_aligned(size_t len) {
     size_t total = len + THP_ALIGN;
-    uint8_t *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    uint8_t *p = cb_mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return NULL;
     uintptr_t start = ((uintptr_t)p + THP_ALIGN - 1) & ~(uintptr_t)(THP_ALIGN - 1);
     size_t head = start - (uintptr_t)p, tail = total - head - len;
@@ -332,7 +334,7 @@ static cb_status map_shm(cb_arena_t *a, const cb_arena_params *pr) {
                        "arena: cannot reserve %zu bytes in /dev/shm: %s (see `df -h /dev/shm`)",
                        a->capacity, strerror(e));
     }
-    void *p = mmap(NULL, a->capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *p = cb_mmap(NULL, a->capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     e = errno;
     close(fd);
     if (p == MAP_FAILED)
@@ -364,7 +366,7 @@ static cb_status map_anon(cb_arena_t *a, const cb_arena_params *pr) {
         size_t hp = hp_kb > 0 ? (size_t)hp_kb * 1024 : THP_ALIGN;
         size_t need = (a->capacity + hp - 1) / hp;
         if (hp_free >= 0 && (size_t)hp_free >= need) {
-            void *p = mmap(NULL, need * hp, PROT_READ | PROT_WRITE,
+            void *p = cb_mmap(NULL, need * hp, PROT_READ | PROT_WRITE,
                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
             if (p != MAP_FAILED) {
                 a->base = p;
@@ -453,16 +455,16 @@ cb_status cb_arena_new(const cb_arena_params *pr, cb_arena_t **out) {
         return cb_fail(CB_STATUS_INVALID_ARGUMENT,
                        "arena: capacity %zu is %zu blocks of min_block %zu; at most 2^31 are "
                        "supported: use a larger min_block", pr->capacity, units, mb);
-    cb_arena_t *a = calloc(1, sizeof *a);
+    cb_arena_t *a = cb_calloc(1, sizeof *a);
     if (!a) return cb_fail(CB_STATUS_OUT_OF_MEMORY, "arena: cannot allocate the handle");
     a->min_block = mb;
     a->shift = (unsigned)__builtin_ctzll(mb);
     a->n_units = (uint32_t)units;
     a->capacity = units * mb;
     a->exact = pr->exact != 0;
-    a->state = calloc(units, 1);
-    a->order = calloc(units, 1);
-    a->meta = calloc(units, sizeof *a->meta);
+    a->state = cb_calloc(units, 1);
+    a->order = cb_calloc(units, 1);
+    a->meta = cb_calloc(units, sizeof *a->meta);
     if (!a->state || !a->order || !a->meta) {
         release_tables(a);
         free(a);
@@ -824,10 +826,10 @@ cb_status cb_kvcache_new(cb_arena_t *arena, const cb_kvcache_params *p, cb_kvcac
     uint64_t stride = kvs * 2 * p->n_layers;
     if (kvs > ((uint64_t)1 << 40) || stride > ((uint64_t)1 << 40))
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: token stride %llu bytes is too large", (unsigned long long)stride);
-    cb_kvcache_t *kv = calloc(1, sizeof *kv);
+    cb_kvcache_t *kv = cb_calloc(1, sizeof *kv);
     if (!kv) return cb_fail(CB_STATUS_OUT_OF_MEMORY, "kvcache: cannot allocate the handle");
-    kv->seqs = calloc(p->max_sequences, sizeof *kv->seqs);
-    kv->free_ids = calloc(p->max_sequences, sizeof *kv->free_ids);
+    kv->seqs = cb_calloc(p->max_sequences, sizeof *kv->seqs);
+    kv->free_ids = cb_calloc(p->max_sequences, sizeof *kv->free_ids);
     if (!kv->seqs || !kv->free_ids) {
         free(kv->seqs);
         free(kv->free_ids);

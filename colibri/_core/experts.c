@@ -34,6 +34,8 @@
  * munmap, so the registration can never outlive the mapping. */
 #include "colibri/experts.h"
 
+#include "alloc.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -89,6 +91,9 @@ struct cb_experts {
     int32_t one_read_layers;
     /* cache / mmap */
     int fd;
+    char *path;                        /* the model file (error details name it) */
+    cb_experts_read_fn read_fn;        /* test hook in place of pread, or NULL */
+    void *read_user;
     int32_t n_slots, n_pinned, min_slots;
     size_t slot_bytes;
     uint8_t *pool;                     /* cache: n_slots * slot_bytes (mapped) */
@@ -292,18 +297,38 @@ static void expert_ranges(const cb_experts_t *s, int32_t g, uint64_t off[3], siz
     addr[2] = L->down_base + e * L->down_stride;
 }
 
-/* Reads the whole range (mu may be released: touches only dst and the fd). The status detail
- * goes to the calling thread's buffer. */
-static cb_status pread_all(int fd, uint8_t *dst, size_t len, uint64_t off) {
+static const char *const part_name[3] = {"gate", "up", "down"};
+
+/* Reads matrix `part` of expert g (-1: its whole one-read span), len bytes at file offset off,
+ * into dst: short reads continue, EINTR is retried, a read error or the end of the file fails
+ * with CB_STATUS_IO naming the file, the layer, the expert and the range (mu may be released:
+ * touches only dst and the fd; the detail goes to the calling thread's buffer). */
+static cb_status pread_all(const cb_experts_t *s, int32_t g, int part, uint8_t *dst, size_t len,
+                           uint64_t off) {
+    const uint64_t off0 = off;
+    const size_t len0 = len;
     while (len > 0) {
-        ssize_t r = pread(fd, dst, len, (off_t)off);
+        int64_t r = s->read_fn ? s->read_fn(s->read_user, s->fd, dst, len, off)
+                               : (int64_t)pread(s->fd, dst, len, (off_t)off);
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0)
-            return cb_fail(CB_STATUS_IO, "experts: pread of %zu bytes at %llu failed: %s", len,
-                           (unsigned long long)off, strerror(errno));
-        if (r == 0)
-            return cb_fail(CB_STATUS_IO, "experts: the model file ends before byte %llu",
-                           (unsigned long long)off);
+        if (r <= 0 || (uint64_t)r > len) {
+            int32_t l = s->layer_of[g];
+            char why[96];
+            if (r == 0)
+                snprintf(why, sizeof why, "the file ends before byte %llu (truncated?)",
+                         (unsigned long long)off);
+            else if (r < 0)
+                snprintf(why, sizeof why, "%s", strerror(errno));
+            else
+                snprintf(why, sizeof why, "the read returned %lld bytes of %zu", (long long)r,
+                         len);
+            return cb_fail(CB_STATUS_IO,
+                           "experts: cannot read expert %d of layer %d from %s (%s, %zu bytes "
+                           "at offset %llu): %s", (int)((size_t)g - s->offsets[l]), (int)l,
+                           s->path ? s->path : "the model file",
+                           part < 0 ? "gate|up|down" : part_name[part], len0,
+                           (unsigned long long)off0, why);
+        }
         dst += r;
         len -= (size_t)r;
         off += (uint64_t)r;
@@ -334,11 +359,11 @@ static cb_status read_expert(const cb_experts_t *s, int32_t k, int32_t g, uint64
         if (y->one_read) {
             *reads = 1;
             *bytes = y->span;
-            return pread_all(s->fd, dst, y->span, off[0]);
+            return pread_all(s, g, -1, dst, y->span, off[0]);
         }
         for (int i = 0; i < 3; i++) {
             (*reads)++;
-            cb_status rs = pread_all(s->fd, dst + y->at[i], len[i], off[i]);
+            cb_status rs = pread_all(s, g, i, dst + y->at[i], len[i], off[i]);
             if (rs != CB_OK) return rs;
             *bytes += len[i];
         }
@@ -359,7 +384,7 @@ static cb_status read_part(const cb_experts_t *s, int32_t k, int32_t g, int32_t 
     const layout_t *y = &s->lay[s->layer_of[g]];
     *reads = 1;
     *bytes = len[part];
-    return pread_all(s->fd, s->pool + (size_t)k * s->slot_bytes + y->at[part], len[part],
+    return pread_all(s, g, part, s->pool + (size_t)k * s->slot_bytes + y->at[part], len[part],
                      off[part]);
 }
 
@@ -549,7 +574,7 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
     }
     if (total > (size_t)1 << 30)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: %zu experts", total);
-    cb_experts_t *s = calloc(1, sizeof *s);
+    cb_experts_t *s = cb_calloc(1, sizeof *s);
     if (!s) return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: no memory for the store");
     s->fd = -1;
     s->lru_head = s->lru_tail = -1;
@@ -575,11 +600,11 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
         return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: cannot create a condition variable");
     }
     s->sync_ok = 1;
-    s->layers = calloc((size_t)n_layers + 1, sizeof *s->layers);
-    s->lay = calloc((size_t)n_layers + 1, sizeof *s->lay);
-    s->stats = calloc((size_t)n_layers + 1, sizeof *s->stats);
-    s->counts = calloc(total + 1, sizeof *s->counts);
-    s->offsets = calloc((size_t)n_layers + 1, sizeof *s->offsets);
+    s->layers = cb_calloc((size_t)n_layers + 1, sizeof *s->layers);
+    s->lay = cb_calloc((size_t)n_layers + 1, sizeof *s->lay);
+    s->stats = cb_calloc((size_t)n_layers + 1, sizeof *s->stats);
+    s->counts = cb_calloc(total + 1, sizeof *s->counts);
+    s->offsets = cb_calloc((size_t)n_layers + 1, sizeof *s->offsets);
     if (!s->layers || !s->lay || !s->stats || !s->counts || !s->offsets) {
         cb_experts_free(s);
         return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: no memory for %zu expert counters",
@@ -607,6 +632,13 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: mode %d needs the model path",
                        (int)p->mode);
     }
+    size_t path_len = strlen(p->path);
+    s->path = cb_malloc(path_len + 1);
+    if (!s->path) {
+        cb_experts_free(s);
+        return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: no memory for the path");
+    }
+    memcpy(s->path, p->path, path_len + 1);
     s->fd = open(p->path, O_RDONLY | O_CLOEXEC);
     if (s->fd < 0) {
         int err = errno;
@@ -650,15 +682,15 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
     if (want > total) want = total;
     s->n_slots = (int32_t)want;
     s->min_slots = min_slots;
-    s->slot_of = malloc(total * sizeof *s->slot_of);
-    s->layer_of = malloc(total * sizeof *s->layer_of);
-    s->freq = calloc(total, sizeof *s->freq);
-    s->slots = calloc((size_t)s->n_slots, sizeof *s->slots);
-    s->free_stack = malloc((size_t)s->n_slots * sizeof *s->free_stack);
-    s->heap = malloc((size_t)s->n_slots * sizeof *s->heap);
-    s->queue = malloc(total * sizeof *s->queue);
-    s->queued_round = calloc(total, sizeof *s->queued_round);
-    s->jobs = malloc(3 * (size_t)s->n_slots * sizeof *s->jobs);
+    s->slot_of = cb_malloc(total * sizeof *s->slot_of);
+    s->layer_of = cb_malloc(total * sizeof *s->layer_of);
+    s->freq = cb_calloc(total, sizeof *s->freq);
+    s->slots = cb_calloc((size_t)s->n_slots, sizeof *s->slots);
+    s->free_stack = cb_malloc((size_t)s->n_slots * sizeof *s->free_stack);
+    s->heap = cb_malloc((size_t)s->n_slots * sizeof *s->heap);
+    s->queue = cb_malloc(total * sizeof *s->queue);
+    s->queued_round = cb_calloc(total, sizeof *s->queued_round);
+    s->jobs = cb_malloc(3 * (size_t)s->n_slots * sizeof *s->jobs);
     if (!s->slot_of || !s->layer_of || !s->freq || !s->slots || !s->free_stack || !s->heap ||
         !s->queue || !s->queued_round || !s->jobs) {
         cb_experts_free(s);
@@ -677,7 +709,7 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
     s->n_free = s->n_slots;
     if (p->mode == CB_EXPERTS_CACHE) {
         size_t bytes = align_up((size_t)s->n_slots * s->slot_bytes, POOL_ALIGN);
-        void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        void *m = cb_mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (m == MAP_FAILED) {
             cb_experts_free(s);
             return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: cannot map a pool of %d slots x "
@@ -696,7 +728,7 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
         }
     }
     if (p->prefetch) {
-        int err = pthread_create(&s->thread, NULL, prefetch_main, s);
+        int err = cb_thread_create(&s->thread, prefetch_main, s);
         if (err != 0) {
             cb_experts_free(s);
             return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: cannot start the prefetch thread: "
@@ -731,6 +763,7 @@ void cb_experts_free(cb_experts_t *s) {
     cb_experts_unpin_pool(s); /* the registration ends before the memory does */
     if (s->pool) munmap(s->pool, s->pool_map_bytes);
     if (s->fd >= 0) close(s->fd);
+    free(s->path);
     free(s->layers);
     free(s->lay);
     free(s->stats);
@@ -826,7 +859,7 @@ typedef struct read_batch {
     int32_t next;   /* atomic: the next job to take */
     int32_t failed; /* atomic: a reader failed; the first one's detail is in err */
     cb_status rs;
-    char err[256];
+    char err[512];
 } read_batch_t;
 
 static void *read_worker(void *arg) {
@@ -852,7 +885,7 @@ static void read_jobs(const cb_experts_t *s, read_job_t *jobs, int32_t n) {
     int started[CB_EXPERTS_READERS - 1] = {0};
     int32_t helpers = n - 1 < CB_EXPERTS_READERS - 1 ? n - 1 : CB_EXPERTS_READERS - 1;
     for (int32_t i = 0; i < helpers; i++)
-        started[i] = pthread_create(&th[i], NULL, read_worker, &b) == 0;
+        started[i] = cb_thread_create(&th[i], read_worker, &b) == 0;
     read_worker(&b);
     for (int32_t i = 0; i < helpers; i++)
         if (started[i]) pthread_join(th[i], NULL);
@@ -1102,6 +1135,15 @@ cb_status cb_experts_prefetch(cb_experts_t *s, int32_t layer, const int32_t *ids
 }
 
 int32_t cb_experts_prefetching(const cb_experts_t *s) { return s && s->thread_started; }
+
+void cb_experts_set_read_hook(cb_experts_t *s, cb_experts_read_fn fn, void *user) {
+    if (!s || s->mode == CB_EXPERTS_MAPPED) return;
+    pthread_mutex_lock(&s->mu);
+    while (s->n_loading > 0) pthread_cond_wait(&s->cv_done, &s->mu); /* no read in flight */
+    s->read_fn = fn;
+    s->read_user = fn ? user : NULL;
+    pthread_mutex_unlock(&s->mu);
+}
 
 void cb_experts_prefetch_sync(cb_experts_t *s) {
     if (!s || !s->thread_started) return;

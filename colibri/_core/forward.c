@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "routing_logic.h"
 
 #define CB_FORWARD_MAX_HEAD_DIM 1024
@@ -212,7 +213,7 @@ void cb_forward_free(cb_forward_t *f) {
 }
 
 static void *zalloc(size_t n, size_t size, int *fail) {
-    void *p = calloc(n ? n : 1, size);
+    void *p = cb_calloc(n ? n : 1, size);
     if (!p) *fail = 1;
     return p;
 }
@@ -237,7 +238,7 @@ cb_status cb_forward_new(const cb_model_desc_t *m, cb_kvcache_t *kv, cb_experts_
                        "forward: the KV cache's token stride %zu bytes does not fit this model "
                        "(%d layers, %zu K/V values per token)",
                        stride, m->n_layer, per_elt);
-    cb_forward_t *f = calloc(1, sizeof *f);
+    cb_forward_t *f = cb_calloc(1, sizeof *f);
     if (!f) return cb_fail(CB_STATUS_OUT_OF_MEMORY, "forward: no memory");
     f->m = m;
     f->kv = kv;
@@ -647,7 +648,7 @@ static cb_status ensure_scores(cb_forward_t *f, int64_t max_ctx) {
     size_t cap = f->scores_cap ? f->scores_cap : 256;
     while (cap < (size_t)max_ctx) cap *= 2;
     for (int t = 0; t < f->n_threads; t++) {
-        float *p = realloc(f->scores[t], cap * sizeof(float));
+        float *p = cb_realloc(f->scores[t], cap * sizeof(float));
         if (!p) return cb_fail(CB_STATUS_OUT_OF_MEMORY, "forward: no memory for %zu scores", cap);
         f->scores[t] = p;
     }

@@ -63,6 +63,10 @@ cdef extern from "colibri/experts.h" nogil:
     cb_status cb_experts_prefetch(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n)
     int32_t cb_experts_prefetching(const cb_experts_t *s)
     void cb_experts_prefetch_sync(cb_experts_t *s)
+    # test only (I/O fault injection): a pread replacement for the cache store's reads
+    ctypedef int64_t (*cb_experts_read_fn)(void *user, int fd, void *buf, size_t len,
+                                           uint64_t off) noexcept nogil
+    void cb_experts_set_read_hook(cb_experts_t *s, cb_experts_read_fn fn, void *user)
 
 
 cdef extern from "colibri/forward.h" nogil:

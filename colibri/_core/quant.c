@@ -18,6 +18,8 @@
 #include "colibri/cpu.h"
 #include "threadpool_impl.h"
 
+#include "alloc.h"
+
 /* ---------------------------------------------------------------- type table */
 
 typedef struct {
@@ -919,7 +921,7 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
     if (need > 0) {
         if (pool) {
             s = cb_threadpool_scratch(pool, need, &buf);
-        } else if (posix_memalign(&owned, 64, need) != 0) {
+        } else if (cb_posix_memalign(&owned, 64, need) != 0) {
             s = cb_fail(CB_STATUS_OUT_OF_MEMORY, "matmul: no memory for %zu activation bytes",
                         need);
         } else {

@@ -15,6 +15,8 @@
  */
 #include "threadpool_impl.h"
 
+#include "alloc.h"
+
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -111,7 +113,7 @@ cb_status cb_threadpool_new(int n_threads, cb_threadpool_t **out) {
     if (n_threads < 1 || n_threads > CB_THREADPOOL_MAX_THREADS)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "threadpool_new: n_threads %d not in [1, %d]",
                        n_threads, CB_THREADPOOL_MAX_THREADS);
-    cb_threadpool_t *p = calloc(1, sizeof *p);
+    cb_threadpool_t *p = cb_calloc(1, sizeof *p);
     if (!p) return cb_fail(CB_STATUS_OUT_OF_MEMORY, "threadpool_new: no memory for the pool");
     p->n_threads = n_threads;
     pthread_mutex_init(&p->call_mtx, NULL);
@@ -122,21 +124,21 @@ cb_status cb_threadpool_new(int n_threads, cb_threadpool_t **out) {
     atomic_init(&p->done, 0);
     atomic_init(&p->stop, 0);
     if (n_threads > 1) {
-        p->threads = calloc((size_t)n_threads - 1, sizeof *p->threads);
+        p->threads = cb_calloc((size_t)n_threads - 1, sizeof *p->threads);
         if (!p->threads) {
             cb_threadpool_free(p);
             return cb_fail(CB_STATUS_OUT_OF_MEMORY, "threadpool_new: no memory for %d threads",
                            n_threads);
         }
         for (int i = 1; i < n_threads; i++) {
-            worker_arg *wa = malloc(sizeof *wa);
+            worker_arg *wa = cb_malloc(sizeof *wa);
             if (!wa) {
                 cb_threadpool_free(p);
                 return cb_fail(CB_STATUS_OUT_OF_MEMORY, "threadpool_new: no memory");
             }
             wa->pool = p;
             wa->index = i;
-            int rc = pthread_create(&p->threads[i - 1], NULL, tp_worker, wa);
+            int rc = cb_thread_create(&p->threads[i - 1], tp_worker, wa);
             if (rc != 0) {
                 free(wa);
                 cb_threadpool_free(p);
@@ -226,7 +228,7 @@ cb_status cb_threadpool_scratch(cb_threadpool_t *p, size_t bytes, void **out) {
         size_t want = bytes + bytes / 4 + 64;
         want = (want + 63) & ~(size_t)63;
         void *nb = NULL;
-        if (posix_memalign(&nb, 64, want) != 0)
+        if (cb_posix_memalign(&nb, 64, want) != 0)
             return cb_fail(CB_STATUS_OUT_OF_MEMORY, "threadpool: no memory for %zu scratch bytes",
                            want);
         free(p->scratch);

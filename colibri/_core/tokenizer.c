@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "unicode_tables.h"
 
 /* ---------------------------------------------------------------------------------------------
@@ -38,7 +39,7 @@ typedef struct { int32_t *v; size_t n, cap; } ivec;
 static int ivec_push(ivec *a, int32_t x) {
     if (a->n == a->cap) {
         size_t nc = a->cap ? a->cap * 2 : 64;
-        int32_t *nv = realloc(a->v, nc * sizeof *nv);
+        int32_t *nv = cb_realloc(a->v, nc * sizeof *nv);
         if (!nv) return -1;
         a->v = nv;
         a->cap = nc;
@@ -258,8 +259,8 @@ static int hexval(uint8_t c) {
 static cb_status build_pieces(cb_tokenizer_t *t, const int16_t *cp_byte) {
     const int64_t total = t->off[t->n];
     /* a piece is never longer than its text */
-    t->piece = malloc((size_t)total + 1);
-    t->piece_off = malloc(((size_t)t->n + 1) * sizeof(int64_t));
+    t->piece = cb_malloc((size_t)total + 1);
+    t->piece_off = cb_malloc(((size_t)t->n + 1) * sizeof(int64_t));
     if (!t->piece || !t->piece_off) return NOMEM("token pieces");
     int64_t o = 0;
     for (int32_t i = 0; i < t->n; i++) {
@@ -323,15 +324,15 @@ static cb_status build_pieces(cb_tokenizer_t *t, const int16_t *cp_byte) {
 
 static cb_status build_vocab_table(cb_tokenizer_t *t, const int16_t *cp_byte) {
     const int64_t total = t->off[t->n];
-    t->key_off = malloc(((size_t)t->n + 1) * sizeof(int64_t));
+    t->key_off = cb_malloc(((size_t)t->n + 1) * sizeof(int64_t));
     if (!t->key_off) return NOMEM("vocabulary keys");
     if (t->model == CB_TOKENIZER_SPM) {
-        t->key = malloc((size_t)total + 1);
+        t->key = cb_malloc((size_t)total + 1);
         if (!t->key) return NOMEM("vocabulary keys");
         memcpy(t->key, t->text, (size_t)total);
         memcpy(t->key_off, t->off, ((size_t)t->n + 1) * sizeof(int64_t));
     } else {
-        t->key = malloc((size_t)total + 1);
+        t->key = cb_malloc((size_t)total + 1);
         if (!t->key) return NOMEM("vocabulary keys");
         int64_t o = 0;
         for (int32_t i = 0; i < t->n; i++) {
@@ -343,7 +344,7 @@ static cb_status build_vocab_table(cb_tokenizer_t *t, const int16_t *cp_byte) {
         t->key_off[t->n] = o;
     }
     t->vmask = table_mask((size_t)t->n);
-    t->vslot = calloc((size_t)t->vmask + 1, sizeof(uint64_t));
+    t->vslot = cb_calloc((size_t)t->vmask + 1, sizeof(uint64_t));
     if (!t->vslot) return NOMEM("vocabulary table");
     for (int32_t id = 0; id < t->n; id++) {
         const uint8_t *k = t->key + t->key_off[id];
@@ -367,12 +368,12 @@ static cb_status build_merges(cb_tokenizer_t *t, const cb_tokenizer_params *p, c
     t->n_merges = 0;
     if (nm <= 0) return CB_OK;
     const int64_t total = p->merge_offsets[nm];
-    t->mkey = malloc((size_t)total + 1);
-    t->moff = malloc(((size_t)nm + 1) * sizeof(int64_t));
-    t->mleft = malloc(((size_t)nm + 1) * sizeof(uint32_t));
+    t->mkey = cb_malloc((size_t)total + 1);
+    t->moff = cb_malloc(((size_t)nm + 1) * sizeof(int64_t));
+    t->mleft = cb_malloc(((size_t)nm + 1) * sizeof(uint32_t));
     t->mmask = table_mask((size_t)nm);
-    t->mfp = calloc((size_t)t->mmask + 1, sizeof(uint32_t));
-    t->midx = malloc(((size_t)t->mmask + 1) * sizeof(int32_t));
+    t->mfp = cb_calloc((size_t)t->mmask + 1, sizeof(uint32_t));
+    t->midx = cb_malloc(((size_t)t->mmask + 1) * sizeof(int32_t));
     if (!t->mkey || !t->moff || !t->mleft || !t->mfp || !t->midx) return NOMEM("merges");
     t->n_merges = nm;
     int64_t o = 0;
@@ -421,9 +422,9 @@ static cb_status build_specials(cb_tokenizer_t *t) {
             nodes += t->off[i + 1] - t->off[i];
         }
     }
-    t->special_rank = malloc((size_t)t->n * sizeof(int32_t));
-    len_id *order = malloc(((size_t)ns + 1) * sizeof(len_id));
-    t->trie = malloc((size_t)nodes * sizeof(trie_node));
+    t->special_rank = cb_malloc((size_t)t->n * sizeof(int32_t));
+    len_id *order = cb_malloc(((size_t)ns + 1) * sizeof(len_id));
+    t->trie = cb_malloc((size_t)nodes * sizeof(trie_node));
     if (!t->special_rank || !order || !t->trie) {
         free(order);
         return NOMEM("special tokens");
@@ -501,7 +502,7 @@ cb_status cb_tokenizer_new(const cb_tokenizer_params *p, cb_tokenizer_t **out) {
     if ((p->add_bos && p->bos_id < 0) || (p->add_eos && p->eos_id < 0))
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "tokenizer_new: add_bos/add_eos set without a bos/eos id");
 
-    cb_tokenizer_t *t = calloc(1, sizeof *t);
+    cb_tokenizer_t *t = cb_calloc(1, sizeof *t);
     if (!t) return NOMEM("handle");
     t->model = p->model;
     t->pre = p->model == CB_TOKENIZER_BPE ? p->pre : CB_PRE_NONE;
@@ -513,11 +514,11 @@ cb_status cb_tokenizer_new(const cb_tokenizer_params *p, cb_tokenizer_t **out) {
     t->add_space_prefix = p->model == CB_TOKENIZER_SPM && p->add_space_prefix;
     t->ignore_merges = p->ignore_merges != 0;
     const int64_t total = p->text_offsets[n];
-    t->text = malloc((size_t)total + 1);
-    t->off = malloc(((size_t)n + 1) * sizeof(int64_t));
-    t->score = malloc((size_t)n * sizeof(float));
-    t->attr = malloc((size_t)n * sizeof(uint32_t));
-    t->bmp_flags = malloc(0x10000 * sizeof(uint16_t));
+    t->text = cb_malloc((size_t)total + 1);
+    t->off = cb_malloc(((size_t)n + 1) * sizeof(int64_t));
+    t->score = cb_malloc((size_t)n * sizeof(float));
+    t->attr = cb_malloc((size_t)n * sizeof(uint32_t));
+    t->bmp_flags = cb_malloc(0x10000 * sizeof(uint16_t));
     cb_status st = CB_OK;
     if (!t->text || !t->off || !t->score || !t->attr || !t->bmp_flags) {
         st = NOMEM("vocabulary");
@@ -611,7 +612,7 @@ static cb_status partition(const cb_tokenizer_t *t, const uint8_t *s, size_t n, 
             if (tk >= 0 && (parse_special || !(t->attr[tk] & (CB_TOKEN_ATTR_CONTROL | CB_TOKEN_ATTR_UNKNOWN)))) {
                 if (nc == capc) {
                     capc = capc ? capc * 2 : 256;
-                    cand *nv = realloc(c, capc * sizeof *nv);
+                    cand *nv = cb_realloc(c, capc * sizeof *nv);
                     if (!nv) {
                         free(c);
                         return NOMEM("special-token candidates");
@@ -629,10 +630,10 @@ static cb_status partition(const cb_tokenizer_t *t, const uint8_t *s, size_t n, 
     if (nc) {
         /* stable counting sort by rank keeps positions ascending within a rank */
         const int32_t nr = t->n_special;
-        size_t *cnt = calloc((size_t)nr + 1, sizeof(size_t));
-        cand *sorted = malloc(nc * sizeof *sorted);
-        uint8_t *covered = calloc(n, 1);
-        acc = malloc(nc * sizeof *acc);
+        size_t *cnt = cb_calloc((size_t)nr + 1, sizeof(size_t));
+        cand *sorted = cb_malloc(nc * sizeof *sorted);
+        uint8_t *covered = cb_calloc(n, 1);
+        acc = cb_malloc(nc * sizeof *acc);
         if (!cnt || !sorted || !covered || !acc) {
             free(cnt); free(sorted); free(covered); free(acc); free(c);
             return NOMEM("special-token partition");
@@ -660,7 +661,7 @@ static cb_status partition(const cb_tokenizer_t *t, const uint8_t *s, size_t n, 
         qsort(acc, nacc, sizeof *acc, cmp_cand_pos);
     }
     free(c);
-    frag *f = malloc((2 * nacc + 1) * sizeof *f);
+    frag *f = cb_malloc((2 * nacc + 1) * sizeof *f);
     if (!f) {
         free(acc);
         return NOMEM("fragments");
@@ -699,7 +700,7 @@ static inline int bg_before(const bigram *a, const bigram *b) {
 static int heap_push(merger *m, bigram b) {
     if (m->nh == m->caph) {
         size_t nc = m->caph ? m->caph * 2 : 256;
-        bigram *nv = realloc(m->h, nc * sizeof *nv);
+        bigram *nv = cb_realloc(m->h, nc * sizeof *nv);
         if (!nv) return -1;
         m->h = nv;
         m->caph = nc;
@@ -736,7 +737,7 @@ static int syms_reserve(merger *m, size_t n) {
     if (n <= m->caps) return 0;
     size_t nc = m->caps ? m->caps : 256;
     while (nc < n) nc *= 2;
-    sym *nv = realloc(m->s, nc * sizeof *nv);
+    sym *nv = cb_realloc(m->s, nc * sizeof *nv);
     if (!nv) return -1;
     m->s = nv;
     m->caps = nc;
@@ -1145,7 +1146,7 @@ typedef struct { size_t *v; size_t n, cap; } zvec; /* piece boundaries: pairs (s
 static int zvec_push2(zvec *a, size_t x, size_t y) {
     if (a->n + 2 > a->cap) {
         size_t nc = a->cap ? a->cap * 2 : 256;
-        size_t *nv = realloc(a->v, nc * sizeof *nv);
+        size_t *nv = cb_realloc(a->v, nc * sizeof *nv);
         if (!nv) return -1;
         a->v = nv;
         a->cap = nc;
@@ -1197,11 +1198,11 @@ static cb_status bpe_fragment(const cb_tokenizer_t *t, merger *m, pre_scratch *p
     if (n + 1 > ps->cap) {
         size_t nc = ps->cap ? ps->cap : 1024;
         while (nc < n + 1) nc *= 2;
-        uint32_t *cp = realloc(ps->cp, nc * sizeof *cp);
+        uint32_t *cp = cb_realloc(ps->cp, nc * sizeof *cp);
         if (cp) ps->cp = cp;
-        uint16_t *fl = realloc(ps->fl, nc * sizeof *fl);
+        uint16_t *fl = cb_realloc(ps->fl, nc * sizeof *fl);
         if (fl) ps->fl = fl;
-        size_t *bo = realloc(ps->boff, nc * sizeof *bo);
+        size_t *bo = cb_realloc(ps->boff, nc * sizeof *bo);
         if (bo) ps->boff = bo;
         if (!cp || !fl || !bo) return NOMEM("code points");
         ps->cap = nc;
@@ -1298,7 +1299,7 @@ cb_status cb_tokenizer_encode(const cb_tokenizer_t *t, const uint8_t *text, size
             /* escape spaces as U+2581, optionally after a prefix space */
             const size_t need = 3 * (n + 1);
             if (need > esc_cap) {
-                uint8_t *e = realloc(esc, need);
+                uint8_t *e = cb_realloc(esc, need);
                 if (!e) {
                     st = NOMEM("escaped text");
                     goto done;
@@ -1355,7 +1356,7 @@ static int bvec_add(bvec *b, const uint8_t *p, size_t n) {
     if (b->n + n > b->cap) {
         size_t nc = b->cap ? b->cap : 256;
         while (nc < b->n + n) nc *= 2;
-        uint8_t *nv = realloc(b->v, nc);
+        uint8_t *nv = cb_realloc(b->v, nc);
         if (!nv) return -1;
         b->v = nv;
         b->cap = nc;
@@ -1407,7 +1408,7 @@ cb_status cb_tokenizer_decode(const cb_tokenizer_t *t, const int32_t *ids, size_
         }
     }
     if (!raw.v) {
-        raw.v = malloc(1);
+        raw.v = cb_malloc(1);
         if (!raw.v) return NOMEM("decoded text");
     }
     if (cb_utf8_validate(raw.v, raw.n, NULL) == CB_OK) { /* the common case: no repair, no copy */
@@ -1437,7 +1438,7 @@ struct cb_tok_stream {
 
 cb_status cb_tok_stream_new(const cb_tokenizer_t *tok, unsigned flags, cb_tok_stream_t **out) {
     if (!tok || !out) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "tok_stream_new: NULL argument");
-    cb_tok_stream_t *s = calloc(1, sizeof *s);
+    cb_tok_stream_t *s = cb_calloc(1, sizeof *s);
     if (!s) return NOMEM("stream");
     s->tok = tok;
     s->flags = flags;
@@ -1457,12 +1458,14 @@ cb_status cb_tok_stream_feed(cb_tok_stream_t *s, int32_t id, const uint8_t **out
     if (!s || !out || !out_len) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "tok_stream_feed: NULL argument");
     const cb_tokenizer_t *t = s->tok;
     if (id < 0 || id >= t->n) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "token id %d out of range [0, %d)", id, t->n);
+    /* all-or-nothing: the stream's state (strip, pending bytes) changes only once every buffer
+     * it needs is allocated, so a failed feed can be repeated */
     const uint8_t *p;
     size_t k;
-    render(t, id, s->flags, &s->strip, &p, &k);
+    int strip = s->strip;
+    render(t, id, s->flags, &strip, &p, &k);
     s->in.n = 0;
     if (bvec_add(&s->in, s->pend, s->npend) || bvec_add(&s->in, p, k)) return NOMEM("stream buffer");
-    s->npend = 0;
     /* keep back a valid-but-unfinished sequence at the very end */
     const uint8_t *b = s->in.v ? s->in.v : (const uint8_t *)"";
     size_t n = s->in.n;
@@ -1477,15 +1480,16 @@ cb_status cb_tok_stream_feed(cb_tok_stream_t *s, int32_t id, const uint8_t **out
             break;
         }
     }
-    memcpy(s->pend, b + n - keep, keep);
-    s->npend = keep;
     n -= keep;
     if (s->out.cap < 3 * n + 1) {
-        uint8_t *nv = realloc(s->out.v, 3 * n + 1);
+        uint8_t *nv = cb_realloc(s->out.v, 3 * n + 1);
         if (!nv) return NOMEM("stream output");
         s->out.v = nv;
         s->out.cap = 3 * n + 1;
     }
+    memcpy(s->pend, b + n, keep);
+    s->npend = keep;
+    s->strip = strip;
     s->out.n = cb_utf8_sanitize_into(b, n, s->out.v, NULL);
     *out = s->out.v;
     *out_len = s->out.n;
@@ -1495,7 +1499,7 @@ cb_status cb_tok_stream_feed(cb_tok_stream_t *s, int32_t id, const uint8_t **out
 cb_status cb_tok_stream_flush(cb_tok_stream_t *s, const uint8_t **out, size_t *out_len) {
     if (!s || !out || !out_len) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "tok_stream_flush: NULL argument");
     if (s->out.cap < 4) {
-        uint8_t *nv = realloc(s->out.v, 16);
+        uint8_t *nv = cb_realloc(s->out.v, 16);
         if (!nv) return NOMEM("stream output");
         s->out.v = nv;
         s->out.cap = 16;

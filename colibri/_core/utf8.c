@@ -9,6 +9,8 @@
  */
 #include "colibri/tokenizer.h"
 
+#include "alloc.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -141,7 +143,7 @@ cb_status cb_utf8_sanitize(const uint8_t *s, size_t n, uint8_t **out, size_t *ou
         return cb_fail(CB_STATUS_OUT_OF_MEMORY, "utf8_sanitize: text of %zu bytes too large", n);
     }
     /* each replaced byte grows to at most 3 bytes */
-    uint8_t *buf = malloc(n * 3 + 1);
+    uint8_t *buf = cb_malloc(n * 3 + 1);
     if (!buf) {
         return cb_fail(CB_STATUS_OUT_OF_MEMORY, "utf8_sanitize: cannot allocate %zu bytes", n * 3 + 1);
     }

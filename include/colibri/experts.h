@@ -223,6 +223,18 @@ cb_status cb_experts_pin_pool(cb_experts_t *s, cb_experts_pool_pin_fn pin,
  * s is NULL. */
 void cb_experts_unpin_pool(cb_experts_t *s);
 
+/* TEST ONLY (I/O fault injection): a replacement for pread(2) that the cache store calls for
+ * every read of the model file: read up to len bytes at file offset off into buf and return the
+ * bytes read (0 at the end of the file) or -1 with errno set. Called concurrently from the
+ * acquire's reader threads and the prefetch thread. The store retries EINTR, continues after a
+ * short read and fails any other error (or the end of the file) with CB_STATUS_IO naming the
+ * file, layer and expert; a slot whose read failed is never handed out. */
+typedef int64_t (*cb_experts_read_fn)(void *user, int fd, void *buf, size_t len, uint64_t off);
+
+/* TEST ONLY: installs fn (NULL: plain pread again) after any prefetch read in flight ends. Called
+ * by the thread that owns the store, not concurrently with acquire. No-op for the mapped store. */
+void cb_experts_set_read_hook(cb_experts_t *s, cb_experts_read_fn fn, void *user);
+
 /* Statistics of one layer (layer >= 0) or the sum of all (layer == -1). */
 cb_status cb_experts_stats(const cb_experts_t *s, int32_t layer, cb_experts_layer_stats_t *out);
 
