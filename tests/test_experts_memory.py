@@ -1,7 +1,7 @@
 """Memory: with an expert budget the process's peak RSS stays under dense size + budget +
 MARGIN, measured in a fresh subprocess (VmHWM: ru_maxrss would carry pytest's own peak
 across the exec) on a 2-layer Qwen3-30B-A3B-shaped Q4_0
-model (~1 GB: 356 MiB dense, 648 MiB experts) written by tools/make_bench_model.py. The mapped
+model (~1 GB: 356 MiB dense, 648 MiB experts) written by colibri/tools/make_bench_model.py. The mapped
 store (whole-file mapping) is run too: its peak must be higher, or the test proves nothing."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _child(path: Path, mode: str, budget: float) -> dict:
 @pytest.mark.slow
 def test_peak_rss_stays_under_dense_plus_budget(tmp_path):
     path = tmp_path / "bench2.gguf"
-    subprocess.run([sys.executable, str(ROOT / "tools" / "make_bench_model.py"), str(path),
+    subprocess.run([sys.executable, "-m", "colibri.tools.make_bench_model", str(path),
                     "--layers", "2", "--type", "q4_0", "--routing", "raw"], check=True, capture_output=True,
                    timeout=300)
     mapped = _child(path, "mapped", 1.0)

@@ -12,12 +12,9 @@ fsync, rename. See colibri/container.py and docs/ARCHITECTURE.md.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from colibri.container import add_convert_args, run_convert  # noqa: E402
+from colibri.container import add_convert_args, run_convert
 
 
 def main(argv: list[str] | None = None) -> int:

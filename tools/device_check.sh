@@ -42,7 +42,8 @@ fi
 # 1. gguf from the carried wheel, where the image lacks it
 site="$PWD/build/pycuda_site"
 mkdir -p "$site"
-export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+# the checkout (built in place below: the tools import the colibri on the path) and the site
+export PYTHONPATH="$PWD:$site${PYTHONPATH:+:$PYTHONPATH}"
 if ! "$PY" -c "import gguf" 2>/dev/null; then
     whl=$(ls build/pycuda_wheels/gguf-*.whl 2>/dev/null | tail -1)
     [ -n "$whl" ] || fail "gguf is not importable and no gguf wheel in build/pycuda_wheels (run tools/fetch_pycuda.sh here and carry build/pycuda_wheels)"

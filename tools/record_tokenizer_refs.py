@@ -201,7 +201,6 @@ def write_space_prefix_variant(model_path: str, out: Path) -> None:
     """A GGUF holding only the tokenizer of model_path, with add_space_prefix set to true."""
     import gguf
 
-    sys.path.insert(0, str(ROOT))
     from colibri.tokenizer import read_gguf_vocab
 
     info = read_gguf_vocab(model_path)

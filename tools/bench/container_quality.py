@@ -28,7 +28,8 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+# the installed colibri (not the source tree, which has no built modules unless built in
+# place); the tests' model builders from the checkout
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from colibri.container import ContainerFile, convert  # noqa: E402

@@ -58,7 +58,6 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 from colibri import _cuda_ref as ref  # noqa: E402
 from colibri._cuda_ref import ExpertLayout  # noqa: E402

@@ -9,7 +9,7 @@
 
 colibri runs with max_batch=1 (the prompt token by token), so a budget's pool floor is one
 token's experts per layer (min_expert_slots). Without --model it writes the benchmark MoE model
-(tools/make_bench_model.py: Qwen3-30B-A3B shape, random --type weights (default Q4_K_M),
+(colibri/tools/make_bench_model.py: Qwen3-30B-A3B shape, random --type weights (default Q4_K_M),
 spread routing, --layers layers) to a temporary directory. For each budget B (a fraction of
 the experts' size) every run happens in a fresh process, inside a cgroup-v1 memory
 limit of dense + B * experts + a margin when /sys/fs/cgroup/memory is writable (the page cache
@@ -254,7 +254,7 @@ def main() -> int:
     if path is None:
         tmp = tempfile.TemporaryDirectory()
         path = os.path.join(tmp.name, "bench.gguf")
-        subprocess.run([sys.executable, str(ROOT / "tools" / "make_bench_model.py"), path,
+        subprocess.run([sys.executable, "-m", "colibri.tools.make_bench_model", path,
                         "--layers", str(a.layers), "--type", a.type], check=True,
                        capture_output=True)
     from colibri.arch import open_model
