@@ -123,8 +123,9 @@ def _in_subprocess(engine: str, **kw: Any) -> dict[str, Any]:
 
 LLAMA_CPP_MISSING = (
     "--vs-llama-cpp needs llama.cpp's Python binding, which is not installed: "
-    "pip install llama-cpp-python (it builds llama.cpp from source: needs a C++ compiler and "
-    "cmake; CMAKE_ARGS=\"-DGGML_NATIVE=ON\" builds it for this CPU)"
+    "pip install \"colibri[bench]\" (or pip install llama-cpp-python; it builds llama.cpp from "
+    "source: needs a C++ compiler and cmake; CMAKE_ARGS=\"-DGGML_NATIVE=ON\" builds it for "
+    "this CPU)"
 )
 
 

@@ -298,7 +298,7 @@ def test_cli_bench_says_how_to_get_the_peer(monkeypatch, capsys):
 
     monkeypatch.setattr(bench, "llama_cpp_missing", lambda: bench.LLAMA_CPP_MISSING)
     assert main(["bench", "--vs-llama-cpp"]) == 1
-    assert "pip install llama-cpp-python" in capsys.readouterr().err
+    assert 'pip install "colibri[bench]"' in capsys.readouterr().err
 
 
 def test_chat_from_a_pipe():
@@ -307,3 +307,45 @@ def test_chat_from_a_pipe():
     replies = p.stdout.decode().strip()
     assert replies and b"Traceback" not in p.stderr
     assert b"> " not in p.stdout  # no interactive prompts when piped
+
+
+def test_chat_interactive_on_a_terminal():
+    """On a terminal: a prompt per turn, the reply, and an empty line ends the session."""
+    import pty
+    import select
+    import time
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: colibri chat on the pty
+        os.execv(sys.executable, [sys.executable, "-m", "colibri", "chat", "-n", "8",
+                                  "--temp", "0"])
+    out = b""
+
+    def read_until(marker: bytes, start: int, limit: float) -> bool:
+        nonlocal out
+        end = time.time() + limit
+        while marker not in out[start:] and time.time() < end:
+            r, _, _ = select.select([fd], [], [], 1.0)
+            if r:
+                try:
+                    out += os.read(fd, 4096)
+                except OSError:
+                    break
+        return marker in out[start:]
+
+    try:
+        assert read_until(b"> ", 0, 240), out
+        start = len(out)
+        os.write(fd, b"Hi\n")
+        assert read_until(b"\n> ", start, 240), out  # the reply, then the next prompt
+        reply = out[start:].replace(b"Hi", b"", 1).rsplit(b"\n> ", 1)[0]
+        assert reply.strip(), out  # some reply text before the next prompt
+        os.write(fd, b"\n")  # an empty line ends it
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, out
+    finally:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+        os.close(fd)
