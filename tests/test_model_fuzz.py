@@ -154,3 +154,17 @@ def test_harness_detects_crashes_and_hangs(tmp_path, monkeypatch, kind):
     saved = sorted(os.listdir(out / "failures"))
     assert any(n.startswith("case-5-3.") and not n.endswith(".json") for n in saved), saved
     assert "case-5-3.gguf.json" in saved or "case-5-3.colibri.json" in saved
+
+
+def test_atheris_readers_run_for_a_few_seconds(tmp_path):
+    """The coverage-guided fuzzer of the readers starts from its seeds and runs its budget
+    without a finding (skipped where atheris is not installed)."""
+    pytest.importorskip("atheris")
+    import subprocess
+
+    tool = os.path.join(os.path.dirname(HERE), "tools", "fuzz", "atheris_readers.py")
+    r = subprocess.run([sys.executable, tool, "--seconds", "5", "--artifacts", str(tmp_path / "a"),
+                        "--corpus", str(tmp_path / "c")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Done" in r.stderr and os.listdir(tmp_path / "a") == []
+    assert len(os.listdir(tmp_path / "c")) >= 10  # the seeds, and whatever it added
