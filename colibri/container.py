@@ -55,6 +55,8 @@ from colibri.gguf import (
     GGUFFile,
     TensorInfo,
     _Cursor,
+    _identity,
+    guard_mapping,
 )
 
 __all__ = [
@@ -262,6 +264,8 @@ class ContainerFile(GGUFFile):
                 raise ContainerError(f"{self.path}: file is {self.file_size} bytes, too short "
                                      f"for a colibri container preamble ({PREAMBLE})")
             self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self._ident = _identity(f.fileno())
+            guard_mapping(self._mm, self.path)
         try:
             self._parse()
             if verify:
