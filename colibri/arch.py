@@ -26,6 +26,9 @@ ROPE_NORMAL, ROPE_NEOX = 0, 2
 GATING_SOFTMAX, GATING_SIGMOID = 0, 1
 
 F32 = 0
+MAX_KEY_INT = 2**31 - 1  # sizes and counts reach C as int32
+MAX_LAYERS = 1 << 16
+MAX_EXPERTS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -273,6 +276,41 @@ class _Reader:
     def has(self, name: str) -> bool:
         return name in self.gf.tensors
 
+    def int_key(self, name: str, default: int | None = None, required: bool = False,
+                lo: int = 0, hi: int = MAX_KEY_INT) -> int:
+        """An integer key in [lo, hi] (a per-layer array must hold one value), else
+        UnsupportedModel naming the key and its value."""
+        v = self.key(name, None, required)
+        if v is None:
+            assert default is not None
+            return default
+        return _int(v, f"{self.arch}.{name}", self.gf.path, lo, hi)
+
+    def float_key(self, name: str, default: float | None = None, required: bool = False,
+                  lo: float = -math.inf, hi: float = math.inf, lo_open: bool = False) -> float:
+        """A finite number in [lo, hi] ((lo, hi] with lo_open), else UnsupportedModel naming
+        the key and its value."""
+        v = self.key(name, None, required)
+        if v is None:
+            assert default is not None
+            return default
+        full = f"{self.arch}.{name}"
+        if isinstance(v, bool | np.bool_) or not isinstance(v, int | float | np.integer | np.floating):
+            raise UnsupportedModel(f"{self.gf.path}: {full} must be a number, got {_show(v)}")
+        f = float(v)
+        if not math.isfinite(f) or f < lo or f > hi or (lo_open and f == lo):
+            rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+            raise UnsupportedModel(f"{self.gf.path}: {full} = {f!r} is not a finite number in {rng}")
+        return f
+
+    def dims(self, name: str, ndim: int) -> tuple[int, ...]:
+        """A tensor's shape, which must have ndim dimensions."""
+        t = self.info(name)
+        if len(t.shape) != ndim:
+            raise UnsupportedModel(f"{self.gf.path}: tensor {name!r} has shape {list(t.shape)}, "
+                                   f"expected {ndim} dimensions")
+        return tuple(t.shape)
+
     def info(self, name: str) -> TensorInfo:
         t = self.gf.tensors.get(name)
         if t is None:
@@ -369,13 +407,39 @@ class _Reader:
         )
 
 
-def _int(v: Any, what: str, path: str) -> int:
+
+
+def _show(v: Any) -> str:
+    r = repr(v.tolist() if isinstance(v, np.ndarray) else v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _one_int(x: Any, what: str, path: str, lo: int, hi: int) -> int:
+    if isinstance(x, bool | np.bool_):
+        raise UnsupportedModel(f"{path}: {what} must be an integer, got {x!r}")
+    if isinstance(x, float | np.floating):
+        if not math.isfinite(x) or x != int(x):
+            raise UnsupportedModel(f"{path}: {what} must be an integer, got {x!r}")
+        if not lo <= x <= hi:
+            raise UnsupportedModel(f"{path}: {what} = {x!r} is out of range [{lo}, {hi}]")
+        x = int(x)
+    if not isinstance(x, int | np.integer):
+        raise UnsupportedModel(f"{path}: {what} must be an integer, got {_show(x)}")
+    if not lo <= int(x) <= hi:
+        raise UnsupportedModel(f"{path}: {what} = {int(x)} is out of range [{lo}, {hi}]")
+    return int(x)
+
+
+def _int(v: Any, what: str, path: str, lo: int = 0, hi: int = MAX_KEY_INT) -> int:
+    """A key's integer value (a per-layer array of one repeated value is that value), checked
+    to lie in [lo, hi]; anything else is an UnsupportedModel naming the key."""
     if isinstance(v, list | tuple | np.ndarray):
-        vals = {int(x) for x in v}
+        vals = {_one_int(x, what, path, lo, hi) for x in v}
         if len(vals) != 1:
-            raise UnsupportedModel(f"{path}: per-layer {what} values {sorted(vals)} are not supported")
+            raise UnsupportedModel(f"{path}: per-layer {what} values {sorted(vals)[:8]} are not "
+                                   "supported")
         return vals.pop()
-    return int(v)
+    return _one_int(v, what, path, lo, hi)
 
 
 @dataclass
@@ -395,8 +459,8 @@ def _per_layer(v: Any, n_layer: int, what: str, path: str) -> list[int]:
     if isinstance(v, list | tuple | np.ndarray):
         if len(v) != n_layer:
             raise UnsupportedModel(f"{path}: {what} has {len(v)} values for {n_layer} layers")
-        return [int(x) for x in v]
-    return [int(v)] * n_layer
+        return [_one_int(x, what, path, 0, MAX_KEY_INT) for x in v]
+    return [_one_int(v, what, path, 0, MAX_KEY_INT)] * n_layer
 
 
 def _gemma4_layers(r: _Reader, n_layer: int, n_head: int, freq_scale: float
@@ -407,33 +471,33 @@ def _gemma4_layers(r: _Reader, n_layer: int, n_head: int, freq_scale: float
     scalar or per layer. Returns the layers and the sliding window. Per-layer embeddings and
     KV sharing are refused by name."""
     p = r.gf.path
-    ple = int(r.key("embedding_length_per_layer_input", 0) or 0)
+    ple = r.int_key("embedding_length_per_layer_input", 0)
     if ple > 0 or r.has("per_layer_token_embd.weight"):
         raise UnsupportedModel(
             f"{p}: gemma4 per-layer embeddings (gemma4.embedding_length_per_layer_input = {ple}, "
             f"tensor per_layer_token_embd.weight) are not supported"
         )
-    shared = int(r.key("attention.shared_kv_layers", 0) or 0)
+    shared = r.int_key("attention.shared_kv_layers", 0)
     if shared > 0:
         raise UnsupportedModel(
             f"{p}: gemma4 KV sharing (gemma4.attention.shared_kv_layers = {shared}) is not supported"
         )
-    swa = int(r.key("attention.sliding_window", required=True))
+    swa = r.int_key("attention.sliding_window", required=True)
     pattern = r.key("attention.sliding_window_pattern", required=True)
     if not isinstance(pattern, list | tuple | np.ndarray) or len(pattern) != n_layer:
         raise UnsupportedModel(
             f"{p}: gemma4.attention.sliding_window_pattern must be a per-layer array of "
             f"{n_layer} booleans"
         )
-    hd = int(r.key("attention.key_length", required=True))
-    hd_swa = int(r.key("attention.key_length_swa", required=True))
+    hd = r.int_key("attention.key_length", required=True, lo=1)
+    hd_swa = r.int_key("attention.key_length_swa", required=True, lo=1)
     for k, want in (("attention.value_length", hd), ("attention.value_length_swa", hd_swa)):
-        if int(r.key(k, want)) != want:
+        if r.int_key(k, want) != want:
             raise UnsupportedModel(f"{p}: gemma4.{k} != the key length is not supported")
-    rot = int(r.key("rope.dimension_count", hd))
-    rot_swa = int(r.key("rope.dimension_count_swa", hd_swa))
-    base = float(r.key("rope.freq_base", 10000.0))
-    base_swa = float(r.key("rope.freq_base_swa", base))
+    rot = r.int_key("rope.dimension_count", hd)
+    rot_swa = r.int_key("rope.dimension_count_swa", hd_swa)
+    base = r.float_key("rope.freq_base", 10000.0, lo=0.0, lo_open=True)
+    base_swa = r.float_key("rope.freq_base_swa", base, lo=0.0, lo_open=True)
     n_kv = _per_layer(r.key("attention.head_count_kv", n_head), n_layer, "head_count_kv", p)
     out = []
     for i in range(n_layer):
@@ -466,26 +530,37 @@ def describe(gf: GGUFFile, dequantize: bool = False) -> ModelDesc:
         )
     r = _Reader(gf, arch, dequantize)
     p = gf.path
-    n_embd = _int(r.key("embedding_length", required=True), "embedding_length", p)
-    n_layer = _int(r.key("block_count", required=True), "block_count", p)
-    n_head = _int(r.key("attention.head_count", required=True), "head_count", p)
+    n_embd = r.int_key("embedding_length", required=True, lo=1)
+    n_layer = r.int_key("block_count", required=True, lo=1, hi=MAX_LAYERS)
+    n_head = r.int_key("attention.head_count", required=True, lo=1)
     g4: list[_LayerAttn] | None = None
     if fam.gemma4:
         g4, _ = _gemma4_layers(r, n_layer, n_head, 1.0)
         # the model-level shape: the first layer's (the per-layer values override it)
         n_head_kv, head_dim, n_rot = g4[0].n_head_kv, g4[0].head_dim, g4[0].n_rot
     else:
-        n_head_kv = _int(r.key("attention.head_count_kv", n_head), "head_count_kv", p)
-        head_dim = _int(r.key("attention.key_length", n_embd // max(n_head, 1)), "key_length", p)
-        v_dim = _int(r.key("attention.value_length", head_dim), "value_length", p)
+        n_head_kv = r.int_key("attention.head_count_kv", n_head, lo=1)
+        if n_embd < n_head:
+            raise UnsupportedModel(f"{p}: {arch}.embedding_length {n_embd} is smaller than the "
+                                   f"{n_head} attention heads")
+        head_dim = r.int_key("attention.key_length", n_embd // n_head, lo=1)
+        v_dim = r.int_key("attention.value_length", head_dim, lo=1)
         if v_dim != head_dim:
             raise UnsupportedModel(f"{p}: key_length {head_dim} != value_length {v_dim} is not supported")
-        n_rot = _int(r.key("rope.dimension_count", head_dim), "rope.dimension_count", p)
-    eps = float(r.key("attention.layer_norm_rms_epsilon", required=True))
-    n_ctx = _int(r.key("context_length", 4096), "context_length", p)
-    rope_base = float(r.key("rope.freq_base", 10000.0))
+        n_rot = r.int_key("rope.dimension_count", head_dim)
+        if n_rot > head_dim or n_rot % 2:
+            raise UnsupportedModel(f"{p}: {arch}.rope.dimension_count {n_rot} must be even and at "
+                                   f"most the head dimension {head_dim}")
+    # the norm epsilon: positive and finite (NaN or 0 would make every norm NaN / infinite)
+    eps = r.float_key("attention.layer_norm_rms_epsilon", required=True, lo=0.0, hi=1.0,
+                      lo_open=True)
+    n_ctx = r.int_key("context_length", 4096)
+    rope_base = r.float_key("rope.freq_base", 10000.0, lo=0.0, lo_open=True)
     scaling_type = r.key("rope.scaling.type", "none")
-    factor = float(r.key("rope.scaling.factor", 0.0) or 0.0)
+    if not isinstance(scaling_type, str):
+        raise UnsupportedModel(f"{p}: {arch}.rope.scaling.type must be a string, got "
+                               f"{_show(scaling_type)}")
+    factor = r.float_key("rope.scaling.factor", 0.0, lo=0.0, hi=1e6)
     if scaling_type not in ("none", "linear") and factor not in (0.0, 1.0):
         raise UnsupportedModel(f"{p}: rope scaling {scaling_type!r} is not supported")
     freq_scale = 1.0 / factor if factor > 0 else 1.0
@@ -500,12 +575,17 @@ def describe(gf: GGUFFile, dequantize: bool = False) -> ModelDesc:
     output_norm = r.vec("output_norm.weight", n_embd)
     assert output_norm is not None
 
-    n_expert = _int(r.key("expert_count", 0), "expert_count", p)
-    n_used = _int(r.key("expert_used_count", 0), "expert_used_count", p)
+    n_expert = r.int_key("expert_count", 0, hi=MAX_EXPERTS)
+    n_used = r.int_key("expert_used_count", 0, hi=MAX_EXPERTS)
     if n_expert and not fam.moe:
         raise UnsupportedModel(f"{p}: {arch} with experts is not supported")
-    swa = _int(r.key("attention.sliding_window", 0) or 0, "sliding_window", p)
+    if n_expert and not 1 <= n_used <= n_expert:
+        raise UnsupportedModel(f"{p}: {arch}.expert_used_count {n_used} must be in [1, "
+                               f"{arch}.expert_count = {n_expert}]")
+    swa = r.int_key("attention.sliding_window", 0)
     pattern_layers = gf.metadata.get(f"{arch}.attention.sliding_window_pattern_layers")
+    if not isinstance(pattern_layers, list | tuple | np.ndarray):
+        pattern_layers = None
 
     # rope_freqs: per-pair frequency divisors (llama3-style scaling; gemma4's proportional
     # rope of the global layers), n_rot/2 values; gemma4 uses them on global layers only
@@ -563,15 +643,14 @@ def describe(gf: GGUFFile, dequantize: bool = False) -> ModelDesc:
         if n_expert and r.has(b + "ffn_gate_inp.weight"):
             exp_name = b + ("ffn_gate_up_exps.weight" if r.has(b + "ffn_gate_up_exps.weight")
                             else "ffn_gate_exps.weight")
-            ff_guess = r.info(exp_name).shape[1] // (2 if "gate_up" in exp_name else 1)
-            n_ff_exp = _int(r.key("expert_feed_forward_length", 0) or ff_guess,
-                            "expert_feed_forward_length", p)
+            ff_guess = r.dims(exp_name, 3)[1] // (2 if "gate_up" in exp_name else 1)
+            n_ff_exp = r.int_key("expert_feed_forward_length", 0) or ff_guess
             L.n_expert, L.n_expert_used, L.n_ff_exp = n_expert, n_used, n_ff_exp
             L.router = r.mat(b + "ffn_gate_inp.weight", n_expert, n_embd)
             L.router_bias = r.vec(b + "exp_probs_b.bias", n_expert, required=False)
             L.experts = r.experts(i, n_expert, n_embd, n_ff_exp)
             if fam.shared_expert and r.has(b + "ffn_gate_shexp.weight"):
-                ff_sh = r.info(b + "ffn_gate_shexp.weight").shape[1]
+                ff_sh = r.dims(b + "ffn_gate_shexp.weight", 2)[1]
                 L.sh_gate = r.mat(b + "ffn_gate_shexp.weight", ff_sh, n_embd)
                 L.sh_up = r.mat(b + "ffn_up_shexp.weight", ff_sh, n_embd)
                 L.sh_down = r.mat(b + "ffn_down_shexp.weight", n_embd, ff_sh)
@@ -579,7 +658,7 @@ def describe(gf: GGUFFile, dequantize: bool = False) -> ModelDesc:
             if g4 is not None:
                 # the MoE block beside the dense MLP: its norms, router input scale and
                 # per-expert output scale
-                ff = r.info(b + "ffn_gate.weight").shape[1]
+                ff = r.dims(b + "ffn_gate.weight", 2)[1]
                 L.ffn_gate = r.mat(b + "ffn_gate.weight", ff, n_embd)
                 L.ffn_up = r.mat(b + "ffn_up.weight", ff, n_embd)
                 L.ffn_down = r.mat(b + "ffn_down.weight", n_embd, ff)
@@ -589,7 +668,7 @@ def describe(gf: GGUFFile, dequantize: bool = False) -> ModelDesc:
                 L.router_in_scale = r.vec(b + "ffn_gate_inp.scale", n_embd)
                 L.exp_down_scale = r.vec(b + "ffn_down_exps.scale", n_expert, required=False)
         else:
-            ff = r.info(b + "ffn_gate.weight").shape[1]
+            ff = r.dims(b + "ffn_gate.weight", 2)[1]
             L.ffn_gate = r.mat(b + "ffn_gate.weight", ff, n_embd)
             L.ffn_up = r.mat(b + "ffn_up.weight", ff, n_embd)
             L.ffn_down = r.mat(b + "ffn_down.weight", n_embd, ff)
@@ -601,9 +680,9 @@ def describe(gf: GGUFFile, dequantize: bool = False) -> ModelDesc:
         qk_norm=fam.qk_norm, rope_mode=fam.rope_mode, rope_n_dims=n_rot,
         embd_scale=math.sqrt(n_embd) if fam.embd_scale else 1.0,
         attn_scale=1.0 if fam.gemma4 else 1.0 / math.sqrt(head_dim),
-        attn_softcap=float(r.key("attn_logit_softcapping", 0.0) or 0.0),
+        attn_softcap=r.float_key("attn_logit_softcapping", 0.0, lo=0.0),
         # llama.cpp caps gemma4's logits at 30 when the key is absent
-        final_softcap=float(r.key("final_logit_softcapping", 30.0 if fam.gemma4 else 0.0) or 0.0),
+        final_softcap=r.float_key("final_logit_softcapping", 30.0 if fam.gemma4 else 0.0, lo=0.0),
         gating=fam.gating, expert_renorm=fam.renorm, expert_scale=1.0,
         tok_embd=tok_embd, output_norm=output_norm, output=output, layers=layers,
     )

@@ -29,9 +29,12 @@ and the stride the expert store needs.
 
 from __future__ import annotations
 
+import errno
+import logging
 import mmap
 import os
 import re
+import stat
 import struct
 import sys
 import tempfile
@@ -53,6 +56,8 @@ from colibri.gguf import (
     GGUFFile,
     TensorInfo,
     _Cursor,
+    _identity,
+    guard_mapping,
 )
 
 __all__ = [
@@ -64,6 +69,7 @@ __all__ = [
     "ContainerFile",
     "ExpertGroup",
     "ExpertPart",
+    "clean_stale_temporaries",
     "convert",
     "is_container",
     "open_model_file",
@@ -88,6 +94,8 @@ _PART_ORDER = {"gate": 0, "gate_up": 1, "up": 2, "down": 3}
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
+
+_log = logging.getLogger("colibri")
 
 
 class ContainerError(ValueError):
@@ -259,6 +267,8 @@ class ContainerFile(GGUFFile):
                 raise ContainerError(f"{self.path}: file is {self.file_size} bytes, too short "
                                      f"for a colibri container preamble ({PREAMBLE})")
             self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self._ident = _identity(f.fileno())
+            guard_mapping(self._mm, self.path)
         try:
             self._parse()
             if verify:
@@ -677,17 +687,28 @@ def _plan(gf: GGUFFile, kv: bytes, n_kv: int, quant: str) -> _Plan:
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], quant: str = "keep",
             progress: bool | Callable[[str], None] = True, verify: bool = True,
-            check_model: bool = True, _fail_after: int | None = None) -> dict[str, Any]:
+            check_model: bool = True, force: bool = False,
+            _fail_after: int | None = None) -> dict[str, Any]:
     """Write the container of GGUF file src to dst (atomically: a temporary file in dst's
     directory, fsync, rename; on any error or interrupt no file is left under either name).
 
+    The output (see _check_output): a new name; an existing regular file or symbolic link only
+    with force=True (a link is replaced by the container, its target is never written); never
+    anything else (a device such as /dev/null, a FIFO, a socket, a directory), force or not.
+    Without force the container is published with link(2), which fails when any file appeared
+    under the name meanwhile (a concurrent converter, say), so nothing is ever overwritten.
+    Stale temporaries of earlier runs for the same output whose writer process is dead (killed
+    with SIGKILL, a power cut) are removed first, each named with its size on stderr (or to the
+    progress callable); a live converter's temporary is never touched.
+
     quant: "keep" (every tensor keeps its block type), or "q8_0" / "q4_0" / "int4-g128": the
     routed expert tensors are requantized (from their dequantized values; a tensor already of
-    the target type is copied as is), dense tensors are kept. progress: True prints a line per
-    layer to stderr, a callable receives the lines, False is quiet. verify: re-open the written
+    the target type is copied as is), dense tensors are kept. progress: True logs a line per
+    layer (logger "colibri", INFO), a callable receives the lines, False is quiet. verify: re-open the written
     file and check every checksum before the rename. check_model: refuse a GGUF colibri cannot
     run (colibri.arch.describe: architecture, keys, tensor shapes), naming what is wrong.
-    Returns a summary dict (sizes, seconds). _fail_after (tests): raise after that many experts were written."""
+    Returns a summary dict (sizes, seconds, removed_temporaries: [(path, bytes)]).
+    _fail_after (tests): raise after that many experts were written."""
     if quant not in QUANTS:
         raise ContainerError(f"unknown quant {quant!r}: expected one of {', '.join(QUANTS)}")
     src, dst = os.fspath(src), os.fspath(dst)
@@ -696,7 +717,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], quant: str
         say = progress
     elif progress:
         def say(msg: str) -> None:
-            print(f"convert: {msg}", file=sys.stderr, flush=True)
+            _log.info("convert: %s", msg)
     else:
         def say(msg: str) -> None:
             pass
@@ -704,8 +725,6 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], quant: str
         raise FileNotFoundError(f"input file not found: {src}")
     if is_container(src):
         raise ContainerError(f"{src} is already a colibri container")
-    if os.path.isdir(dst):
-        raise ContainerError(f"output {dst} is a directory")
     if not os.path.isdir(os.path.dirname(os.path.abspath(dst))):
         raise FileNotFoundError(f"output directory {os.path.dirname(os.path.abspath(dst))} "
                                 "does not exist")
@@ -713,6 +732,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], quant: str
         raise ContainerError(f"output {dst} is the input file")
     if os.path.realpath(src) == os.path.realpath(dst):
         raise ContainerError(f"output {dst} is the input file")
+    _check_output(dst, force)
     t0 = time.perf_counter()
     gf = GGUFFile(src)
     try:
@@ -720,13 +740,146 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], quant: str
             from colibri.arch import describe
 
             describe(gf)  # UnsupportedModel (a ValueError) naming the key or tensor
-        return _write(gf, src, dst, quant, say, verify, _fail_after, t0)
+        removed = clean_stale_temporaries(dst, say if callable(progress) else _warn)
+        summary = _write(gf, src, dst, quant, say, verify, _fail_after, t0, force)
+        summary["removed_temporaries"] = removed
+        return summary
     finally:
         gf.close()
 
 
+def _warn(msg: str) -> None:
+    _log.warning("convert: %s", msg)
+
+
+_TMP_TAG = ".colibri-tmp-"
+
+
+def _tmp_prefix(dst: str) -> str:
+    """The name prefix of this process's temporaries for dst: hidden, colibri-specific, and
+    carrying the writer's pid, so that a later run can tell a dead writer's leftover from a
+    live one's (mkstemp adds a random part and the suffix)."""
+    return "." + os.path.basename(dst) + _TMP_TAG + f"{os.getpid()}-"
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # not a pid we wrote: never treat it as dead
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, another user's
+    except OSError:
+        return True
+    return True
+
+
+def stale_temporaries(dst: str | os.PathLike[str]) -> list[tuple[str, int, int]]:
+    """colibri's temporaries for output dst in its directory: [(path, writer pid, bytes)],
+    regular files only (never followed through a link)."""
+    dst = os.fspath(dst)
+    dirname = os.path.dirname(os.path.abspath(dst))
+    pat = re.compile(re.escape("." + os.path.basename(dst) + _TMP_TAG) + r"(\d+)-[A-Za-z0-9_]+\.tmp$")
+    out = []
+    try:
+        names = os.listdir(dirname)
+    except OSError:
+        return []
+    for name in names:
+        m = pat.fullmatch(name)
+        if m is None:
+            continue
+        path = os.path.join(dirname, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out.append((path, int(m.group(1)), st.st_blocks * 512))
+    return sorted(out)
+
+
+def clean_stale_temporaries(dst: str | os.PathLike[str],
+                            say: Callable[[str], None] = _warn) -> list[tuple[str, int]]:
+    """Remove colibri's temporaries for output dst whose writer process no longer exists
+    (a converter killed with SIGKILL cannot remove its own). A temporary of a live process -
+    a concurrent converter of the same output - is kept. Each removal is reported through say
+    with its size on disk; returns [(path, bytes)]."""
+    removed = []
+    for path, pid, nbytes in stale_temporaries(dst):
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            continue  # another converter cleaned it first
+        except OSError as e:
+            say(f"cannot remove stale temporary {path} ({e})")
+            continue
+        removed.append((path, nbytes))
+        say(f"removed stale temporary {path} ({nbytes / 2**20:.1f} MiB) left by converter "
+            f"process {pid}, which no longer runs")
+    return removed
+
+
+def _check_output(dst: str, force: bool) -> None:
+    """Refuse an output name that is not safe to replace (the rule, also in convert's
+    docstring): absent - fine; a regular file or a symbolic link - only with force (the link
+    itself is replaced, its target is left alone: rename(2) never follows the last component);
+    anything else - a device node like /dev/null, a FIFO, a socket, a directory - never."""
+    try:
+        st = os.lstat(dst)
+    except FileNotFoundError:
+        return
+    mode = st.st_mode
+    if stat.S_ISLNK(mode):
+        if not force:
+            raise ContainerError(f"output {dst} is a symbolic link (to "
+                                 f"{os.readlink(dst)!r}); refusing to replace it without "
+                                 "--force (force replaces the link itself, not its target)")
+        return
+    if stat.S_ISDIR(mode):
+        raise ContainerError(f"output {dst} is a directory")
+    if not stat.S_ISREG(mode):
+        kind = ("a character device" if stat.S_ISCHR(mode) else "a block device"
+                if stat.S_ISBLK(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        raise ContainerError(f"output {dst} exists and is {kind}; refusing to replace it "
+                             "(even with --force): give a regular file's path")
+    if not force:
+        raise ContainerError(f"output {dst} already exists; refusing to overwrite it without "
+                             "--force")
+
+
+def _publish(tmp: str, dst: str, force: bool) -> None:
+    """Move the finished temporary to dst. Without force: link(2), which fails if anything
+    exists under dst by now (so a file that appeared since the start - another converter's -
+    is never overwritten), then unlink the temporary. With force: rename(2) over a regular
+    file or a link, after checking the name again right before (_check_output)."""
+    if not force:
+        try:
+            os.link(tmp, dst)
+        except FileExistsError:
+            raise ContainerError(f"output {dst} appeared while converting (another converter?); "
+                                 "not overwritten (use --force to replace it)") from None
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV,
+                               errno.EMLINK):
+                raise
+            # a filesystem without hard links: check once more, then rename
+            _check_output(dst, False)
+            os.replace(tmp, dst)
+            return
+        os.unlink(tmp)
+        return
+    _check_output(dst, True)
+    os.replace(tmp, dst)
+
+
 def _write(gf: GGUFFile, src: str, dst: str, quant: str, say: Callable[[str], None],
-           verify: bool, fail_after: int | None, t0: float) -> dict[str, Any]:
+           verify: bool, fail_after: int | None, t0: float, force: bool) -> dict[str, Any]:
     if gf.architecture is None:
         raise ContainerError(f"{src}: no general.architecture key: not a model file")
     kv = b"".join(_enc_kv(k, gf.metadata[k], gf.metadata_types[k]) for k in gf.metadata)
@@ -739,7 +892,7 @@ def _write(gf: GGUFFile, src: str, dst: str, quant: str, say: Callable[[str], No
     say(f"{os.path.basename(src)} -> {os.path.basename(dst)}: {len(plan.entries)} tensors, "
         f"{len(plan.groups)} MoE layers, {n_experts} experts, quant {quant}")
     dirname = os.path.dirname(os.path.abspath(dst))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(dst) + ".", suffix=".tmp", dir=dirname)
+    fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(dst), suffix=".tmp", dir=dirname)
     try:
         umask = os.umask(0)
         os.umask(umask)
@@ -806,7 +959,7 @@ def _write(gf: GGUFFile, src: str, dst: str, quant: str, say: Callable[[str], No
                     raise ContainerError(f"{tmp}: the written directory differs from the input")
             verify_s = time.perf_counter() - t1
             say(f"verified every checksum in {verify_s:.2f} s")
-        os.replace(tmp, dst)
+        _publish(tmp, dst, force)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -836,13 +989,16 @@ def _write(gf: GGUFFile, src: str, dst: str, quant: str, say: Callable[[str], No
 def add_convert_args(p: Any) -> None:
     """The arguments of the convert command on an argparse parser."""
     p.add_argument("input", help="the GGUF file to convert")
-    p.add_argument("output", help="the container to write (replaced atomically)")
+    p.add_argument("output", help="the container to write (a new file; see --force)")
     p.add_argument("--quant", choices=QUANTS, default="keep",
                    help="routed experts: keep their block types, or requantize them "
                         "(dense tensors are always kept)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.add_argument("--no-verify", action="store_true",
                    help="skip re-reading the written file's checksums before the rename")
+    p.add_argument("-f", "--force", action="store_true",
+                   help="replace an existing output file or symbolic link (the link itself, "
+                        "never its target); devices, FIFOs and directories are always refused")
 
 
 def run_convert(args: Any) -> int:
@@ -851,10 +1007,13 @@ def run_convert(args: Any) -> int:
     def terminated(signum: int, frame: Any) -> None:
         raise SystemExit(128 + signum)  # unwinds through convert(): the temporary file goes
 
+    def say(msg: str) -> None:  # the command line's progress lines
+        print(f"convert: {msg}", file=sys.stderr, flush=True)
+
     old = signal.signal(signal.SIGTERM, terminated)
     try:
-        convert(args.input, args.output, args.quant, progress=not args.quiet,
-                verify=not args.no_verify)
+        convert(args.input, args.output, args.quant, progress=False if args.quiet else say,
+                verify=not args.no_verify, force=getattr(args, "force", False))
     finally:
         signal.signal(signal.SIGTERM, old)
     return 0

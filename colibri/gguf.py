@@ -37,6 +37,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,6 +198,31 @@ class _Cursor:
             raise GGUFError(f"{what} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
 
 
+def _identity(fd: int) -> tuple[int, int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino, st.st_size
+
+
+def guard_mapping(mm: mmap.mmap, path: str) -> None:
+    """Register a file mapping with the SIGBUS guard (colibri._core._mapguard), so that a read
+    of it after the file was truncated under us dies with a line naming the file instead of a
+    bare "Bus error". Unregistered when the mapping goes (its last view). Best effort: without
+    the extension, or past its table size, nothing is registered."""
+    try:
+        from colibri._core import _mapguard
+    except ImportError:
+        return
+    try:
+        _mapguard.install()
+        view = np.frombuffer(mm, dtype=np.uint8)
+        addr, n = int(view.ctypes.data), int(view.size)
+        del view
+        gid = _mapguard.register(addr, n, os.path.abspath(path))
+    except (MemoryError, RuntimeError, ValueError):
+        return
+    weakref.finalize(mm, _mapguard.unregister, gid)
+
+
 class GGUFFile:
     """A GGUF file opened read-only and validated (see the module docstring).
 
@@ -223,6 +249,8 @@ class GGUFFile:
                 if self.file_size < 24:
                     raise GGUFError(f"file is {self.file_size} bytes, too short for a GGUF header")
                 self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                self._ident = _identity(f.fileno())
+                guard_mapping(self._mm, self.path)
         except GGUFError as e:
             raise GGUFError(f"{self.path}: {e}") from None
         except OSError:
@@ -253,6 +281,22 @@ class GGUFFile:
         if t is None:
             raise KeyError(f"{self.path}: no tensor named {name!r}")
         return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+
+    def check_unchanged(self) -> None:
+        """Raise OSError if the mapped file was truncated in place since it was opened: its
+        tensors are read through the mapping, and a page past the new end would be a SIGBUS.
+        (A file replaced by a rename is fine: the mapping keeps the old one.) Cheap: one stat."""
+        ident = getattr(self, "_ident", None)
+        if ident is None or self._mm is None:
+            return
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return  # unlinked or renamed away: the mapped inode lives on, intact
+        if (st.st_dev, st.st_ino) == ident[:2] and st.st_size < ident[2]:
+            raise OSError(f"{self.path}: the model file was truncated from {ident[2]} "
+                          f"to {st.st_size} bytes while in use (it is read through a mapping: "
+                          "replace model files with a new file and a rename, never in place)")
 
     def close(self) -> None:
         mm, self._mm = self._mm, None

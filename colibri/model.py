@@ -531,6 +531,7 @@ class Model:
                     f"context full: sequence {s} would reach {end} tokens, the KV cache holds "
                     f"{self.ctx} (Model(ctx=...) or COLIBRI_KV_CACHE_SIZE)"
                 )
+        self.gguf.check_unchanged()  # a truncated model file: an OSError, not a SIGBUS
         outs = []
         for a in range(0, n, self.max_batch):
             b = min(n, a + self.max_batch)

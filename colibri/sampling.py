@@ -91,6 +91,13 @@ class Sampler:
 
     def sample(self, logits: np.ndarray, history: Iterable[int] = ()) -> int:
         x = self.penalise(np.asarray(logits, dtype=np.float32), history)
+        if x.size == 0 or not np.isfinite(x).any() or np.isnan(x).any() or np.isposinf(x).any():
+            # NaN or +inf logits come from a broken model (non-finite weights or norms):
+            # there is nothing to sample, and argmax would pick an arbitrary token
+            bad = "empty" if x.size == 0 else "NaN" if np.isnan(x).any() else (
+                "+inf" if np.isposinf(x).any() else "all -inf")
+            raise ValueError(f"the model produced {bad} logits (non-finite weights or "
+                             "metadata in the model file?): cannot sample a token")
         if self.p.temperature == 0.0:
             return int(np.argmax(x))
         n = x.shape[0]

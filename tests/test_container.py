@@ -233,10 +233,13 @@ def test_atomic_write(models, tmp_path):
     # an existing file under the final name survives a failed conversion untouched
     dst.write_bytes(b"old")
     with pytest.raises(RuntimeError):
-        convert(paths["mixtral-q8_0"], dst, progress=False, _fail_after=1)
+        convert(paths["mixtral-q8_0"], dst, progress=False, _fail_after=1, force=True)
     assert os.listdir(tmp_path) == ["out.colibri"] and dst.read_bytes() == b"old"
     lines: list[str] = []
-    convert(paths["mixtral-q8_0"], dst, progress=lines.append)
+    with pytest.raises(ContainerError, match="already exists.*--force"):
+        convert(paths["mixtral-q8_0"], dst, progress=lines.append)
+    assert dst.read_bytes() == b"old"
+    convert(paths["mixtral-q8_0"], dst, progress=lines.append, force=True)
     assert any(s.startswith("layer 2") for s in lines) and "verified" in " ".join(lines)
     assert os.listdir(tmp_path) == ["out.colibri"] and is_container(dst)
 

@@ -365,6 +365,6 @@ def test_missing_extras_name_the_extra(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no)
     with pytest.raises(ColibriError, match=r"colibri\[demo\]"):
         colibri.default_model_path()
-    import colibri.cuda
+    from colibri import cuda
 
-    assert "colibri[cuda]" in (colibri.cuda.unavailable_reason() or "")
+    assert "colibri[cuda]" in (cuda.unavailable_reason() or "")

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Convert a GGUF model to a colibri container (the same as `colibri convert`).
 
-    python tools/convert_gguf.py IN.gguf OUT.colibri [--quant keep|q8_0|q4_0|int4-g128] [-q]
+    python tools/convert_gguf.py IN.gguf OUT.colibri [--quant keep|q8_0|q4_0|int4-g128] [-q] [--force]
 
 The container keeps the GGUF's metadata and tensors, lays every routed expert's gate, up and
 down out adjacent at a 2 MiB-aligned offset (one read fetches one expert), and records a crc32
 per expert and for the dense tensors. The write is atomic: a temporary file beside OUT,
-fsync, rename. See colibri/container.py and docs/ARCHITECTURE.md.
+fsync, rename; an existing OUT is replaced only with --force (never a device, FIFO or
+directory). See colibri/container.py and docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations
