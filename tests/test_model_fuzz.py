@@ -159,8 +159,9 @@ def test_harness_detects_crashes_and_hangs(tmp_path, monkeypatch, kind):
 def test_atheris_readers_run_for_a_few_seconds(tmp_path):
     """The coverage-guided fuzzer of the readers starts from its seeds and runs its budget
     without a finding (atheris comes with the test extra: missing, this fails)."""
-    import atheris  # noqa: F401
     import subprocess
+
+    import atheris  # noqa: F401
 
     tool = os.path.join(os.path.dirname(HERE), "tools", "fuzz", "atheris_readers.py")
     r = subprocess.run([sys.executable, tool, "--seconds", "5", "--artifacts", str(tmp_path / "a"),
