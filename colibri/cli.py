@@ -236,10 +236,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    # colibri's log on stderr for this command (the library itself only logs)
+    log = logging.getLogger("colibri")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("colibri: %(message)s"))
+    old_level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO if args.verbose else logging.WARNING)
+    try:
+        return _dispatch(args, parser)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old_level)
+
+
+def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from colibri.errors import ColibriError
 
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="colibri: %(message)s")
     try:
         if args.command == "doctor":
             from colibri.doctor import report
