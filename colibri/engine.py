@@ -454,6 +454,7 @@ class Engine:
         self._release(s)
         if s in self._waiting:
             self._waiting.remove(s)
+        self._publish()  # counts right before the caller sees its last delta
         s.req._push(delta)
 
     def _preempt(self, s: _Seq) -> None:
