@@ -42,8 +42,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("colibri")
 
-# Prompt tokens per step by default: on Gemma 3 270M (2 cores) a step of 16 decode tokens plus
-# a 64-token chunk took ~1.2-1.5x the decode-only step, 128 ~2x (docs/ARCHITECTURE.md, Engine).
+# Prompt tokens per step by default: on Gemma 3 270M (2 threads) a step of 16 decode tokens
+# took 145 ms; with a 32-token chunk 1.6x that, 64: 2.0x, 128: 3.0x, 192: 3.9x (medians of 9
+# interleaved runs; docs/ARCHITECTURE.md, "Engine").
 DEFAULT_PREFILL_CHUNK = 64
 
 FINISHED_KEEP = 1024  # per-request statistics kept for finished requests
@@ -417,11 +418,16 @@ class Engine:
                         bisect.insort(self._waiting, s, key=lambda x: x.order)
                     self._incoming.clear()
                 try:
+                    if self.model.closed:
+                        raise ColibriError("the model was closed under the engine")
                     self._step()
-                except Exception as e:  # a bug in scheduling: fail what is admitted, go on
+                except Exception as e:
+                    # outside the forward (a closed model, a bug in scheduling): fail every
+                    # request the engine holds rather than retry the same failure forever;
+                    # the engine keeps serving new requests
                     log.exception("engine step failed")
-                    for s in list(self._running):
-                        self._finish(s, Delta(finish_reason="error", error=f"engine: {e!r}"))
+                    for s in self._running + self._waiting:
+                        self._finish(s, Delta(finish_reason="error", error=f"engine: {e}"))
                 self._publish()
         finally:
             with self._cv:

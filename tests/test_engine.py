@@ -328,6 +328,21 @@ def test_tiny_errors_stay_with_their_request(tiny, monkeypatch):
     assert free_bytes(tiny) == base
 
 
+def test_tiny_model_closed_under_the_engine_fails_its_requests(tiny_path):
+    m = colibri.Model(tiny_path, ctx=512, verbose=False)
+    gate = Gate(m, block_on=1)
+    m.eval = gate  # type: ignore[method-assign]
+    with Engine(m, max_seqs=1) as eng:
+        a = eng.submit(prompt(0, 10), max_tokens=8)
+        b = eng.submit(prompt(1, 10), max_tokens=8)  # waits: max_seqs=1
+        assert gate.entered.wait(60)
+        m.close()
+        gate.go.set()
+        for r in (a, b):
+            d = drain(r)[2][-1]
+            assert d.finish_reason == "error" and "closed" in (d.error or "")
+
+
 def test_tiny_stops_logprobs_bias_and_stats(tiny):
     p = prompt(2, 12)
     ids = tiny.tokenize(p)
