@@ -217,7 +217,8 @@ class Engine:
     """Continuous batching on one Model: Engine(model, max_seqs=16, max_batch=None,
     prefill_chunk=None).
 
-    - max_seqs: most requests admitted (holding KV) at once; more wait in a queue.
+    - max_seqs: most requests admitted (holding KV) at once, at most max_batch; more wait in
+      a queue.
     - max_batch: tokens per step (default: model.max_batch).
     - prefill_chunk: most prompt tokens per step (default DEFAULT_PREFILL_CHUNK).
 
@@ -237,8 +238,10 @@ class Engine:
         self.prefill_chunk = int(DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk)
         if self.max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
-        if not 1 <= self.max_seqs <= self.max_batch:
-            raise ValueError(f"max_seqs must be in [1, max_batch={self.max_batch}], got {max_seqs}")
+        if self.max_seqs < 1:
+            raise ValueError(f"max_seqs must be >= 1, got {max_seqs}")
+        # every running sequence decodes in every step: no more of them than tokens in a step
+        self.max_seqs = min(self.max_seqs, self.max_batch)
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         self._eog = stop_token_ids(model)
