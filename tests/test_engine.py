@@ -219,6 +219,15 @@ def test_tiny_preemption_with_a_small_cache_completes_everything(tiny_path):
                 assert worst < 0.02
         assert sum(r["preemptions"] for r in st["requests"].values()) == st["preemptions"]
         assert free_bytes(m) == base
+        # a request that reaches the context ends with "length", as Model.generate stops
+        ids = m.tokenize(prompt(0, 60))
+        assert 150 < len(ids) < m.ctx
+        with Engine(m) as eng:
+            got, text, deltas = drain(eng.submit(ids, max_tokens=500, temperature=0))
+        assert deltas[-1].finish_reason == "length" and len(got) == m.ctx + 1 - len(ids)
+        assert got == greedy_ref(m, ids, len(got))
+        assert text == m.generate(ids, max_tokens=500, temperature=0, on_context_full="stop")
+        assert free_bytes(m) == base
 
 
 def test_tiny_cancel_mid_prefill_and_mid_decode_returns_the_kv(tiny, monkeypatch):
