@@ -230,6 +230,58 @@ def test_tiny_preemption_with_a_small_cache_completes_everything(tiny_path):
         assert free_bytes(m) == base
 
 
+def test_tiny_random_load_with_cancels_and_preemption_ends_clean(tiny_path):
+    """Seeded random traffic on a small cache: long and short prompts, too-long ones, greedy
+    and sampled, consumers that cancel after a few deltas. Every request ends once, with a
+    reason that fits it, and the arena returns to its baseline, consistent."""
+    rng = np.random.default_rng(0)
+    with colibri.Model(tiny_path, ctx=128, verbose=False) as m:
+        base = free_bytes(m)
+        with Engine(m, max_seqs=16, prefill_chunk=24) as eng:
+            plans = []
+            for i in range(24):
+                n_ids = m.ctx + 5 if i % 7 == 6 else int(rng.integers(1, 50))
+                ids = [int(x) for x in rng.integers(3, m.n_vocab, n_ids)]
+                cancel_after = int(rng.integers(1, 6)) if i % 3 == 0 else None
+                req = eng.submit(ids, max_tokens=int(rng.integers(20, 200)), logprobs=1,
+                                 temperature=float(rng.choice([0.0, 0.9])), seed=i)
+                plans.append((n_ids, cancel_after, req))
+
+            def consume(n_ids: int, cancel_after: int | None, req: Request) -> None:
+                deltas = []
+                for d in req:
+                    deltas.append(d)
+                    if cancel_after is not None and len(deltas) == cancel_after:
+                        req.cancel()
+                reason = deltas[-1].finish_reason
+                if n_ids >= m.ctx:
+                    assert reason == "error" and len(deltas) == 1
+                elif cancel_after is None:
+                    assert reason in ("length", "stop")
+                assert sum(d.finish_reason is not None for d in deltas) == 1
+                assert all(len(d.logprobs or []) == len(d.token_ids) for d in deltas)
+
+            errors: list[BaseException] = []
+
+            def run(plan: tuple[int, int | None, Request]) -> None:
+                try:
+                    consume(*plan)
+                except BaseException as e:  # reported by the main thread
+                    errors.append(e)
+
+            threads = [threading.Thread(target=run, args=(p,)) for p in plans]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            assert not errors, errors[0]
+            st = eng.stats()
+            assert st["running"] == 0 and st["waiting"] == 0
+            assert st["preemptions"] > 0
+        m.arena.check()
+        assert free_bytes(m) == base
+
+
 def test_tiny_cancel_mid_prefill_and_mid_decode_returns_the_kv(tiny, monkeypatch):
     base = free_bytes(tiny)
     gate = Gate(tiny, block_on=1)
