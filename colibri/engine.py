@@ -185,7 +185,7 @@ def _wake(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-@dataclass
+@dataclass(eq=False)  # identity: compared and removed from lists as objects
 class _Seq:
     """Engine-thread state of one request."""
 
