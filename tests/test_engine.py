@@ -213,7 +213,7 @@ def test_tiny_preemption_with_a_small_cache_completes_everything(tiny_path):
                 assert ids == greedy_ref(m, m.tokenize(p), 180)
             else:
                 # recomputed by prefill: its KV went through the batched kernels' summation
-                # order (last bits), which 8-bit activations can lift to ~1e-3 on this random
+                # order (last bits), which 8-bit activations lift to ~6e-3 (measured) on this random
                 # model whose logits are nearly flat (top-2 margins of 1e-4 occur)
                 worst, _ = near_ties(m, m.tokenize(p), deltas, 0.02)
                 assert worst < 0.02
@@ -308,6 +308,14 @@ def test_tiny_cancel_mid_prefill_and_mid_decode_returns_the_kv(tiny, monkeypatch
         req.cancel()  # cancelling a finished request is harmless
 
 
+async def _take(req: Request, n: int):
+    async for d in req:
+        yield d
+        n -= 1
+        if n == 0:
+            return
+
+
 def test_tiny_asyncio_from_several_tasks(tiny):
     prompts = [prompt(i, 3 + 4 * i) for i in range(6)]
     refs = [greedy_ref(tiny, tiny.tokenize(p), 16) for p in prompts]
@@ -328,11 +336,18 @@ def test_tiny_asyncio_from_several_tasks(tiny):
                 ids += d.token_ids
             return ids
 
+        async def cancelled_midway() -> None:  # cancel from a task, keep reading to the end
+            req = eng.submit_async(prompts[0], max_tokens=1000, temperature=0)
+            seen = [d async for d in _take(req, 2)]
+            req.cancel()
+            rest = [d async for d in req]
+            assert len(seen) == 2 and rest[-1].finish_reason == "cancelled"
+
         t = asyncio.create_task(ticker())
-        outs = await asyncio.gather(*(one(p) for p in prompts))
+        outs = await asyncio.gather(*(one(p) for p in prompts), cancelled_midway())
         done.set()
         await t
-        return list(outs), ticks
+        return list(outs[: len(prompts)]), ticks
 
     with Engine(tiny, max_batch=4) as eng:  # max_seqs 16 is capped to the batch
         assert eng.max_seqs == 4
