@@ -10,6 +10,7 @@ The public API, all at the top level::
 from colibri.arch import UnsupportedModel
 from colibri.config import ConfigError
 from colibri.container import ContainerError, ContainerFile
+from colibri.engine import Engine
 from colibri.errors import ColibriError
 from colibri.generate import GenerationStats, render_template
 from colibri.gguf import GGUFError, GGUFFile
@@ -25,6 +26,7 @@ __all__ = [
     "ConfigError",
     "ContainerError",
     "ContainerFile",
+    "Engine",
     "GGUFError",
     "GGUFFile",
     "GenerationStats",

@@ -1,5 +1,6 @@
 """Token sampling, vectorised in numpy, in llama.cpp's default order:
-repeat penalty -> top-k -> top-p -> min-p -> temperature -> draw.
+logit bias -> penalties (repeat, frequency, presence) -> top-k -> top-p -> min-p ->
+temperature -> draw.
 
 temperature == 0 is greedy (the argmax of the penalised logits). A seeded sampler draws the same
 tokens run to run (numpy's PCG64 generator).
@@ -24,6 +25,12 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     seed: int | None = None
+    # OpenAI-style penalties over the same last repeat_last_n tokens (llama.cpp's penalties
+    # sampler): logit -= frequency_penalty * count + presence_penalty * (count > 0)
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    # token id -> value added to its logit before everything else (-inf bans the token)
+    logit_bias: dict[int, float] | None = None
 
     def validate(self) -> None:
         """Each field of the right type and range; a ValueError naming the field otherwise
@@ -50,6 +57,20 @@ class SamplingParams:
             self.seed = _integer("seed", self.seed)
             if self.seed < 0:
                 raise ValueError(f"seed must be >= 0, got {self.seed}")
+        self.frequency_penalty = _real("frequency_penalty", self.frequency_penalty)
+        self.presence_penalty = _real("presence_penalty", self.presence_penalty)
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias must be a dict {{token id: bias}}, got {self.logit_bias!r}")
+            bias: dict[int, float] = {}
+            for k, v in self.logit_bias.items():
+                tid = _integer("logit_bias key", k)
+                if tid < 0:
+                    raise ValueError(f"logit_bias: token id {tid} is negative")
+                if isinstance(v, bool) or not isinstance(v, numbers.Real) or math.isnan(v):
+                    raise ValueError(f"logit_bias[{tid}] must be a number, got {v!r}")
+                bias[tid] = float(v)
+            self.logit_bias = bias
 
 
 def _real(name: str, value: object) -> float:
@@ -76,17 +97,33 @@ class Sampler:
         self.rng = np.random.default_rng(params.seed)
 
     def penalise(self, logits: np.ndarray, history: Iterable[int]) -> np.ndarray:
-        """llama.cpp's repeat penalty: logits of tokens in the recent history are divided by the
-        penalty when positive and multiplied by it when negative."""
-        if self.p.repeat_penalty == 1.0 or self.p.repeat_last_n == 0:
-            return logits
-        hist = list(history)[-self.p.repeat_last_n :]
+        """The logit bias, then llama.cpp's penalties over the last repeat_last_n tokens of the
+        history: the repeat penalty divides a seen token's logit when positive and multiplies
+        it when negative; then the frequency (times the count) and presence (once) penalties
+        are subtracted. With the defaults, logits come back unchanged (not copied)."""
+        p = self.p
+        out = logits
+        if p.logit_bias:
+            out = out.copy()
+            ids_b = np.fromiter(p.logit_bias.keys(), dtype=np.int64, count=len(p.logit_bias))
+            if ids_b.size and int(ids_b.max()) >= out.shape[0]:
+                raise ValueError(f"logit_bias: token id {int(ids_b.max())} is out of the "
+                                 f"vocabulary [0, {out.shape[0]})")
+            out[ids_b] += np.fromiter(p.logit_bias.values(), dtype=np.float32, count=ids_b.size)
+        if p.repeat_last_n == 0 or (p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0
+                                    and p.presence_penalty == 0.0):
+            return out
+        hist = list(history)[-p.repeat_last_n :]
         if not hist:
-            return logits
-        ids = np.unique(np.asarray(hist, dtype=np.int64))
-        out = logits.copy()
+            return out
+        ids, counts = np.unique(np.asarray(hist, dtype=np.int64), return_counts=True)
+        if out is logits:
+            out = out.copy()
         v = out[ids]
-        out[ids] = np.where(v > 0, v / self.p.repeat_penalty, v * self.p.repeat_penalty)
+        if p.repeat_penalty != 1.0:
+            v = np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty)
+        v = v - (p.frequency_penalty * counts + p.presence_penalty).astype(np.float32)
+        out[ids] = v
         return out
 
     def sample(self, logits: np.ndarray, history: Iterable[int] = ()) -> int:
