@@ -336,6 +336,7 @@ class Model:
         if not os.path.isfile(self.path):
             raise ValueError(f"model path {self.path} is not a regular file")
         self.gguf, self.desc = _open_file(self.path, dequantize, verify)
+        self._arch, self._n_ctx_train = self.desc.arch, self.desc.n_ctx_train
         try:
             self._load(kv_dtype, tokenizer, expert_mode, expert_budget, expert_policy, pin,
                        mlock_experts, prefetch, device, cuda_weights, cuda_expert_budget)
@@ -444,8 +445,14 @@ class Model:
                 obj = getattr(self, name, None)
                 if obj is not None:
                     obj.close()
+            # the description's tensors are views of the file mapping: drop them, so that
+            # closing the file unmaps it now (a mapping with live views stays until they go)
+            self.desc = None  # type: ignore[assignment]
             gf = getattr(self, "gguf", None)
             if gf is not None:
+                import gc
+
+                gc.collect()  # views held in reference cycles (Cython objects, closures)
                 gf.close()
         finally:
             if lock is not None:
@@ -455,11 +462,11 @@ class Model:
 
     @property
     def architecture(self) -> str:
-        return self.desc.arch
+        return self._arch
 
     @property
     def n_ctx_train(self) -> int:
-        return self.desc.n_ctx_train
+        return self._n_ctx_train
 
     def __enter__(self) -> Model:
         return self

@@ -163,11 +163,25 @@ def test_prompts_and_token_ids_are_strict(dense):
 
 # ---- lifecycle ----
 
+def _mappings_of(path: str) -> int:
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f if line.rstrip().endswith(path))
+
+
 def test_close_releases_and_every_call_then_fails():
-    m = colibri.Model(ctx=64, verbose=False)
-    assert m.generate("Hi", max_tokens=2, temperature=0) is not None
+    path = colibri.default_model_path()
+    base = _mappings_of(path)
+    models = [colibri.Model(ctx=64, verbose=False) for _ in range(3)]
+    for m in models:
+        assert m.generate("Hi", max_tokens=2, temperature=0) is not None
+    assert _mappings_of(path) == base + 3
+    for m in models[1:]:
+        m.close()
+    m = models[0]
     arena, gf = m.arena, m.gguf
     m.close()
+    assert _mappings_of(path) == base  # the file mappings are gone, not left to the GC
+    assert m.architecture == "gemma3"  # metadata stays readable
     assert m.closed and arena.closed and gf.closed
     assert m._fw is None and m.pool is None and m.tokenizer is None
     for call in (lambda: m.generate("Hi", max_tokens=1), lambda: m.stream("Hi"),
