@@ -17,6 +17,7 @@ _STATUS_EXCEPTIONS: dict[int, type[Exception]] = {
     -6: ColibriError,
     -7: ColibriError,
     -8: ColibriError,
+    -9: ColibriError,  # CB_STATUS_NOT_FINITE: NaN/Inf in the forward pass (corrupt weights)
 }
 
 
