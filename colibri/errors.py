@@ -7,6 +7,11 @@ class ColibriError(RuntimeError):
     """An error inside colibri that is neither a bad argument, a lack of memory nor an OS error."""
 
 
+class OutOfRangeError(IndexError, ValueError):
+    """An index or id outside its range (a layer, an expert): an IndexError, and a ValueError as
+    such bad arguments were before the boundary checks named them (like numpy's AxisError)."""
+
+
 # C status codes (include/colibri/status.h) -> Python exception class.
 _STATUS_EXCEPTIONS: dict[int, type[Exception]] = {
     -1: ValueError,

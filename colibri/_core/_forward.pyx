@@ -12,6 +12,8 @@ import os
 
 import numpy as np
 
+from colibri.errors import OutOfRangeError
+
 from colibri._core.quant cimport cb_matrix_t
 from colibri._core.threadpool cimport cb_threadpool_t
 from colibri._core.arena cimport cb_kvcache_t
@@ -72,12 +74,12 @@ _POLICIES = {"lru": 0, "lfru": 1}
 
 
 cdef int32_t _index(object value, int32_t n, str what, bint all_ok=False) except? -2:
-    """A caller's index checked against [0, n) (or -1 for "all" where all_ok): IndexError
-    naming it otherwise (TypeError for a non-integer)."""
+    """A caller's index checked against [0, n) (or -1 for "all" where all_ok): OutOfRangeError
+    (an IndexError and a ValueError) naming it otherwise (TypeError for a non-integer)."""
     v = operator.index(value)
     if (all_ok and v == -1) or 0 <= v < n:
         return <int32_t>v
-    raise IndexError(f"{what} {v} is out of range [0, {n})" + (" (or -1 for all)" if all_ok else ""))
+    raise OutOfRangeError(f"{what} {v} is out of range [0, {n})" + (" (or -1 for all)" if all_ok else ""))
 
 
 cdef cb_status _pool_pin_cb(void *user, uint8_t *base, size_t n) noexcept with gil:
@@ -213,7 +215,11 @@ cdef class ExpertStore:
     def pin(self, layer, expert):
         """Load expert (layer, expert) and never evict it (cache and mmap modes)."""
         cdef int32_t l = self._moe_layer(layer)
-        cdef int32_t e = _index(expert, self.desc.layers[l].n_expert, f"layer {l}: expert")
+        cdef int32_t ne = self.desc.layers[l].n_expert
+        e_ = operator.index(expert)
+        if not 0 <= e_ < ne:
+            raise OutOfRangeError(f"layer {l} has no expert {e_} (expert ids are in [0, {ne}))")
+        cdef int32_t e = <int32_t>e_
         cdef cb_status st
         with nogil:
             st = cb_experts_pin(self.s, l, e)
@@ -271,7 +277,7 @@ cdef class ExpertStore:
         ne = self.desc.layers[layer].n_expert
         if a.size and (a.min() < 0 or a.max() >= ne):
             bad = int(a[(a < 0) | (a >= ne)][0])
-            raise ValueError(f"layer {layer}: expert {bad} is out of range [0, {ne})")
+            raise OutOfRangeError(f"layer {layer} has no expert {bad} (expert ids are in [0, {ne}))")
         return np.ascontiguousarray(a, dtype=np.int32)
 
     def acquire(self, layer_index, ids, uses=None):
