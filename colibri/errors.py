@@ -7,6 +7,11 @@ class ColibriError(RuntimeError):
     """An error inside colibri that is neither a bad argument, a lack of memory nor an OS error."""
 
 
+class OutOfRangeError(IndexError, ValueError):
+    """An index or id outside its range (a layer, an expert): an IndexError, and a ValueError as
+    such bad arguments were before the boundary checks named them (like numpy's AxisError)."""
+
+
 # C status codes (include/colibri/status.h) -> Python exception class.
 _STATUS_EXCEPTIONS: dict[int, type[Exception]] = {
     -1: ValueError,
@@ -17,6 +22,7 @@ _STATUS_EXCEPTIONS: dict[int, type[Exception]] = {
     -6: ColibriError,
     -7: ColibriError,
     -8: ColibriError,
+    -9: ColibriError,  # CB_STATUS_NOT_FINITE: NaN/Inf in the forward pass (corrupt weights)
 }
 
 

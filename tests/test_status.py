@@ -14,6 +14,7 @@ CASES = [
     (-6, ColibriError),
     (-7, ColibriError),
     (-8, ColibriError),
+    (-9, ColibriError),
 ]
 
 

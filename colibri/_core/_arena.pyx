@@ -233,6 +233,20 @@ cdef class KVArena:
             s = cb_arena_check(self._a)
         check(s)
 
+    def compact(self, offsets, up=False):
+        """Slide the live blocks at offsets (strictly increasing) down (or up) into the free
+        stretch next to each, data moved with them; returns their new offsets. Blocks not
+        listed stay. ValueError (nothing moved) for a non-live offset or a wrong order."""
+        offs = [_nonneg(o, "offset") for o in offsets]
+        cdef size_t n = len(offs)
+        cdef size_t[::1] v = np.array(offs if n else [0], dtype=np.uintp)
+        cdef int u = 1 if up else 0
+        cdef cb_status s
+        with nogil:
+            s = cb_arena_compact(self._a, &v[0], n, u)
+        check(s)
+        return [int(v[i]) for i in range(n)]
+
     def close(self):
         """Release the region (deferred while views exist). Idempotent."""
         if self._a != NULL:
@@ -290,8 +304,11 @@ cdef class KVCache:
     Layout (position-major): token t of a sequence starts at block + t * token_stride,
     token_stride = n_layers * 2 * n_kv_heads * head_dim * itemsize, and inside a token the
     order is [layer][0 = K, 1 = V][kv_head][head_dim]. reserve() grows the block in steps of
-    chunk_tokens (or at least doubling the capacity with doubling=True); when the arena cannot
-    fit it, MemoryError and the sequence is unchanged. The cache keeps its arena alive.
+    chunk_tokens (or at least doubling the capacity with doubling=True); when the cache is full
+    it tries the exact count, then gives back every sequence's rounding and compacts the cache
+    (moving other sequences' blocks) and tries again; else MemoryError saying how full the
+    cache is, and the sequence's length and tokens are unchanged. The cache keeps its arena
+    alive.
     """
     cdef cb_kvcache_t *_kv
     cdef readonly KVArena arena
@@ -452,7 +469,8 @@ cdef class KVCache:
 
     def keys(self, seq, layer):
         """Writable numpy view [length, n_kv_heads, head_dim] of layer's K (strided into the
-        arena; valid until the next reserve/free of this sequence)."""
+        arena; valid until the next reserve of any sequence - a full reserve compacts the
+        cache - or free of this one)."""
         return self._layer_view(seq, layer, 0)
 
     def values(self, seq, layer):

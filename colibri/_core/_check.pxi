@@ -4,6 +4,7 @@ from colibri._core.status cimport (
     cb_status, cb_status_str, cb_last_error, cb_clear_error, CB_OK,
     CB_STATUS_INVALID_ARGUMENT, CB_STATUS_OUT_OF_MEMORY, CB_STATUS_IO, CB_STATUS_NOT_FOUND,
     CB_STATUS_CORRUPT, CB_STATUS_UNSUPPORTED, CB_STATUS_CLOSED, CB_STATUS_INTERNAL,
+    CB_STATUS_NOT_FINITE,
 )
 from colibri.errors import ColibriError, status_exception
 

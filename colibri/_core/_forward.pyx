@@ -7,9 +7,12 @@ from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t, 
 from libc.stdlib cimport calloc, free
 from libc.string cimport memset
 
+import operator
 import os
 
 import numpy as np
+
+from colibri.errors import OutOfRangeError
 
 from colibri._core.quant cimport cb_matrix_t
 from colibri._core.threadpool cimport cb_threadpool_t
@@ -25,6 +28,19 @@ from colibri._core.forward cimport (
     cb_forward_run, cb_forward_set_moe_hook,
 )
 from colibri._core.forward cimport cb_experts_read_fn, cb_experts_set_read_hook  # test only
+
+
+def _int_array(values, str what, lo, hi, dtype):
+    """values as a flat contiguous array of dtype, every one checked against [lo, hi) first
+    (before any narrowing conversion could wrap it): ValueError naming the first bad one."""
+    a = np.asarray(values)
+    if a.size and not (np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_):
+        raise TypeError(f"{what}s must be integers, got {a.dtype}")
+    a = a.reshape(-1)
+    if a.size and (a.min() < lo or a.max() >= hi):
+        bad = int(a[(a < lo) | (a >= hi)][0])
+        raise ValueError(f"{what} {bad} is out of range [{lo}, {hi})")
+    return np.ascontiguousarray(a, dtype=dtype)
 
 
 cdef uintptr_t _addr(object arr, object dtype, str what) except? 0:
@@ -56,6 +72,15 @@ cdef inline const float *_vec(object v, str what) except? NULL:
 
 _MODES = {"mapped": 0, "cache": 1, "mmap": 2}
 _POLICIES = {"lru": 0, "lfru": 1}
+
+
+cdef int32_t _index(object value, int32_t n, str what, bint all_ok=False) except? -2:
+    """A caller's index checked against [0, n) (or -1 for "all" where all_ok): OutOfRangeError
+    (an IndexError and a ValueError) naming it otherwise (TypeError for a non-integer)."""
+    v = operator.index(value)
+    if (all_ok and v == -1) or 0 <= v < n:
+        return <int32_t>v
+    raise OutOfRangeError(f"{what} {v} is out of range [0, {n})" + (" (or -1 for all)" if all_ok else ""))
 
 
 cdef cb_status _pool_pin_cb(void *user, uint8_t *base, size_t n) noexcept with gil:
@@ -232,11 +257,25 @@ cdef class ExpertStore:
                 "pool_bytes": x.pool_bytes,
                 "expert_bytes": x.expert_bytes}
 
-    def pin(self, int layer, int expert):
+    cdef int32_t _moe_layer(self, object layer) except -1:
+        """A caller's layer index that must name an MoE layer: IndexError outside
+        [0, n_layers), ValueError for a layer without experts."""
+        cdef int32_t l = _index(layer, self.n_layers, "layer")
+        if self.desc.layers[l].n_expert == 0:
+            raise ValueError(f"layer {l} has no experts (a dense layer)")
+        return l
+
+    def pin(self, layer, expert):
         """Load expert (layer, expert) and never evict it (cache and mmap modes)."""
+        cdef int32_t l = self._moe_layer(layer)
+        cdef int32_t ne = self.desc.layers[l].n_expert
+        e_ = operator.index(expert)
+        if not 0 <= e_ < ne:
+            raise OutOfRangeError(f"layer {l} has no expert {e_} (expert ids are in [0, {ne}))")
+        cdef int32_t e = <int32_t>e_
         cdef cb_status st
         with nogil:
-            st = cb_experts_pin(self.s, layer, expert)
+            st = cb_experts_pin(self.s, l, e)
         check(st)
 
     def __dealloc__(self):
@@ -283,19 +322,34 @@ cdef class ExpertStore:
             err, self.unpin_error = self.unpin_error, None
             raise err
 
-    def acquire(self, int layer, ids, uses=None):
+    cdef object _expert_ids(self, int32_t layer, object ids):
+        """ids as a contiguous int32 array, each checked against the layer's experts."""
+        a = np.asarray(ids).reshape(-1)
+        if a.size and not np.issubdtype(a.dtype, np.integer):
+            raise TypeError(f"expert ids must be integers, got {a.dtype}")
+        ne = self.desc.layers[layer].n_expert
+        if a.size and (a.min() < 0 or a.max() >= ne):
+            bad = int(a[(a < 0) | (a >= ne)][0])
+            raise OutOfRangeError(f"layer {layer} has no expert {bad} (expert ids are in [0, {ne}))")
+        return np.ascontiguousarray(a, dtype=np.int32)
+
+    def acquire(self, layer_index, ids, uses=None):
         """Acquire experts ids of layer: uint64 [n, 3] addresses of each one's gate, up and down
         matrices (inside the slot pool in cache mode), valid until release(layer, ids)."""
-        arr = np.ascontiguousarray(ids, dtype=np.int32).reshape(-1)
+        cdef int32_t layer = self._moe_layer(layer_index)
+        arr = self._expert_ids(layer, ids)
         cdef int32_t n = <int32_t>arr.shape[0]
         out = np.zeros((max(n, 1), 3), dtype=np.uint64)
         if n == 0:
             return out[:0]
         u = None
         if uses is not None:
-            u = np.ascontiguousarray(uses, dtype=np.int32).reshape(-1)
+            u = np.asarray(uses).reshape(-1)
             if u.shape[0] != n:
                 raise ValueError(f"uses has {u.shape[0]} entries for {n} experts")
+            if u.size and (u.min() < 0 or u.max() >= 2**31):
+                raise ValueError(f"uses must be in [0, 2**31), got {int(u.min())}..{int(u.max())}")
+            u = np.ascontiguousarray(u, dtype=np.int32)
         cdef int32_t[::1] v = arr
         cdef int32_t[::1] uv
         cdef const int32_t *up = NULL
@@ -319,9 +373,10 @@ cdef class ExpertStore:
             free(refs)
         return out
 
-    def release(self, int layer, ids):
+    def release(self, layer_index, ids):
         """Give back what acquire(layer, ids) handed out."""
-        arr = np.ascontiguousarray(ids, dtype=np.int32).reshape(-1)
+        cdef int32_t layer = self._moe_layer(layer_index)
+        arr = self._expert_ids(layer, ids)
         cdef int32_t n = <int32_t>arr.shape[0]
         if n == 0:
             return
@@ -331,10 +386,12 @@ cdef class ExpertStore:
     def _address(self):
         return <uintptr_t>self.s
 
-    def stats(self, int layer=-1):
-        """Hits, misses, bytes read, wait time... of one layer, or all (layer=-1)."""
+    def stats(self, layer=-1):
+        """Hits, misses, bytes read, wait time... of one layer, or all (layer=-1). IndexError
+        for any other layer outside [0, n_layers); a dense layer's are all zero."""
+        cdef int32_t l = _index(layer, self.n_layers, "layer", True)
         cdef cb_experts_layer_stats_t st
-        check(cb_experts_stats(self.s, layer, &st))
+        check(cb_experts_stats(self.s, l, &st))
         return {"uses": st.uses, "acquired": st.acquired, "hits": st.hits, "misses": st.misses,
                 "bytes_read": st.bytes_read, "wait_s": st.wait_ns * 1e-9,
                 "evictions": st.evictions, "resident": st.resident,
@@ -342,9 +399,10 @@ cdef class ExpertStore:
                 "prefetch_issued": st.prefetch_issued, "prefetch_hits": st.prefetch_hits,
                 "prefetch_wasted": st.prefetch_wasted}
 
-    def prefetch(self, int layer, ids):
+    def prefetch(self, layer_index, ids):
         """Hint that layer will use experts ids soon (the store's thread reads them)."""
-        arr = np.ascontiguousarray(ids, dtype=np.int32)
+        cdef int32_t layer = self._moe_layer(layer_index)
+        arr = self._expert_ids(layer, ids)
         cdef int32_t[::1] v = arr
         cdef int32_t n = <int32_t>arr.shape[0]
         cdef cb_status st
@@ -357,12 +415,12 @@ cdef class ExpertStore:
         with nogil:
             cb_experts_prefetch_sync(self.s)
 
-    def route_counts(self, int layer):
-        """How often each expert of a layer was chosen (numpy uint64 [n_expert])."""
+    def route_counts(self, layer_index):
+        """How often each expert of a layer was chosen (numpy uint64 [n_expert]). IndexError
+        for a layer outside [0, n_layers), ValueError for a layer without experts."""
+        cdef int32_t layer = self._moe_layer(layer_index)
         n = self.desc.layers[layer].n_expert
         out = np.zeros(n, dtype=np.uint64)
-        if n == 0:
-            return out
         cdef uint64_t[::1] v = out
         check(cb_experts_route_counts(self.s, layer, &v[0], <int32_t>n))
         return out
@@ -517,8 +575,8 @@ cdef class Forward:
     def run(self, seq, pos, tokens=None, embd=None, logits=None):
         """Run one batch. seq, pos: int arrays [n]; tokens int [n] or embd float32 [n, n_embd];
         logits: bool [n] (which tokens get logits; None = all). Returns float32 [n_wanted, n_vocab]."""
-        s = np.ascontiguousarray(seq, dtype=np.uint32).reshape(-1)
-        p = np.ascontiguousarray(pos, dtype=np.int32).reshape(-1)
+        s = _int_array(seq, "sequence id", 0, 1 << 32, np.uint32)
+        p = _int_array(pos, "position", 0, 1 << 31, np.int32)
         n = s.shape[0]
         if p.shape[0] != n:
             raise ValueError(f"seq has {n} entries but pos has {p.shape[0]}")
@@ -530,22 +588,20 @@ cdef class Forward:
         memset(&b, 0, sizeof(cb_batch_t))
         t = e = w = None
         if tokens is not None:
-            t = np.ascontiguousarray(tokens, dtype=np.int64).reshape(-1)
+            t = _int_array(tokens, "token id", 0, self.n_vocab, np.int32)
             if t.shape[0] != n:
                 raise ValueError(f"{t.shape[0]} tokens for {n} positions")
-            if n and (t.min() < 0 or t.max() >= self.n_vocab):
-                bad = int(t[(t < 0) | (t >= self.n_vocab)][0])
-                raise ValueError(f"token id {bad} is out of range [0, {self.n_vocab})")
-            t = t.astype(np.int32)
             b.tokens = <const int32_t *><uintptr_t>t.ctypes.data
         else:
             e = np.ascontiguousarray(embd, dtype=np.float32)
+            if e.ndim == 1 and n == 1:
+                e = e.reshape(1, -1)
             if e.shape != (n, self.n_embd):
                 raise ValueError(f"embeddings of shape {e.shape}, expected ({n}, {self.n_embd})")
             b.embd = <const float *><uintptr_t>e.ctypes.data
         nw = n
         if logits is not None:
-            w = np.ascontiguousarray(logits, dtype=np.int8).reshape(-1)
+            w = np.ascontiguousarray(np.asarray(logits).reshape(-1) != 0, dtype=np.int8)
             if w.shape[0] != n:
                 raise ValueError(f"logits mask has {w.shape[0]} entries for {n} tokens")
             nw = int(np.count_nonzero(w))

@@ -39,7 +39,7 @@ def type_id(t):
         except KeyError:
             raise ValueError(f"unknown block type {t!r}; known: {', '.join(TYPES)}") from None
     i = int(t)
-    if cb_type_block_size(i) == 0:
+    if not -2**31 <= i < 2**31 or cb_type_block_size(i) == 0:
         raise ValueError(f"unknown GGML type id {i}")
     return i
 
@@ -124,6 +124,8 @@ def dequantize(t, raw, shape):
     """Dequantize raw blocks (uint8) of type t to a float32 array of `shape` (last dim: a row)."""
     cdef int type = type_id(t)
     shape = tuple(int(s) for s in np.atleast_1d(shape)) if not isinstance(shape, int) else (shape,)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"negative shape {shape}")
     n = int(np.prod(shape, dtype=np.int64))
     cols = shape[len(shape) - 1] if shape else 1
     rb = row_bytes(type, cols)

@@ -14,6 +14,7 @@ STATUS_CODES = {
     "unsupported": CB_STATUS_UNSUPPORTED,
     "use after close": CB_STATUS_CLOSED,
     "internal error": CB_STATUS_INTERNAL,
+    "non-finite values": CB_STATUS_NOT_FINITE,
 }
 
 

@@ -3,6 +3,8 @@
 it reads and validates the GGUF vocabulary and builds a CTokenizer from plain arrays."""
 include "_check.pxi"
 
+import operator
+
 import numpy as np
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
@@ -23,6 +25,15 @@ PRE_IDS = {
     "deepseek-v3": CB_PRE_DEEPSEEK_V3,
     "gpt-4o": CB_PRE_GPT4O,
 }
+
+
+cdef int32_t _token_id(object value, int32_t n) except? -1:
+    """A caller's token id checked against [0, n): ValueError naming it (the C code checks
+    again; this keeps ids beyond int32 from becoming an OverflowError)."""
+    v = operator.index(value)
+    if not 0 <= v < n:
+        raise ValueError(f"token id {v} out of range [0, {n})")
+    return <int32_t>v
 
 
 def utf8_validate(const uint8_t[::1] data not None):
@@ -134,11 +145,12 @@ cdef class CTokenizer:
         finally:
             cb_tokenizer_buffer_free(out)
 
-    def piece(self, int id, bint special):
+    def piece(self, id, bint special):
         """The bytes token id renders to."""
+        cdef int32_t i = _token_id(id, cb_tokenizer_n_tokens(self.tok))
         cdef const uint8_t *p = NULL
         cdef size_t n = 0
-        check(cb_tokenizer_piece(self.tok, id, special, &p, &n))
+        check(cb_tokenizer_piece(self.tok, i, special, &p, &n))
         return p[:n] if n else b""
 
     def stream(self, bint special):
@@ -159,10 +171,11 @@ cdef class CStream:
         cb_tok_stream_free(self.s)
         self.s = NULL
 
-    def feed(self, int id):
+    def feed(self, id):
+        cdef int32_t i = _token_id(id, cb_tokenizer_n_tokens(self.parent.tok))
         cdef const uint8_t *p = NULL
         cdef size_t n = 0
-        check(cb_tok_stream_feed(self.s, id, &p, &n))
+        check(cb_tok_stream_feed(self.s, i, &p, &n))
         return PyUnicode_DecodeUTF8(<const char *>p, n, NULL)
 
     def flush(self):

@@ -12,8 +12,8 @@
  * Invariants (cb_arena_check verifies them all):
  *   - every unit belongs to exactly one block (free or used); heads tile [0, n_units);
  *   - a free block of order k starts at a multiple of 2^k and lies inside one root;
- *   - a used block of m units starts at a multiple of 2^floor(log2 m) (the largest power of two
- *     not above its size: "aligned to its size" for power-of-two blocks);
+ *   - a used block of m units starts at a multiple of 2^max(0, floor(log2 m) - ALIGN_SLACK)
+ *     units in exact mode (at most 1/32 of its size), of m (its size) in classic mode;
  *   - no free block has a free buddy of the same order (coalescing is complete), so the set of
  *     free blocks is the unique maximal buddy decomposition of the free units;
  *   - free list k holds exactly the free heads of order k; bit k of nonempty <=> list k non-empty;
@@ -184,24 +184,45 @@ static void carve_range(cb_arena_t *a, uint32_t s, uint32_t e) {
     }
 }
 
-/* Candidates of the order-floor(log2 m) free list looked at by take_run before it splits a
- * larger block (a constant, so take_run stays O(log n)). */
+/* Candidates per free list looked at by take_run before it splits a larger block (a
+ * constant, so take_run stays O(log^2 n)). */
 #define FIT_SCAN 16
 
-/* Takes a run of m units; NIL when none fits. The run starts at a multiple of 2^floor(log2 m).
- * When m is not a power of two (exact mode) it first looks for a free block of order
- * floor(log2 m) followed by enough free units (keeping larger blocks whole for later); else it
- * takes the smallest free block of order >= ceil(log2 m), splits it down and, in exact mode,
- * frees the unused tail again. */
+/* Exact mode: a run of m units starts at a multiple of 2^max(0, floor(log2 m) - ALIGN_SLACK)
+ * units, at most 1/32 of its size. Runs of one size then pack back to back with a gap of less
+ * than 1/32 of a run between them (a KV block of 144 units - 16 tokens of 36 KiB in 4 KiB units
+ * - packs with no gap at all); aligned to 2^floor(log2 m), as before, the next one could only
+ * start 256 units further on: 56% of the arena held. The run is still made of buddy blocks
+ * (piece_order cuts any range into aligned pieces), so the free decomposition stays the unique
+ * maximal one. */
+#define ALIGN_SLACK 5
+
+/* log2 of the alignment (in units) of a run of m units; classic mode: its size. */
+static unsigned run_align_log2(const cb_arena_t *a, uint32_t m) {
+    unsigned f = floor_log2_u32(m);
+    if (!a->exact) return f;
+    return f > ALIGN_SLACK ? f - ALIGN_SLACK : 0;
+}
+
+/* Takes a run of m units; NIL when none fits. The run starts at a multiple of
+ * 2^run_align_log2(m). In exact mode it first looks, through the free lists from the smallest
+ * order that is aligned enough up to floor(log2 m) (below 2^ceil(log2 m)), for a free block
+ * followed by enough free units: the small blocks at the start of a free stretch come first,
+ * so runs pack against their neighbours and larger blocks stay whole for later. Else it takes
+ * the smallest free block of order >= ceil(log2 m), splits it down and, in exact mode, frees
+ * the unused tail again. */
 static uint32_t take_run(cb_arena_t *a, uint32_t m) {
     unsigned k = ceil_log2_u32(m), f = floor_log2_u32(m);
-    if (f < k) {
-        unsigned scanned = 0;
-        for (uint32_t h = a->head[f]; h != NIL && scanned < FIT_SCAN; h = a->meta[h].link.next, scanned++) {
-            if ((uint64_t)h + m <= a->n_units && range_is_free(a, h + (1u << f), h + m)) {
-                list_remove(a, h);
-                carve_range(a, h + (1u << f), h + m);
-                return h;
+    if (a->exact) {
+        for (unsigned o = run_align_log2(a, m); o <= f && o < k; o++) {
+            if (!((a->nonempty >> o) & 1)) continue;
+            unsigned scanned = 0;
+            for (uint32_t h = a->head[o]; h != NIL && scanned < FIT_SCAN; h = a->meta[h].link.next, scanned++) {
+                if ((uint64_t)h + m <= a->n_units && range_is_free(a, h + (1u << o), h + m)) {
+                    list_remove(a, h);
+                    carve_range(a, h + (1u << o), h + m);
+                    return h;
+                }
             }
         }
     }
@@ -543,6 +564,13 @@ void cb_arena_unpin(cb_arena_t *a) {
 
 uint8_t *cb_arena_base(const cb_arena_t *a) { return a && !a->closed ? a->base : NULL; }
 
+/* Head of the block (free or used) holding unit u: blocks tile the units and only heads are
+ * marked, so it is the nearest marked unit at or below u. */
+static uint32_t block_head(const cb_arena_t *a, uint32_t u) {
+    while (u > 0 && a->state[u] == UNIT_NONE) u--;
+    return u;
+}
+
 #define LOCK_OPEN(a)                                                                   \
     do {                                                                               \
         if (!(a)) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "arena: NULL handle");    \
@@ -615,7 +643,7 @@ cb_status cb_arena_grow(cb_arena_t *a, size_t offset, size_t n, size_t *new_offs
         *new_offset = offset;
         RETURN_UNLOCK(a, CB_OK);
     }
-    uint32_t align = 1u << floor_log2_u32(m_new);
+    uint32_t align = 1u << run_align_log2(a, m_new);
     size_t keep = old_n < n ? (size_t)old_n : n;
     if (u % align == 0 && (uint64_t)u + m_new <= a->n_units && range_is_free(a, u + m_old, u + m_new)) {
         carve_range(a, u + m_old, u + m_new); /* in place */
@@ -667,28 +695,22 @@ cb_status cb_arena_view(cb_arena_t *a, size_t offset, size_t n, void **ptr) {
                                  "arena: view at offset %zu is outside the arena (%zu bytes)",
                                  offset, a->capacity));
     uint32_t uo = (uint32_t)(offset >> a->shift);
-    /* The run holding uo starts at a multiple of 2^f (f = floor(log2 m)) and uo < head + 2^(f+1),
-     * so the head is uo rounded down to 2^f, or that minus 2^f: two candidates per order. */
-    for (unsigned c = 0; c <= 2 * MAX_ORDER + 1; c++) {
-        unsigned i = c / 2;
-        uint64_t h64 = (uint64_t)uo & ~(((uint64_t)1 << i) - 1);
-        if (c & 1) {
-            if (h64 < ((uint64_t)1 << i)) continue;
-            h64 -= (uint64_t)1 << i;
-        }
-        uint32_t h = (uint32_t)h64;
-        if (a->state[h] != UNIT_USED) continue;
+    /* A backward scan of the side table, O(units of that block) bytes: a run's start is only
+     * aligned to 1/32 of its size, so it cannot be computed from uo. */
+    uint32_t h = block_head(a, uo);
+    if (a->state[h] == UNIT_USED) {
         uint64_t req = a->meta[h].requested;
-        if ((uint64_t)h + run_units(a, req) <= uo) continue;
         size_t start = (size_t)h << a->shift;
-        if (offset - start > req || n > req - (offset - start))
-            RETURN_UNLOCK(a, cb_fail(CB_STATUS_INVALID_ARGUMENT,
-                                     "arena: view [%zu, %zu) is not inside the live block at %zu "
-                                     "of %llu requested bytes", offset, offset + n, start,
-                                     (unsigned long long)req));
-        a->pins++;
-        *ptr = a->base + offset;
-        RETURN_UNLOCK(a, CB_OK);
+        if ((uint64_t)h + run_units(a, req) > uo) {
+            if (offset - start > req || n > req - (offset - start))
+                RETURN_UNLOCK(a, cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                                         "arena: view [%zu, %zu) is not inside the live block at "
+                                         "%zu of %llu requested bytes", offset, offset + n, start,
+                                         (unsigned long long)req));
+            a->pins++;
+            *ptr = a->base + offset;
+            RETURN_UNLOCK(a, CB_OK);
+        }
     }
     RETURN_UNLOCK(a, cb_fail(CB_STATUS_INVALID_ARGUMENT,
                              "arena: view at offset %zu is not inside a live block", offset));
@@ -719,6 +741,48 @@ cb_status cb_arena_stats(cb_arena_t *a, cb_arena_stats_t *st) {
 
 #define BROKEN(...) RETURN_UNLOCK(a, cb_fail(CB_STATUS_INTERNAL, "arena check: " __VA_ARGS__))
 
+cb_status cb_arena_compact(cb_arena_t *a, size_t *offsets, size_t n, int up) {
+    if (n && !offsets) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "arena: offsets must not be NULL");
+    LOCK_OPEN(a);
+    for (size_t i = 0; i < n; i++) { /* validate everything before moving anything */
+        uint32_t u;
+        cb_status s = live_head(a, offsets[i], &u);
+        if (s != CB_OK) RETURN_UNLOCK(a, s);
+        if (i > 0 && offsets[i] <= offsets[i - 1])
+            RETURN_UNLOCK(a, cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                                     "arena: compact needs increasing offsets (%zu after %zu)",
+                                     offsets[i], offsets[i - 1]));
+    }
+    for (size_t k = 0; k < n; k++) {
+        size_t i = up ? n - 1 - k : k;
+        uint32_t u = (uint32_t)(offsets[i] >> a->shift);
+        uint64_t req = a->meta[u].requested;
+        uint32_t m = run_units(a, req), g = 1u << run_align_log2(a, m), s;
+        if (up) {
+            uint32_t e = u + m; /* end of the free stretch that starts after the block */
+            while (e < a->n_units && a->state[e] == UNIT_FREE) e += 1u << a->order[e];
+            s = (e - m) / g * g;
+            if (s <= u) continue;
+        } else {
+            uint32_t p = u; /* start of the free stretch that ends at u */
+            while (p > 0) {
+                uint32_t h = block_head(a, p - 1);
+                if (a->state[h] != UNIT_FREE) break;
+                p = h;
+            }
+            s = (p + g - 1) / g * g;
+            if (s >= u) continue;
+        }
+        a->state[u] = UNIT_NONE;
+        free_range(a, u, u + m);
+        carve_range(a, s, s + m); /* inside the stretch and the block's own units, all free now */
+        memmove(a->base + ((size_t)s << a->shift), a->base + offsets[i], (size_t)req);
+        set_used(a, s, req);
+        offsets[i] = (size_t)s << a->shift;
+    }
+    RETURN_UNLOCK(a, CB_OK);
+}
+
 cb_status cb_arena_check(cb_arena_t *a) {
     LOCK_OPEN(a);
     size_t used = 0, blocks = 0, free_units = 0, free_blocks = 0;
@@ -737,7 +801,7 @@ cb_status cb_arena_check(cb_arena_t *a) {
             uint64_t n = a->meta[u].requested;
             if (n == 0 || n > a->capacity) BROKEN("used block at unit %llu has requested size %llu", (unsigned long long)u, (unsigned long long)n);
             size = run_units(a, n);
-            uint64_t align = (uint64_t)1 << floor_log2_u32((uint32_t)size);
+            uint64_t align = (uint64_t)1 << run_align_log2(a, (uint32_t)size);
             if (u % align) BROKEN("used block at unit %llu of %llu units is not aligned to %llu", (unsigned long long)u, (unsigned long long)size, (unsigned long long)align);
             used += size;
             blocks++;
@@ -787,8 +851,14 @@ typedef struct kv_seq {
     size_t offset; /* block offset in the arena (valid when has_block) */
     size_t cap;    /* tokens that fit */
     size_t len;    /* tokens written */
+    size_t need;   /* the most tokens a reserve asked for (cap - need is chunk rounding) */
     uint8_t live, has_block;
 } kv_seq;
+
+typedef struct kv_place {
+    size_t offset;
+    uint32_t seq;
+} kv_place;
 
 struct cb_kvcache {
     pthread_mutex_t mu;
@@ -798,6 +868,8 @@ struct cb_kvcache {
     kv_seq *seqs;                  /* max_sequences entries */
     uint32_t *free_ids;            /* stack of unused ids */
     uint32_t n_free;
+    kv_place *place;               /* max_sequences entries: scratch of make_room */
+    size_t *offs;                  /* max_sequences entries: scratch of make_room */
     int closed;                    /* after cb_kvcache_close: every call fails with CLOSED */
 };
 
@@ -830,9 +902,13 @@ cb_status cb_kvcache_new(cb_arena_t *arena, const cb_kvcache_params *p, cb_kvcac
     if (!kv) return cb_fail(CB_STATUS_OUT_OF_MEMORY, "kvcache: cannot allocate the handle");
     kv->seqs = cb_calloc(p->max_sequences, sizeof *kv->seqs);
     kv->free_ids = cb_calloc(p->max_sequences, sizeof *kv->free_ids);
-    if (!kv->seqs || !kv->free_ids) {
+    kv->place = cb_calloc(p->max_sequences, sizeof *kv->place);
+    kv->offs = cb_calloc(p->max_sequences, sizeof *kv->offs);
+    if (!kv->seqs || !kv->free_ids || !kv->place || !kv->offs) {
         free(kv->seqs);
         free(kv->free_ids);
+        free(kv->place);
+        free(kv->offs);
         free(kv);
         return cb_fail(CB_STATUS_OUT_OF_MEMORY, "kvcache: cannot allocate a table of %u sequences", p->max_sequences);
     }
@@ -872,6 +948,8 @@ void cb_kvcache_free(cb_kvcache_t *kv) {
     pthread_mutex_destroy(&kv->mu);
     free(kv->seqs);
     free(kv->free_ids);
+    free(kv->place);
+    free(kv->offs);
     free(kv);
 }
 
@@ -928,23 +1006,112 @@ static cb_status reserve_bytes(cb_kvcache_t *kv, kv_seq *s, size_t tokens) {
     return CB_OK;
 }
 
+static int place_cmp(const void *x, const void *y) {
+    size_t a = ((const kv_place *)x)->offset, b = ((const kv_place *)y)->offset;
+    return (a > b) - (a < b);
+}
+
+/* The cache is full for a reserve of sequence `grow` (mu held): give back every sequence's
+ * chunk rounding (shrink in place to the most tokens it asked for, at least its length), then
+ * slide the cache's blocks up to `grow`'s down and the ones above it up (cb_arena_compact), so
+ * the free room becomes one stretch right after `grow`'s block, where it grows in place (a
+ * sequence without a block: everything down, the room at the top). Moves other sequences'
+ * blocks: pointers into any sequence are valid until the next reserve (arena.h). */
+static void make_room(cb_kvcache_t *kv, uint32_t grow) {
+    size_t k = 0;
+    for (uint32_t i = 0; i < kv->p.max_sequences; i++) {
+        kv_seq *s = &kv->seqs[i];
+        if (!s->live || !s->has_block) continue;
+        size_t keep = s->need > s->len ? s->need : s->len, off;
+        if (keep == 0) keep = 1;
+        if (keep < s->cap && cb_arena_grow(kv->arena, s->offset, keep * kv->stride, &off) == CB_OK) {
+            s->offset = off; /* a shrink stays in place */
+            s->cap = keep;
+        }
+        kv->place[k].offset = s->offset;
+        kv->place[k].seq = i;
+        k++;
+    }
+    qsort(kv->place, k, sizeof *kv->place, place_cmp);
+    size_t low = k; /* blocks [0, low) slide down, [low, k) up */
+    if (kv->seqs[grow].has_block)
+        for (low = 0; low < k && kv->place[low].offset <= kv->seqs[grow].offset; low++) {}
+    for (size_t j = 0; j < k; j++) kv->offs[j] = kv->place[j].offset;
+    if (cb_arena_compact(kv->arena, kv->offs, low, 0) == CB_OK &&
+        cb_arena_compact(kv->arena, kv->offs + low, k - low, 1) == CB_OK)
+        for (size_t j = 0; j < k; j++) kv->seqs[kv->place[j].seq].offset = kv->offs[j];
+    cb_clear_error();
+}
+
+/* Whether the free bytes plus every sequence's chunk rounding hold the tokens s lacks (mu
+ * held): a hopeless reserve fails without compacting anything. */
+static int room_would_do(cb_kvcache_t *kv, const kv_seq *s, size_t n_tokens) {
+    cb_arena_stats_t as;
+    if (cb_arena_stats(kv->arena, &as) != CB_OK) return 0;
+    size_t slack = 0;
+    for (uint32_t i = 0; i < kv->p.max_sequences; i++) {
+        const kv_seq *q = &kv->seqs[i];
+        size_t keep = q->need > q->len ? q->need : q->len;
+        if (q->live && q->has_block && q->cap > keep) slack += q->cap - keep;
+    }
+    size_t lack = n_tokens - s->cap; /* n_tokens > s->cap here */
+    return lack <= as.free / kv->stride + slack;
+}
+
 cb_status cb_kvcache_seq_reserve(cb_kvcache_t *kv, uint32_t seq, size_t n_tokens) {
     KV_LOCK(kv);
     SEQ_OR_FAIL(kv, seq);
     kv_seq *s = &kv->seqs[seq];
+    if (n_tokens > s->need && n_tokens <= s->cap) s->need = n_tokens;
     if (n_tokens <= s->cap) KV_RETURN(kv, CB_OK);
     size_t c = kv->p.chunk_tokens;
     if (n_tokens > SIZE_MAX - c) KV_RETURN(kv, cb_fail(CB_STATUS_OUT_OF_MEMORY, "kvcache: %zu tokens overflow size_t", n_tokens));
     size_t want = (n_tokens + c - 1) / c * c;
     if (kv->p.doubling && s->cap && s->cap * 2 > want && s->cap <= SIZE_MAX / 2) {
-        if (reserve_bytes(kv, s, s->cap * 2) == CB_OK) KV_RETURN(kv, CB_OK);
+        if (reserve_bytes(kv, s, s->cap * 2) == CB_OK) {
+            s->need = n_tokens;
+            KV_RETURN(kv, CB_OK);
+        }
     }
     cb_status st = reserve_bytes(kv, s, want);
+    /* The chunk is a convenience, not a need: when it does not fit, the tokens asked for may,
+     * else after the other sequences' chunk rounding is given back and the blocks compacted. */
+    if (st == CB_STATUS_OUT_OF_MEMORY && want > n_tokens) {
+        want = n_tokens;
+        st = reserve_bytes(kv, s, want);
+    }
+    if (st == CB_STATUS_OUT_OF_MEMORY && room_would_do(kv, s, n_tokens)) {
+        want = n_tokens;
+        make_room(kv, seq);
+        st = reserve_bytes(kv, s, want);
+    }
+    if (st == CB_OK) s->need = n_tokens;
     if (st != CB_OK) {
         char detail[512];
         snprintf(detail, sizeof detail, "%s", cb_last_error());
-        KV_RETURN(kv, cb_fail(st, "kvcache: sequence %u cannot reserve %zu tokens (%zu bytes at %zu bytes/token): %s",
-                              seq, want, want * kv->stride, kv->stride, detail));
+        if (st != CB_STATUS_OUT_OF_MEMORY)
+            KV_RETURN(kv, cb_fail(st, "kvcache: sequence %u cannot reserve %zu tokens (%zu bytes at %zu bytes/token): %s",
+                                  seq, want, want * kv->stride, kv->stride, detail));
+        /* what the cache holds now, so that a full cache says how full */
+        size_t n_live = 0, held = 0, reserved = 0;
+        for (uint32_t i = 0; i < kv->p.max_sequences; i++) {
+            if (!kv->seqs[i].live) continue;
+            n_live++;
+            held += kv->seqs[i].len;
+            reserved += kv->seqs[i].cap;
+        }
+        cb_arena_stats_t as;
+        size_t used = 0, total = 0;
+        if (cb_arena_stats(kv->arena, &as) == CB_OK) {
+            used = as.used;
+            total = as.capacity;
+        }
+        KV_RETURN(kv, cb_fail(st, "kvcache: sequence %u (%zu tokens) cannot grow to %zu tokens "
+                              "(%zu bytes at %zu bytes/token): the cache holds %zu tokens (%zu "
+                              "reserved) in %zu live sequences, %zu of %zu arena bytes in use "
+                              "(room for about %zu tokens in all); %s",
+                              seq, s->cap, want, want * kv->stride, kv->stride, held, reserved,
+                              n_live, used, total, total / kv->stride, detail));
     }
     KV_RETURN(kv, CB_OK);
 }

@@ -54,6 +54,7 @@ cdef extern from "colibri/arena.h" nogil:
     void cb_arena_unpin(cb_arena_t *a)
     cb_status cb_arena_stats(cb_arena_t *a, cb_arena_stats_t *s)
     cb_status cb_arena_check(cb_arena_t *a)
+    cb_status cb_arena_compact(cb_arena_t *a, size_t *offsets, size_t n, int up)
     uint8_t *cb_arena_base(const cb_arena_t *a)
 
     ctypedef struct cb_kvcache_t:

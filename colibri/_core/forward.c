@@ -600,6 +600,46 @@ static cb_status ffn(cb_forward_t *f, int l, int64_t n) {
     return CB_OK;
 }
 
+/* ---- non-finite values ---------------------------------------------------------------------- */
+
+/* Index of the first NaN or Inf among x[0..n), or -1. The common all-finite case is one pass
+ * of integer compares on the exponent bits, which the compiler vectorises (no float
+ * exceptions, no -ffast-math dependence); the slow search runs only when it fires. */
+static int64_t first_nonfinite(const float *x, int64_t n) {
+    uint32_t any = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], sizeof u);
+        any |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+    }
+    if (!any) return -1;
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return i;
+    return -1;
+}
+
+/* CB_STATUS_NOT_FINITE naming where the batch's values first went non-finite: checked after
+ * every layer's attention and FFN/MoE block (n * n_embd values each, noise next to the
+ * matmuls that produced them), so the first part to fail is the one named. */
+static cb_status check_finite(const float *x, int64_t n, int64_t width, const char *part, int l,
+                              const cb_model_desc_t *m) {
+    int64_t i = first_nonfinite(x, n * width);
+    if (i < 0) return CB_OK;
+    const char *what = isnan(x[i]) ? "NaN" : "Inf";
+    if (l < 0)
+        return cb_fail(CB_STATUS_NOT_FINITE,
+                       "forward: the logits went non-finite (%s at token %lld of the batch, "
+                       "vocabulary entry %lld) although every layer's output was finite: the "
+                       "output norm or output projection weights are likely corrupt (a GGUF "
+                       "file has no checksum)",
+                       what, (long long)(i / width), (long long)(i % width));
+    return cb_fail(CB_STATUS_NOT_FINITE,
+                   "forward: layer %d of %d is the first whose output went non-finite (%s after "
+                   "its %s, token %lld of the batch): its weights are likely corrupt (a GGUF "
+                   "file has no checksum)",
+                   l, m->n_layer, what, part, (long long)(i / width));
+}
+
 /* ---- the batch ---------------------------------------------------------------------------- */
 
 /* Groups the batch by sequence, checks positions, reserves KV room and computes slots. */
@@ -686,7 +726,9 @@ cb_status cb_forward_run(cb_forward_t *f, const cb_batch_t *b, float *logits_out
     }
     for (int l = 0; l < m->n_layer; l++) {
         CHECK_OK(attention(f, b, l));
+        CHECK_OK(check_finite(f->x, n, E, "attention", l, m));
         CHECK_OK(ffn(f, l, n));
+        CHECK_OK(check_finite(f->x, n, E, m->layers[l].n_expert > 0 ? "FFN (MoE block)" : "FFN", l, m));
     }
     int64_t nw = 0;
     for (int64_t t = 0; t < n; t++) {
@@ -697,6 +739,7 @@ cb_status cb_forward_run(cb_forward_t *f, const cb_batch_t *b, float *logits_out
     if (nw > 0) {
         CHECK_OK(cb_matmul(&m->output, f->lrows, nw, E, logits_out, m->n_vocab, f->pool));
         if (m->final_softcap > 0) cb_softcap(logits_out, nw * m->n_vocab, m->final_softcap);
+        CHECK_OK(check_finite(logits_out, nw, m->n_vocab, "output", -1, m));
     }
     for (int32_t i = 0; i < ns; i++)
         CHECK_OK(cb_kvcache_seq_set_len(f->kv, f->seqs[i], f->seq_len0[i] + (size_t)f->seq_n[i]));

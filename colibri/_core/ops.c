@@ -89,6 +89,14 @@ static float act_1(cb_act act, float x) {
     return act == CB_ACT_SILU ? silu_1(x) : gelu_tanh_1(x);
 }
 
+/* A softmax row without a finite maximum: entirely masked (-inf) is all zeros; any NaN (which
+ * the max skips) makes it all NaN, so that corrupt scores are not silently read as "masked". */
+static void masked_row(float *x, int64_t n) {
+    int nan = 0;
+    for (int64_t i = 0; i < n; i++) nan |= isnan(x[i]);
+    for (int64_t i = 0; i < n; i++) x[i] = nan ? NAN : 0.0f;
+}
+
 /* ------------------------------------------------------------------------------------- */
 /* AVX2 kernels                                                                          */
 
@@ -242,7 +250,7 @@ AVX2_FN static void softmax_avx2(float *x, int64_t n) {
     float m = hmax8(vm);
     for (; i < n; i++) m = x[i] > m ? x[i] : m;
     if (m == -INFINITY) {
-        for (i = 0; i < n; i++) x[i] = 0.0f;
+        masked_row(x, n);
         return;
     }
     __m256 mv = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
@@ -552,7 +560,7 @@ cb_status cb_softmax(float *x, int64_t n) {
     float m = -INFINITY;
     for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
     if (m == -INFINITY) {
-        for (int64_t i = 0; i < n; i++) x[i] = 0.0f;
+        masked_row(x, n);
         return CB_OK;
     }
     double sum = 0;

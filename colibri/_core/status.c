@@ -17,6 +17,7 @@ const char *cb_status_str(cb_status s) {
     case CB_STATUS_UNSUPPORTED: return "unsupported";
     case CB_STATUS_CLOSED: return "use after close";
     case CB_STATUS_INTERNAL: return "internal error";
+    case CB_STATUS_NOT_FINITE: return "non-finite values";
     }
     return "unknown status";
 }

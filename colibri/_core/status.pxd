@@ -9,6 +9,7 @@ cdef extern from "colibri/status.h" nogil:
         CB_STATUS_UNSUPPORTED
         CB_STATUS_CLOSED
         CB_STATUS_INTERNAL
+        CB_STATUS_NOT_FINITE
     const char *cb_status_str(cb_status s)
     const char *cb_last_error()
     void cb_clear_error()

@@ -20,23 +20,26 @@
  * n bytes takes m = ceil(n / min_block) units. In the default EXACT mode (like Linux's
  * alloc_pages_exact()) a block is a run of exactly m units made of buddy blocks, so internal
  * waste is < min_block per allocation instead of up to 50%: the allocator first looks (among
- * a bounded number of candidates) for a free buddy block of 2^floor(log2 m) units followed by
- * enough free units, else takes the smallest free block of 2^ceil(log2 m) or more units, splits
- * it down and returns the unused tail to the free lists. With exact = 0, m is rounded up to a
- * power of two (the classic buddy). Either way a block of m units starts at a multiple of
- * 2^floor(log2 m) units, the largest power of two not above its size ("aligned to its size"
- * for power-of-two blocks). stats' largest_free is the largest free buddy block; an exact run
- * may be larger when it spans a free block and the free units after it. All operations are
- * O(log n) in the number of units (grow and free of an exact run: O(log^2 n) elementary steps
- * at worst, log n <= 32); no malloc after init:
+ * a bounded number of candidates per free list, small blocks first) for a free buddy block
+ * followed by enough free units, else takes the smallest free block of 2^ceil(log2 m) or more
+ * units, splits it down and returns the unused tail to the free lists. In exact mode a block
+ * of m units starts at a multiple of 2^max(0, floor(log2 m) - 5) units - at most 1/32 of its
+ * size - so blocks of one size pack back to back (aligned to 2^floor(log2 m), 144-unit blocks
+ * could only start every 256 units: 56% of the arena held). With exact = 0, m is rounded up
+ * to a power of two (the classic buddy) and a block starts at a multiple of its size. Either
+ * way a block is a run of buddy blocks and the free blocks are the unique maximal buddy
+ * decomposition of the free units. stats' largest_free is the largest free buddy block; an
+ * exact run may be larger when it spans a free block and the free units after it. Alloc, free
+ * and grow are O(log^2 n) elementary steps at worst (log n <= 32); view and compact scan the
+ * side table backwards (O(units of the block), O(units)); no malloc after init:
  * metadata is a side table of 10 bytes per min_block unit allocated at init, free lists are
  * intrusive doubly linked lists through that table (arena memory itself is never touched by
  * the allocator, so a free block costs no RSS).
  *
  * Grow. cb_arena_grow extends a block in place when the units after it are free and its
- * offset is a multiple of the new size's 2^floor(log2 m); otherwise it allocates a new block (first with the old
- * block still held, then, if that fails, by temporarily returning the old block so the new one
- * may overlap it) and moves the old block's requested bytes (memmove). If no block fits, it
+ * offset is aligned as the new size requires; otherwise it allocates a new block (first with
+ * the old block still held, then, if that fails, by temporarily returning the old block so the
+ * new one may overlap it) and moves the old block's requested bytes (memmove). If no block fits, it
  * fails with CB_STATUS_OUT_OF_MEMORY and the old block, its contents and the free lists are
  * exactly as before. Growing to a smaller size keeps the offset and returns the units no
  * longer needed (the first n bytes are kept).
@@ -149,6 +152,15 @@ cb_status cb_arena_stats(cb_arena_t *a, cb_arena_stats_t *s);
  * equal to a recount, used + free == capacity. CB_STATUS_INTERNAL naming the first broken one. */
 cb_status cb_arena_check(cb_arena_t *a);
 
+/* Slides the live blocks at offsets[0..n) (strictly increasing) down (up = 0: first to last,
+ * each to the lowest start, aligned by the rule above, in the free stretch just before it) or
+ * up (up != 0: last to first, each to the highest start in the free stretch just after it),
+ * moving its requested bytes (memmove); offsets[i] receives each block's new offset. Blocks
+ * not listed stay where they are. The caller owns the listed blocks and holds no pointer into
+ * them across the call. INVALID_ARGUMENT (nothing moved) when an offset is not a live block or
+ * they are not increasing. O(units) for the scans of the side table plus the bytes moved. */
+cb_status cb_arena_compact(cb_arena_t *a, size_t *offsets, size_t n, int up);
+
 /* Base address of the region (borrowed; NULL once closed, even while views pin it). */
 uint8_t *cb_arena_base(const cb_arena_t *a);
 
@@ -166,12 +178,22 @@ uint8_t *cb_arena_base(const cb_arena_t *a);
  * cb_kvcache_new); a freed id may be reused. A sequence's capacity (tokens that fit without a
  * reserve) is floor(block bytes / token_stride). cb_kvcache_seq_reserve grows the block
  * through cb_arena_grow, rounding the token count up to a multiple of chunk_tokens, or, with
- * doubling, to at least twice the current capacity; when the arena cannot fit it, it fails
- * with OUT_OF_MEMORY and the sequence (block, length, data) is unchanged.
+ * doubling, to at least twice the current capacity. When that does not fit, the cache is
+ * full, not the request: it tries the exact token count; then (when the free bytes plus the
+ * other sequences' rounding could hold it) gives back every sequence's rounding beyond the
+ * most tokens it asked for, slides the blocks below this sequence's down and the ones above
+ * it up (cb_arena_compact), so all the free room is right after this block, and tries again.
+ * A cache sized for N tokens so holds >= 95% of N in any mix of lengths
+ * (tests/test_kv_capacity.py). When nothing fits it fails with OUT_OF_MEMORY saying how full
+ * the cache is (tokens held and reserved, live sequences, arena bytes in use of the total);
+ * the sequence's length and tokens are unchanged (its block may have moved with the
+ * compaction).
  *
  * Threads: table operations take the cache's mutex. Pointers from cb_kvcache_token_ptr are
- * valid until the next reserve/free of that sequence (a reserve may move the block); one
- * sequence must not be reserved while another thread reads it through such a pointer.
+ * valid until the next reserve of ANY sequence of the cache (a full reserve compacts, moving
+ * other sequences' blocks) or free of that sequence; no sequence may be reserved while another
+ * thread reads the cache through such a pointer (cb_forward_run reserves all its sequences
+ * before it takes pointers).
  * ------------------------------------------------------------------------------------------ */
 
 typedef struct cb_kvcache cb_kvcache_t;

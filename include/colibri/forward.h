@@ -164,7 +164,10 @@ void cb_forward_set_moe_hook(cb_forward_t *f, cb_moe_hook_fn fn, void *user);
  * consecutive positions, in batch order, starting at the sequence's current length (they
  * append; cb_kvcache_seq_set_len truncates first to rewrite). The K/V block is reserved as
  * needed. logits_out receives [n_wanted x n_vocab] rows, in batch order of the tokens that
- * want logits. On error nothing of the cache's lengths has changed. */
+ * want logits. On error nothing of the cache's lengths has changed. The hidden state is
+ * checked for NaN/Inf after every layer's attention and FFN/MoE block, and the logits at the
+ * end: CB_STATUS_NOT_FINITE names the first layer and part whose output went non-finite (or
+ * the output layer), the sign of corrupt weights. */
 cb_status cb_forward_run(cb_forward_t *f, const cb_batch_t *batch, float *logits_out);
 
 #ifdef __cplusplus

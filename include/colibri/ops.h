@@ -106,7 +106,8 @@ cb_status cb_rope_batch(float *x, int64_t n_tokens, int64_t token_stride, int64_
 /* ---- softmax and activations ---- */
 
 /* In place: x = exp(x - max) / sum. Stable for any finite input; -inf entries (masked) get 0.
- * A row that is entirely -inf becomes all zeros (no NaN). */
+ * A row that is entirely -inf becomes all zeros (no NaN); a NaN entry makes the row NaN (never
+ * a silent all-zero row). */
 cb_status cb_softmax(float *x, int64_t n);
 
 typedef enum cb_act {

@@ -23,6 +23,7 @@ typedef enum cb_status {
     CB_STATUS_UNSUPPORTED = -6,      /* valid but not supported (type, arch): ColibriError */
     CB_STATUS_CLOSED = -7,           /* use of a handle after close: ColibriError */
     CB_STATUS_INTERNAL = -8,         /* a broken invariant: ColibriError */
+    CB_STATUS_NOT_FINITE = -9,       /* a computation produced NaN or Inf: ColibriError */
 } cb_status;
 
 /* Static name of a status ("invalid argument", ...). Never NULL. */

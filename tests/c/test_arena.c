@@ -45,6 +45,14 @@ static size_t prev_pow2(size_t x) {
     return p;
 }
 
+/* Alignment (bytes) of a block of bsz bytes: exact mode 2^max(0, floor(log2 units) - 5) units
+ * (at most 1/32 of its size), classic mode its size. */
+static size_t block_align(size_t bsz, size_t mb, int exact) {
+    size_t p = prev_pow2(bsz / mb);
+    if (exact) p = p >= 32 ? p / 32 : 1;
+    return p * mb;
+}
+
 static void random_ops(size_t capacity, size_t mb, int exact, int steps) {
     cb_arena_params p = cb_arena_default_params();
     p.capacity = capacity;
@@ -101,14 +109,14 @@ static void random_ops(size_t capacity, size_t mb, int exact, int steps) {
             }
         }
         CHECK(cb_arena_check(a) == CB_OK);
-        /* Shadow checks: inside, aligned to the largest power of two <= its size, no overlap. */
+        /* Shadow checks: inside, aligned as the rule says (block_align), no overlap. */
         size_t sum_req = 0;
         for (int i = 0; i < nl; i++) {
             size_t req = 0, bsz = 0;
             CHECK(cb_arena_block_info(a, live[i].off, &req, &bsz) == CB_OK);
             sum_req += req;
             if (req != live[i].n || bsz < req || bsz - req >= (exact ? mb : bsz) ||
-                live[i].off % (prev_pow2(bsz / mb) * mb) != 0 || live[i].off + bsz > cap)
+                live[i].off % block_align(bsz, mb, exact) != 0 || live[i].off + bsz > cap)
                 bad_layout++;
             void *vp = NULL; /* every byte of a block is viewable through its own block */
             if (cb_arena_view(a, live[i].off + live[i].n - 1, 1, &vp) != CB_OK ||
@@ -366,6 +374,117 @@ static void threads(void) {
     cb_arena_free(a);
 }
 
+/* cb_arena_compact slides listed blocks down or up into the free stretches next to them, data
+ * and invariants intact; bad lists move nothing. */
+static void compaction(void) {
+    cb_arena_params p = cb_arena_default_params();
+    p.capacity = 64 * 64;
+    p.min_block = 64;
+    p.hugepages = CB_HUGEPAGES_OFF;
+    cb_arena_t *a = NULL;
+    CHECK(cb_arena_new(&p, &a) == CB_OK);
+    uint8_t *base = cb_arena_base(a);
+    blk b[8];
+    for (int i = 0; i < 8; i++) {
+        b[i].n = 5 * 64 - 7;
+        b[i].tag = (uint8_t)(i * 17 + 1);
+        CHECK(cb_arena_alloc(a, b[i].n, &b[i].off) == CB_OK);
+        fill(base, &b[i]);
+    }
+    blk keep[4];
+    size_t offs[4];
+    for (int i = 0; i < 8; i++) {
+        if (i % 2) CHECK(cb_arena_free_block(a, b[i].off) == CB_OK);
+        else keep[i / 2] = b[i];
+    }
+    for (int i = 0; i < 4; i++) offs[i] = keep[i].off;
+    size_t rev[2] = {offs[1], offs[0]}, bad_off[2] = {offs[0], offs[0] + 64};
+    CHECK(cb_arena_compact(a, rev, 2, 0) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_arena_compact(a, bad_off, 2, 0) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(rev[0] == offs[1] && bad_off[0] == offs[0]);
+    int bad = 0;
+    for (int i = 0; i < 4; i++) bad += !intact(base, &keep[i]);
+    CHECK(bad == 0);
+    /* down: back to back from the bottom (5-unit blocks are aligned to 1 unit) */
+    CHECK(cb_arena_compact(a, offs, 4, 0) == CB_OK);
+    CHECK(cb_arena_check(a) == CB_OK);
+    for (int i = 0; i < 4; i++) {
+        CHECK(offs[i] == (size_t)i * 5 * 64);
+        keep[i].off = offs[i];
+        bad += !intact(base, &keep[i]);
+    }
+    CHECK(bad == 0);
+    cb_arena_stats_t st;
+    CHECK(cb_arena_stats(a, &st) == CB_OK && st.largest_free == 32 * 64);
+    /* up: back to back against the top */
+    CHECK(cb_arena_compact(a, offs, 4, 1) == CB_OK);
+    CHECK(cb_arena_check(a) == CB_OK);
+    for (int i = 0; i < 4; i++) {
+        CHECK(offs[i] == (size_t)(64 - 5 * (4 - i)) * 64);
+        keep[i].off = offs[i];
+        bad += !intact(base, &keep[i]);
+    }
+    CHECK(bad == 0);
+    cb_arena_free(a);
+}
+
+/* Sequences growing one token at a time, interleaved, fill an arena sized for 40 tokens to
+ * the last token: a full reserve gives back the others' chunk rounding and compacts (moving
+ * other sequences, whose tokens stay intact). */
+static void kvcache_full(void) {
+    cb_kvcache_params kp = cb_kvcache_default_params();
+    kp.n_layers = 2;
+    kp.n_kv_heads = 1;
+    kp.head_dim = 16;
+    kp.dtype = CB_KV_F32;
+    kp.chunk_tokens = 16;
+    size_t stride = 2 * 2 * 16 * 4;
+    cb_arena_params p = cb_arena_default_params();
+    p.capacity = 40 * stride;
+    p.min_block = 64;
+    p.hugepages = CB_HUGEPAGES_OFF;
+    cb_arena_t *a = NULL;
+    cb_kvcache_t *kv = NULL;
+    CHECK(cb_arena_new(&p, &a) == CB_OK);
+    CHECK(cb_kvcache_new(a, &kp, &kv) == CB_OK);
+    uint32_t s[3];
+    for (int q = 0; q < 3; q++) CHECK(cb_kvcache_seq_new(kv, &s[q]) == CB_OK);
+    size_t held = 0;
+    int full = 0;
+    for (size_t t = 0; !full; t++) {
+        for (int q = 0; q < 3 && !full; q++) {
+            cb_status st = cb_kvcache_seq_reserve(kv, s[q], t + 1);
+            if (st != CB_OK) {
+                CHECK(st == CB_STATUS_OUT_OF_MEMORY);
+                CHECK(strstr(cb_last_error(), "the cache holds") != NULL);
+                CHECK(strstr(cb_last_error(), "in 3 live sequences") != NULL);
+                full = 1;
+                break;
+            }
+            float *f;
+            CHECK(cb_kvcache_token_ptr(kv, s[q], t, 0, 0, (void **)&f) == CB_OK);
+            for (int e = 0; e < 4 * 16; e++) f[e] = (float)(q * 1000 + t) + e * 0.5f;
+            CHECK(cb_kvcache_seq_set_len(kv, s[q], t + 1) == CB_OK);
+            held++;
+        }
+    }
+    CHECK(held == 40);
+    CHECK(cb_arena_check(a) == CB_OK);
+    int bad = 0;
+    for (int q = 0; q < 3; q++) {
+        size_t len = 0;
+        CHECK(cb_kvcache_seq_len(kv, s[q], &len) == CB_OK);
+        for (size_t t = 0; t < len; t++) {
+            float *f;
+            CHECK(cb_kvcache_token_ptr(kv, s[q], t, 0, 0, (void **)&f) == CB_OK);
+            for (int e = 0; e < 4 * 16; e++) bad += f[e] != (float)(q * 1000 + t) + e * 0.5f;
+        }
+    }
+    CHECK(bad == 0);
+    cb_kvcache_free(kv);
+    cb_arena_free(a);
+}
+
 int main(void) {
     random_ops(1 << 20, 4096, 1, 3000);
     random_ops(1 << 20, 4096, 0, 3000);
@@ -373,6 +492,8 @@ int main(void) {
     random_ops(100 * 64 + 1, 64, 1, 2000);
     error_paths();
     kvcache();
+    compaction();
+    kvcache_full();
     threads();
     TEST_MAIN_END("test_arena");
 }

@@ -8,6 +8,7 @@
 int main(void) {
     CHECK(strcmp(cb_status_str(CB_OK), "ok") == 0);
     CHECK(strcmp(cb_status_str(CB_STATUS_OUT_OF_MEMORY), "out of memory") == 0);
+    CHECK(strcmp(cb_status_str(CB_STATUS_NOT_FINITE), "non-finite values") == 0);
     CHECK(strcmp(cb_status_str((cb_status)-99), "unknown status") == 0);
     CHECK(strcmp(cb_last_error(), "") == 0);
     CHECK(cb_fail(CB_STATUS_INVALID_ARGUMENT, "size %d", 7) == CB_STATUS_INVALID_ARGUMENT);
