@@ -125,11 +125,16 @@ def test_token_ids_out_of_range_are_a_value_error_naming_the_id(moe, bad):
     assert moe.n_vocab == 320
     s = moe.new_sequence()
     try:
-        with pytest.raises(ValueError, match=f"token id {bad} is out of range \\[0, 320\\)"):
+        # Model checks ids before the forward (naming the position); the forward checks again
+        want = f"= {bad}: out of the vocabulary \\[0, 320\\)"
+        with pytest.raises(ValueError, match=want):
             moe.eval([s], tokens=[5, bad])
         assert moe.sequence_length(s) == 0  # nothing was appended
-        with pytest.raises(ValueError, match=f"token id {bad} is out of range"):
+        with pytest.raises(ValueError, match=want):
             moe.generate([1, bad], max_tokens=2, temperature=0)
+        with pytest.raises(ValueError, match=f"token id {bad} is out of range \\[0, 320\\)"):
+            moe._fw.run([s, s], [0, 1], tokens=[5, bad])  # the Cython boundary itself
+        assert moe.sequence_length(s) == 0
     finally:
         moe.free_sequence(s)
 

@@ -22,6 +22,7 @@ import model_fuzz as mf  # noqa: E402
 from seeds import write_seeds  # noqa: E402
 
 from colibri.arch import UnsupportedModel  # noqa: E402
+from colibri.errors import ColibriError  # noqa: E402
 from colibri.model import Model  # noqa: E402
 from colibri.sampling import Sampler, SamplingParams  # noqa: E402
 
@@ -110,13 +111,15 @@ def test_one_dimensional_ffn_tensor_is_refused(docs, tmp_path):
 
 def test_nan_weights_give_a_clear_error_not_a_numpy_one(docs, tmp_path):
     """NaN in output_norm made every logit NaN; sampling died inside numpy ("zero-size array to
-    reduction operation maximum")."""
+    reduction operation maximum"). The forward now refuses non-finite logits, naming the
+    output norm or projection as the likely corrupt part."""
     d = copy.deepcopy(docs["qwen3moe-spm"])
     t = next(t for t in d.tensors if t.name == "output_norm.weight")
     t.data = np.full(len(t.data) // 4, np.nan, np.float32).tobytes()
     m = Model(_write(d, tmp_path), threads=1, ctx=32, max_batch=4)
     for temp in (0.0, 0.8):
-        with pytest.raises(ValueError, match="NaN logits"):
+        with pytest.raises(ColibriError, match="logits went non-finite .* output norm or output "
+                                               "projection"):
             m.generate("hello", max_tokens=2, temperature=temp, seed=1)
 
 
