@@ -134,7 +134,7 @@ def colibri_arrivals(m: Any, n_streams: int, arrivals: int, prompt_tokens: int,
         for r in bg:
             next(iter(r))  # every stream is decoding
         t_quiet = time.perf_counter()
-        time.sleep(max(1.0, arrivals / 5))  # a stretch without arrivals, for the baseline
+        time.sleep(max(3.0, arrivals / 2))  # a stretch without arrivals, for the baseline
         t_start = time.perf_counter()
         new = []
         for i in range(arrivals):  # pacing the load (one prompt a second), not synchronising
