@@ -27,6 +27,7 @@ directory):
 
 --quick: 1/4/16 streams, 32 prompt and 32 generated tokens, 5 arrivals (the default run:
 64/64, 10 arrivals). Timings on a shared machine move with its load: compare within one run.
+Like every tool here it imports the installed colibri (from a checkout: PYTHONPATH=.).
 """
 
 from __future__ import annotations
@@ -41,9 +42,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from colibri.bench import LLAMA_CPP_MISSING, llama_cpp_missing  # noqa: E402
+from colibri.bench import LLAMA_CPP_MISSING, llama_cpp_missing
 
 SYSTEM_TEXT = (
     "You are a careful assistant for questions about the history of the Roman Empire. Answer "
