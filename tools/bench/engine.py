@@ -366,7 +366,9 @@ def main(argv: list[str] | None = None) -> int:
         llama = False
     from colibri.model import default_model_path
 
-    results = [bench_model("default", args.model or default_model_path(), args, llama)]
+    path = args.model or default_model_path()
+    results = [bench_model("default" if args.model is None else Path(path).name, path, args,
+                           llama)]
     if args.moe is not None:
         path = args.moe
         if not path:
