@@ -758,6 +758,11 @@ class Engine:
             self._waiting.remove(s)
             n = min(chunk, s.n_tokens() - s.n_kv)
             if not self._reserve(s, n, plan):  # the youngest, and it does not fit: not yet
+                if s.req.cached_tokens:  # its copied prefix is freed with it: no hit
+                    with self._cv:
+                        self._pc_hits -= 1
+                        self._pc_tokens_saved -= s.req.cached_tokens
+                    s.req.cached_tokens = 0
                 self._release(s)
                 bisect.insort(self._waiting, s, key=lambda x: x.order)
                 break
