@@ -13,6 +13,15 @@ state). Older requests are never failed for memory and the oldest always progres
 engine cannot deadlock: a sequence alone always fits (prompts longer than the context fail at
 submission, and a sequence stops at the context).
 
+Prefix reuse: the KV of running and finished requests is indexed by chained hashes of
+PREFIX_BLOCK-token blocks of their tokens; finished requests' KV stays in the arena as a cache
+(least recently used first out) while nothing else needs the room. A new request whose tokens
+start with a cached or running sequence's copies those K/V rows (`KVCache.copy_prefix`) and
+prefills only the rest; a request whose prompt shares more with a request still prefilling waits
+for that prefill (so n submissions of one prompt prefill it once). The cache never fails a
+request: a reserve or an admission that does not fit evicts cached sequences before anything is
+preempted.
+
 Threads: callers submit from any thread or event loop; only the engine thread touches the
 model's sequences. A Request is a thread-safe queue of Deltas, read with `for` (blocking) or
 `async for` (woken through `loop.call_soon_threadsafe`, never blocking the event loop).
@@ -48,6 +57,45 @@ log = logging.getLogger("colibri")
 DEFAULT_PREFILL_CHUNK = 64
 
 FINISHED_KEEP = 1024  # per-request statistics kept for finished requests
+
+PREFIX_BLOCK = 16      # tokens per hashed block of the prefix index
+PREFIX_CACHE_MAX = 256  # most finished sequences kept as prefix cache
+
+
+def _block_hashes(tokens: Sequence[int], n_blocks: int, start: int = 0,
+                  prev: int = 0) -> list[int]:
+    """Chained hashes of blocks [start, n_blocks) of tokens (prev: the hash of block
+    start - 1, 0 for none): block i's hash covers tokens [0, (i + 1) * PREFIX_BLOCK)."""
+    out: list[int] = []
+    h = prev
+    for i in range(start, n_blocks):
+        h = hash((h, tuple(tokens[i * PREFIX_BLOCK:(i + 1) * PREFIX_BLOCK])))
+        out.append(h)
+    return out
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """Length of the common prefix of a and b, at most limit."""
+    n = min(len(a), len(b), limit)
+    i = 0
+    while i + 64 <= n and a[i:i + 64] == b[i:i + 64]:
+        i += 64
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass(eq=False)
+class _Cached:
+    """A finished request's KV kept as prefix cache: tokens[:n_kv] are in sequence seq."""
+
+    seq: int
+    tokens: list[int]
+    n_kv: int
+    hashes: list[int] = field(default_factory=list)
+
+    def kv_tokens(self) -> list[int]:
+        return self.tokens
 
 
 @dataclass
@@ -97,6 +145,7 @@ class Request:
         self.prompt_tokens = 0
         self.generated_tokens = 0
         self.preemptions = 0
+        self.cached_tokens = 0  # prompt tokens whose KV was copied from the prefix cache
 
     # ---- producer side (the engine) ----
 
@@ -176,6 +225,7 @@ class Request:
             "ttft_s": self.ttft_s,
             "itl_s": list(self.itl_s),
             "preemptions": self.preemptions,
+            "cached_tokens": self.cached_tokens,
             "finish_reason": self.finish_reason,
         }
 
@@ -202,6 +252,10 @@ class _Seq:
     seq: int | None = None        # KV sequence id while admitted
     n_kv: int = 0                 # tokens of prompt + out in the KV cache
     t_last: float = 0.0
+    hashes: list[int] = field(default_factory=list)  # prefix-index blocks registered
+
+    def kv_tokens(self) -> list[int]:
+        return self.tokens()
 
     def tokens(self) -> list[int]:
         return self.prompt + self.out
@@ -215,12 +269,14 @@ class _Seq:
 
 class Engine:
     """Continuous batching on one Model: Engine(model, max_seqs=16, max_batch=None,
-    prefill_chunk=None).
+    prefill_chunk=None, prefix_cache=True).
 
     - max_seqs: most requests admitted (holding KV) at once, at most max_batch; more wait in
       a queue.
     - max_batch: tokens per step (default: model.max_batch).
     - prefill_chunk: most prompt tokens per step (default DEFAULT_PREFILL_CHUNK).
+    - prefix_cache: reuse the KV of prompt prefixes that running or finished requests hold,
+      and keep finished requests' KV while the arena has room (False: free it at once).
 
     submit(prompt | token ids | messages, **sampling) -> Request; submit_async (the same, to
     read with `async for`); generate([prompts], **sampling) -> [str]; stats(); close() (also
@@ -229,7 +285,7 @@ class Engine:
     """
 
     def __init__(self, model: Model, max_seqs: int = 16, max_batch: int | None = None,
-                 prefill_chunk: int | None = None) -> None:
+                 prefill_chunk: int | None = None, prefix_cache: bool = True) -> None:
         if model.closed:
             raise ColibriError("Engine: the model is closed")
         self.model = model
@@ -263,6 +319,14 @@ class Engine:
         self._n_running = 0
         self._n_waiting = 0
         self._requests: collections.OrderedDict[int, Request] = collections.OrderedDict()
+        # prefix cache (engine thread; counters read under _cv)
+        self.prefix_cache = bool(prefix_cache)
+        self._index: dict[int, dict[_Seq | _Cached, None]] = {}  # block hash -> owners
+        self._cache: collections.OrderedDict[int, _Cached] = collections.OrderedDict()  # LRU
+        self._pc_hits = 0
+        self._pc_tokens_saved = 0
+        self._pc_evictions = 0
+        self._pc_tokens = 0  # tokens held by cached sequences
         self._thread = threading.Thread(target=self._loop, name="colibri-engine", daemon=True)
         self._thread.start()
 
@@ -364,10 +428,27 @@ class Engine:
 
     def stats(self) -> dict[str, Any]:
         """running, waiting, steps, tokens_per_step (mean), last_step_tokens, last_step_s,
-        preemptions, and per request (by id): prompt_tokens, generated_tokens, ttft_s, itl_s
-        (inter-token latencies), preemptions, finish_reason."""
+        preemptions; prefix_cache: hits (requests that reused a prefix), tokens_saved (prompt
+        tokens not prefilled), cached_sequences, cached_tokens, evictions; kv: the arena's
+        capacity, used, free and largest_free bytes; and per request (by id): prompt_tokens,
+        generated_tokens, ttft_s, itl_s (inter-token latencies), preemptions, cached_tokens,
+        finish_reason."""
+        kv: dict[str, int] = {}
+        try:
+            a = self.model.arena.stats()
+            kv = {k: int(a[k]) for k in ("capacity", "used", "free", "largest_free")}
+        except Exception:  # a closed model: no arena to describe
+            pass
         with self._cv:
             return {
+                "prefix_cache": {
+                    "hits": self._pc_hits,
+                    "tokens_saved": self._pc_tokens_saved,
+                    "cached_sequences": len(self._cache),
+                    "cached_tokens": self._pc_tokens,
+                    "evictions": self._pc_evictions,
+                },
+                "kv": kv,
                 "running": self._n_running,
                 "waiting": self._n_waiting + len(self._incoming),
                 "steps": self._n_steps,
@@ -431,6 +512,7 @@ class Engine:
                     log.exception("engine step failed")
                     for s in self._running + self._waiting:
                         self._finish(s, Delta(finish_reason="error", error=f"engine: {e}"))
+                    self._clear_cache()
                 self._publish()
         finally:
             with self._cv:
@@ -439,6 +521,7 @@ class Engine:
                 self._incoming.clear()
             for s in pending:
                 self._finish(s, Delta(finish_reason="cancelled"))
+            self._clear_cache()
             self._publish()
 
     def _publish(self) -> None:
@@ -446,8 +529,13 @@ class Engine:
             self._n_running = len(self._running)
             self._n_waiting = len(self._waiting)
 
-    def _release(self, s: _Seq) -> None:
-        """Free s's KV (if any) and take it out of the running list."""
+    def _release(self, s: _Seq, keep: bool = False) -> None:
+        """Free s's KV (if any; keep: move it to the prefix cache instead) and take it out of
+        the running list."""
+        self._unindex(s)
+        if s.seq is not None and keep and self.prefix_cache and s.n_kv >= PREFIX_BLOCK \
+                and not self.model.closed:
+            self._to_cache(s)
         if s.seq is not None:
             try:
                 if not self.model.closed:
@@ -460,7 +548,7 @@ class Engine:
             self._running.remove(s)
 
     def _finish(self, s: _Seq, delta: Delta) -> None:
-        self._release(s)
+        self._release(s, keep=delta.finish_reason in ("stop", "length"))
         if s in self._waiting:
             self._waiting.remove(s)
         self._publish()  # counts right before the caller sees its last delta
@@ -482,6 +570,8 @@ class Engine:
                 self.model.kv.reserve(s.seq, s.n_kv + n)
                 return True
             except MemoryError:
+                if self._evict_one():
+                    continue
                 youngest = max(self._running, key=lambda x: x.order)
                 if youngest is s:
                     return False
@@ -489,16 +579,147 @@ class Engine:
                 self._preempt(youngest)
 
     def _admit(self, s: _Seq) -> bool:
-        """Give s a KV sequence if the arena can hold its prompt (and room to grow)."""
+        """Give s a KV sequence if the arena can hold its prompt (and room to grow), evicting
+        cached prefixes as needed; copy the longest cached or running prefix of its tokens."""
         need = (s.n_tokens() + 1) * self._stride
         headroom = sum(1 for x in self._running if x.decoding()) * 16 * self._stride
-        if self._running and self.model.arena.stats()["largest_free"] < need + headroom:
-            return False
-        s.seq = self.model.new_sequence()
+        src, n_copy = self._lookup(s)
+        keep = src if isinstance(src, _Cached) else None
+        while self._running and self.model.arena.stats()["largest_free"] < need + headroom:
+            if self._evict_one(keep):
+                continue
+            if keep is None:
+                return False
+            self._evict(keep)  # the room matters more than the reuse
+            keep = src = None
+            n_copy = 0
+        while True:
+            try:
+                s.seq = self.model.new_sequence()
+                break
+            except MemoryError:  # every sequence id is live
+                if not self._evict_one(keep):
+                    raise
         s.n_kv = 0
         self._running.append(s)
         self._running.sort(key=lambda x: x.order)
+        while src is not None and n_copy > 0:
+            assert src.seq is not None  # a running source holds its sequence
+            try:
+                self.model.kv.copy_prefix(src.seq, s.seq, n_copy)
+            except MemoryError:
+                if self._evict_one(keep):
+                    continue
+                break  # no room for the copy now: a cold prefill instead
+            s.n_kv = n_copy
+            s.req.cached_tokens = n_copy
+            if isinstance(src, _Cached):
+                self._cache.move_to_end(src.seq)
+            with self._cv:
+                self._pc_hits += 1
+                self._pc_tokens_saved += n_copy
+            break
         return True
+
+    # ---- prefix cache (engine thread) ----
+
+    def _lookup(self, s: _Seq) -> tuple[_Seq | _Cached | None, int]:
+        """The running or cached sequence holding the longest prefix of s's tokens (but its
+        last: that one's logits are needed) and how many tokens of it to copy."""
+        if not self.prefix_cache or not self._index:
+            return None, 0
+        toks = s.tokens()
+        limit = len(toks) - 1
+        best: _Seq | _Cached | None = None
+        h = 0
+        for i in range(limit // PREFIX_BLOCK):
+            h = _block_hashes(toks, i + 1, i, h)[0]
+            owners = self._index.get(h)
+            if not owners:
+                break
+            best = next(iter(owners))
+        if best is None:
+            return None, 0
+        n = _common_prefix(toks, best.kv_tokens(), min(limit, best.n_kv))  # hashes may collide
+        return (best, n) if n >= PREFIX_BLOCK else (None, 0)
+
+    def _shares_pending(self, s: _Seq) -> bool:
+        """Whether a running request still prefilling will hold at least a block more of s's
+        prompt than the index holds now (s then waits for it rather than recompute it)."""
+        if not self.prefix_cache:
+            return False
+        toks = s.tokens()
+        have = -1
+        for x in self._running:
+            if x.decoding() or x.n_kv >= len(x.prompt):
+                continue
+            c = _common_prefix(toks, x.prompt, len(toks) - 1)
+            if c >= PREFIX_BLOCK and x.n_kv + PREFIX_BLOCK <= c:
+                if have < 0:
+                    have = self._lookup(s)[1]
+                if c >= have + PREFIX_BLOCK:
+                    return True
+        return False
+
+    def _index_add(self, owner: _Seq | _Cached, hashes: list[int]) -> None:
+        for h in hashes:
+            self._index.setdefault(h, {})[owner] = None
+        owner.hashes.extend(hashes)
+
+    def _unindex(self, owner: _Seq | _Cached) -> None:
+        for h in owner.hashes:
+            owners = self._index.get(h)
+            if owners is not None:
+                owners.pop(owner, None)
+                if not owners:
+                    del self._index[h]
+        owner.hashes = []
+
+    def _index_running(self, s: _Seq) -> None:
+        """Index the blocks of s whose KV is now complete."""
+        if not self.prefix_cache:
+            return
+        n = s.n_kv // PREFIX_BLOCK
+        k = len(s.hashes)
+        if n > k:
+            self._index_add(s, _block_hashes(s.tokens(), n, k, s.hashes[-1] if k else 0))
+
+    def _to_cache(self, s: _Seq) -> None:
+        """Move finished s's sequence into the cache (s.seq becomes None)."""
+        assert s.seq is not None
+        c = _Cached(seq=s.seq, tokens=s.tokens()[: s.n_kv], n_kv=s.n_kv)
+        self._index_add(c, _block_hashes(c.tokens, c.n_kv // PREFIX_BLOCK))
+        self._cache[c.seq] = c
+        s.seq = None
+        with self._cv:
+            self._pc_tokens += c.n_kv
+        while len(self._cache) > PREFIX_CACHE_MAX:
+            self._evict_one()
+
+    def _evict(self, c: _Cached) -> None:
+        self._unindex(c)
+        del self._cache[c.seq]
+        try:
+            if not self.model.closed:
+                self.model.free_sequence(c.seq)
+        except Exception:  # the KV is gone with its model
+            log.exception("engine: freeing a cached sequence failed")
+        with self._cv:
+            self._pc_tokens -= c.n_kv
+            self._pc_evictions += 1
+
+    def _evict_one(self, keep: _Cached | None = None) -> bool:
+        """Evict the least recently used cached sequence other than keep; False if none."""
+        for c in self._cache.values():
+            if c is not keep:
+                self._evict(c)
+                return True
+        return False
+
+    def _clear_cache(self) -> None:
+        while self._cache:
+            self._evict(next(iter(self._cache.values())))
+        self._index.clear()
 
     def _step(self) -> None:
         # 1. cancellations (their KV back now)
@@ -527,13 +748,21 @@ class Engine:
             if self._reserve(s, n, plan):
                 plan[s.order] = n
                 chunk -= n
-        while chunk > 0 and self._waiting and len(self._running) < self.max_seqs:
-            s = self._waiting[0]
+        for s in list(self._waiting):
+            if chunk == 0 or len(self._running) >= self.max_seqs:
+                break
+            if self._shares_pending(s):
+                continue  # its prefix is being prefilled: copy it when done
             if not self._admit(s):
                 break
-            self._waiting.pop(0)
-            n = min(chunk, s.n_tokens())
+            self._waiting.remove(s)
+            n = min(chunk, s.n_tokens() - s.n_kv)
             if not self._reserve(s, n, plan):  # the youngest, and it does not fit: not yet
+                if s.req.cached_tokens:  # its copied prefix is freed with it: no hit
+                    with self._cv:
+                        self._pc_hits -= 1
+                        self._pc_tokens_saved -= s.req.cached_tokens
+                    s.req.cached_tokens = 0
                 self._release(s)
                 bisect.insort(self._waiting, s, key=lambda x: x.order)
                 break
@@ -576,6 +805,7 @@ class Engine:
         now = time.perf_counter()
         for s in batch:
             s.n_kv += plan[s.order]
+            self._index_running(s)
             if s.n_kv < s.n_tokens():
                 continue  # more prompt to go
             try:

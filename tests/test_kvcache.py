@@ -252,3 +252,69 @@ def test_threads_grow_their_own_sequences():
     assert not errors, errors
     assert kv.sequences() == [] and arena.stats()["used"] == 0
     arena.check()
+
+
+@pytest.mark.parametrize("dtype", ["f16", "f32"])
+def test_copy_prefix_copies_every_layer_k_and_v(dtype):
+    _, kv = make(dtype=dtype)
+    rng = np.random.default_rng(1)
+    src, dst, other = kv.new_sequence(), kv.new_sequence(), kv.new_sequence()
+    kv.reserve(src, 40)
+    kv.set_length(src, 40)
+    ref = rng.standard_normal((40, L, 2, H, D)).astype(kv.dtype)
+    for layer in range(L):
+        kv.keys(src, layer)[:] = ref[:, layer, 0]
+        kv.values(src, layer)[:] = ref[:, layer, 1]
+    kv.reserve(other, 50)  # a longer destination: its length becomes n
+    kv.set_length(other, 50)
+    for d, n in ((dst, 25), (other, 40), (dst, 1)):
+        kv.copy_prefix(src, d, n)
+        assert kv.length(d) == n and kv.capacity(d) >= n
+        assert np.array_equal(raw_block(kv, d, n), ref[:n])
+        for layer in range(L):
+            assert np.array_equal(kv.keys(d, layer), ref[:n, layer, 0])
+            assert np.array_equal(kv.values(d, layer), ref[:n, layer, 1])
+    assert kv.length(src) == 40 and np.array_equal(raw_block(kv, src, 40), ref)
+    kv.copy_prefix(src, dst, 0)
+    assert kv.length(dst) == 0
+
+
+def test_copy_prefix_checks_its_arguments_and_fits_or_leaves_dst_unchanged():
+    arena, kv = make(capacity=64 * 1024)
+    src, dst = kv.new_sequence(), kv.new_sequence()
+    kv.reserve(src, 10)
+    kv.set_length(src, 10)
+    kv.keys(src, 2)[:] = 7.0
+    with pytest.raises(ValueError, match="holds 10"):
+        kv.copy_prefix(src, dst, 11)
+    with pytest.raises(ValueError, match="same sequence"):
+        kv.copy_prefix(src, src, 5)
+    with pytest.raises(ValueError, match="not live"):
+        kv.copy_prefix(src, 999, 5)
+    with pytest.raises(ValueError):
+        kv.copy_prefix(src, dst, -1)
+    kv.free_sequence(dst)
+    with pytest.raises(ValueError, match="not live"):
+        kv.copy_prefix(dst, src, 0)
+    # a destination that cannot hold the prefix: MemoryError, its length unchanged
+    dst = kv.new_sequence()
+    kv.reserve(dst, 2)
+    kv.set_length(dst, 2)
+    hog = kv.new_sequence()
+    n = 1
+    while True:
+        try:
+            kv.reserve(hog, n)
+        except MemoryError:
+            break
+        n += 1
+    with pytest.raises(MemoryError):
+        kv.copy_prefix(src, dst, 10)
+    assert kv.length(dst) == 2
+    kv.free_sequence(hog)
+    kv.copy_prefix(src, dst, 10)
+    assert np.all(kv.keys(dst, 2) == 7.0) and np.all(kv.keys(dst, 1) == 0.0)
+    arena.check()
+    kv.close()
+    with pytest.raises(ColibriError):
+        kv.copy_prefix(src, dst, 1)

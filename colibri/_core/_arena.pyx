@@ -387,6 +387,19 @@ cdef class KVCache:
             st = cb_kvcache_seq_reserve(self._kv, s, n)
         check(st)
 
+    def copy_prefix(self, src, dst, n_tokens):
+        """Copy the K and V (every layer) of src's first n_tokens tokens into dst, reserving dst
+        for them, and set dst's length to n_tokens. ValueError when src or dst is not live,
+        src == dst or n_tokens > length(src); MemoryError (dst unchanged) when the cache
+        cannot hold them. Like reserve, it may move every sequence's block."""
+        self._open()
+        cdef uint32_t s = _seq_id(src), d = _seq_id(dst)
+        cdef size_t n = _nonneg(n_tokens, "n_tokens")
+        cdef cb_status st
+        with nogil:
+            st = cb_kvcache_copy_prefix(self._kv, s, d, n)
+        check(st)
+
     def free_sequence(self, seq):
         """Free the sequence's block and id."""
         self._open()

@@ -1058,19 +1058,18 @@ static int room_would_do(cb_kvcache_t *kv, const kv_seq *s, size_t n_tokens) {
     return lack <= as.free / kv->stride + slack;
 }
 
-cb_status cb_kvcache_seq_reserve(cb_kvcache_t *kv, uint32_t seq, size_t n_tokens) {
-    KV_LOCK(kv);
-    SEQ_OR_FAIL(kv, seq);
+/* cb_kvcache_seq_reserve with mu held and seq live. */
+static cb_status reserve_locked(cb_kvcache_t *kv, uint32_t seq, size_t n_tokens) {
     kv_seq *s = &kv->seqs[seq];
     if (n_tokens > s->need && n_tokens <= s->cap) s->need = n_tokens;
-    if (n_tokens <= s->cap) KV_RETURN(kv, CB_OK);
+    if (n_tokens <= s->cap) return CB_OK;
     size_t c = kv->p.chunk_tokens;
-    if (n_tokens > SIZE_MAX - c) KV_RETURN(kv, cb_fail(CB_STATUS_OUT_OF_MEMORY, "kvcache: %zu tokens overflow size_t", n_tokens));
+    if (n_tokens > SIZE_MAX - c) return (cb_fail(CB_STATUS_OUT_OF_MEMORY, "kvcache: %zu tokens overflow size_t", n_tokens));
     size_t want = (n_tokens + c - 1) / c * c;
     if (kv->p.doubling && s->cap && s->cap * 2 > want && s->cap <= SIZE_MAX / 2) {
         if (reserve_bytes(kv, s, s->cap * 2) == CB_OK) {
             s->need = n_tokens;
-            KV_RETURN(kv, CB_OK);
+            return CB_OK;
         }
     }
     cb_status st = reserve_bytes(kv, s, want);
@@ -1090,7 +1089,7 @@ cb_status cb_kvcache_seq_reserve(cb_kvcache_t *kv, uint32_t seq, size_t n_tokens
         char detail[512];
         snprintf(detail, sizeof detail, "%s", cb_last_error());
         if (st != CB_STATUS_OUT_OF_MEMORY)
-            KV_RETURN(kv, cb_fail(st, "kvcache: sequence %u cannot reserve %zu tokens (%zu bytes at %zu bytes/token): %s",
+            return (cb_fail(st, "kvcache: sequence %u cannot reserve %zu tokens (%zu bytes at %zu bytes/token): %s",
                                   seq, want, want * kv->stride, kv->stride, detail));
         /* what the cache holds now, so that a full cache says how full */
         size_t n_live = 0, held = 0, reserved = 0;
@@ -1106,13 +1105,41 @@ cb_status cb_kvcache_seq_reserve(cb_kvcache_t *kv, uint32_t seq, size_t n_tokens
             used = as.used;
             total = as.capacity;
         }
-        KV_RETURN(kv, cb_fail(st, "kvcache: sequence %u (%zu tokens) cannot grow to %zu tokens "
+        return (cb_fail(st, "kvcache: sequence %u (%zu tokens) cannot grow to %zu tokens "
                               "(%zu bytes at %zu bytes/token): the cache holds %zu tokens (%zu "
                               "reserved) in %zu live sequences, %zu of %zu arena bytes in use "
                               "(room for about %zu tokens in all); %s",
                               seq, s->cap, want, want * kv->stride, kv->stride, held, reserved,
                               n_live, used, total, total / kv->stride, detail));
     }
+    return CB_OK;
+}
+
+cb_status cb_kvcache_seq_reserve(cb_kvcache_t *kv, uint32_t seq, size_t n_tokens) {
+    KV_LOCK(kv);
+    SEQ_OR_FAIL(kv, seq);
+    KV_RETURN(kv, reserve_locked(kv, seq, n_tokens));
+}
+
+cb_status cb_kvcache_copy_prefix(cb_kvcache_t *kv, uint32_t src, uint32_t dst, size_t n_tokens) {
+    KV_LOCK(kv);
+    SEQ_OR_FAIL(kv, src);
+    SEQ_OR_FAIL(kv, dst);
+    if (src == dst)
+        KV_RETURN(kv, cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: copy_prefix: source and destination are the same sequence %u", src));
+    if (n_tokens > kv->seqs[src].len)
+        KV_RETURN(kv, cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: copy_prefix: %zu tokens asked of sequence %u, which holds %zu", n_tokens, src, kv->seqs[src].len));
+    if (n_tokens > 0) {
+        /* the reserve may compact, moving both blocks: offsets are read after it */
+        cb_status st = reserve_locked(kv, dst, n_tokens);
+        if (st != CB_OK) KV_RETURN(kv, st);
+        uint8_t *base = cb_arena_base(kv->arena);
+        if (!base) KV_RETURN(kv, cb_fail(CB_STATUS_CLOSED, "kvcache: the arena is closed"));
+        /* position-major: the first n tokens of every layer's K and V are one run of bytes;
+         * two live blocks never overlap */
+        memcpy(base + kv->seqs[dst].offset, base + kv->seqs[src].offset, n_tokens * kv->stride);
+    }
+    kv->seqs[dst].len = n_tokens;
     KV_RETURN(kv, CB_OK);
 }
 

@@ -80,6 +80,7 @@ cdef extern from "colibri/arena.h" nogil:
     cb_status cb_kvcache_seq_new(cb_kvcache_t *kv, uint32_t *seq)
     cb_status cb_kvcache_seq_reserve(cb_kvcache_t *kv, uint32_t seq, size_t n_tokens)
     cb_status cb_kvcache_seq_free(cb_kvcache_t *kv, uint32_t seq)
+    cb_status cb_kvcache_copy_prefix(cb_kvcache_t *kv, uint32_t src, uint32_t dst, size_t n_tokens)
     cb_status cb_kvcache_seq_len(cb_kvcache_t *kv, uint32_t seq, size_t *len)
     cb_status cb_kvcache_seq_capacity(cb_kvcache_t *kv, uint32_t seq, size_t *cap)
     cb_status cb_kvcache_seq_set_len(cb_kvcache_t *kv, uint32_t seq, size_t n)

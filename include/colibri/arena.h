@@ -234,6 +234,13 @@ cb_status cb_kvcache_seq_new(cb_kvcache_t *kv, uint32_t *seq);
 /* Makes room for n_tokens tokens (length unchanged). */
 cb_status cb_kvcache_seq_reserve(cb_kvcache_t *kv, uint32_t seq, size_t n_tokens);
 
+/* Copies the K and V of tokens [0, n_tokens) of sequence src (every layer; one memcpy, as a
+ * token's layers are contiguous) into sequence dst, reserving dst for n_tokens first (which may
+ * compact, like any reserve), and sets dst's length to n_tokens (whatever dst held beyond is
+ * dropped). src is unchanged. INVALID_ARGUMENT when either is not live, src == dst or
+ * n_tokens > src's length; OUT_OF_MEMORY (dst unchanged) when dst cannot hold n_tokens. */
+cb_status cb_kvcache_copy_prefix(cb_kvcache_t *kv, uint32_t src, uint32_t dst, size_t n_tokens);
+
 /* Frees the sequence's block and its id. INVALID_ARGUMENT for an id that is not live. */
 cb_status cb_kvcache_seq_free(cb_kvcache_t *kv, uint32_t seq);
 

@@ -485,6 +485,148 @@ static void kvcache_full(void) {
     cb_arena_free(a);
 }
 
+/* Byte b of token t of sequence tag q: a pattern that differs by token, layer, K/V and byte. */
+static uint8_t kv_pat(unsigned q, size_t t, size_t b) { return (uint8_t)(q * 131u + t * 7u + b * 13u + 1u); }
+
+static void kv_fill(cb_kvcache_t *kv, uint32_t seq, unsigned q, size_t from, size_t to) {
+    size_t stride = cb_kvcache_token_stride(kv);
+    for (size_t t = from; t < to; t++) {
+        uint8_t *p = NULL;
+        CHECK(cb_kvcache_token_ptr(kv, seq, t, 0, 0, (void **)&p) == CB_OK);
+        for (size_t b = 0; b < stride; b++) p[b] = kv_pat(q, t, b);
+    }
+    CHECK(cb_kvcache_seq_set_len(kv, seq, to) == CB_OK);
+}
+
+/* Whether tokens [0, n) of seq hold q's pattern, read layer by layer, K and V, through
+ * cb_kvcache_token_ptr (so the layout, not one memcmp of the block, is what is checked). */
+static int kv_holds(cb_kvcache_t *kv, uint32_t seq, unsigned q, size_t n, uint32_t n_layers, size_t kvs) {
+    for (size_t t = 0; t < n; t++)
+        for (uint32_t l = 0; l < n_layers; l++)
+            for (uint32_t k = 0; k < 2; k++) {
+                uint8_t *p = NULL;
+                if (cb_kvcache_token_ptr(kv, seq, t, l, k, (void **)&p) != CB_OK) return 0;
+                size_t b0 = ((size_t)l * 2 + k) * kvs;
+                for (size_t b = 0; b < kvs; b++)
+                    if (p[b] != kv_pat(q, t, b0 + b)) return 0;
+            }
+    return 1;
+}
+
+/* cb_kvcache_copy_prefix: every layer's K and V, both dtypes, its argument checks, a copy
+ * over a longer destination, a copy whose reserve must compact the cache (both blocks move),
+ * and a destination that cannot hold the prefix (unchanged). */
+static void copy_prefix(void) {
+    for (int dt = 0; dt < 2; dt++) {
+        cb_arena_params p = cb_arena_default_params();
+        p.capacity = 64 * 4096;
+        p.min_block = 256;
+        p.hugepages = CB_HUGEPAGES_OFF;
+        cb_arena_t *a = NULL;
+        CHECK(cb_arena_new(&p, &a) == CB_OK);
+        cb_kvcache_params kp = cb_kvcache_default_params();
+        kp.n_layers = 3;
+        kp.n_kv_heads = 2;
+        kp.head_dim = 8;
+        kp.dtype = dt ? CB_KV_F32 : CB_KV_F16;
+        kp.chunk_tokens = 4;
+        cb_kvcache_t *kv = NULL;
+        CHECK(cb_kvcache_new(a, &kp, &kv) == CB_OK);
+        size_t stride = cb_kvcache_token_stride(kv), kvs = stride / (2 * kp.n_layers);
+        CHECK(stride == 3u * 2 * 2 * 8 * (dt ? 4 : 2));
+        uint32_t src, dst, other, dead;
+        CHECK(cb_kvcache_seq_new(kv, &src) == CB_OK && cb_kvcache_seq_new(kv, &dst) == CB_OK);
+        CHECK(cb_kvcache_seq_reserve(kv, src, 37) == CB_OK);
+        kv_fill(kv, src, 1, 0, 37);
+        /* into an empty sequence */
+        CHECK(cb_kvcache_copy_prefix(kv, src, dst, 21) == CB_OK);
+        size_t len = 0, cap = 0;
+        CHECK(cb_kvcache_seq_len(kv, dst, &len) == CB_OK && len == 21);
+        CHECK(cb_kvcache_seq_capacity(kv, dst, &cap) == CB_OK && cap >= 21);
+        CHECK(kv_holds(kv, dst, 1, 21, kp.n_layers, kvs));
+        CHECK(cb_kvcache_seq_len(kv, src, &len) == CB_OK && len == 37);
+        CHECK(kv_holds(kv, src, 1, 37, kp.n_layers, kvs));
+        /* over a longer destination: its length becomes n, its own tokens beyond are dropped */
+        CHECK(cb_kvcache_seq_new(kv, &other) == CB_OK && cb_kvcache_seq_reserve(kv, other, 50) == CB_OK);
+        kv_fill(kv, other, 2, 0, 50);
+        CHECK(cb_kvcache_copy_prefix(kv, src, other, 37) == CB_OK);
+        CHECK(cb_kvcache_seq_len(kv, other, &len) == CB_OK && len == 37);
+        CHECK(kv_holds(kv, other, 1, 37, kp.n_layers, kvs));
+        /* the whole source, then zero tokens */
+        CHECK(cb_kvcache_copy_prefix(kv, other, dst, 37) == CB_OK && kv_holds(kv, dst, 1, 37, kp.n_layers, kvs));
+        CHECK(cb_kvcache_copy_prefix(kv, src, dst, 0) == CB_OK);
+        CHECK(cb_kvcache_seq_len(kv, dst, &len) == CB_OK && len == 0);
+        /* argument checks: nothing changes */
+        CHECK(cb_kvcache_copy_prefix(kv, src, src, 3) == CB_STATUS_INVALID_ARGUMENT);
+        CHECK(cb_kvcache_copy_prefix(kv, src, dst, 38) == CB_STATUS_INVALID_ARGUMENT);
+        CHECK(cb_kvcache_copy_prefix(kv, src, 999, 3) == CB_STATUS_INVALID_ARGUMENT);
+        CHECK(cb_kvcache_copy_prefix(kv, 999, dst, 3) == CB_STATUS_INVALID_ARGUMENT);
+        CHECK(cb_kvcache_seq_new(kv, &dead) == CB_OK && cb_kvcache_seq_free(kv, dead) == CB_OK);
+        CHECK(cb_kvcache_copy_prefix(kv, dead, dst, 0) == CB_STATUS_INVALID_ARGUMENT);
+        CHECK(cb_kvcache_copy_prefix(kv, src, dead, 0) == CB_STATUS_INVALID_ARGUMENT);
+        CHECK(cb_kvcache_copy_prefix(NULL, src, dst, 1) == CB_STATUS_INVALID_ARGUMENT);
+        CHECK(cb_kvcache_seq_len(kv, dst, &len) == CB_OK && len == 0);
+        CHECK(cb_kvcache_seq_len(kv, src, &len) == CB_OK && len == 37);
+        CHECK(cb_arena_check(a) == CB_OK);
+        /* a fragmented, nearly full cache: fillers between the sequences, every other one
+         * freed, so the copy's reserve only fits after compaction moves the blocks */
+        CHECK(cb_kvcache_seq_free(kv, other) == CB_OK && cb_kvcache_seq_free(kv, dst) == CB_OK);
+        CHECK(cb_kvcache_seq_new(kv, &dst) == CB_OK);
+        uint32_t fill[256];
+        size_t nf = 0;
+        while (nf < 256) {
+            CHECK(cb_kvcache_seq_new(kv, &fill[nf]) == CB_OK);
+            if (cb_kvcache_seq_reserve(kv, fill[nf], 5) != CB_OK) {
+                CHECK(cb_kvcache_seq_free(kv, fill[nf]) == CB_OK);
+                break;
+            }
+            kv_fill(kv, fill[nf], 10 + (unsigned)nf % 50, 0, 5);
+            nf++;
+        }
+        CHECK(nf > 8 && nf < 256);
+        size_t off = 0;
+        int has = 0;
+        size_t freed = 0;
+        for (size_t i = 0; i < nf; i += 2) {
+            CHECK(cb_kvcache_seq_free(kv, fill[i]) == CB_OK);
+            fill[i] = UINT32_MAX;
+            freed += 5;
+        }
+        size_t n = freed > 37 ? 37 : freed - 2;
+        CHECK(n >= 20);
+        size_t before[256];
+        for (size_t i = 1; i < nf; i += 2) CHECK(cb_kvcache_seq_offset(kv, fill[i], &before[i], &has) == CB_OK);
+        CHECK(cb_kvcache_copy_prefix(kv, src, dst, n) == CB_OK);
+        CHECK(kv_holds(kv, dst, 1, n, kp.n_layers, kvs) && kv_holds(kv, src, 1, 37, kp.n_layers, kvs));
+        size_t moved = 0;
+        for (size_t i = 1; i < nf; i += 2) {
+            CHECK(cb_kvcache_seq_offset(kv, fill[i], &off, &has) == CB_OK);
+            moved += off != before[i];
+        }
+        CHECK(moved > 0); /* the reserve did compact */
+        for (size_t i = 1; i < nf; i += 2) CHECK(kv_holds(kv, fill[i], 10 + (unsigned)i % 50, 5, kp.n_layers, kvs));
+        CHECK(cb_kvcache_seq_offset(kv, src, &off, &has) == CB_OK && has);
+        CHECK(cb_arena_check(a) == CB_OK);
+        /* a destination that cannot hold the prefix: OUT_OF_MEMORY, its length unchanged */
+        uint32_t big, hog;
+        CHECK(cb_kvcache_seq_new(kv, &big) == CB_OK);
+        CHECK(cb_kvcache_seq_reserve(kv, big, 1) == CB_OK);
+        kv_fill(kv, big, 3, 0, 1);
+        CHECK(cb_kvcache_seq_new(kv, &hog) == CB_OK);
+        size_t h = 1;
+        while (cb_kvcache_seq_reserve(kv, hog, h) == CB_OK) h++; /* takes the rest */
+        CHECK(h > 37);
+        CHECK(cb_kvcache_copy_prefix(kv, src, big, 37) == CB_STATUS_OUT_OF_MEMORY);
+        CHECK(cb_kvcache_seq_len(kv, big, &len) == CB_OK && len == 1 && kv_holds(kv, big, 3, 1, kp.n_layers, kvs));
+        CHECK(cb_arena_check(a) == CB_OK);
+        cb_kvcache_close(kv);
+        CHECK(cb_kvcache_copy_prefix(kv, src, dst, 1) == CB_STATUS_CLOSED);
+        cb_kvcache_free(kv);
+        cb_arena_free(a);
+        cb_clear_error();
+    }
+}
+
 int main(void) {
     random_ops(1 << 20, 4096, 1, 3000);
     random_ops(1 << 20, 4096, 0, 3000);
@@ -494,6 +636,7 @@ int main(void) {
     kvcache();
     compaction();
     kvcache_full();
+    copy_prefix();
     threads();
     TEST_MAIN_END("test_arena");
 }
