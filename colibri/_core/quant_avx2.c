@@ -12,8 +12,11 @@
  * kernels' order, so a token's row is bit-identical whatever path its batch size picks: per
  * block, the block's exact integer sum (zero points out), then acc = fma((float)isum,
  * d_w * d_x, acc) in block order from 0 (Q4_1/Q5_1: then acc = fma(m, s_x, acc); Q4_K/Q5_K:
- * then acc = fnma((float)summ, dmin * d_x, acc)). INV = 0 (cb_avx2_tile_fast) keeps 8 partial
- * sums per element in the lanes and adds them at the end: fewer horizontal sums, another order.
+ * then acc = fnma((float)summ, dmin * d_x, acc)). The tile's (row, token) elements are the
+ * lanes of one accumulator; one hadd tree per block reduces all of them (reduce_lanes), and a
+ * decode tile takes 4 rows (INV = 2; Q6_K, which spills with 4, keeps 2) to share it. INV = 0
+ * (cb_avx2_tile_fast) keeps 8 partial sums per element in the lanes and adds them at the end:
+ * fewer horizontal sums, another order.
  */
 #include "quant_impl.h"
 
@@ -223,8 +226,8 @@ INL void tile32(int type, int INV, int NR, int NT, int64_t nb, const uint8_t *w,
     const int unsig = offset || zp;
     const size_t bb = bytes32(type);
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[2][4];
-    float off[2][4];
+    __m256 acc[4][4];
+    float off[4][4];
     /* INV: lanes k = r * NT + t (see reduce_lanes) */
     __m256 vacc = _mm256_setzero_ps();
     __m256i pv[8];
@@ -239,9 +242,9 @@ INL void tile32(int type, int INV, int NR, int NT, int64_t nb, const uint8_t *w,
     for (int64_t b = 0; b < nb; b++) {
         /* unpack the NR weight blocks once, then let every token pass over them (each token's
          * scale and sum are broadcast once per block, not once per row) */
-        __m256i wq[2], aw[2];
-        __m256 dv[2];
-        float m[2] = {0.0f, 0.0f};
+        __m256i wq[4], aw[4];
+        __m256 dv[4];
+        float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             if (NT == 1) __builtin_prefetch(w + (size_t)(r + NR) * ws + (size_t)b * bb, 0, 3);
@@ -789,7 +792,7 @@ INL void tile_i4(int unused, int INV, int NR, int NT, int64_t nb, const uint8_t 
                  const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
     (void)unused;
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc[2][4];
+    __m256 acc[4][4];
     __m256 vacc = _mm256_setzero_ps(); /* INV: lanes k = r * NT + t */
     __m256i pv0[8], pv1[8];
     float sc0[8] = {0}, sc1[8] = {0};
@@ -798,8 +801,8 @@ INL void tile_i4(int unused, int INV, int NR, int NT, int64_t nb, const uint8_t 
         #pragma GCC unroll 8
         for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b += 2) {
-        __m256i w0[2], w1[2];
-        __m256 dv[2];
+        __m256i w0[4], w1[4];
+        __m256 dv[4];
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)(b >> 2) * 66;
@@ -856,7 +859,7 @@ INL void tile_q4k(int q5, int INV, int NR, int NT, int64_t nb, const uint8_t *w,
                   const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
     const size_t bb = q5 ? 176 : 144;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc[2][4];
+    __m256 acc[4][4];
     __m256 vacc = _mm256_setzero_ps(); /* INV: lanes k = r * NT + t */
     __m256i pv[8], mv[8];
     float scd[8] = {0}, smn[8] = {0};
@@ -946,7 +949,7 @@ INL void tile_q6k(int unused, int INV, int NR, int NT, int64_t nb, const uint8_t
                   const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
     (void)unused;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-    __m256 acc[2][4];
+    __m256 acc[4][4];
     __m256 vacc = _mm256_setzero_ps(); /* INV: lanes k = r * NT + t */
     __m256i pv[8];
     float scd[8] = {0};
@@ -1054,7 +1057,7 @@ INL void tile_float(int type, int INV, int NR, int NT, int64_t n, const uint8_t 
                     const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
     (void)INV; /* a float row's sum does not depend on NR/NT: invariant either way */
     const size_t es = type == CB_TYPE_F32 ? 4 : 2;
-    __m256 acc[2][4];
+    __m256 acc[4][4];
     #pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
         #pragma GCC unroll 8
@@ -1089,7 +1092,10 @@ INL void tile_float(int type, int INV, int NR, int NT, int64_t n, const uint8_t 
                      size_t xs, int nt, float *out) {                                          \
         for (int r = 0; r < nr; r += 2) {                                                      \
             const uint8_t *wr = w + (size_t)r * ws;                                            \
-            if (nr - r >= 2) {                                                                 \
+            if (INV == 2 && nt == 1 && nr - r >= 4) { /* decode: one reduction, 4 rows */     \
+                BODY(TYPE, INV, 4, 1, n, wr, ws, x, xs, out, nt, r);                           \
+                r += 2;                                                                        \
+            } else if (nr - r >= 2) {                                                          \
                 switch (nt) {                                                                  \
                 case 1: BODY(TYPE, INV, 2, 1, n, wr, ws, x, xs, out, nt, r); break;                 \
                 case 2: BODY(TYPE, INV, 2, 2, n, wr, ws, x, xs, out, nt, r); break;                 \
@@ -1107,15 +1113,15 @@ INL void tile_float(int type, int INV, int NR, int NT, int64_t n, const uint8_t 
         }                                                                                      \
     }
 
-CB_DEFINE_TILE(tile_avx2_q4_0, tile32, CB_TYPE_Q4_0, 1)
-CB_DEFINE_TILE(tile_avx2_q4_1, tile32, CB_TYPE_Q4_1, 1)
-CB_DEFINE_TILE(tile_avx2_q5_0, tile32, CB_TYPE_Q5_0, 1)
-CB_DEFINE_TILE(tile_avx2_q5_1, tile32, CB_TYPE_Q5_1, 1)
-CB_DEFINE_TILE(tile_avx2_q8_0, tile32, CB_TYPE_Q8_0, 1)
-CB_DEFINE_TILE(tile_avx2_mxfp4, tile32, CB_TYPE_MXFP4, 1)
-CB_DEFINE_TILE(tile_avx2_i4g128, tile_i4, 0, 1)
-CB_DEFINE_TILE(tile_avx2_q4_k, tile_q4k, 0, 1)
-CB_DEFINE_TILE(tile_avx2_q5_k, tile_q4k, 1, 1)
+CB_DEFINE_TILE(tile_avx2_q4_0, tile32, CB_TYPE_Q4_0, 2)
+CB_DEFINE_TILE(tile_avx2_q4_1, tile32, CB_TYPE_Q4_1, 2)
+CB_DEFINE_TILE(tile_avx2_q5_0, tile32, CB_TYPE_Q5_0, 2)
+CB_DEFINE_TILE(tile_avx2_q5_1, tile32, CB_TYPE_Q5_1, 2)
+CB_DEFINE_TILE(tile_avx2_q8_0, tile32, CB_TYPE_Q8_0, 2)
+CB_DEFINE_TILE(tile_avx2_mxfp4, tile32, CB_TYPE_MXFP4, 2)
+CB_DEFINE_TILE(tile_avx2_i4g128, tile_i4, 0, 2)
+CB_DEFINE_TILE(tile_avx2_q4_k, tile_q4k, 0, 2)
+CB_DEFINE_TILE(tile_avx2_q5_k, tile_q4k, 1, 2)
 CB_DEFINE_TILE(tile_avx2_q6_k, tile_q6k, 0, 1)
 CB_DEFINE_TILE(tile_avx2_f32, tile_float, CB_TYPE_F32, 1)
 CB_DEFINE_TILE(tile_avx2_f16, tile_float, CB_TYPE_F16, 1)
