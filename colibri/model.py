@@ -241,7 +241,7 @@ class Model:
 
     Model(path=None, threads=None, ctx=None, max_batch=None, kv_dtype="f32",
           expert_mode=None, expert_budget=None, expert_policy="lru", pin=None,
-          mlock_experts=False, prefetch=None)
+          mlock_experts=False, prefetch=None, deterministic=True)
 
     Each knob: the argument when given, else its environment variable, else the default.
 
