@@ -148,7 +148,7 @@ typedef struct cb_matmul_opts {
     /* The packed-row path (weights repacked per call, 8 rows at a time, shared by every
      * token; AVX2/AVX-512 builds, most quantized types): 0 = when the batch has enough tokens
      * for the type (the default), > 0 = whenever the type has one, < 0 = never. The results
-     * agree within rounding either way; this is for benchmarks and tests. */
+     * are bit-identical either way (within rounding with fast); for benchmarks and tests. */
     int packed;
     /* Non-zero: allow the faster kernels that are not batch invariant (Model(deterministic=
      * False)). By default (0) a token's output row is bit-identical whatever the number of
