@@ -241,7 +241,7 @@ class Model:
 
     Model(path=None, threads=None, ctx=None, max_batch=None, kv_dtype="f32",
           expert_mode=None, expert_budget=None, expert_policy="lru", pin=None,
-          mlock_experts=False, prefetch=None)
+          mlock_experts=False, prefetch=None, deterministic=True)
 
     Each knob: the argument when given, else its environment variable, else the default.
 
@@ -280,6 +280,11 @@ class Model:
       expert uploaded at load. Smaller: a device expert cache staged from the expert store per
       MoE call (colibri.cuda_moe); with expert_mode="cache" the store's slot pool is
       page-locked for the copies. Logits do not depend on it.
+    - deterministic: True (default): batch invariance - a sequence's logits are bit-identical
+      whatever else runs in its batch (other sequences, chunked or one-token-at-a-time
+      prefill), so Engine outputs equal Model.generate's. False allows the faster matmul
+      kernels that are not invariant (last bits depend on the batch; see docs/ARCHITECTURE.md
+      "Batch invariance"). The GPU path (device="cuda") is not covered.
     """
 
     def __init__(
@@ -303,6 +308,7 @@ class Model:
         cuda_expert_budget: str | float | int | None = None,
         verbose: bool = True,
         progress: ProgressCallback | None = None,
+        deterministic: bool = True,
     ) -> None:
         t0 = time.perf_counter()
         self._closed = True  # until everything below exists
@@ -335,6 +341,7 @@ class Model:
             raise FileNotFoundError(f"model file not found: {self.path}")
         if not os.path.isfile(self.path):
             raise ValueError(f"model path {self.path} is not a regular file")
+        self.deterministic = bool(deterministic)
         self.gguf, self.desc = _open_file(self.path, dequantize, verify)
         self._arch, self._n_ctx_train = self.desc.arch, self.desc.n_ctx_train
         try:
@@ -380,6 +387,7 @@ class Model:
                                             mlock_experts, prefetch)
         self.pool = _quant.ThreadPool(self.threads)
         self._fw = _fw.Forward(d, self.kv, self.experts, self.pool, self.max_batch)
+        self._fw.set_deterministic(self.deterministic)
         if device == "cuda":
             if not d.is_moe:
                 raise ValueError(f"device='cuda' runs the MoE layers on the GPU; this {d.arch} "

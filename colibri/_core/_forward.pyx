@@ -25,7 +25,7 @@ from colibri._core.forward cimport (
     cb_experts_pool, cb_experts_pin_pool, cb_experts_unpin_pool, cb_experts_acquire,
     cb_experts_release,
     cb_layer_desc_t, cb_model_desc_t, cb_forward_t, cb_batch_t, cb_forward_new, cb_forward_free,
-    cb_forward_run, cb_forward_set_moe_hook,
+    cb_forward_run, cb_forward_set_moe_hook, cb_forward_set_deterministic,
 )
 from colibri._core.forward cimport cb_experts_read_fn, cb_experts_set_read_hook  # test only
 
@@ -571,6 +571,11 @@ cdef class Forward:
             cb_forward_set_moe_hook(self.f, NULL, NULL)
         else:
             cb_forward_set_moe_hook(self.f, _moe_trampoline, <void *>self)
+
+    def set_deterministic(self, bint deterministic):
+        """True (the default): batch-invariant matmuls, a token's logits bit-identical whatever
+        its batch; False: the faster kernels that are not (cb_forward_set_deterministic)."""
+        cb_forward_set_deterministic(self.f, 1 if deterministic else 0)
 
     def run(self, seq, pos, tokens=None, embd=None, logits=None):
         """Run one batch. seq, pos: int arrays [n]; tokens int [n] or embd float32 [n, n_embd];

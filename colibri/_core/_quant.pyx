@@ -174,7 +174,8 @@ def get_rows(t, raw, int64_t rows, int64_t cols, ids):
 
 
 def matmul(t, raw, int64_t rows, int64_t cols, x, ThreadPool pool=None, int threads=1,
-           out=None, bint accumulate=False, token_scale=None, token_ids=None, packed=None):
+           out=None, bint accumulate=False, token_scale=None, token_ids=None, packed=None,
+           bint fast=False):
     """y = x @ W.T for a (rows, cols) weight W of type t given as raw bytes.
 
     x: float32 [n_tokens, cols] (or [cols] for a single token). Returns float32
@@ -183,8 +184,10 @@ def matmul(t, raw, int64_t rows, int64_t cols, x, ThreadPool pool=None, int thre
     token_scale: float32 [n_tokens] factors; token_ids: int32 [n_tokens] rows of x and out that
     token t reads and writes (then x and out have any number of rows and out is required).
     packed: None = the packed-row path when the batch is large enough for the type, True =
-    whenever the type has one, False = never (benchmarks and tests; results agree within
-    rounding).
+    whenever the type has one, False = never (benchmarks and tests; by default the results are
+    bit-identical either way, with fast=True they agree within rounding).
+    fast: allow the kernels that are not batch invariant (cb_matmul_opts_t.fast; by default a
+    token's row is bit-identical whatever the batch and the path).
     """
     cdef cb_matrix_t m
     cdef int type = type_id(t)
@@ -201,6 +204,7 @@ def matmul(t, raw, int64_t rows, int64_t cols, x, ThreadPool pool=None, int thre
     cdef cb_matmul_opts_t opts = cb_matmul_default_opts()
     opts.accumulate = 1 if accumulate else 0
     opts.packed = 0 if packed is None else (1 if packed else -1)
+    opts.fast = 1 if fast else 0
     n_tokens = xa.shape[0]
     if token_ids is not None:
         ids_np = np.asarray(token_ids)

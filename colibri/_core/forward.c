@@ -57,7 +57,20 @@ struct cb_forward {
     size_t scores_cap;    /* floats per thread buffer */
     cb_moe_hook_fn moe_hook; /* routed experts elsewhere (a GPU), or NULL */
     void *moe_hook_user;
+    int fast;             /* !deterministic: cb_matmul_opts_t.fast */
 };
+
+/* Every matmul of the forward: cb_matmul with the batch-invariance choice. */
+static cb_status fmm(const cb_forward_t *f, const cb_matrix_t *w, const float *x, int64_t n,
+                     int64_t xs, float *y, int64_t ys) {
+    cb_matmul_opts_t o = cb_matmul_default_opts();
+    o.fast = f->fast;
+    return cb_matmul_ex(w, x, n, xs, y, ys, &o, f->pool);
+}
+
+void cb_forward_set_deterministic(cb_forward_t *f, int deterministic) {
+    if (f) f->fast = !deterministic;
+}
 
 static int mat_present(const cb_matrix_t *w) { return w->data != NULL; }
 
@@ -380,12 +393,12 @@ static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
     const int64_t n = b->n_tokens, E = m->n_embd, hd = layer_hd(m, L), n_kv = layer_nkv(m, L);
     const int64_t nq = (int64_t)m->n_head * hd, nkv = n_kv * hd;
     CHECK_OK(cb_rmsnorm_rows(f->x, E, n, E, L->attn_norm, m->norm_eps, 0, f->h, E));
-    CHECK_OK(cb_matmul(&L->wq, f->h, n, E, f->q, nq, f->pool));
-    CHECK_OK(cb_matmul(&L->wk, f->h, n, E, f->k, nkv, f->pool));
+    CHECK_OK(fmm(f, &L->wq, f->h, n, E, f->q, nq));
+    CHECK_OK(fmm(f, &L->wk, f->h, n, E, f->k, nkv));
     if (L->v_from_k)
         memcpy(f->v, f->k, (size_t)(n * nkv) * sizeof(float));
     else
-        CHECK_OK(cb_matmul(&L->wv, f->h, n, E, f->v, nkv, f->pool));
+        CHECK_OK(fmm(f, &L->wv, f->h, n, E, f->v, nkv));
     for (int64_t t = 0; t < n; t++) {
         if (L->bq) cb_add(f->q + t * nq, L->bq, nq, f->q + t * nq);
         if (L->bk) cb_add(f->k + t * nkv, L->bk, nkv, f->k + t * nkv);
@@ -417,7 +430,7 @@ static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
     attn_ctx c = {f, b, l, L->sliding_window, (int32_t)hd, (int32_t)n_kv, CB_OK};
     CHECK_OK(cb_threadpool_run(f->pool, attn_task, &c, (int)(n * m->n_head)));
     if (c.status != CB_OK) return c.status;
-    CHECK_OK(cb_matmul(&L->wo, f->att, n, nq, f->o, E, f->pool));
+    CHECK_OK(fmm(f, &L->wo, f->att, n, nq, f->o, E));
     for (int64_t t = 0; t < n; t++) {
         float *o = f->o + t * E;
         if (L->bo) cb_add(o, L->bo, E, o);
@@ -433,10 +446,10 @@ static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
 static cb_status dense_ffn(cb_forward_t *f, const cb_matrix_t *gate, const cb_matrix_t *up,
                            const cb_matrix_t *down, int64_t n, float *out) {
     const int64_t E = f->m->n_embd, ff = gate->rows;
-    CHECK_OK(cb_matmul(gate, f->h, n, E, f->g, ff, f->pool));
-    CHECK_OK(cb_matmul(up, f->h, n, E, f->u, ff, f->pool));
+    CHECK_OK(fmm(f, gate, f->h, n, E, f->g, ff));
+    CHECK_OK(fmm(f, up, f->h, n, E, f->u, ff));
     CHECK_OK(cb_glu(f->m->act, f->g, f->u, n * ff, f->g));
-    return cb_matmul(down, f->g, n, ff, out, E, f->pool);
+    return fmm(f, down, f->g, n, ff, out, E);
 }
 
 /* Expert prefetch hint (only when the store runs a prefetch thread): while layer l computes,
@@ -455,7 +468,7 @@ static void prefetch_next(cb_forward_t *f, int l, int64_t n) {
     const int64_t E = m->n_embd, NE = L2->n_expert, K = L2->n_expert_used;
     if (n * NE > (int64_t)f->max_batch * f->max_ff || n * K > (int64_t)f->max_batch * f->max_used)
         return;
-    if (cb_matmul(&L2->router, f->h, n, E, f->u, NE, f->pool) != CB_OK) return;
+    if (fmm(f, &L2->router, f->h, n, E, f->u, NE) != CB_OK) return;
     uint8_t seen[CB_ROUTE_MAX_EXPERTS];
     int32_t ids[CB_ROUTE_MAX_EXPERTS], n_ids = 0;
     memset(seen, 0, (size_t)NE);
@@ -476,7 +489,7 @@ static cb_status moe_ffn(cb_forward_t *f, int l, int64_t n) {
     const cb_model_desc_t *m = f->m;
     const cb_layer_desc_t *L = &m->layers[l];
     const int64_t E = m->n_embd, NE = L->n_expert, K = L->n_expert_used, ff = L->n_ff_exp;
-    CHECK_OK(cb_matmul(&L->router, f->h, n, E, f->rlog, NE, f->pool));
+    CHECK_OK(fmm(f, &L->router, f->h, n, E, f->rlog, NE));
     if (L->ffn_pre_norm_2) /* gemma4: the router read its own input; the experts read this */
         CHECK_OK(cb_rmsnorm_rows(f->x, E, n, E, L->ffn_pre_norm_2, m->norm_eps, 0, f->h, E));
     if (f->moe_hook) {
@@ -533,6 +546,7 @@ static cb_status moe_ffn(cb_forward_t *f, int l, int64_t n) {
         cb_matmul_opts_t op = cb_matmul_default_opts();
         op.token_ids = ids;
         op.n_rows_xy = n;
+        op.fast = f->fast;
         st = cb_matmul_ex(&wg, f->h, ne, E, f->g, ff, &op, f->pool);
         if (st == CB_OK) st = cb_matmul_ex(&wu, f->h, ne, E, f->u, ff, &op, f->pool);
         if (st != CB_OK) break;
@@ -553,7 +567,7 @@ shared:
         /* shared expert into lrows, scaled by sigmoid(sh_gate_inp . h) when that gate exists */
         CHECK_OK(dense_ffn(f, &L->sh_gate, &L->sh_up, &L->sh_down, n, f->lrows));
         if (mat_present(&L->sh_gate_inp))
-            CHECK_OK(cb_matmul(&L->sh_gate_inp, f->h, n, E, f->shg, 1, f->pool));
+            CHECK_OK(fmm(f, &L->sh_gate_inp, f->h, n, E, f->shg, 1));
         for (int64_t t = 0; t < n; t++) {
             float s = 1.0f;
             if (mat_present(&L->sh_gate_inp)) s = 1.0f / (1.0f + expf(-f->shg[t]));
@@ -737,7 +751,7 @@ cb_status cb_forward_run(cb_forward_t *f, const cb_batch_t *b, float *logits_out
         nw++;
     }
     if (nw > 0) {
-        CHECK_OK(cb_matmul(&m->output, f->lrows, nw, E, logits_out, m->n_vocab, f->pool));
+        CHECK_OK(fmm(f, &m->output, f->lrows, nw, E, logits_out, m->n_vocab));
         if (m->final_softcap > 0) cb_softcap(logits_out, nw * m->n_vocab, m->final_softcap);
         CHECK_OK(check_finite(logits_out, nw, m->n_vocab, "output", -1, m));
     }

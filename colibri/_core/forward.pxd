@@ -139,3 +139,4 @@ cdef extern from "colibri/forward.h" nogil:
     ctypedef cb_status (*cb_moe_hook_fn)(void *user, int32_t layer, const float *h,
                                          const float *logits, int64_t n_tokens, float *out) noexcept
     void cb_forward_set_moe_hook(cb_forward_t *f, cb_moe_hook_fn fn, void *user)
+    void cb_forward_set_deterministic(cb_forward_t *f, int deterministic)

@@ -863,9 +863,13 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
     c.w_stride = w->row_bytes;
     c.rows = w->rows;
     c.dot = dot_for(w->type);
+    /* batch invariance (o.fast == 0): the AVX2 direct tiles, which sum in the packed tiles'
+     * order (the AVX-512 packed tile sums as the AVX2 one); the AVX-512 direct tiles (lanes of
+     * partial sums) only when asked to be fast */
     c.avx512 = level >= CB_SIMD_AVX512;
-    c.tile = c.avx512 ? cb_avx512_tile(w->type) : NULL;
-    if (!c.tile) c.tile = level >= CB_SIMD_AVX2 ? cb_avx2_tile(w->type) : NULL;
+    c.tile = c.avx512 && o.fast ? cb_avx512_tile(w->type) : NULL;
+    if (!c.tile && level >= CB_SIMD_AVX2)
+        c.tile = o.fast ? cb_avx2_tile_fast(w->type) : cb_avx2_tile(w->type);
     c.n_tokens = n_tokens;
     c.y = y;
     c.y_stride = y_stride;

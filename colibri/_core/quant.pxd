@@ -16,6 +16,7 @@ cdef extern from "colibri/quant.h" nogil:
         const int32_t *token_ids
         int64_t n_rows_xy
         int packed
+        int fast
     int64_t cb_type_block_size(int type)
     size_t cb_type_block_bytes(int type)
     cb_status cb_type_row_bytes(int type, int64_t n, size_t *out)

@@ -7,6 +7,16 @@
  * Tiles: a kernel computes nr (<= 4) weight rows against nt (<= 4) activation rows; a weight
  * block is unpacked once per row and reused for every token of the tile, and each activation
  * block is loaded once per row from L1.
+ *
+ * Batch invariance (INV = 1, the default tiles): a tile sums one output element in the packed-row
+ * kernels' order, so a token's row is bit-identical whatever path its batch size picks: per
+ * block, the block's exact integer sum (zero points out), then acc = fma((float)isum,
+ * d_w * d_x, acc) in block order from 0 (Q4_1/Q5_1: then acc = fma(m, s_x, acc); Q4_K/Q5_K:
+ * then acc = fnma((float)summ, dmin * d_x, acc)). The tile's (row, token) elements are the
+ * lanes of one accumulator; one hadd tree per block reduces all of them (reduce_lanes), and a
+ * decode tile takes 4 rows (INV = 2; Q6_K, which spills with 4, keeps 2) to share it. INV = 0
+ * (cb_avx2_tile_fast) keeps 8 partial sums per element in the lanes and adds them at the end:
+ * fewer horizontal sums, another order.
  */
 #include "quant_impl.h"
 
@@ -29,6 +39,42 @@ INL int hsum_epi32(__m256i v) {
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
     return _mm_cvtsi128_si32(s);
+}
+
+/* Lane k (k < K <= 8) = the sum of the 8 int32 lanes of v[k] (lanes past K: anything). One
+ * reduction serves all of a tile's (row, token) elements: for K <= 4, 3 hadds and a fold. */
+INL __m256i reduce_lanes(const __m256i *v, int K) {
+    if (K <= 2) {
+        __m256i h = _mm256_hadd_epi32(v[0], K > 1 ? v[1] : v[0]);
+        h = _mm256_hadd_epi32(h, h);
+        __m128i r = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        return _mm256_set_m128i(r, r);
+    }
+    __m256i h01 = _mm256_hadd_epi32(v[0], v[1]);
+    __m256i h23 = _mm256_hadd_epi32(v[2], K > 3 ? v[3] : v[2]);
+    __m256i h03 = _mm256_hadd_epi32(h01, h23); /* [v0..v3 low halves | v0..v3 high halves] */
+    if (K <= 4) {
+        __m128i r = _mm_add_epi32(_mm256_castsi256_si128(h03), _mm256_extracti128_si256(h03, 1));
+        return _mm256_set_m128i(r, r);
+    }
+    __m256i h45 = _mm256_hadd_epi32(v[4], K > 5 ? v[5] : v[4]);
+    __m256i h67 = _mm256_hadd_epi32(K > 6 ? v[6] : v[4], K > 7 ? v[7] : v[4]);
+    __m256i h47 = _mm256_hadd_epi32(h45, h67);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(h03, h47, 0x20),
+                            _mm256_permute2x128_si256(h03, h47, 0x31));
+}
+
+/* 8 floats from an array the unrolled tiles keep in registers */
+INL __m256 set8(const float *a) {
+    return _mm256_setr_ps(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]);
+}
+
+/* The invariant tiles' accumulator lanes k = r * NT + t, as out[(r + r_off) * out_nt + t]. */
+INL void store_lanes(__m256 acc, int NR, int NT, float *out, int out_nt, int r_off) {
+    float tmp[8];
+    _mm256_storeu_ps(tmp, acc);
+    for (int r = 0; r < NR; r++)
+        for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = tmp[r * NT + t];
 }
 
 INL float hmax_ps(__m256 v) {
@@ -171,7 +217,7 @@ INL size_t bytes32(int type) {
     }
 }
 
-INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
+INL void tile32(int type, int INV, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
                 const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
     const int offset = type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_1;
     /* Q4_0/Q5_0: unsigned q times x, minus zero point * sum(x): spread over the 8 lanes of the
@@ -180,8 +226,12 @@ INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
     const int unsig = offset || zp;
     const size_t bb = bytes32(type);
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[2][4];
-    float off[2][4];
+    __m256 acc[4][4];
+    float off[4][4];
+    /* INV: lanes k = r * NT + t (see reduce_lanes) */
+    __m256 vacc = _mm256_setzero_ps();
+    __m256i pv[8];
+    float sc[8] = {0}, mk[8] = {0}, sk[8] = {0};
     #pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
         #pragma GCC unroll 8
@@ -192,9 +242,9 @@ INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
     for (int64_t b = 0; b < nb; b++) {
         /* unpack the NR weight blocks once, then let every token pass over them (each token's
          * scale and sum are broadcast once per block, not once per row) */
-        __m256i wq[2], aw[2];
-        __m256 dv[2];
-        float m[2] = {0.0f, 0.0f};
+        __m256i wq[4], aw[4];
+        __m256 dv[4];
+        float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             if (NT == 1) __builtin_prefetch(w + (size_t)(r + NR) * ws + (size_t)b * bb, 0, 3);
@@ -215,11 +265,28 @@ INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
                     p = _mm256_sub_epi32(p, zs);
                     if (zp == 2) p = _mm256_sub_epi32(p, zs);
                 }
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dv[r], dx),
-                                            acc[r][t]);
-                if (offset) off[r][t] += m[r] * a->s;
+                if (INV) {
+                    pv[r * NT + t] = p;
+                    sc[r * NT + t] = _mm256_cvtss_f32(dv[r]) * a->d;
+                    if (offset) {
+                        mk[r * NT + t] = m[r];
+                        sk[r * NT + t] = a->s;
+                    }
+                } else {
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dv[r], dx),
+                                                acc[r][t]);
+                    if (offset) off[r][t] += m[r] * a->s;
+                }
             }
         }
+        if (INV) {
+            vacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce_lanes(pv, NR * NT)), set8(sc), vacc);
+            if (offset) vacc = _mm256_fmadd_ps(set8(mk), set8(sk), vacc);
+        }
+    }
+    if (INV) {
+        store_lanes(vacc, NR, NT, out, out_nt, r_off);
+        return;
     }
     #pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
@@ -630,6 +697,11 @@ INL void rpk_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t
                     _mm256_load_si256((const __m256i *)(const void *)(mnv + 32 * k)),
                     _mm256_set1_epi32(rd_i32((const uint8_t *)a[t]->bsums + 4 * k))));
             const __m256 dx = _mm256_set1_ps(a[t]->d);
+            if (type == CB_TYPE_Q6_K) { /* the zero point 32 in the integers, as the tiles */
+                facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[t], ms)),
+                                          _mm256_mul_ps(dv, dx), facc[t]);
+                continue;
+            }
             facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dv, dx), facc[t]);
             facc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_mul_ps(dmv, dx), facc[t]);
         }
@@ -716,18 +788,21 @@ void cb_avx2_rp_tile(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
 }
 
 /* I4_G128 against cb_q8a_t: a half group (32 bytes) unpacks to activation blocks b, b+1. */
-INL void tile_i4(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
+INL void tile_i4(int unused, int INV, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
                  const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
     (void)unused;
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc[2][4];
+    __m256 acc[4][4];
+    __m256 vacc = _mm256_setzero_ps(); /* INV: lanes k = r * NT + t */
+    __m256i pv0[8], pv1[8];
+    float sc0[8] = {0}, sc1[8] = {0};
     #pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
         #pragma GCC unroll 8
         for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b += 2) {
-        __m256i w0[2], w1[2];
-        __m256 dv[2];
+        __m256i w0[4], w1[4];
+        __m256 dv[4];
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)(b >> 2) * 66;
@@ -751,10 +826,26 @@ INL void tile_i4(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size_
                 /* unsigned q times x, minus 8*isum spread over the 8 lanes */
                 __m256i p0 = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w0[r], x0), ones), z0);
                 __m256i p1 = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w1[r], x1), ones), z1);
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(dv[r], d0), acc[r][t]);
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(dv[r], d1), acc[r][t]);
+                if (INV) {
+                    const float dw = _mm256_cvtss_f32(dv[r]);
+                    pv0[r * NT + t] = p0;
+                    pv1[r * NT + t] = p1;
+                    sc0[r * NT + t] = dw * a[0].d;
+                    sc1[r * NT + t] = dw * a[1].d;
+                } else {
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(dv[r], d0), acc[r][t]);
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(dv[r], d1), acc[r][t]);
+                }
             }
         }
+        if (INV) {
+            vacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce_lanes(pv0, NR * NT)), set8(sc0), vacc);
+            vacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce_lanes(pv1, NR * NT)), set8(sc1), vacc);
+        }
+    }
+    if (INV) {
+        store_lanes(vacc, NR, NT, out, out_nt, r_off);
+        return;
     }
     #pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
@@ -764,11 +855,14 @@ INL void tile_i4(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size_
 
 /* ------------------------------------------------------------ K-quants with cb_q8k_t */
 
-INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
+INL void tile_q4k(int q5, int INV, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
                   const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
     const size_t bb = q5 ? 176 : 144;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc[2][4];
+    __m256 acc[4][4];
+    __m256 vacc = _mm256_setzero_ps(); /* INV: lanes k = r * NT + t */
+    __m256i pv[8], mv[8];
+    float scd[8] = {0}, smn[8] = {0};
     #pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
         #pragma GCC unroll 8
@@ -823,12 +917,27 @@ INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
                 const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
                 __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)a->bsums);
                 __m256i mm = _mm256_madd_epi16(bs, mins);
+                if (INV) {
+                    pv[r * NT + t] = isum[t];
+                    mv[r * NT + t] = mm;
+                    scd[r * NT + t] = d * a->d;
+                    smn[r * NT + t] = dmin * a->d;
+                    continue;
+                }
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * a->d),
                                             acc[r][t]);
                 acc[r][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mm), _mm256_set1_ps(dmin * a->d),
                                              acc[r][t]);
             }
         }
+        if (INV) {
+            vacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce_lanes(pv, NR * NT)), set8(scd), vacc);
+            vacc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(reduce_lanes(mv, NR * NT)), set8(smn), vacc);
+        }
+    }
+    if (INV) {
+        store_lanes(vacc, NR, NT, out, out_nt, r_off);
+        return;
     }
     #pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
@@ -836,11 +945,14 @@ INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
         for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum_ps(acc[r][t]);
 }
 
-INL void tile_q6k(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
+INL void tile_q6k(int unused, int INV, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
                   const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
     (void)unused;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-    __m256 acc[2][4];
+    __m256 acc[4][4];
+    __m256 vacc = _mm256_setzero_ps(); /* INV: lanes k = r * NT + t */
+    __m256i pv[8];
+    float scd[8] = {0};
     #pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
         #pragma GCC unroll 8
@@ -901,10 +1013,21 @@ INL void tile_q6k(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size
                 const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
                 __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)a->bsums);
                 __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(bs, scw), 5);
+                if (INV) {
+                    pv[r * NT + t] = _mm256_sub_epi32(isum[t], corr);
+                    scd[r * NT + t] = d * a->d;
+                    continue;
+                }
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[t], corr)),
                                             _mm256_set1_ps(d * a->d), acc[r][t]);
             }
         }
+        if (INV)
+            vacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce_lanes(pv, NR * NT)), set8(scd), vacc);
+    }
+    if (INV) {
+        store_lanes(vacc, NR, NT, out, out_nt, r_off);
+        return;
     }
     #pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
@@ -930,10 +1053,11 @@ INL float load1(int type, const uint8_t *p) {
     return type == CB_TYPE_F16 ? _cvtsh_ss(cb_rd16(p)) : cb_bf16_to_f32(cb_rd16(p));
 }
 
-INL void tile_float(int type, int NR, int NT, int64_t n, const uint8_t *w, size_t ws,
+INL void tile_float(int type, int INV, int NR, int NT, int64_t n, const uint8_t *w, size_t ws,
                     const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
+    (void)INV; /* a float row's sum does not depend on NR/NT: invariant either way */
     const size_t es = type == CB_TYPE_F32 ? 4 : 2;
-    __m256 acc[2][4];
+    __m256 acc[4][4];
     #pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
         #pragma GCC unroll 8
@@ -963,42 +1087,55 @@ INL void tile_float(int type, int NR, int NT, int64_t n, const uint8_t *w, size_
 
 /* ------------------------------------------------------------ dispatch: rows in pairs */
 
-#define CB_DEFINE_TILE(NAME, BODY, TYPE)                                                        \
+#define CB_DEFINE_TILE(NAME, BODY, TYPE, INV)                                                    \
     static void NAME(int64_t n, const uint8_t *w, size_t ws, int nr, const uint8_t *x,         \
                      size_t xs, int nt, float *out) {                                          \
         for (int r = 0; r < nr; r += 2) {                                                      \
             const uint8_t *wr = w + (size_t)r * ws;                                            \
-            if (nr - r >= 2) {                                                                 \
+            if (INV == 2 && nt == 1 && nr - r >= 4) { /* decode: one reduction, 4 rows */     \
+                BODY(TYPE, INV, 4, 1, n, wr, ws, x, xs, out, nt, r);                           \
+                r += 2;                                                                        \
+            } else if (nr - r >= 2) {                                                          \
                 switch (nt) {                                                                  \
-                case 1: BODY(TYPE, 2, 1, n, wr, ws, x, xs, out, nt, r); break;                 \
-                case 2: BODY(TYPE, 2, 2, n, wr, ws, x, xs, out, nt, r); break;                 \
-                case 3: BODY(TYPE, 2, 3, n, wr, ws, x, xs, out, nt, r); break;                 \
-                default: BODY(TYPE, 2, 4, n, wr, ws, x, xs, out, nt, r); break;                \
+                case 1: BODY(TYPE, INV, 2, 1, n, wr, ws, x, xs, out, nt, r); break;                 \
+                case 2: BODY(TYPE, INV, 2, 2, n, wr, ws, x, xs, out, nt, r); break;                 \
+                case 3: BODY(TYPE, INV, 2, 3, n, wr, ws, x, xs, out, nt, r); break;                 \
+                default: BODY(TYPE, INV, 2, 4, n, wr, ws, x, xs, out, nt, r); break;                \
                 }                                                                              \
             } else {                                                                           \
                 switch (nt) {                                                                  \
-                case 1: BODY(TYPE, 1, 1, n, wr, ws, x, xs, out, nt, r); break;                 \
-                case 2: BODY(TYPE, 1, 2, n, wr, ws, x, xs, out, nt, r); break;                 \
-                case 3: BODY(TYPE, 1, 3, n, wr, ws, x, xs, out, nt, r); break;                 \
-                default: BODY(TYPE, 1, 4, n, wr, ws, x, xs, out, nt, r); break;                \
+                case 1: BODY(TYPE, INV, 1, 1, n, wr, ws, x, xs, out, nt, r); break;                 \
+                case 2: BODY(TYPE, INV, 1, 2, n, wr, ws, x, xs, out, nt, r); break;                 \
+                case 3: BODY(TYPE, INV, 1, 3, n, wr, ws, x, xs, out, nt, r); break;                 \
+                default: BODY(TYPE, INV, 1, 4, n, wr, ws, x, xs, out, nt, r); break;                \
                 }                                                                              \
             }                                                                                  \
         }                                                                                      \
     }
 
-CB_DEFINE_TILE(tile_avx2_q4_0, tile32, CB_TYPE_Q4_0)
-CB_DEFINE_TILE(tile_avx2_q4_1, tile32, CB_TYPE_Q4_1)
-CB_DEFINE_TILE(tile_avx2_q5_0, tile32, CB_TYPE_Q5_0)
-CB_DEFINE_TILE(tile_avx2_q5_1, tile32, CB_TYPE_Q5_1)
-CB_DEFINE_TILE(tile_avx2_q8_0, tile32, CB_TYPE_Q8_0)
-CB_DEFINE_TILE(tile_avx2_mxfp4, tile32, CB_TYPE_MXFP4)
-CB_DEFINE_TILE(tile_avx2_i4g128, tile_i4, 0)
-CB_DEFINE_TILE(tile_avx2_q4_k, tile_q4k, 0)
-CB_DEFINE_TILE(tile_avx2_q5_k, tile_q4k, 1)
-CB_DEFINE_TILE(tile_avx2_q6_k, tile_q6k, 0)
-CB_DEFINE_TILE(tile_avx2_f32, tile_float, CB_TYPE_F32)
-CB_DEFINE_TILE(tile_avx2_f16, tile_float, CB_TYPE_F16)
-CB_DEFINE_TILE(tile_avx2_bf16, tile_float, CB_TYPE_BF16)
+CB_DEFINE_TILE(tile_avx2_q4_0, tile32, CB_TYPE_Q4_0, 2)
+CB_DEFINE_TILE(tile_avx2_q4_1, tile32, CB_TYPE_Q4_1, 2)
+CB_DEFINE_TILE(tile_avx2_q5_0, tile32, CB_TYPE_Q5_0, 2)
+CB_DEFINE_TILE(tile_avx2_q5_1, tile32, CB_TYPE_Q5_1, 2)
+CB_DEFINE_TILE(tile_avx2_q8_0, tile32, CB_TYPE_Q8_0, 2)
+CB_DEFINE_TILE(tile_avx2_mxfp4, tile32, CB_TYPE_MXFP4, 2)
+CB_DEFINE_TILE(tile_avx2_i4g128, tile_i4, 0, 2)
+CB_DEFINE_TILE(tile_avx2_q4_k, tile_q4k, 0, 2)
+CB_DEFINE_TILE(tile_avx2_q5_k, tile_q4k, 1, 2)
+CB_DEFINE_TILE(tile_avx2_q6_k, tile_q6k, 0, 1)
+CB_DEFINE_TILE(tile_avx2_f32, tile_float, CB_TYPE_F32, 1)
+CB_DEFINE_TILE(tile_avx2_f16, tile_float, CB_TYPE_F16, 1)
+CB_DEFINE_TILE(tile_avx2_bf16, tile_float, CB_TYPE_BF16, 1)
+CB_DEFINE_TILE(tile_avx2_fast_q4_0, tile32, CB_TYPE_Q4_0, 0)
+CB_DEFINE_TILE(tile_avx2_fast_q4_1, tile32, CB_TYPE_Q4_1, 0)
+CB_DEFINE_TILE(tile_avx2_fast_q5_0, tile32, CB_TYPE_Q5_0, 0)
+CB_DEFINE_TILE(tile_avx2_fast_q5_1, tile32, CB_TYPE_Q5_1, 0)
+CB_DEFINE_TILE(tile_avx2_fast_q8_0, tile32, CB_TYPE_Q8_0, 0)
+CB_DEFINE_TILE(tile_avx2_fast_mxfp4, tile32, CB_TYPE_MXFP4, 0)
+CB_DEFINE_TILE(tile_avx2_fast_i4g128, tile_i4, 0, 0)
+CB_DEFINE_TILE(tile_avx2_fast_q4_k, tile_q4k, 0, 0)
+CB_DEFINE_TILE(tile_avx2_fast_q5_k, tile_q4k, 1, 0)
+CB_DEFINE_TILE(tile_avx2_fast_q6_k, tile_q6k, 0, 0)
 
 cb_tile_fn cb_avx2_tile(int type) {
     switch (type) {
@@ -1019,10 +1156,34 @@ cb_tile_fn cb_avx2_tile(int type) {
     }
 }
 
+/* The tiles of the non-invariant mode (deterministic=False): lanes hold partial sums. */
+cb_tile_fn cb_avx2_tile_fast(int type) {
+    switch (type) {
+    case CB_TYPE_F32: return tile_avx2_f32;
+    case CB_TYPE_F16: return tile_avx2_f16;
+    case CB_TYPE_BF16: return tile_avx2_bf16;
+    case CB_TYPE_Q4_0: return tile_avx2_fast_q4_0;
+    case CB_TYPE_Q4_1: return tile_avx2_fast_q4_1;
+    case CB_TYPE_Q5_0: return tile_avx2_fast_q5_0;
+    case CB_TYPE_Q5_1: return tile_avx2_fast_q5_1;
+    case CB_TYPE_Q8_0: return tile_avx2_fast_q8_0;
+    case CB_TYPE_MXFP4: return tile_avx2_fast_mxfp4;
+    case CB_TYPE_I4_G128: return tile_avx2_fast_i4g128;
+    case CB_TYPE_Q4_K: return tile_avx2_fast_q4_k;
+    case CB_TYPE_Q5_K: return tile_avx2_fast_q5_k;
+    case CB_TYPE_Q6_K: return tile_avx2_fast_q6_k;
+    default: return NULL;
+    }
+}
+
 #pragma GCC pop_options
 #else
 /* Not x86-64 GCC/Clang: no AVX2 kernels (cb_cpu_level() is scalar there). */
 cb_tile_fn cb_avx2_tile(int type) {
+    (void)type;
+    return NULL;
+}
+cb_tile_fn cb_avx2_tile_fast(int type) {
     (void)type;
     return NULL;
 }

@@ -820,6 +820,12 @@ INL void rpk_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t
                 ms = _mm512_add_epi32(ms, _mm512_madd_epi16(loadu512(mnv + 64 * p),
                                                             _mm512_permutexvar_epi32(pair_idx(p), bs)));
             const __m256 dxv = _mm256_set1_ps(a[t]->d);
+            if (type == CB_TYPE_Q6_K) { /* zero point in the integers: the AVX2 tiles' rule */
+                facc[t] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(_mm256_sub_epi32(fold_epi32(isum[t]), fold_epi32(ms))),
+                    _mm256_mul_ps(dv, dxv), facc[t]);
+                continue;
+            }
             facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_epi32(isum[t])), _mm256_mul_ps(dv, dxv),
                                       facc[t]);
             facc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(fold_epi32(ms)), _mm256_mul_ps(dmv, dxv),

@@ -50,6 +50,8 @@ typedef void (*cb_act_fn)(const float *x, int64_t n, void *dst);
 
 /* AVX2 kernels (quant_avx2.c); NULL where a type has none. */
 cb_tile_fn cb_avx2_tile(int type);
+/* The same without batch invariance (partial sums in lanes; cb_matmul_opts_t.fast). */
+cb_tile_fn cb_avx2_tile_fast(int type);
 void cb_avx2_quantize_q8a(const float *x, int64_t n, void *dst);
 void cb_avx2_quantize_q8k(const float *x, int64_t n, void *dst);
 

@@ -160,6 +160,13 @@ typedef cb_status (*cb_moe_hook_fn)(void *user, int32_t layer, const float *h,
                                     const float *logits, int64_t n_tokens, float *out);
 void cb_forward_set_moe_hook(cb_forward_t *f, cb_moe_hook_fn fn, void *user);
 
+/* Batch invariance (the default, deterministic != 0): a token's logits are bit-identical
+ * whatever else its batch holds (other sequences, a longer or shorter chunk of its own), since
+ * every matmul sums a row the same way whatever the token count (cb_matmul_opts_t.fast = 0),
+ * attention reads only the token's own sequence, and the MoE adds experts in ascending id.
+ * 0: the matmuls may use the faster kernels that are not invariant (last bits differ). */
+void cb_forward_set_deterministic(cb_forward_t *f, int deterministic);
+
 /* Runs one batch. Positions: for every sequence, its tokens in the batch must be at
  * consecutive positions, in batch order, starting at the sequence's current length (they
  * append; cb_kvcache_seq_set_len truncates first to rewrite). The K/V block is reserved as

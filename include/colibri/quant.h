@@ -148,8 +148,14 @@ typedef struct cb_matmul_opts {
     /* The packed-row path (weights repacked per call, 8 rows at a time, shared by every
      * token; AVX2/AVX-512 builds, most quantized types): 0 = when the batch has enough tokens
      * for the type (the default), > 0 = whenever the type has one, < 0 = never. The results
-     * agree within rounding either way; this is for benchmarks and tests. */
+     * are bit-identical either way (within rounding with fast); for benchmarks and tests. */
     int packed;
+    /* Non-zero: allow the faster kernels that are not batch invariant (Model(deterministic=
+     * False)). By default (0) a token's output row is bit-identical whatever the number of
+     * tokens in the call and whichever path (direct tiles, packed rows) that picks: every
+     * kernel sums an element block by block in one order (ARCHITECTURE "Batch invariance");
+     * AVX-512 CPUs then run the AVX2 direct tiles (and the AVX-512 packed-row tile). */
+    int fast;
 } cb_matmul_opts_t;
 
 cb_matmul_opts_t cb_matmul_default_opts(void);

@@ -1,6 +1,8 @@
 /* Quant kernels in C: type table, f16 conversion round trips, dequantizers on hand-built
  * blocks, and matmul (scalar and AVX2, 1 and 2 threads) against a double-precision product of
- * the dequantized weights within the activation-quantization bound (see quant.h). */
+ * the dequantized weights within the activation-quantization bound (see quant.h); batch
+ * invariance: every token's row bit-equal to that token alone, whatever the token count, the
+ * path (direct tiles, packed rows) and the threads. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -88,6 +90,41 @@ static void test_matmul(int type, int rows, int cols, int n_tokens, cb_threadpoo
     free(y);
 }
 
+/* Batch invariance: y rows of a call with n tokens (1..max_n, every path: packed auto, forced
+ * on, forced off; with the pool and without) bit-equal to each token's single-token call
+ * (the decode path). */
+static void test_invariant(int type, int rows, int cols, int max_n, cb_threadpool_t *pool) {
+    size_t rb = 0;
+    CHECK(cb_type_row_bytes(type, cols, &rb) == CB_OK);
+    uint8_t *raw = malloc(rb * (size_t)rows);
+    float *x = malloc(sizeof(float) * (size_t)max_n * (size_t)cols);
+    float *y1 = malloc(sizeof(float) * (size_t)max_n * (size_t)rows);
+    float *y = malloc(sizeof(float) * (size_t)max_n * (size_t)rows);
+    fill(type, raw, rb * (size_t)rows);
+    for (int i = 0; i < max_n * cols; i++) x[i] = rndf() * 3.0f;
+    cb_matrix_t m = {type, rows, cols, rb, raw};
+    for (int t = 0; t < max_n; t++)
+        CHECK(cb_matmul(&m, x + (size_t)t * cols, 1, cols, y1 + (size_t)t * rows, rows, NULL) ==
+              CB_OK);
+    int ok = 1;
+    for (int n = 1; n <= max_n && ok; n++)
+        for (int packed = -1; packed <= 1 && ok; packed++) {
+            cb_matmul_opts_t o = cb_matmul_default_opts();
+            o.packed = packed;
+            CHECK(cb_matmul_ex(&m, x, n, cols, y, rows, &o, (n & 1) ? pool : NULL) == CB_OK);
+            if (memcmp(y, y1, sizeof(float) * (size_t)n * (size_t)rows) != 0) {
+                fprintf(stderr, "%s %s n=%d packed=%d: rows differ from single-token calls\n",
+                        cb_type_name(type), cb_simd_level_str(cb_cpu_level()), n, packed);
+                ok = 0;
+            }
+        }
+    CHECK(ok);
+    free(raw);
+    free(x);
+    free(y1);
+    free(y);
+}
+
 int main(void) {
     /* type table */
     CHECK(cb_type_block_size(CB_TYPE_Q4_K) == 256 && cb_type_block_bytes(CB_TYPE_Q4_K) == 144);
@@ -145,6 +182,17 @@ int main(void) {
             test_matmul(t, 9, cols, 1, NULL);
             test_matmul(t, 13, cols, 6, pool);
             test_matmul(t, 21, cols, 11, NULL); /* packed rows: a partial group and tile */
+            test_invariant(t, 21, cols, 30, pool);
+        }
+        cb_cpu_set_max_level(prev);
+    }
+    /* an AVX-512 CPU also checks the AVX2-only kernels' invariance (what an AVX2 CPU runs) */
+    if (cb_cpu_detect() > CB_SIMD_AVX2) {
+        cb_simd_level prev = cb_cpu_set_max_level(CB_SIMD_AVX2);
+        for (size_t k = 0; k < sizeof TYPES / sizeof TYPES[0]; k++) {
+            int64_t bs = cb_type_block_size(TYPES[k]);
+            int cols = bs == 256 ? 512 : (bs == 128 ? 384 : (bs == 1 ? 77 : 96));
+            test_invariant(TYPES[k], 21, cols, 30, pool);
         }
         cb_cpu_set_max_level(prev);
     }

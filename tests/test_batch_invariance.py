@@ -1,0 +1,155 @@
+"""Batch invariance: a sequence's logits do not depend on the batch it runs in.
+
+The logits of sequence A must be bit-identical (np.array_equal) whether A's tokens run
+  - alone, the whole prompt in one eval (Model.generate's prefill),
+  - one token per eval (decode),
+  - in chunks of various sizes (chunked prefill),
+  - in one eval together with other sequences' tokens (the Engine's mixed steps),
+on every quantized type the models use: Gemma 3 270M Q4_K_M (Q4_K, Q6_K, Q5_0, Q8_0), the tiny
+random MoE (Q4_K/Q6_K) and its Q8_0 / Q4_0 variants. The matmul kernels choose their path by
+token count (direct tiles up to a few tokens, packed rows above), so this holds only if every
+path sums a row's products in the same order (ARCHITECTURE "Batch invariance").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pytest
+
+import colibri
+
+
+@pytest.fixture(scope="module")
+def gemma() -> Iterator[colibri.Model]:
+    with colibri.Model(ctx=1024, verbose=False) as m:
+        yield m
+
+
+def _tiny(tmp: str, kind: str | None) -> str:
+    from colibri.tools.make_bench_model import write
+
+    if kind is None:
+        return str(write(tmp, n_layers=2, shape="tiny"))
+    return str(write(tmp, 2, kind=kind, shape="tiny"))
+
+
+@pytest.fixture(scope="module", params=[None, "q8_0", "q4_0"], ids=["q4_k_m", "q8_0", "q4_0"])
+def tiny(request: pytest.FixtureRequest,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[colibri.Model]:
+    p = _tiny(str(tmp_path_factory.mktemp("inv") / "tiny.gguf"), request.param)
+    with colibri.Model(p, ctx=1024, verbose=False) as m:
+        yield m
+
+
+def _ids(m: colibri.Model, n: int, seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(3, min(m.n_vocab, 30000), n)]
+
+
+def _run_chunks(m: colibri.Model, ids: Sequence[int], chunks: Sequence[int]) -> np.ndarray:
+    """Logits of every token of ids in a fresh sequence, fed in chunks of the given sizes
+    (the last size repeats)."""
+    s = m.new_sequence()
+    try:
+        out, i, k = [], 0, 0
+        while i < len(ids):
+            c = chunks[min(k, len(chunks) - 1)]
+            out.append(m.eval([s], ids[i:i + c]))
+            i += c
+            k += 1
+        return np.concatenate(out)
+    finally:
+        m.free_sequence(s)
+
+
+def _run_mixed(m: colibri.Model, ids: Sequence[int], others: Sequence[Sequence[int]],
+               chunk: int) -> np.ndarray:
+    """Logits of ids fed `chunk` tokens per eval, each eval also carrying the other
+    sequences' next tokens (before and after A's, as the Engine mixes decode and prefill)."""
+    sa = m.new_sequence()
+    so = [m.new_sequence() for _ in others]
+    try:
+        out, i, step = [], 0, 0
+        while i < len(ids):
+            seqs: list[int] = []
+            toks: list[int] = []
+            want: list[bool] = []
+            for j, (s, o) in enumerate(zip(so, others, strict=True)):
+                if j % 2 == 0 and step < len(o):
+                    seqs.append(s)
+                    toks.append(o[step])
+                    want.append(False)
+            a0 = len(seqs)
+            part = list(ids[i:i + chunk])
+            seqs += [sa] * len(part)
+            toks += part
+            want += [True] * len(part)
+            for j, (s, o) in enumerate(zip(so, others, strict=True)):
+                if j % 2 == 1:
+                    extra = list(o[step * 3:(step + 1) * 3])  # a prefill chunk of 3
+                    seqs += [s] * len(extra)
+                    toks += extra
+                    want += [False] * len(extra)
+            lg = m.eval(seqs, toks, logits=want)
+            assert lg.shape[0] == len(part) and a0 >= 0
+            out.append(lg)
+            i += chunk
+            step += 1
+        return np.concatenate(out)
+    finally:
+        m.free_sequence(sa)
+        for s in so:
+            m.free_sequence(s)
+
+
+def _first_diff(a: np.ndarray, b: np.ndarray) -> str:
+    rows = np.nonzero(~np.all(a == b, axis=1))[0]
+    if len(rows) == 0:
+        return "equal"
+    r = int(rows[0])
+    return (f"{len(rows)} of {len(a)} rows differ, first row {r}: max |diff| "
+            f"{float(np.max(np.abs(a[r] - b[r]))):.3g}")
+
+
+def _check(m: colibri.Model, n: int) -> None:
+    ids = _ids(m, n, 1)
+    others = [_ids(m, 40, 10 + j) for j in range(5)]
+    ref = _run_chunks(m, ids, [len(ids)])
+    variants = {
+        "decode (1 per eval)": _run_chunks(m, ids, [1]),
+        "chunks of 2": _run_chunks(m, ids, [2]),
+        "chunks of 3": _run_chunks(m, ids, [3]),
+        "chunks 5,7,9,...": _run_chunks(m, ids, [5, 7, 9, 16, 24, 31]),
+        "chunks of 4 with others": _run_mixed(m, ids, others, 4),
+        "1 per eval with others": _run_mixed(m, ids, others, 1),
+        "chunks of 13 with others": _run_mixed(m, ids, others, 13),
+    }
+    bad = {k: _first_diff(ref, v) for k, v in variants.items() if not np.array_equal(ref, v)}
+    assert not bad, bad
+
+
+def test_tiny_logits_batch_invariant(tiny: colibri.Model) -> None:
+    _check(tiny, 40)
+
+
+def test_gemma_logits_batch_invariant(gemma: colibri.Model) -> None:
+    _check(gemma, 40)
+
+
+
+def test_fast_mode_is_an_opt_out(tmp_path) -> None:
+    """deterministic=False (the faster kernels that are not batch invariant) still agrees with
+    the invariant path within rounding; the default is deterministic."""
+    p = _tiny(str(tmp_path / "tiny.gguf"), None)
+    ids = list(range(5, 45))
+    with colibri.Model(p, ctx=256, verbose=False) as m:
+        assert m.deterministic
+        ref = _run_chunks(m, ids, [len(ids)])
+    with colibri.Model(p, ctx=256, verbose=False, deterministic=False) as m:
+        assert not m.deterministic
+        whole = _run_chunks(m, ids, [len(ids)])
+        one = _run_chunks(m, ids, [1])
+    for v in (whole, one):
+        np.testing.assert_allclose(v, ref, rtol=1e-3, atol=1e-3 * float(np.abs(ref).max()))
