@@ -54,6 +54,8 @@ def _blocks(lang: str) -> list[tuple[str, int, str]]:
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)  # the installed package, not the checkout
+    # `colibri` and `python` of the interpreter running the tests (a venv need not be active)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env.setdefault("COLIBRI_ROUTING_THREADS", "2")
     return env
 
