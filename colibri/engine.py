@@ -18,9 +18,9 @@ PREFIX_BLOCK-token blocks of their tokens; finished requests' KV stays in the ar
 (least recently used first out) while nothing else needs the room. A new request whose tokens
 start with a cached or running sequence's copies those K/V rows (`KVCache.copy_prefix`) and
 prefills only the rest; a request whose prompt shares more with a request still prefilling waits
-for that prefill (so n submissions of one prompt prefill it once). The cache never fails a
-request: a reserve or an admission that does not fit evicts cached sequences before anything is
-preempted.
+for that prefill (so n submissions of one prompt, `submit_n`, prefill it once). The cache never
+fails a request: a reserve or an admission that does not fit evicts cached sequences before
+anything is preempted.
 
 Threads: callers submit from any thread or event loop; only the engine thread touches the
 model's sequences. A Request is a thread-safe queue of Deltas, read with `for` (blocking) or
@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import collections
+import dataclasses
 import itertools
 import logging
 import threading
@@ -278,8 +279,10 @@ class Engine:
     - prefix_cache: reuse the KV of prompt prefixes that running or finished requests hold,
       and keep finished requests' KV while the arena has room (False: free it at once).
 
-    submit(prompt | token ids | messages, **sampling) -> Request; submit_async (the same, to
-    read with `async for`); generate([prompts], **sampling) -> [str]; stats(); close() (also
+    submit(prompt | token ids | messages, **sampling) -> Request; submit_n(prompt, n,
+    **sampling) -> [Request] (n completions of one prompt, prefilled once; seeds seed, seed + 1,
+    ...); submit_async (the same as submit, to read with `async for`); generate([prompts],
+    **sampling) -> [str]; stats(); close() (also
     `with Engine(model) as engine:`). The engine owns its model's sequences while it runs:
     other use of the same Model (generate, eval) still works but shares the KV cache.
     """
@@ -348,7 +351,37 @@ class Engine:
         logprobs=n (each token's logprob with the n most likely alternatives). A seed makes a
         request's sampling reproducible whatever else runs (each request owns its generator).
         Bad arguments raise here; a prompt longer than the context ends the request at once
-        with finish_reason "error"."""
+        with finish_reason "error". For several completions of one prompt, see submit_n."""
+        return self._submit(
+            prompt, 1, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+            min_p=min_p, repetition_penalty=repetition_penalty, repeat_last_n=repeat_last_n,
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed,
+            stop=stop, stop_token_ids=stop_token_ids, logit_bias=logit_bias, logprobs=logprobs,
+            add_special=add_special, parse_special=parse_special)[0]
+
+    def submit_n(self, prompt: str | bytes | Sequence[int] | Sequence[dict[str, Any]], n: int,
+                 **sampling: Any) -> list[Request]:
+        """n completions of one prompt (OpenAI's `n`): n Requests, in order, each with submit's
+        sampling arguments (**sampling). They are queued together and the prompt is prefilled
+        once: the first request computes it and the others copy its KV (prefix reuse), each
+        then evaluating only the prompt's last token. With a seed, completion i samples with
+        seed + i, so completions differ and each equals submit(prompt, seed=seed + i, ...);
+        without one each draws fresh entropy. Greedy completions (temperature=0) are all the
+        same text. The prompt is tokenized and checked once; a prompt longer than the context
+        ends all n with "error"."""
+        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {n!r}")
+        return self._submit(prompt, int(n), **sampling)
+
+    def _submit(self, prompt: str | bytes | Sequence[int] | Sequence[dict[str, Any]], n: int, *,
+                max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
+                top_p: float = 0.95, min_p: float = 0.05, repetition_penalty: float = 1.0,
+                repeat_last_n: int = 64, presence_penalty: float = 0.0,
+                frequency_penalty: float = 0.0, seed: int | None = None,
+                stop: str | Sequence[str] | None = None,
+                stop_token_ids: Sequence[int] | None = None,
+                logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
+                add_special: bool = True, parse_special: bool = False) -> list[Request]:
         from colibri.model import as_text, token_ids
 
         m = self.model
@@ -390,24 +423,29 @@ class Engine:
         with self._cv:
             if self._closing:
                 raise ColibriError("this Engine is closed")
-            req = Request(self, next(self._ids))
-            req.prompt_tokens = len(ids)
-            self._requests[req.id] = req
+            reqs: list[Request] = []
+            for i in range(n):
+                req = Request(self, next(self._ids))
+                req.prompt_tokens = len(ids)
+                self._requests[req.id] = req
+                reqs.append(req)
+                if len(ids) + (1 if max_tokens else 0) > m.ctx:
+                    req._push(Delta(finish_reason="error", error=(
+                        f"context full: the prompt has {len(ids)} tokens and the KV cache holds "
+                        f"{m.ctx} (Model(ctx=...) or COLIBRI_KV_CACHE_SIZE)")))
+                    continue
+                if max_tokens == 0:
+                    req._push(Delta(finish_reason="length"))
+                    continue
+                p_i = params if params.seed is None or i == 0 else \
+                    dataclasses.replace(params, seed=params.seed + i)
+                s = _Seq(req=req, order=req.id, prompt=ids, max_tokens=int(max_tokens),
+                         sampler=Sampler(p_i), stops=self._eog | set(extra),
+                         matcher=_StopMatcher(stops), decoder=tok.stream(), logprobs=logprobs)
+                self._incoming.append(s)
             self._trim_requests()
-            if len(ids) + (1 if max_tokens else 0) > m.ctx:
-                req._push(Delta(finish_reason="error", error=(
-                    f"context full: the prompt has {len(ids)} tokens and the KV cache holds "
-                    f"{m.ctx} (Model(ctx=...) or COLIBRI_KV_CACHE_SIZE)")))
-                return req
-            if max_tokens == 0:
-                req._push(Delta(finish_reason="length"))
-                return req
-            s = _Seq(req=req, order=req.id, prompt=ids, max_tokens=int(max_tokens),
-                     sampler=Sampler(params), stops=self._eog | set(extra),
-                     matcher=_StopMatcher(stops), decoder=tok.stream(), logprobs=logprobs)
-            self._incoming.append(s)
             self._cv.notify_all()
-        return req
+        return reqs
 
     def submit_async(self, prompt: str | bytes | Sequence[int] | Sequence[dict[str, Any]],
                      **sampling: Any) -> Request:

@@ -548,6 +548,47 @@ def test_tiny_same_prompt_submitted_together_prefills_once(tiny):
     assert evaluated(st) == len(ids) + 3 + 4 * 7
 
 
+def test_tiny_submit_n_prefills_once_and_follows_the_seeds(tiny):
+    """n completions (OpenAI's n): one prefill of the prompt, completion i sampled with seed
+    + i, so each equals the single request with that seed, and the whole is reproducible."""
+    ids = tiny.tokenize(" ".join(prompt(i, 12) for i in range(4)))
+    # sampled from the whole distribution; end-of-generation banned so all run max_tokens
+    kw = dict(max_tokens=8, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+              logit_bias={t: float("-inf") for t in stop_token_ids(tiny)})
+
+    def run_n() -> tuple[list[list[int]], dict]:
+        with Engine(tiny, prefill_chunk=32) as eng:  # the prompt takes ~8 steps
+            reqs = eng.submit_n(ids, 4, seed=100, **kw)
+            assert len(reqs) == 4 and all(isinstance(r, Request) for r in reqs)
+            outs = [drain(r)[0] for r in reqs]
+            return outs, eng.stats()
+
+    outs, st = run_n()
+    assert all(len(o) == 8 for o in outs)
+    assert len({tuple(o) for o in outs}) == 4  # the seeds differ, so do the completions
+    pc = st["prefix_cache"]
+    assert pc["hits"] == 3 and pc["tokens_saved"] == 3 * (len(ids) - 1)
+    # one prefill of the prompt, a token each for the other three, then decode
+    assert evaluated(st) == len(ids) + 3 + 4 * 7
+    assert run_n()[0] == outs  # reproducible run to run
+    with Engine(tiny) as eng:
+        singles = [drain(eng.submit(ids, seed=100 + i, **kw))[0] for i in range(4)]
+    assert singles == outs
+    with Engine(tiny) as eng:
+        with pytest.raises(ValueError, match="n must be"):
+            eng.submit_n(ids, 0)
+        with pytest.raises(ValueError, match="n must be"):
+            eng.submit_n(ids, True)
+        one = eng.submit_n(ids, 1, max_tokens=2, temperature=0)
+        assert len(one) == 1 and drain(one[0])[0] == greedy_ref(tiny, ids, 2)
+        long_ids = [5] * (tiny.ctx + 1)
+        assert [drain(r)[2][-1].finish_reason for r in eng.submit_n(long_ids, 2)] == ["error"] * 2
+        # without a seed, each completion draws its own entropy
+        free = eng.submit_n(ids, 2, seed=None, **kw)
+        a, b = (drain(r)[0] for r in free)
+        assert a != b
+
+
 def test_tiny_prefix_cache_gives_way_to_running_requests(tiny_path):
     """The cache only takes free KV: on a small cache, one request at a time, each finished
     request's KV is kept until the next needs the room; nothing is ever preempted for it."""
