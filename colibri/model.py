@@ -202,17 +202,23 @@ def as_text(text: str | bytes | bytearray, what: str = "prompt") -> str:
 
 def token_ids(ids: Any, n_vocab: int, what: str = "token ids") -> list[int]:
     """A list of token ids, each an integer (not a bool, a float or a string) in [0, n_vocab)."""
+    return _integers(ids, n_vocab, what, "the vocabulary")
+
+
+def _integers(values: Any, limit: int, what: str, range_name: str) -> list[int]:
+    """values as a list of ints in [0, limit): integers only, never coerced; errors name the
+    position (what[i]) and range_name."""
     import numbers
 
-    if isinstance(ids, str | bytes | bytearray):
-        raise TypeError(f"{what} must be a sequence of integers, got {type(ids).__name__}")
+    if isinstance(values, str | bytes | bytearray):
+        raise TypeError(f"{what} must be a sequence of integers, got {type(values).__name__}")
     out = []
-    for i, t in enumerate(ids):
+    for i, t in enumerate(values):
         if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-            raise TypeError(f"{what}[{i}] = {t!r}: a token id must be an integer")
+            raise TypeError(f"{what}[{i}] = {t!r}: must be an integer")
         v = int(t)
-        if not 0 <= v < n_vocab:
-            raise ValueError(f"{what}[{i}] = {v}: out of the vocabulary [0, {n_vocab})")
+        if not 0 <= v < limit:
+            raise ValueError(f"{what}[{i}] = {v}: out of {range_name} [0, {limit})")
         out.append(v)
     return out
 
@@ -520,7 +526,7 @@ class Model:
         seqs[i] at its next position (a single sequence id applies to every token). Returns the
         logits of the tokens that want them (all by default), in batch order. Batches larger
         than max_batch are split."""
-        seqs = token_ids(seqs, 2**31, "seqs")
+        seqs = _integers(seqs, 2**31, "seqs", "the sequence ids")
         if tokens is not None:
             tokens = token_ids(tokens, self.n_vocab, "tokens")
         count = len(tokens) if tokens is not None else (len(embd) if embd is not None else 0)
