@@ -60,6 +60,8 @@ log = logging.getLogger("colibri")
 # 9 interleaved runs; docs/ARCHITECTURE.md, "Engine"). DEFAULT_PREFILL_CHUNK is the chunk
 # before the first measurements; MIN_PREFILL_CHUNK the least (a prompt always progresses);
 # with nothing decoding, prompts take up to SOLO_PREFILL_CHUNK tokens a step (nobody waits).
+# When more requests wait for their first token than decode, the ratio grows in proportion
+# (a burst of arrivals is not read in many small chunks behind a few running requests).
 DEFAULT_PREFILL_CHUNK = 64
 MIN_PREFILL_CHUNK = 16
 SOLO_PREFILL_CHUNK = 256
@@ -285,8 +287,8 @@ class Engine:
     - max_batch: tokens per step (default: model.max_batch).
     - prefill_chunk: most prompt tokens per step; None (default): adaptive, sized from the
       measured step times so a step with a chunk costs at most CHUNK_STEP_RATIO decode-only
-      steps while requests decode (MIN_PREFILL_CHUNK..max_batch), SOLO_PREFILL_CHUNK when
-      nothing decodes.
+      steps while requests decode (that ratio times waiting / decoding requests when more
+      wait; MIN_PREFILL_CHUNK..max_batch), SOLO_PREFILL_CHUNK when nothing decodes.
     - prefix_cache: reuse the KV of prompt prefixes that running or finished requests hold,
       and keep finished requests' KV while the arena has room (False: free it at once).
 
@@ -346,6 +348,7 @@ class Engine:
         # the marginal seconds per prompt token, exponential moving averages (None: unmeasured)
         self._t_decode: float | None = None
         self._t_prompt_tok: float | None = None
+        self._last_chunk = self.prefill_chunk  # the chunk limit of the latest step (stats)
         self._thread = threading.Thread(target=self._loop, name="colibri-engine", daemon=True)
         self._thread.start()
 
@@ -510,7 +513,7 @@ class Engine:
                 "last_step_tokens": self._last_step_tokens,
                 "last_step_s": self._last_step_s,
                 "preemptions": self._preemptions,
-                "prefill_chunk": self.prefill_chunk,
+                "prefill_chunk": self._last_chunk,
                 "requests": {rid: r.stats() for rid, r in self._requests.items()},
             }
 
@@ -794,7 +797,9 @@ class Engine:
             else:
                 self._preempt(s)
         n_decode = len(plan)
-        chunk = min(self._chunk(decoding=n_decode > 0), budget)
+        n_pending = len(self._waiting) + sum(1 for s in self._running if s.order not in plan)
+        chunk = min(self._chunk(n_decode, n_pending), budget)
+        self._last_chunk = chunk
         for s in list(self._running):   # admitted, still prefilling
             if chunk == 0:
                 break
@@ -872,16 +877,22 @@ class Engine:
                 self._finish(s, Delta(finish_reason="error", error=f"{type(e).__name__}: {e}"))
             row += 1
 
-    def _chunk(self, decoding: bool) -> int:
-        """Prompt tokens this step may take (before max_batch's limit)."""
+    def _chunk(self, n_decode: int, n_pending: int) -> int:
+        """Prompt tokens this step may take (before max_batch's limit), with n_decode
+        sequences decoding and n_pending waiting for their prompt to be read."""
         if not self.adaptive_chunk:
             return self.prefill_chunk
-        if not decoding:
-            return max(self.prefill_chunk, SOLO_PREFILL_CHUNK)
-        if self._t_decode is not None and self._t_prompt_tok is not None:
-            c = int((CHUNK_STEP_RATIO - 1.0) * self._t_decode / self._t_prompt_tok)
-            self.prefill_chunk = max(MIN_PREFILL_CHUNK, min(c, self.max_batch))
-        return self.prefill_chunk
+        if n_decode == 0:
+            return max(DEFAULT_PREFILL_CHUNK, SOLO_PREFILL_CHUNK)
+        if self._t_decode is None or self._t_prompt_tok is None:
+            return DEFAULT_PREFILL_CHUNK
+        # the extra step time is paid by the n_decode running requests, the prefill is for
+        # the n_pending waiting ones: when more wait than decode (a burst of arrivals), the
+        # step may grow in proportion, so a burst's last request does not wait for many small
+        # chunks behind a few running ones
+        ratio = CHUNK_STEP_RATIO * max(1.0, n_pending / n_decode)
+        c = int((ratio - 1.0) * self._t_decode / self._t_prompt_tok)
+        return max(MIN_PREFILL_CHUNK, min(c, self.max_batch))
 
     def _observe(self, dt: float, n_decode: int, n_tokens: int) -> None:
         """Fold a step's time into the adaptive chunk's model: a decode-only step updates the

@@ -168,26 +168,30 @@ def test_adaptive_chunk_follows_the_step_time_rule(tiny):
         MIN_PREFILL_CHUNK,
         SOLO_PREFILL_CHUNK,
     )
-    with Engine(tiny, max_batch=128) as eng:
-        assert eng._chunk(decoding=True) == DEFAULT_PREFILL_CHUNK  # nothing measured yet
-        assert eng._chunk(decoding=False) == SOLO_PREFILL_CHUNK
+    want = int((CHUNK_STEP_RATIO - 1) * 64 + 1e-6)
+    with Engine(tiny, max_batch=1024) as eng:
         eng._t_decode = eng._t_prompt_tok = None
+        assert eng._chunk(16, 1) == DEFAULT_PREFILL_CHUNK  # nothing measured yet
+        assert eng._chunk(0, 5) == SOLO_PREFILL_CHUNK  # nobody decodes: nobody waits
         for _ in range(30):
             eng._observe(0.100, n_decode=16, n_tokens=16)
             eng._observe(0.200, n_decode=16, n_tokens=16 + 64)
-        assert eng._chunk(decoding=True) == int((CHUNK_STEP_RATIO - 1) * 64 + 1e-6)
+        assert eng._chunk(16, 1) == eng._chunk(16, 16) == want
+        # a burst: 4x more waiting than decoding -> the step may cost 4 * 1.6 decode steps
+        assert eng._chunk(4, 16) == int((4 * CHUNK_STEP_RATIO - 1) * 64 + 1e-6)
+        assert eng._chunk(1, 100) == 1024  # capped at max_batch
         eng._observe(0.5, n_decode=0, n_tokens=64)  # a prefill-only step: no information
-        assert eng._chunk(decoding=True) == int((CHUNK_STEP_RATIO - 1) * 64 + 1e-6)
+        assert eng._chunk(16, 1) == want
         for _ in range(30):  # prompt tokens turn expensive: the chunk shrinks to its floor
             eng._observe(1.0, n_decode=16, n_tokens=16 + 64)
-        assert eng._chunk(decoding=True) == MIN_PREFILL_CHUNK
-        for _ in range(60):  # and cheap: it grows up to max_batch
-            eng._observe(0.100, n_decode=16, n_tokens=16 + 64)
-        assert eng._chunk(decoding=True) == 128
+        assert eng._chunk(16, 1) == MIN_PREFILL_CHUNK
+        for _ in range(60):  # and free: a prompt token is taken to cost at least 5% of a
+            eng._observe(0.100, n_decode=16, n_tokens=16 + 64)  # decode step over 64
+        assert 700 < eng._chunk(16, 1) <= int(0.6 / 0.05 * 64)
     with Engine(tiny, prefill_chunk=24) as eng:  # a fixed chunk stays fixed
         eng._observe(0.1, n_decode=4, n_tokens=4)
         eng._observe(0.1, n_decode=4, n_tokens=68)
-        assert eng._chunk(decoding=True) == 24 and eng._chunk(decoding=False) == 24
+        assert eng._chunk(4, 1) == 24 and eng._chunk(0, 1) == 24 and eng._chunk(1, 50) == 24
 
 
 def test_tiny_adaptive_chunk_outputs_equal_single_runs(tiny):
