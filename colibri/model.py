@@ -242,12 +242,15 @@ def min_expert_slots(desc: ModelDesc, max_batch: int) -> int:
                 if L.n_expert > 0] or [1])
 
 
+USAGE_SAVE_S = 300.0  # a long-running model adds its route counts to the usage record this often
+
+
 class Model:
     """A GGUF language model.
 
     Model(path=None, threads=None, ctx=None, max_batch=None, kv_dtype="f32",
           expert_mode=None, expert_budget=None, expert_policy="lru", pin=None,
-          mlock_experts=False, prefetch=None, deterministic=True)
+          mlock_experts=False, prefetch=None, expert_usage=None, deterministic=True)
 
     Each knob: the argument when given, else its environment variable, else the default.
 
@@ -275,6 +278,10 @@ class Model:
       layer computes (COLIBRI_EXPERT_PREFETCH=0/1; cache and mmap modes; the mapped store has
       nothing to prefetch). Default: off - on the benchmark model the predictions were mostly
       wrong (see docs/ARCHITECTURE.md), costing reads and evictions. Logits never depend on it.
+    - expert_usage: keep the model's expert usage record (colibri.usage; COLIBRI_EXPERT_USAGE,
+      default on): this run's route counts are added to it at close (and every
+      USAGE_SAVE_S seconds of use), and a budgeted store ("cache"/"mmap") without explicit
+      pins pins the record's hottest experts at load (`usage_pins`). Logits never depend on it.
     Logits never depend on the expert mode, budget or policy.
     - path may be a GGUF or a colibri container (tools/convert_gguf.py), told apart by the
       magic; verify=False skips a container's data checksums at load (its header is checked).
@@ -308,6 +315,7 @@ class Model:
         pin: Sequence[tuple[int, int]] | None = None,
         mlock_experts: bool = False,
         prefetch: bool | None = None,
+        expert_usage: bool | None = None,
         verify: bool = True,
         device: str = "cpu",
         cuda_weights: str = "f16",
@@ -336,6 +344,10 @@ class Model:
         expert_mode = config.resolve("COLIBRI_EXPERT_MODE", expert_mode)
         expert_budget = config.resolve("COLIBRI_EXPERT_BUDGET", expert_budget)
         prefetch = config.resolve("COLIBRI_EXPERT_PREFETCH", prefetch)
+        self._usage = bool(config.resolve("COLIBRI_EXPERT_USAGE", expert_usage))
+        self._usage_base: dict[int, np.ndarray] = {}  # route counts already in the record
+        self._usage_t = time.monotonic()
+        self.usage_pins: list[tuple[int, int]] = []
         cuda_expert_budget = config.resolve("COLIBRI_CUDA_EXPERT_BUDGET", cuda_expert_budget)
         if path is None:
             self.path = default_model_path(progress=progress or verbose)
@@ -428,7 +440,64 @@ class Model:
             if not 0 <= int(layer) < d.n_layer or d.layers[int(layer)].n_expert == 0:
                 raise ValueError(f"pin: layer {layer} has no experts")
             store.pin(int(layer), int(expert))
+        if self._usage and mode != "mapped" and not pin:
+            self._pin_from_usage(store)
         return store
+
+    def _usage_shape(self) -> tuple[int, int]:
+        d = self.desc
+        return d.n_layer, max(L.n_expert for L in d.layers)
+
+    def _pin_from_usage(self, store: Any) -> None:
+        """Pin the usage record's hottest experts: at most PIN_SHARE of the slots that the
+        batch minimum leaves free. A record that cannot be used is skipped with a warning."""
+        from colibri.usage import PIN_SHARE, hottest, load_usage
+
+        try:
+            rec = load_usage(self.path, self._usage_shape())
+        except OSError as e:
+            log.warning("colibri: expert usage record not read: %s", e)
+            return
+        if rec is None:
+            return
+        info = store.info()
+        free = int(info["n_slots"]) - int(info["n_pinned"]) - min_expert_slots(self.desc,
+                                                                               self.max_batch)
+        for layer, expert in hottest(rec, int(free * PIN_SHARE)):
+            if layer < self.desc.n_layer and expert < self.desc.layers[layer].n_expert:
+                store.pin(layer, expert)
+                self.usage_pins.append((layer, expert))
+        if self.usage_pins:
+            log.info("pinned %d experts from the usage record", len(self.usage_pins))
+
+    def save_expert_usage(self) -> None:
+        """Add the route counts since the last save to the model's expert usage record (a
+        no-op for dense models and with expert_usage off). Model.close() calls it; a failure
+        to write is logged, never raised (the record is a cache)."""
+        if not self._usage or self.desc is None or not self.desc.is_moe:
+            return
+        from colibri.usage import add_usage
+
+        counts = np.zeros(self._usage_shape(), dtype=np.uint64)
+        now: dict[int, np.ndarray] = {}
+        for i, L in enumerate(self.desc.layers):
+            if L.n_expert:
+                c = np.asarray(self.route_counts(i), dtype=np.uint64)
+                base = self._usage_base.get(i)
+                if base is not None and (c >= base).all():
+                    counts[i, : L.n_expert] = c - base
+                else:  # counts were reset since the last save: all of them are new
+                    counts[i, : L.n_expert] = c
+                now[i] = c
+        self._usage_t = time.monotonic()
+        if not counts.any():
+            return
+        try:
+            add_usage(self.path, counts)
+        except OSError as e:
+            log.warning("colibri: expert usage record not saved: %s", e)
+            return
+        self._usage_base = now
 
     # ---- lifecycle ----
 
@@ -447,6 +516,8 @@ class Model:
         if lock is not None:
             lock.acquire()  # never while a forward runs
         try:
+            if getattr(self, "_usage", False) and getattr(self, "_fw", None) is not None:
+                self.save_expert_usage()
             self._closed = True
             if getattr(self, "cuda_experts", None) is not None:
                 self.cuda_experts.close()
@@ -564,6 +635,8 @@ class Model:
                 kw["embd"] = embd[a:b]
             with self._lock:  # one forward at a time per context (shared scratch); GIL released inside
                 outs.append(self._fw.run(seqs[a:b], pos[a:b], logits=want[a:b], **kw))
+                if self._usage and time.monotonic() - self._usage_t > USAGE_SAVE_S:
+                    self.save_expert_usage()
         return np.concatenate(outs) if len(outs) > 1 else outs[0]
 
     @_requires_open
@@ -702,7 +775,9 @@ class Model:
     @_requires_open
     def reset_expert_stats(self) -> None:
         if self.experts is not None:
+            self.save_expert_usage()  # the counts about to be reset go to the record first
             self.experts.reset_stats()
+            self._usage_base = {}
 
     @_requires_open
     def device_expert_stats(self, layer: int = -1) -> dict[str, float]:
