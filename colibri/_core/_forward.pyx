@@ -397,7 +397,9 @@ cdef class ExpertStore:
                 "evictions": st.evictions, "resident": st.resident,
                 "resident_bytes": st.resident_bytes, "reads": st.reads,
                 "prefetch_issued": st.prefetch_issued, "prefetch_hits": st.prefetch_hits,
-                "prefetch_wasted": st.prefetch_wasted}
+                "prefetch_wasted": st.prefetch_wasted, "predicted": st.predicted,
+                "predicted_used": st.predicted_used,
+                "predicted_acquired": st.predicted_acquired}
 
     def prefetch(self, layer_index, ids):
         """Hint that layer will use experts ids soon (the store's thread reads them)."""

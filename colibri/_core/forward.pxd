@@ -23,6 +23,7 @@ cdef extern from "colibri/experts.h" nogil:
         uint64_t uses, acquired, hits, misses, bytes_read, wait_ns
         uint64_t evictions, resident, resident_bytes
         uint64_t reads, prefetch_issued, prefetch_hits, prefetch_wasted
+        uint64_t predicted, predicted_used, predicted_acquired
     ctypedef struct cb_experts_params_t:
         int32_t mode, policy
         const char *path

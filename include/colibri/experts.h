@@ -145,6 +145,12 @@ typedef struct cb_experts_layer_stats {
     uint64_t prefetch_issued; /* experts the prefetch thread read (cache) or advised (mmap) */
     uint64_t prefetch_hits;   /* acquired experts resident because of a prefetch */
     uint64_t prefetch_wasted; /* prefetched experts evicted before any acquire used them */
+    /* the next-layer prediction (cb_experts_prefetch hints), scored at the layer's next
+     * acquire: precision = predicted_used / predicted, recall = predicted_used /
+     * predicted_acquired (counted whether or not the prefetch thread read them) */
+    uint64_t predicted;          /* experts hinted for this layer */
+    uint64_t predicted_used;     /* of those, acquired by the acquire that followed the hint */
+    uint64_t predicted_acquired; /* experts acquired by acquires that followed a hint */
 } cb_experts_layer_stats_t;
 
 cb_experts_params_t cb_experts_default_params(void);
