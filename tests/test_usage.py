@@ -134,3 +134,19 @@ def test_plan_without_a_record_says_so(moe_path: str, tmp_path: Path) -> None:
                          env={**__import__("os").environ, "COLIBRI_USAGE_DIR": str(tmp_path)}
                          ).stdout
     assert "usage record    none yet" in out
+
+
+def test_learned_moe_bench_slice(tmp_path: Path) -> None:
+    # a short slice of tools/bench/learned_moe.py (train a few steps, export, measure): every
+    # MoE layer gets a row, the layers after the first a scored prediction
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-W", "ignore", str(root / "tools" / "bench" /
+                          "learned_moe.py"), "--steps", "2", "--layers", "2", "--eval-tokens",
+                          "16", "--corpus-bytes", "200000", "--out", str(tmp_path)], capture_output=True, text=True,
+                         timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line.split() for line in out.stdout.splitlines()
+            if line.strip()[:1].isdigit() and "%" in line]
+    assert [r[0] for r in rows] == ["0", "1"], out.stdout
+    assert rows[0][1] == "-" and rows[1][1].endswith("%"), out.stdout
+    assert "cache hit rate" in out.stdout
