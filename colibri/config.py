@@ -130,7 +130,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in [
              choice("mapped", "cache", "mmap"),
              "where routed experts come from: `mapped` (the file mapping, the full-RAM path), "
              "`cache` (a slot pool of the budget, filled with reads) or `mmap` (the mapping "
-             "trimmed to the budget)", default_help="mapped without a budget, cache with one"),
+             "trimmed to the budget)",
+             default_help="mapped without a budget or with one that holds every expert, cache "
+                          "with a smaller one"),
     Variable("COLIBRI_EXPERT_BUDGET", "expert_budget", "size, fraction or auto", None, budget,
              "bytes of experts kept resident: `4GB`, `512MiB`, a fraction of the experts' size "
              "such as `0.5`, or `auto`", default_help="no budget: every expert mapped"),

@@ -266,7 +266,8 @@ class Model:
     - expert_mode (MoE models): "mapped" (the whole file mapping, the full-RAM path), "cache"
       (a slot pool of expert_budget bytes filled with pread) or "mmap" (the mapping with the
       resident experts trimmed to expert_budget by madvise/fadvise). Default: "mapped"
-      without a budget, "cache" with one (COLIBRI_EXPERT_MODE).
+      without a budget or with one that holds every expert (logged), "cache" with a smaller
+      one (COLIBRI_EXPERT_MODE).
     - expert_budget: bytes of experts kept resident: "4GB", "512MiB", an int, or a float in
       (0, 1] (a fraction of the experts' size) (COLIBRI_EXPERT_BUDGET). The pool is raised to
       hold at least the experts one layer can need in one batch (see min_expert_slots).
@@ -430,7 +431,11 @@ class Model:
                 mode = pl.mode
         nbytes = parse_budget(budget, d.expert_bytes())
         if mode is None:
-            mode = "mapped" if nbytes is None else "cache"
+            mode = "mapped" if nbytes is None or nbytes >= d.expert_bytes() else "cache"
+            if nbytes is not None and mode == "mapped":
+                log.info("expert budget %.1f MiB holds every expert (%.1f MiB): the mapped store "
+                         "(the file mapping, nothing to read or evict); expert_mode='cache' "
+                         "forces the slot pool", nbytes / 2**20, d.expert_bytes() / 2**20)
         if mode != "mapped" and nbytes is None:
             nbytes = d.expert_bytes()
         store = _fw.ExpertStore(d, mode=mode, path=self.path, budget_bytes=nbytes or 0,

@@ -150,3 +150,15 @@ def test_learned_moe_bench_slice(tmp_path: Path) -> None:
     assert [r[0] for r in rows] == ["0", "1"], out.stdout
     assert rows[0][1] == "-" and rows[1][1].endswith("%"), out.stdout
     assert "cache hit rate" in out.stdout
+
+
+def test_a_budget_holding_every_expert_maps_them(moe_path: str, caplog) -> None:
+    kw = dict(threads=1, ctx=64, max_batch=1, tokenizer=False, verbose=False)
+    with caplog.at_level("INFO", logger="colibri"):
+        with colibri.Model(moe_path, expert_budget=1.0, **kw) as m:
+            assert m.expert_info()["mode"] == "mapped"
+    assert "holds every expert" in caplog.text
+    with colibri.Model(moe_path, expert_budget=0.5, **kw) as m:
+        assert m.expert_info()["mode"] == "cache"
+    with colibri.Model(moe_path, expert_budget=1.0, expert_mode="cache", **kw) as m:
+        assert m.expert_info()["mode"] == "cache"  # asked for: kept
