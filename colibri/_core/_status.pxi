@@ -1,7 +1,9 @@
 """Status names, CPU/SIMD facts of the build, and a hook to test the status mapping."""
-include "_check.pxi"
 
-from colibri._core.cpu cimport cb_cpu_detect, cb_cpu_level, cb_simd_level_str, cb_build_portable
+from colibri._core.cpu cimport (
+    cb_build_portable, cb_cpu_detect, cb_cpu_level, cb_cpu_set_max_level, cb_simd_level,
+    cb_simd_level_str,
+)
 from colibri._core.status cimport cb_fail
 
 STATUS_CODES = {
@@ -43,3 +45,8 @@ def simd_level():
 def build_portable():
     """True when built with COLIBRI_PORTABLE=1."""
     return bool(cb_build_portable())
+
+
+def _set_simd_cap(int cap):
+    """Cap the SIMD level (see colibri.simd)."""
+    return <int>cb_cpu_set_max_level(<cb_simd_level>cap)

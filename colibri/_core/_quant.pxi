@@ -4,9 +4,6 @@ Weights are passed as their raw bytes (a uint8 array laid out as in a GGUF file:
 of `cols` values each), activations as float32 arrays. Every kernel call releases the GIL.
 Used by the tests and tools; the forward pass calls the C API directly.
 """
-include "_check.pxi"
-
-from libc.stdint cimport uintptr_t
 
 from libc.stdint cimport int32_t, int64_t, uint8_t
 
@@ -82,11 +79,6 @@ cdef class ThreadPool:
     @property
     def n_threads(self):
         return cb_threadpool_n_threads(self.pool)
-
-    def _address(self):
-        """Address of the C handle (cb_threadpool_t *), for colibri's other extension modules;
-        the caller keeps this pool alive while it uses it."""
-        return <uintptr_t>self.pool
 
 
 def _as_bytes(raw):
