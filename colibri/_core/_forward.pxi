@@ -25,6 +25,9 @@ from colibri._core.forward cimport (
     cb_forward_run, cb_forward_set_moe_hook, cb_forward_set_deterministic,
 )
 from colibri._core.forward cimport cb_experts_read_fn, cb_experts_set_read_hook  # test only
+from colibri._core.forward cimport (
+    CB_GATING_SIGMOID, CB_GATING_SOFTMAX, CB_ROUTE_MAX_EXPERTS, CB_ROUTE_MAX_K,
+)
 
 
 def _int_array(values, str what, lo, hi, dtype):
@@ -67,8 +70,13 @@ cdef inline const float *_vec(object v, str what) except? NULL:
     return <const float *>_addr(v, np.float32, what)
 
 
-_EXPERT_MODES = {"mapped": 0, "cache": 1, "mmap": 2}
-_POLICIES = {"lru": 0, "lfru": 1}
+_EXPERT_MODES = {"mapped": CB_EXPERTS_MAPPED, "cache": CB_EXPERTS_CACHE, "mmap": CB_EXPERTS_MMAP}
+_POLICIES = {"lru": CB_EXPERTS_LRU, "lfru": CB_EXPERTS_LFRU}
+# routing (cuda/routing_logic.h, shared by the C forward pass and the CUDA kernels)
+GATING_SOFTMAX = CB_GATING_SOFTMAX
+GATING_SIGMOID = CB_GATING_SIGMOID
+ROUTE_MAX_EXPERTS = CB_ROUTE_MAX_EXPERTS
+ROUTE_MAX_K = CB_ROUTE_MAX_K
 
 
 cdef int32_t _index(object value, int32_t n, str what, bint all_ok=False) except? -2:

@@ -5,6 +5,8 @@ from colibri._core._native import (
     ROPE_MAX_DIMS,
     add,
     axpy,
+    cb_act,
+    cb_rope_mode,
     dot,
     dot_rows,
     gelu_tanh,
@@ -22,5 +24,6 @@ from colibri._core._native import (
 
 __all__ = [
     "ROPE_MAX_DIMS", "rmsnorm", "rope", "rope_cache", "rope_yarn_corr_dims", "softmax", "silu",
-    "gelu_tanh", "glu", "mul", "add", "axpy", "scale", "softcap", "dot", "dot_rows",
+    "gelu_tanh", "glu", "mul", "add", "axpy", "scale", "softcap", "dot", "dot_rows", "cb_act",
+    "cb_rope_mode",
 ]

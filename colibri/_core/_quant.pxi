@@ -18,11 +18,8 @@ from colibri._core.threadpool cimport (
     cb_threadpool_free, cb_threadpool_n_threads, cb_threadpool_new, cb_threadpool_t,
 )
 
-TYPES = {
-    "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q8_1": 9,
-    "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "Q8_K": 15, "BF16": 30,
-    "MXFP4": 39, "I4_G128": 1024,
-}
+# name -> id of every block type of include/colibri/quant.h (the IntEnum cb_type)
+TYPES = {t.name[len("CB_TYPE_"):]: int(t) for t in cb_type}
 # colibri's own block types (not GGML ids; never in a GGUF file)
 COLIBRI_TYPES = ("I4_G128",)
 SUPPORTED = tuple(n for n, i in TYPES.items() if cb_type_supported(i))

@@ -8,6 +8,7 @@ from colibri._core._native import (
     ThreadPool,
     block_bytes,
     block_size,
+    cb_type,
     dequantize,
     get_rows,
     matmul,
@@ -22,5 +23,5 @@ from colibri._core._native import (
 __all__ = [
     "TYPES", "COLIBRI_TYPES", "SUPPORTED", "type_id", "type_name", "block_size", "block_bytes",
     "supported", "row_bytes", "ThreadPool", "dequantize", "get_rows", "matmul", "quantize_q8_0",
-    "quantize_i4g128",
+    "quantize_i4g128", "cb_type",
 ]

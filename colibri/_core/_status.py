@@ -2,9 +2,9 @@
 _status.pxi defines in colibri._core._native, the one extension module."""
 
 from colibri._core._native import (
-    STATUS_CODES,
     _set_simd_cap,
     build_portable,
+    cb_status,
     raise_status,
     simd_detected,
     simd_level,
@@ -12,6 +12,6 @@ from colibri._core._native import (
 )
 
 __all__ = [
-    "STATUS_CODES", "status_str", "raise_status", "simd_detected", "simd_level",
-    "build_portable", "_set_simd_cap",
+    "status_str", "raise_status", "simd_detected", "simd_level", "build_portable",
+    "_set_simd_cap", "cb_status",
 ]
