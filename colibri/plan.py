@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from colibri.arch import ModelDesc, open_model
-from colibri.model import _mem_available, min_expert_slots
+from colibri.meminfo import mem_available
+from colibri.model import min_expert_slots
 
 HEADROOM = 0.85
 
@@ -91,7 +92,7 @@ def make_plan(path: str, ctx: int = 4096, max_batch: int = 512, kv_dtype: str = 
     gf, d = open_model(path)
     try:
         pl = plan_for(path, d, ctx, max_batch, kv_dtype,
-                      _mem_available() if available is None else available)
+                      mem_available() if available is None else available)
     finally:
         gf.close()
     if pl.expert_bytes and expert_budget is not None and expert_budget != "auto":

@@ -745,12 +745,6 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
     return CB_OK;
 }
 
-cb_status cb_experts_new_mapped(const cb_experts_layer_t *layers, int32_t n_layers,
-                                cb_experts_t **out) {
-    cb_experts_params_t p = cb_experts_default_params();
-    return cb_experts_new(&p, layers, n_layers, out);
-}
-
 void cb_experts_free(cb_experts_t *s) {
     if (!s) return;
     if (s->thread_started) { /* an in-flight read finishes first; queued hints are dropped */

@@ -54,8 +54,6 @@ cdef extern from "colibri/experts.h" nogil:
                              int32_t n_layers, cb_experts_t **out)
     cb_status cb_experts_info(const cb_experts_t *s, cb_experts_info_t *out)
     cb_status cb_experts_pin(cb_experts_t *s, int32_t layer, int32_t expert)
-    cb_status cb_experts_new_mapped(const cb_experts_layer_t *layers, int32_t n_layers,
-                                    cb_experts_t **out)
     void cb_experts_free(cb_experts_t *s)
     cb_status cb_experts_stats(const cb_experts_t *s, int32_t layer, cb_experts_layer_stats_t *out)
     cb_status cb_experts_route_counts(const cb_experts_t *s, int32_t layer, uint64_t *counts,
@@ -141,3 +139,11 @@ cdef extern from "colibri/forward.h" nogil:
                                          const float *logits, int64_t n_tokens, float *out) noexcept
     void cb_forward_set_moe_hook(cb_forward_t *f, cb_moe_hook_fn fn, void *user)
     void cb_forward_set_deterministic(cb_forward_t *f, int deterministic)
+
+
+cdef extern from "routing_logic.h" nogil:
+    enum:
+        CB_GATING_SOFTMAX
+        CB_GATING_SIGMOID
+        CB_ROUTE_MAX_EXPERTS
+        CB_ROUTE_MAX_K

@@ -159,10 +159,6 @@ cb_experts_params_t cb_experts_default_params(void);
 cb_status cb_experts_new(const cb_experts_params_t *params, const cb_experts_layer_t *layers,
                          int32_t n_layers, cb_experts_t **out);
 
-/* Same as cb_experts_new with mode CB_EXPERTS_MAPPED. */
-cb_status cb_experts_new_mapped(const cb_experts_layer_t *layers, int32_t n_layers,
-                                cb_experts_t **out);
-
 cb_status cb_experts_info(const cb_experts_t *s, cb_experts_info_t *out);
 
 /* Makes expert (layer, expert) resident (reading it if needed) and never evicts it.
