@@ -808,6 +808,14 @@ static void mm_task_rp(void *vctx, int task, int thread) {
     for (int64_t r0 = r_begin; r0 < r_end; r0 += 8) {
         int nr = r_end - r0 < 8 ? (int)(r_end - r0) : 8;
         cb_avx2_rp_pack(c->type, c->w + r0 * c->w_stride, c->w_stride, nr, c->cols, pk);
+        if (r0 + 8 < c->rows) {
+            /* the next group's rows (contiguous) into L2 while this group meets the tokens,
+             * so the next pack does not wait on memory */
+            const uint8_t *nx = c->w + (r0 + 8) * c->w_stride;
+            int64_t nn = c->rows - (r0 + 8) < 8 ? c->rows - (r0 + 8) : 8;
+            size_t bytes = (size_t)nn * c->w_stride;
+            for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(nx + o, 0, 2);
+        }
         for (int64_t t0 = 0; t0 < c->n_tokens; t0 += 4) {
             int nt = c->n_tokens - t0 < 4 ? (int)(c->n_tokens - t0) : 4;
             (c->avx512 ? cb_avx512_rp_tile : cb_avx2_rp_tile)(
