@@ -726,6 +726,7 @@ typedef struct {
      * avx512: its AVX-512 activation quantizer and tile, quant_avx512.c) */
     int rp;
     int avx512;
+    int vnni;        /* packed tiles: cb_avx512_rp_tile_vnni */
     int type;
     uint8_t *pack; /* per-thread group buffers, pack_stride bytes apart */
     size_t pack_stride;
@@ -818,7 +819,7 @@ static void mm_task_rp(void *vctx, int task, int thread) {
         }
         for (int64_t t0 = 0; t0 < c->n_tokens; t0 += 4) {
             int nt = c->n_tokens - t0 < 4 ? (int)(c->n_tokens - t0) : 4;
-            (c->avx512 ? cb_avx512_rp_tile : cb_avx2_rp_tile)(
+            (c->vnni ? cb_avx512_rp_tile_vnni : c->avx512 ? cb_avx512_rp_tile : cb_avx2_rp_tile)(
                 c->type, pk, c->kn, c->xa + t0 * c->xa_stride, c->xa_stride, nt, out);
             mm_store(c, r0, nr, t0, nt, out);
         }
@@ -875,6 +876,7 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
      * order (the AVX-512 packed tile sums as the AVX2 one); the AVX-512 direct tiles (lanes of
      * partial sums) only when asked to be fast */
     c.avx512 = level >= CB_SIMD_AVX512;
+    c.vnni = level >= CB_SIMD_AVX512_VNNI;
     c.tile = c.avx512 && o.fast ? cb_avx512_tile(w->type) : NULL;
     if (!c.tile && level >= CB_SIMD_AVX2)
         c.tile = o.fast ? cb_avx2_tile_fast(w->type) : cb_avx2_tile(w->type);
