@@ -910,6 +910,85 @@ INL void rpk_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t
     }
 }
 
+/* The K-quant tile with AVX512-VNNI: a sub-block's products accumulate in int32 with one
+ * vpdpbusd per token and pair of steps (instead of maddubs + add into int16), then one int32
+ * multiply by the sub-block's scale (instead of madd with the (sc, sc) int16 pairs, read here as
+ * int32 >> 16). The same exact integers, so the same floats as rpk_tile. */
+INLV void rpkv_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
+                   float *out) {
+    const int ns = rpk_ns(type), SB = 64 / ns; /* steps per sub-block */
+    const size_t bst = rpk_bstride(type);
+    __m256 facc[4];
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) facc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = pk + (size_t)b * bst, *scv = q + 2048, *mnv = scv + 32 * ns;
+        const cb_q8k_t *a[4];
+        __m512i isum[4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            a[t] = (const cb_q8k_t *)(const void *)(xa + (size_t)t * xs) + b;
+            isum[t] = _mm512_setzero_si512();
+        }
+        #pragma GCC unroll 1
+        for (int j = 0; j < ns; j++) {
+            /* the (sc, sc) int16 pairs as one int32 sc per row lane (sign kept: Q6_K) */
+            const __m512i sc = _mm512_srai_epi32(_mm512_broadcast_i64x4(loadu256(scv + 32 * j)), 16);
+            __m512i xj[4], a16[4];
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                const uint8_t *xp = (const uint8_t *)a[t]->qs + 4 * SB * j;
+                /* the sub-block's 4*SB activation bytes (32 or 16) */
+                xj[t] = SB == 8 ? zext_si(loadu256(xp))
+                                : _mm512_inserti32x4(_mm512_setzero_si512(),
+                                                     _mm_loadu_si128((const __m128i *)(const void *)xp), 0);
+                a16[t] = _mm512_setzero_si512();
+            }
+            #pragma GCC unroll 4
+            for (int p = 0; p < SB / 2; p++) {
+                __m512i wv = loadu512(q + 32 * (j * SB + 2 * p));
+                __m512i idx = pair_idx(p);
+                #pragma GCC unroll 4
+                for (int t = 0; t < NT; t++)
+                    a16[t] = _mm512_dpbusd_epi32(a16[t], wv,
+                                                 _mm512_permutexvar_epi32(idx, xj[t]));
+            }
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++)
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(a16[t], sc));
+        }
+        const __m256 dv = _mm256_loadu_ps((const float *)(const void *)(mnv + 256));
+        const __m256 dmv = _mm256_loadu_ps((const float *)(const void *)(mnv + 288));
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            /* min vectors k, k+1 against bsums pairs k, k+1 */
+            const __m512i bs = zext_si(loadu256(a[t]->bsums));
+            __m512i ms = _mm512_setzero_si512();
+            #pragma GCC unroll 4
+            for (int p = 0; p < 4; p++)
+                ms = _mm512_add_epi32(ms, _mm512_madd_epi16(loadu512(mnv + 64 * p),
+                                                            _mm512_permutexvar_epi32(pair_idx(p), bs)));
+            const __m256 dxv = _mm256_set1_ps(a[t]->d);
+            if (type == CB_TYPE_Q6_K) { /* zero point in the integers: the AVX2 tiles' rule */
+                facc[t] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(_mm256_sub_epi32(fold_epi32(isum[t]), fold_epi32(ms))),
+                    _mm256_mul_ps(dv, dxv), facc[t]);
+                continue;
+            }
+            facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_epi32(isum[t])), _mm256_mul_ps(dv, dxv),
+                                      facc[t]);
+            facc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(fold_epi32(ms)), _mm256_mul_ps(dmv, dxv),
+                                       facc[t]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, facc[t]);
+        for (int r = 0; r < 8; r++) out[r * NT + t] = tmp[r];
+    }
+}
+
 #define CB_DEFINE_RP(NAME, BODY, TYPE)                                                          \
     CB_AVX512_TARGET static void NAME(const uint8_t *pk, int64_t nb, const uint8_t *xa,        \
                                       size_t xs, int nt, float *out) {                         \
@@ -921,24 +1000,27 @@ INL void rpk_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t
         }                                                                                       \
     }
 
-#define CB_DEFINE_RPV(NAME, TYPE)                                                               \
+#define CB_DEFINE_RPV(NAME, BODY, TYPE)                                                         \
     CB_AVX512_VNNI_TARGET static void NAME(const uint8_t *pk, int64_t nb, const uint8_t *xa,   \
                                            size_t xs, int nt, float *out) {                    \
         switch (nt) {                                                                           \
-        case 1: rpv_tile(TYPE, 1, pk, nb, xa, xs, out); break;                                  \
-        case 2: rpv_tile(TYPE, 2, pk, nb, xa, xs, out); break;                                  \
-        case 3: rpv_tile(TYPE, 3, pk, nb, xa, xs, out); break;                                  \
-        default: rpv_tile(TYPE, 4, pk, nb, xa, xs, out); break;                                 \
+        case 1: BODY(TYPE, 1, pk, nb, xa, xs, out); break;                                      \
+        case 2: BODY(TYPE, 2, pk, nb, xa, xs, out); break;                                      \
+        case 3: BODY(TYPE, 3, pk, nb, xa, xs, out); break;                                      \
+        default: BODY(TYPE, 4, pk, nb, xa, xs, out); break;                                     \
         }                                                                                       \
     }
 
-CB_DEFINE_RPV(rpv512_q4_0, CB_TYPE_Q4_0)
-CB_DEFINE_RPV(rpv512_q4_1, CB_TYPE_Q4_1)
-CB_DEFINE_RPV(rpv512_q5_0, CB_TYPE_Q5_0)
-CB_DEFINE_RPV(rpv512_q5_1, CB_TYPE_Q5_1)
-CB_DEFINE_RPV(rpv512_q8_0, CB_TYPE_Q8_0)
-CB_DEFINE_RPV(rpv512_mxfp4, CB_TYPE_MXFP4)
-CB_DEFINE_RPV(rpv512_i4g128, CB_TYPE_I4_G128)
+CB_DEFINE_RPV(rpv512_q4_0, rpv_tile, CB_TYPE_Q4_0)
+CB_DEFINE_RPV(rpv512_q4_1, rpv_tile, CB_TYPE_Q4_1)
+CB_DEFINE_RPV(rpv512_q5_0, rpv_tile, CB_TYPE_Q5_0)
+CB_DEFINE_RPV(rpv512_q5_1, rpv_tile, CB_TYPE_Q5_1)
+CB_DEFINE_RPV(rpv512_q8_0, rpv_tile, CB_TYPE_Q8_0)
+CB_DEFINE_RPV(rpv512_mxfp4, rpv_tile, CB_TYPE_MXFP4)
+CB_DEFINE_RPV(rpv512_i4g128, rpv_tile, CB_TYPE_I4_G128)
+CB_DEFINE_RPV(rpv512_q4_k, rpkv_tile, CB_TYPE_Q4_K)
+CB_DEFINE_RPV(rpv512_q5_k, rpkv_tile, CB_TYPE_Q5_K)
+CB_DEFINE_RPV(rpv512_q6_k, rpkv_tile, CB_TYPE_Q6_K)
 
 CB_DEFINE_RP(rp512_q4_0, rp_tile, CB_TYPE_Q4_0)
 CB_DEFINE_RP(rp512_q4_1, rp_tile, CB_TYPE_Q4_1)
@@ -978,7 +1060,10 @@ void CB_AVX512_FN(rp_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const u
     case CB_TYPE_Q8_0: rpv512_q8_0(pk, nb, xa, xs, nt, out); break;
     case CB_TYPE_MXFP4: rpv512_mxfp4(pk, nb, xa, xs, nt, out); break;
     case CB_TYPE_I4_G128: rpv512_i4g128(pk, nb, xa, xs, nt, out); break;
-    default: CB_AVX512_FN(rp_tile)(type, pk, nb, xa, xs, nt, out); break; /* K-quants */
+    case CB_TYPE_Q4_K: rpv512_q4_k(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q5_K: rpv512_q5_k(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q6_K: rpv512_q6_k(pk, nb, xa, xs, nt, out); break;
+    default: break;
     }
 }
 

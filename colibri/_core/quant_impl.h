@@ -79,8 +79,8 @@ void cb_avx512_quantize_q8k(const float *x, int64_t n, void *dst);
 void cb_avx512_rp_quantize(int type, const float *x, int64_t cols, uint8_t *dst);
 void cb_avx512_rp_tile(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
                        int nt, float *out);
-/* The same tile with AVX512-VNNI (cb_cpu_level() == CB_SIMD_AVX512_VNNI) for the 32-block types
- * (the K-quants run cb_avx512_rp_tile): bit-identical results. */
+/* The same tile with AVX512-VNNI (cb_cpu_level() == CB_SIMD_AVX512_VNNI): bit-identical
+ * results. */
 void cb_avx512_rp_tile_vnni(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
                             int nt, float *out);
 

@@ -332,20 +332,22 @@ static int check_rp(const kernels *k, int type, int exact) {
     return ok;
 }
 
-/* Two packed tiles (AVX-512 with and without VNNI) on the same random groups: bit-equal outputs
+/* Two packed tiles (AVX-512 with and without VNNI) on the same random groups, every packed type
+ * (32-blocks and K-quants): bit-equal outputs
  * (the same integer block sums, then the same float operations; batch invariance relies on it).
  * Extreme weights too: all Q8_0 bytes -128 or 127 against activations +-127. */
 static void check_rp_same(const kernels *a, const kernels *b) {
     for (int i = 0; i < N_TYPES; i++) {
         int type = TYPES[i];
-        if (!cb_avx2_rp_supported(type) || kind_of(type) == 2) continue;
+        if (!cb_avx2_rp_supported(type)) continue;
+        const int kq = kind_of(type) == 2;
         int ok = 1;
         for (int rep = 0; rep < 60 && ok; rep++) {
-            int64_t cols = random_cols(type), nb = cols / CB_QK;
+            int64_t cols = random_cols(type), nb = cols / (kq ? CB_QKK : CB_QK);
             int nr = rndi(1, 8), nt = rndi(1, 4);
             size_t rb;
             CHECK(cb_type_row_bytes(type, cols, &rb) == CB_OK);
-            size_t xs = cb_avx2_rp_act_stride(cols);
+            size_t xs = kq ? act_stride(type, cols) : cb_avx2_rp_act_stride(cols);
             uint8_t *w = malloc(rb * 8), *pk = aligned(cb_avx2_rp_group_bytes(type, cols));
             uint8_t *xa = aligned(xs * 4);
             float *x = malloc(sizeof(float) * (size_t)(cols * 4));
@@ -357,7 +359,10 @@ static void check_rp_same(const kernels *a, const kernels *b) {
                         memset(w + (size_t)r * rb + (size_t)k * 34 + 2, (rep & 2) ? 0x80 : 0x7f, 32);
             for (int64_t j = 0; j < cols * nt; j++)
                 x[j] = (rep & 1) ? ((j & 1) ? 1.0f : -1.0f) : 4.0f * rndf();
-            for (int t = 0; t < nt; t++) a->rp_quantize(type, x + t * cols, cols, xa + (size_t)t * xs);
+            for (int t = 0; t < nt; t++) {
+                if (kq) a->q8k(x + t * cols, cols, xa + (size_t)t * xs);
+                else a->rp_quantize(type, x + t * cols, cols, xa + (size_t)t * xs);
+            }
             cb_avx2_rp_pack(type, w, rb, nr, cols, pk);
             a->rp_tile(type, pk, nb, xa, xs, nt, oa);
             b->rp_tile(type, pk, nb, xa, xs, nt, ob);
