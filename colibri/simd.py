@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import colibri._core._status as _status
 
-LEVELS = ("scalar", "avx2", "avx512")
-_cap = "avx512"
+LEVELS = ("scalar", "avx2", "avx512", "avx512vnni")
+_cap = "avx512vnni"
 
 
 def detected() -> str:

@@ -39,6 +39,26 @@ def test_temperature_zero_and_top_k_one_are_greedy():
     assert all(s.sample(logits) == int(np.argmax(logits)) for _ in range(20))
 
 
+def test_top_k_candidates_are_the_k_largest_ties_to_lower_ids():
+    def _top_k(x, k):
+        p = SamplingParams(temperature=1.0, top_k=k, top_p=1.0, min_p=0.0)
+        return np.sort(Sampler(p).distribution(x)[0])
+
+    rng = np.random.default_rng(1)
+    for trial in range(60):
+        n = 262144 if trial % 3 == 0 else int(rng.integers(2, 5000))
+        x = rng.standard_normal(n).astype(np.float32)
+        if trial % 2:
+            x = np.round(x * 2).astype(np.float32)  # many ties at the k-th value
+        if trial % 5 == 0:
+            x[rng.integers(0, n, size=min(n, 40))] = -np.inf
+        k = int(rng.integers(1, min(n, 300)))
+        got = _top_k(x, k)
+        # reference: a full sort by (value descending, id ascending)
+        ref = np.sort(np.lexsort((np.arange(n), -x))[:k])
+        assert np.array_equal(got, ref), (trial, n, k)
+
+
 def test_seeded_sampling_is_reproducible_and_seeds_differ():
     logits = np.random.default_rng(1).standard_normal(500).astype(np.float32)
     a = Sampler(SamplingParams(seed=7, top_k=0, top_p=1.0, min_p=0.0))

@@ -21,7 +21,7 @@ def raise_status(int code, str detail):
 
 
 def simd_detected():
-    """Best SIMD level this CPU supports: 'scalar', 'avx2' or 'avx512'."""
+    """Best SIMD level this CPU supports: 'scalar', 'avx2', 'avx512' or 'avx512vnni'."""
     return cb_simd_level_str(cb_cpu_detect()).decode("ascii")
 
 
