@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import signal
 import sys
 from typing import Any
 
@@ -60,6 +61,11 @@ def run(args: Any, load: Any) -> int:
                       f"{args.grace_period:g} s)", file=sys.stderr, flush=True)
             state.draining = True  # new /v1/ requests on open connections: 503
             super().handle_exit(sig, frame)
+            # uvicorn re-raises the signal after its graceful shutdown (the process then dies
+            # of it); a SIGTERM that shut down cleanly exits 0 instead
+            if sig == signal.SIGTERM:
+                self._captured_signals = [s for s in self._captured_signals
+                                          if s != signal.SIGTERM]
 
     server = Server(config)
     url = f"http://{args.host if ':' not in args.host else '[' + args.host + ']'}:{args.port}"

@@ -308,13 +308,14 @@ def _sampling(req: _Sampling, state: ServerState, max_tokens: int) -> dict[str, 
                 seed=req.seed, stop=req.stop, logit_bias=_logit_bias(req, state.model.n_vocab))
 
 
-def _max_tokens(state: ServerState, n_prompt: int, asked: int | None, default: int | None) -> int:
+def _max_tokens(state: ServerState, n_prompt: int, asked: int | None, default: int | None,
+                what: str) -> int:
     assert state.model is not None
     ctx = state.model.ctx
     if n_prompt + 1 > ctx:
         raise APIError(400, f"this model's context holds {ctx} tokens and the prompt has "
                        f"{n_prompt}: shorten it (or serve with a larger --ctx)",
-                       param="messages", code="context_length_exceeded")
+                       param=what, code="context_length_exceeded")
     if asked is not None:
         if n_prompt + asked > ctx:
             raise APIError(400, f"this model's context holds {ctx} tokens; the request needs "
@@ -697,7 +698,7 @@ def create_app(state: ServerState) -> Any:
                 raise APIError(400, "the prompt has no tokens", param="prompt")
             prompts.append(ids)
         longest = max(len(x) for x in prompts)
-        max_tokens = _max_tokens(state, longest, req.max_tokens, 16)
+        max_tokens = _max_tokens(state, longest, req.max_tokens, 16, "prompt")
         kw = _sampling(req, state, max_tokens)
         constraint = _response_format(state, req)
         reqs = _submit(state, prompts, req.n, kw, constraint, req.logprobs)
@@ -794,7 +795,7 @@ def create_app(state: ServerState) -> Any:
             raise APIError(400, "the messages render to no tokens", param="messages")
         asked = req.max_completion_tokens if req.max_completion_tokens is not None \
             else req.max_tokens
-        kw = _sampling(req, state, _max_tokens(state, len(ids), asked, None))
+        kw = _sampling(req, state, _max_tokens(state, len(ids), asked, None, "messages"))
         constraint: Callable[[], Any] | None
         if use_tools and (choice == "required" or isinstance(choice, NamedToolChoice)):
             name = choice.function.name if isinstance(choice, NamedToolChoice) else None
