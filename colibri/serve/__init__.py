@@ -7,7 +7,7 @@ is missing (missing_extra()). See colibri.serve.app for the routes and docs/SERV
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import logging
 import os
 import signal
@@ -23,7 +23,12 @@ REQUIRED = (("fastapi", "fastapi"), ("uvicorn", "uvicorn"), ("prometheus_client"
 def missing_extra() -> str | None:
     """None when the serve stack is installed; else a message naming what is missing and the
     extra that installs it."""
-    missing = [dist for mod, dist in REQUIRED if importlib.util.find_spec(mod) is None]
+    missing = []
+    for mod, dist in REQUIRED:
+        try:
+            importlib.import_module(mod)
+        except ImportError:
+            missing.append(dist)
     if not missing:
         return None
     return (f"colibri serve needs {', '.join(missing)}: pip install \"colibri[serve]\"")
