@@ -72,6 +72,14 @@ def test_queue_limit_sigterm_and_expert_metrics(tiny_path, tmp_path):
         assert httpx.get(url + "/health").status_code == 200
         # SIGTERM while it streams: it runs to its end, then the server exits 0
         srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        assert t.is_alive()  # still streaming
+        try:  # no new work: the listener is closed (or, on an open connection, 503)
+            late = httpx.post(url + "/v1/completions", timeout=10,
+                              json={"model": MODEL, "prompt": "x", "max_tokens": 2})
+            assert late.status_code == 503, late.text
+        except httpx.TransportError:
+            pass
         t.join(120)
         assert not t.is_alive()
         assert srv.proc.wait(90) == 0, srv.log()
@@ -170,3 +178,35 @@ def test_missing_extra_names_it(monkeypatch, capsys):
     assert main(["serve"]) == 1
     err = capsys.readouterr().err
     assert 'pip install "colibri[serve]"' in err and "llguidance" in err
+
+
+def test_messages_for_templates_with_and_without_tools():
+    from colibri.generate import render_template
+    from colibri.serve.app import _template_messages
+    from colibri.serve.protocol import ChatRequest
+
+    req = ChatRequest.model_validate_json(json.dumps({"model": "m", "messages": [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Weather in "},
+                                     {"type": "text", "text": "Oslo?"}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "-3 C"}]}))
+    hermes = ("{% if tools %}<tools>{% for t in tools %}{{ t.function.name }}{% endfor %}</tools>"
+              "{% endif %}{% for m in messages %}<|{{ m.role }}|>{{ m.content }}"
+              "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function.arguments | tojson }}"
+              "</tool_call>{% endfor %}{% endfor %}")
+    msgs = _template_messages(req.messages, tools_in_template=True)
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool"]
+    assert msgs[1]["content"] == "Weather in Oslo?"
+    assert msgs[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}  # a dict
+    out = render_template(hermes, msgs, tools=[{"type": "function",
+                                                "function": {"name": "get_weather"}}])
+    assert "<tools>get_weather</tools>" in out and '{"city": "Oslo"}' in out
+    # a template without tools: calls folded into the assistant's text, the result a user turn
+    folded = _template_messages(req.messages, tools_in_template=False)
+    assert [m["role"] for m in folded] == ["system", "user", "assistant", "user"]
+    assert json.loads(folded[2]["content"]) == {"name": "get_weather",
+                                                "arguments": {"city": "Oslo"}}
+    assert folded[3]["content"] == "Tool result: -3 C"
