@@ -12,7 +12,7 @@ its -c is N times the per-request context so each slot gets the same room). N cl
 each send --requests streaming /v1/completions requests one after another: distinct prompts,
 greedy, the model's end-of-generation tokens banned through logit_bias so every request
 generates --max-tokens tokens on both servers. Reported per server and N: aggregate generated
-tokens/s (all tokens over the wall time of the run), p50/p99 time to first token, p50/p99
+tokens/s (all tokens over the wall time of the run, after one unmeasured warm-up request), p50/p99 time to first token, p50/p99
 inter-token latency (gaps between streamed chunks with text), the server's peak RSS (sampled
 every 50 ms, psutil) and errors. For colibri also the structured-output mask cost: one
 json_schema request's grammar-mask time per token, from /metrics.
@@ -253,6 +253,9 @@ async def load_run(url: str, n: int, requests: int, max_tokens: int,
                 out.append(await stream_one(client, url, body))
             return out
 
+        # warm-up (first-touch page faults, lazy initialisation), not measured
+        await stream_one(client, url, {"model": "bench", "prompt": prompt(999), "max_tokens": 4,
+                                       "temperature": 0, "stream": True, "logit_bias": bias})
         t0 = time.perf_counter()
         res = [r for rs in await asyncio.gather(*(worker(c) for c in range(n))) for r in rs]
         wall = time.perf_counter() - t0
