@@ -25,8 +25,9 @@ alone.
 
 --soak MINUTES: colibri only, 64 clients for MINUTES: streams of random length, a tenth of them
 dropped mid-stream, a tenth malformed (bad JSON or values: they must get 400); reports the
-server's RSS at the start (after a warm-up) and the end, and the well-formed requests that
-failed (the target: RSS flat within 5%, none failed).
+server's RSS at the start (after a warm-up of the same load for a quarter of MINUTES, at most
+a minute, in which the KV arena and the prefix cache fill) and the end, and the well-formed
+requests that failed (the target: RSS flat within 5%, none failed).
 
 --quick: 32 generated tokens, 1 request per client.
 Like every tool here it runs the installed colibri (from a checkout: PYTHONPATH=.).
@@ -308,27 +309,23 @@ def mask_cost(url: str) -> dict[str, Any]:
 
 # ---- soak ----
 
-async def soak(url: str, minutes: float, bias: dict[str, float], proc: Proc) -> dict[str, Any]:
+async def soak(url: str, minutes: float, bias: dict[str, float], proc: Proc,
+               warmup_s: float) -> dict[str, Any]:
+    """The mixed load for warmup_s (the KV arena and the prefix cache fill up; not counted),
+    RSS; then for `minutes`, counted; RSS again."""
     import httpx
 
     rng = random.Random(0)
     stats = {"ok": 0, "failed": 0, "dropped": 0, "malformed_ok": 0, "malformed_wrong": 0}
     failures: list[str] = []
-    end = time.monotonic() + minutes * 60
     limits = httpx.Limits(max_connections=80, max_keepalive_connections=80)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        async def warm() -> None:
-            await stream_one(client, url, {"model": "bench", "prompt": prompt(0), "max_tokens": 8,
-                                           "stream": True, "temperature": 0})
-        await asyncio.gather(*(warm() for _ in range(8)))
-        rss_start = proc.rss()
-
-        async def worker(c: int) -> None:
+        async def worker(c: int, until: float, count: bool) -> None:
             k = 0
-            while time.monotonic() < end:
+            while time.monotonic() < until:
                 k += 1
                 roll = rng.random()
-                body = {"model": "bench", "prompt": prompt(c * 1000 + k),
+                body = {"model": "bench", "prompt": prompt(c * 100000 + k),
                         "max_tokens": rng.randint(4, 64), "temperature": rng.choice([0, 0.8]),
                         "stream": True, "logit_bias": bias}
                 if roll < 0.1:  # malformed
@@ -336,7 +333,8 @@ async def soak(url: str, minutes: float, bias: dict[str, float], proc: Proc) -> 
                                       json.dumps({**body, "max_tokens": -3}).encode(),
                                       json.dumps({"prompt": 5}).encode()])
                     r = await client.post(url + "/v1/completions", content=bad)
-                    stats["malformed_ok" if r.status_code == 400 else "malformed_wrong"] += 1
+                    if count:
+                        stats["malformed_ok" if r.status_code == 400 else "malformed_wrong"] += 1
                 elif roll < 0.2:  # dropped mid-stream
                     try:
                         async with client.stream("POST", url + "/v1/completions", json=body) as r:
@@ -348,21 +346,46 @@ async def soak(url: str, minutes: float, bias: dict[str, float], proc: Proc) -> 
                                         break
                     except Exception:  # noqa: BLE001 - dropping is the point
                         pass
-                    stats["dropped"] += 1
+                    if count:
+                        stats["dropped"] += 1
                 else:
                     res = await stream_one(client, url, body)
+                    if not count:
+                        continue
                     if "error" in res:
                         stats["failed"] += 1
                         failures.append(res["error"])
                     else:
                         stats["ok"] += 1
 
-        await asyncio.gather(*(worker(c) for c in range(64)))
+        samples: list[tuple[float, float, float]] = []  # (s, RSS MiB, KV used MiB)
+        t_start = time.monotonic()
+
+        async def sampler() -> None:
+            while True:
+                kv = 0.0
+                try:
+                    for line in (await client.get(url + "/metrics")).text.splitlines():
+                        if line.startswith("colibri_kv_used_bytes "):
+                            kv = float(line.split()[1]) / 2**20
+                except Exception:  # noqa: BLE001 - a sample missed
+                    pass
+                samples.append((time.monotonic() - t_start, proc.rss() / 2**20, kv))
+                await asyncio.sleep(15)
+
+        sampling = asyncio.create_task(sampler())
+        until = time.monotonic() + warmup_s
+        await asyncio.gather(*(worker(c, until, False) for c in range(64)))
+        rss_start = proc.rss()
+        until = time.monotonic() + minutes * 60
+        await asyncio.gather(*(worker(c + 64, until, True) for c in range(64)))
+        sampling.cancel()
     await asyncio.sleep(1.0)
     rss_end = proc.rss()
-    return {**stats, "minutes": minutes, "rss_start_mib": rss_start / 2**20,
-            "rss_end_mib": rss_end / 2**20, "rss_change_pct": (rss_end / rss_start - 1) * 100,
-            "first_failures": failures[:3]}
+    return {**stats, "minutes": minutes, "warmup_s": warmup_s,
+            "rss_start_mib": rss_start / 2**20, "rss_end_mib": rss_end / 2**20,
+            "rss_change_pct": (rss_end / rss_start - 1) * 100, "first_failures": failures[:3],
+            "samples_s_rss_kv_mib": samples}
 
 
 # ---- main ----
@@ -394,14 +417,16 @@ def main(argv: list[str] | None = None) -> int:
     if a.soak is not None:
         pr = start_colibri(model, a.threads, 64, logdir)
         try:
-            res = asyncio.run(soak(pr.url, a.soak, bias, pr))
+            res = asyncio.run(soak(pr.url, a.soak, bias, pr, warmup_s=min(60.0, a.soak * 15)))
         finally:
             pr.stop()
         report["soak"] = res
-        print(f"soak {a.soak:g} min, 64 clients: {res['ok']} streams ok, {res['failed']} failed, "
+        print(f"soak {a.soak:g} min (after {res['warmup_s']:.0f} s of warm-up), 64 clients: {res['ok']} streams ok, {res['failed']} failed, "
               f"{res['dropped']} dropped mid-stream, {res['malformed_ok']} malformed -> 400 "
               f"({res['malformed_wrong']} otherwise); RSS {res['rss_start_mib']:.0f} -> "
               f"{res['rss_end_mib']:.0f} MiB ({res['rss_change_pct']:+.1f}%)")
+        print("  (s, RSS MiB, KV arena used MiB) every 15 s: " + ", ".join(
+            f"({t:.0f}, {r:.0f}, {k:.0f})" for t, r, k in res["samples_s_rss_kv_mib"]))
         if res["first_failures"]:
             print("  failures:", res["first_failures"])
     else:
