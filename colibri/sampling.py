@@ -144,14 +144,14 @@ class Sampler:
             # full sort of a 262k vocabulary costs ~100x the draw; min_p keeps the tokens with
             # p >= min_p * p_max, i.e. logit >= max + log(min_p)
             lx = x - x.max()  # float32: numpy's float32 exp is vectorised (~15x float64's)
-            keep = None
+            kept = None
             if self.p.min_p > 0.0:
-                keep = np.nonzero(lx >= math.log(self.p.min_p))[0]
-                lx = lx[keep]
+                kept = np.nonzero(lx >= math.log(self.p.min_p))[0]
+                lx = lx[kept]
             cum = np.cumsum(np.exp(lx / np.float32(self.p.temperature)), dtype=np.float64)
             i = min(int(np.searchsorted(cum, self.rng.random() * cum[-1], side="right")),
                     cum.shape[0] - 1)
-            return int(i if keep is None else keep[i])
+            return int(i if kept is None else kept[i])
         if k < n:
             cand = np.argpartition(-x, k - 1)[:k]
         else:
