@@ -366,6 +366,32 @@ def test_openai_client_raises_its_own_errors(client):
     assert client.completions.create(model=MODEL, prompt="a", max_tokens=2).choices
 
 
+def test_metrics_count_what_happened(server, client):
+    def value(text: str, name: str) -> float:
+        return sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith(name + " ") or line.startswith(name + "{"))
+
+    before = httpx.get(server.url + "/metrics").text
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[5], max_tokens=5, temperature=0,
+                                  logit_bias={str(t): -100 for t in (1, 106)})
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt="a", n=0)
+    after = httpx.get(server.url + "/metrics").text
+    assert r.usage.completion_tokens == 5
+    assert value(after, "colibri_generation_tokens_total") - \
+        value(before, "colibri_generation_tokens_total") == 5
+    assert value(after, "colibri_prompt_tokens_total") - \
+        value(before, "colibri_prompt_tokens_total") == r.usage.prompt_tokens
+    assert value(after, "colibri_time_to_first_token_seconds_count") - \
+        value(before, "colibri_time_to_first_token_seconds_count") == 1
+    assert value(after, "colibri_inter_token_latency_seconds_count") - \
+        value(before, "colibri_inter_token_latency_seconds_count") == 4
+    key = 'colibri_http_requests_total{endpoint="/v1/completions",status="400"}'
+    assert value(after, key) - value(before, key) == 1
+    assert value(after, "colibri_kv_capacity_bytes") > 0
+    assert "colibri_grammar_masks_total" in after
+
+
 def test_disconnect_mid_stream_frees_the_kv(server):
     url = server.url
     # settle: the prefix cache holds what earlier tests left; nothing runs
