@@ -69,6 +69,10 @@ def test_queue_limit_sigterm_and_expert_metrics(tiny_path, tmp_path):
                                                       "max_tokens": 2}, timeout=60)
         assert r.status_code == 429, r.text
         assert r.json()["error"]["code"] == "queue_full"
+        # more completions than the server can ever hold: not "retry later" but 400
+        r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "x", "n": 2,
+                                                      "max_tokens": 2}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
         assert httpx.get(url + "/health").status_code == 200
         # SIGTERM while it streams: it runs to its end, then the server exits 0
         srv.proc.send_signal(signal.SIGTERM)

@@ -131,6 +131,10 @@ class ServerState:
     def admit(self, n: int) -> None:
         """Refuse (429) n more engine requests when running + queued would pass max_seqs +
         max_queue."""
+        if n > self.max_seqs + self.max_queue:
+            raise APIError(400, f"this request asks for {n} completions (prompts x n); the "
+                           f"server holds {self.max_seqs + self.max_queue} at most "
+                           f"(--max-seqs + --max-queue)", param="n", code="invalid_value")
         with self._lock:
             self._prune()
             if len(self.outstanding) + n > self.max_seqs + self.max_queue:
