@@ -180,7 +180,7 @@ def start_llama(binary: str, model: str, threads: int, n: int, logdir: str) -> P
     port = free_port()
     argv = [binary, "-m", model, "--port", str(port), "--host", "127.0.0.1", "-t", str(threads),
             "-tb", str(threads), "-np", str(n), "-c", str(CTX_PER_REQUEST * n), "-cb",
-            "--no-webui", "-a", "bench"]
+            "-a", "bench"]
     pr = Proc("llama-server", argv, f"http://127.0.0.1:{port}",
               os.path.join(logdir, f"llama-{n}.log"))
     pr.wait_ready()
@@ -469,6 +469,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"structured output (json_schema, 1 client): grammar mask "
                   f"{mk['mask_ms_per_token']:.3f} ms per token over {mk['masked_tokens']} tokens "
                   f"(the request: {mk['request_ms_per_token']:.1f} ms per token)")
+    load = os.getloadavg()
+    report["loadavg_end"] = load
+    print(f"load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} "
+          f"({os.cpu_count()} CPUs)")
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=2))
     shutil.rmtree(logdir, ignore_errors=True)
