@@ -423,3 +423,17 @@ def test_disconnect_mid_stream_frees_the_kv(server):
         time.sleep(0.05)
     assert metric(url, "colibri_requests_running") == 0
     assert metric(url, "colibri_kv_used_bytes") == base
+
+
+def test_disconnect_while_waiting_for_a_whole_answer_cancels_it(server):
+    url = server.url
+    # ~1000 tokens (the end-of-generation ids banned): 10 s or more even on a quiet machine
+    body = {"model": MODEL, "prompt": "Tell a very long story about a castle.",
+            "max_tokens": 1000, "temperature": 0, "logit_bias": {"1": -100, "106": -100}}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(url + "/v1/completions", json=body, timeout=httpx.Timeout(60, read=2.0),
+                   headers={"Authorization": f"Bearer {KEY}"})
+    deadline = time.monotonic() + 3
+    while metric(url, "colibri_requests_running") != 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(url, "colibri_requests_running") == 0
