@@ -214,3 +214,17 @@ def test_messages_for_templates_with_and_without_tools():
     assert json.loads(folded[2]["content"]) == {"name": "get_weather",
                                                 "arguments": {"city": "Oslo"}}
     assert folded[3]["content"] == "Tool result: -3 C"
+
+
+def test_parallel_tool_calls_false_keeps_the_first():
+    from colibri.engine import Delta
+    from colibri.serve.app import _Choice
+
+    two = ('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+           '<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>')
+    for max_calls, want in ((None, [{"a": 1}, {"a": 2}]), (1, [{"a": 1}])):
+        ch = _Choice(index=0, parser=ToolStreamParser({"add"}), max_calls=max_calls)
+        ch.take(Delta(text=two[:50], token_ids=[1]))
+        ch.take(Delta(text=two[50:], token_ids=[2], finish_reason="stop"))
+        assert [c.arguments for c in ch.calls] == want
+        assert ch.finish_reason == "tool_calls" and "".join(ch.text) == ""

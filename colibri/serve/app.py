@@ -422,6 +422,7 @@ class _Choice:
 
     index: int
     parser: ToolStreamParser | None = None
+    max_calls: int | None = None  # parallel_tool_calls=false: the first call only
     text: list[str] = field(default_factory=list)
     tokens: int = 0
     logprobs: list[Any] = field(default_factory=list)
@@ -442,6 +443,8 @@ class _Choice:
                 events += self.parser.finish()
             content = "".join(e for e in events if isinstance(e, str))
             calls = [e for e in events if isinstance(e, ToolCall)]
+            if self.max_calls is not None:
+                calls = calls[: max(0, self.max_calls - len(self.calls))]
         self.text.append(content)
         self.calls += calls
         if d.finish_reason is not None:
@@ -817,7 +820,8 @@ def create_app(state: ServerState) -> Any:
         reqs = _submit(state, [ids], req.n, kw, constraint, top if req.logprobs else None)
         cid = "chatcmpl-" + uuid.uuid4().hex
         created = int(time.time())
-        choices = [_Choice(index=i, parser=ToolStreamParser(names) if parse_tools else None)
+        choices = [_Choice(index=i, parser=ToolStreamParser(names) if parse_tools else None,
+                           max_calls=1 if req.parallel_tool_calls is False else None)
                    for i in range(len(reqs))]
 
         if req.stream:
