@@ -330,34 +330,35 @@ def _max_tokens(state: ServerState, n_prompt: int, asked: int | None, default: i
     return min(default, ctx - n_prompt) if default is not None else ctx - n_prompt
 
 
-def _constraint_factory(state: ServerState, kind: str, spec: Any) -> Callable[[], Any]:
-    """A function making one grammar constraint per engine request (checked once here)."""
+async def _constraint_factory(state: ServerState, kind: str, spec: Any,
+                              param: str = "response_format") -> Callable[[], Any]:
+    """A function making one grammar constraint per engine request: the grammar is compiled
+    once, on a worker thread (a large schema can take a while), and copied per request."""
     if state.grammar is None:
         raise APIError(400, f"structured output is not available with this model: "
-                       f"{state.grammar_error or 'llguidance is missing'}",
-                       param="response_format")
+                       f"{state.grammar_error or 'llguidance is missing'}", param=param)
     g = state.grammar
 
     def make() -> Any:
         return g.json_schema(spec) if kind == "json_schema" else g.lark(spec)
 
     try:
-        make()
+        proto = await asyncio.to_thread(make)
     except ValueError as e:
-        raise APIError(400, str(e), param="response_format", code="invalid_value") from None
-    return make
+        raise APIError(400, str(e), param=param, code="invalid_value") from None
+    return proto.copy
 
 
-def _response_format(state: ServerState, req: _Sampling) -> Callable[[], Any] | None:
+async def _response_format(state: ServerState, req: _Sampling) -> Callable[[], Any] | None:
     rf = req.response_format
     if rf is None or rf.type == "text":
         return None
     if rf.type == "json_object":
-        return _constraint_factory(state, "json_schema", {"type": "object"})
+        return await _constraint_factory(state, "json_schema", {"type": "object"})
     if rf.json_schema is None or rf.json_schema.schema_ is None:
         raise APIError(400, "response_format json_schema needs json_schema.schema",
                        param="response_format.json_schema")
-    return _constraint_factory(state, "json_schema", rf.json_schema.schema_)
+    return await _constraint_factory(state, "json_schema", rf.json_schema.schema_)
 
 
 def _submit(state: ServerState, prompts: list[list[int]], n: int, kw: dict[str, Any],
@@ -707,7 +708,7 @@ def create_app(state: ServerState) -> Any:
         longest = max(len(x) for x in prompts)
         max_tokens = _max_tokens(state, longest, req.max_tokens, 16, "prompt")
         kw = _sampling(req, state, max_tokens)
-        constraint = _response_format(state, req)
+        constraint = await _response_format(state, req)
         reqs = _submit(state, prompts, req.n, kw, constraint, req.logprobs)
         n_prompt = sum(len(x) for x in prompts)
         cid = "cmpl-" + uuid.uuid4().hex
@@ -810,9 +811,9 @@ def create_app(state: ServerState) -> Any:
                 raise APIError(400, f"tool_choice names {name!r}, which is not among the "
                                f"tools", param="tool_choice")
             kind, spec = call_grammar(tools, name, hermes="<tool_call>" in template)
-            constraint = _constraint_factory(state, kind, spec)
+            constraint = await _constraint_factory(state, kind, spec, param="tools")
         else:
-            constraint = _response_format(state, req)
+            constraint = await _response_format(state, req)
         parse_tools = use_tools and (req.response_format is None
                                      or req.response_format.type == "text"
                                      or choice == "required" or isinstance(choice, NamedToolChoice))

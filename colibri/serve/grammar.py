@@ -73,6 +73,10 @@ class GrammarConstraint:
     def finished(self) -> bool:
         return bool(self._m.is_stopped())
 
+    def copy(self) -> GrammarConstraint:
+        """A fresh constraint in this one's state (no grammar compilation)."""
+        return GrammarConstraint(self._m.deep_copy(), self._n, self._stats)
+
 
 class GrammarFactory:
     """llguidance's view of a Model's tokenizer, built once (about 2 s for a 262k vocabulary);
