@@ -1,4 +1,4 @@
-"""The `colibri` command line: run, chat, bench, convert, plan, doctor, make-bench-model.
+"""The `colibri` command line: run, chat, serve, bench, convert, plan, doctor, make-bench-model.
 
 Errors a user meets (missing file, not a GGUF, unsupported architecture, not enough memory, a
 bad setting) are one readable line on stderr and exit status 1, not a traceback. Progress
@@ -94,6 +94,29 @@ def _build_parser() -> argparse.ArgumentParser:
     from colibri.container import add_convert_args
 
     add_convert_args(cv)
+
+    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (colibri[serve]): "
+                        "/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics")
+    _add_model_args(sv)
+    sv.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on (default 127.0.0.1: this machine only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--max-seqs", type=int, default=16,
+                    help="requests decoded together at most (the engine's batch)")
+    sv.add_argument("--max-queue", type=int, default=256,
+                    help="requests waiting beyond --max-seqs; more are refused with 429")
+    sv.add_argument("--api-key", default=None,
+                    help="require 'Authorization: Bearer KEY' on /v1/ routes")
+    sv.add_argument("--model-name", default=None,
+                    help="the model id clients name (default: the file's name)")
+    sv.add_argument("--max-body-bytes", type=int, default=4 * 2**20,
+                    help="largest request body; bigger ones are refused with 413")
+    sv.add_argument("--grace-period", type=float, default=30.0,
+                    help="seconds running requests get to finish after SIGTERM")
+    sv.add_argument("--prefill-chunk", type=int, default=None,
+                    help="most prompt tokens per engine step (default 64)")
+    sv.add_argument("--no-prefix-cache", action="store_true",
+                    help="do not reuse the KV of shared prompt prefixes")
 
     b = sub.add_parser("bench", help="prefill/decode speed, latency and memory (vs llama.cpp)")
     b.add_argument("-m", "--model", help="GGUF file (default: Gemma 3 270M)")
@@ -233,6 +256,29 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from colibri.serve import missing_extra, run
+
+    if (missing := missing_extra()) is not None:
+        raise ValueError(missing)
+    for name, value, low in (("--port", args.port, 0), ("--max-seqs", args.max_seqs, 1),
+                             ("--max-queue", args.max_queue, 0),
+                             ("--max-body-bytes", args.max_body_bytes, 1)):
+        if value < low or (name == "--port" and value > 65535):
+            raise ValueError(f"{name} must be {'in [0, 65535]' if name == '--port' else f'>= {low}'}, got {value}")
+    if args.grace_period < 0:
+        raise ValueError(f"--grace-period must be >= 0, got {args.grace_period}")
+    if args.api_key is not None and not args.api_key:
+        raise ValueError("--api-key is empty")
+    if args.model is not None:  # a missing file is an error now, not after the server starts
+        if not args.model.strip():
+            raise ValueError("-m/--model is empty: give a GGUF file, or leave -m out for the "
+                             "default model")
+        if not os.path.exists(args.model):
+            raise FileNotFoundError(f"model file not found: {args.model}")
+    return run(args, lambda: _load(args))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
@@ -278,6 +324,8 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             return _chat(args)
         if args.command == "bench":
             return _bench(args)
+        if args.command == "serve":
+            return _serve(args)
         if args.command == "convert":
             from colibri.container import run_convert
 

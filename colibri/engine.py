@@ -259,6 +259,7 @@ class _Seq:
     matcher: _StopMatcher
     decoder: Any
     logprobs: int | None
+    constraint: Any = None        # a grammar: Engine.submit(constraint=...)
     out: list[int] = field(default_factory=list)
     seq: int | None = None        # KV sequence id while admitted
     n_kv: int = 0                 # tokens of prompt + out in the KV cache
@@ -362,7 +363,8 @@ class Engine:
                stop: str | Sequence[str] | None = None,
                stop_token_ids: Sequence[int] | None = None,
                logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
-               add_special: bool = True, parse_special: bool = False) -> Request:
+               add_special: bool = True, parse_special: bool = False,
+               constraint: Any = None) -> Request:
         """Queue a generation and return its Request (an iterator of Deltas). prompt: text,
         token ids, or chat messages ([{"role": ..., "content": ...}], rendered with the model's
         chat template). Sampling is Model.stream's (temperature=0 is greedy) plus OpenAI-style
@@ -370,13 +372,20 @@ class Engine:
         logprobs=n (each token's logprob with the n most likely alternatives). A seed makes a
         request's sampling reproducible whatever else runs (each request owns its generator).
         Bad arguments raise here; a prompt longer than the context ends the request at once
-        with finish_reason "error". For several completions of one prompt, see submit_n."""
+        with finish_reason "error". For several completions of one prompt, see submit_n.
+
+        constraint (structured output; colibri.serve.grammar): an object owned by this request,
+        called on the engine thread: mask(logits) -> the logits with every token it does not
+        allow at -inf (a copy), before the sampler; advance(token_id) after each sampled token
+        (an end-of-generation token ends the request first; raising fails the request);
+        finished() -> True once nothing more may follow, which ends the request with
+        finish_reason "stop"."""
         return self._submit(
             prompt, 1, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
             min_p=min_p, repetition_penalty=repetition_penalty, repeat_last_n=repeat_last_n,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed,
             stop=stop, stop_token_ids=stop_token_ids, logit_bias=logit_bias, logprobs=logprobs,
-            add_special=add_special, parse_special=parse_special)[0]
+            add_special=add_special, parse_special=parse_special, constraint=constraint)[0]
 
     def submit_n(self, prompt: str | bytes | Sequence[int] | Sequence[dict[str, Any]], n: int,
                  **sampling: Any) -> list[Request]:
@@ -400,8 +409,14 @@ class Engine:
                 stop: str | Sequence[str] | None = None,
                 stop_token_ids: Sequence[int] | None = None,
                 logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
-                add_special: bool = True, parse_special: bool = False) -> list[Request]:
+                add_special: bool = True, parse_special: bool = False,
+                constraint: Any = None) -> list[Request]:
         from colibri.model import as_text, token_ids
+
+        if constraint is not None and (n != 1 or not all(
+                callable(getattr(constraint, a, None)) for a in ("mask", "advance", "finished"))):
+            raise ValueError("constraint: one object with mask(logits), advance(token_id) and "
+                             "finished() per request (submit, not submit_n)")
 
         m = self.model
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -460,7 +475,8 @@ class Engine:
                     dataclasses.replace(params, seed=params.seed + i)
                 s = _Seq(req=req, order=req.id, prompt=ids, max_tokens=int(max_tokens),
                          sampler=Sampler(p_i), stops=self._eog | set(extra),
-                         matcher=_StopMatcher(stops), decoder=tok.stream(), logprobs=logprobs)
+                         matcher=_StopMatcher(stops), decoder=tok.stream(), logprobs=logprobs,
+                         constraint=constraint)
                 self._incoming.append(s)
             self._trim_requests()
             self._cv.notify_all()
@@ -912,7 +928,10 @@ class Engine:
     def _advance(self, s: _Seq, logits: np.ndarray, now: float) -> None:
         """Sample s's next token from logits and stream it."""
         req = s.req
-        tid = s.sampler.sample(logits, s.tokens())
+        c = s.constraint
+        # a constraint (a grammar) masks the tokens it does not allow (to -inf) before the
+        # sampler; logprobs stay those of the model's own logits
+        tid = s.sampler.sample(logits if c is None else c.mask(logits), s.tokens())
         if req.ttft_s is None:
             req.ttft_s = now - req.t_submit
         else:
@@ -921,12 +940,17 @@ class Engine:
         if tid in s.stops:
             self._finish(s, self._final(s, Delta(finish_reason="stop")))
             return
+        if c is not None:
+            c.advance(tid)
         s.out.append(tid)
         req.generated_tokens = len(s.out)
         lps = [self._logprob(logits, tid, s.logprobs)] if s.logprobs is not None else None
         text, stopped = s.matcher.push(s.decoder.feed(tid))
         d = Delta(text=text, token_ids=[tid], logprobs=lps)
-        if stopped:
+        if c is not None and not stopped and c.finished():  # the grammar is complete
+            d.finish_reason = "stop"
+            self._finish(s, self._final(s, d))
+        elif stopped:
             d.finish_reason = "stop"
             self._finish(s, d)
         elif len(s.out) >= s.max_tokens or s.n_tokens() > self.model.ctx:

@@ -28,6 +28,7 @@ EXEMPT = {
     'pip install ".[demo]" && colibri run -p "The history of the Roman Empire" -n 64':
         "the install command (its colibri part runs below)",
     "bash tools/test.sh": "the test command itself",
+    'pip install "colibri[serve]"': "the install command (the serve stack is in the test extra)",
 }
 # a command line with one of these is not run (each needs hardware or a peer CI lacks)
 EXEMPT_IF_CONTAINS = {
@@ -35,6 +36,8 @@ EXEMPT_IF_CONTAINS = {
     "--vs-llama-cpp": "benchmarks against llama.cpp (tools/bench runs it by hand)",
     "device_check.sh": "runs on a lent GPU machine",
     "fetch_pycuda.sh": "needs the network",
+    "colibri serve": "a server runs until stopped (the README's Python example and "
+                     "tests/test_serve.py run it)",
 }
 
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The package as a new user gets it: build the sdist, then the wheel from that sdist (so the
-# sdist is proven to hold everything the build needs), install the wheel with the demo extra in
-# a fresh venv, and from a directory outside the checkout run `colibri run`, the README's
+# sdist is proven to hold everything the build needs), install the wheel with the demo and serve
+# extras in a fresh venv, and from a directory outside the checkout run `colibri run`, the README's
 # Python examples, and check that the CUDA kernel sources and py.typed ship in the package.
 # Usage: bash tools/check_wheel.sh   (run by tools/test.sh; needs the package index)
 set -euo pipefail
@@ -25,7 +25,8 @@ done
 
 echo "-- a fresh venv with the wheel"
 "$PY" -m venv "$WORK/venv"
-"$WORK/venv/bin/pip" install -q --disable-pip-version-check "$WHEEL[demo]"
+# serve and openai: the README's `colibri serve` example talks to the server with the client
+"$WORK/venv/bin/pip" install -q --disable-pip-version-check "$WHEEL[demo,serve]" openai
 mkdir "$WORK/run"
 cd "$WORK/run"
 export PYTHONPATH=

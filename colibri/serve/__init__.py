@@ -1,0 +1,100 @@
+"""`colibri serve`: an OpenAI-compatible HTTP server on colibri.Engine.
+
+Needs the serve extra (`pip install "colibri[serve]"`: FastAPI, uvicorn, prometheus-client,
+llguidance); importing colibri.serve.app without it fails, while this module only names what
+is missing (missing_extra()). See colibri.serve.app for the routes and docs/SERVING.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+log = logging.getLogger("colibri")
+
+REQUIRED = (("fastapi", "fastapi"), ("uvicorn", "uvicorn"), ("prometheus_client",
+            "prometheus-client"), ("llguidance", "llguidance"), ("pydantic", "pydantic"))
+
+
+def missing_extra() -> str | None:
+    """None when the serve stack is installed; else a message naming what is missing and the
+    extra that installs it."""
+    missing = []
+    for mod, dist in REQUIRED:
+        try:
+            importlib.import_module(mod)
+        except ImportError:
+            missing.append(dist)
+    if not missing:
+        return None
+    return (f"colibri serve needs {', '.join(missing)}: pip install \"colibri[serve]\"")
+
+
+def run(args: Any, load: Any) -> int:
+    """Serve until SIGTERM/SIGINT (then: stop accepting, let running requests finish within
+    args.grace_period seconds, close the engine); the exit status (0, or 1 when the model
+    failed to load or the address could not be bound). load() returns the Model."""
+    if (missing := missing_extra()) is not None:
+        raise ValueError(missing)
+    import uvicorn
+
+    from colibri.serve.app import ServerState, create_app
+
+    model_id = args.model_name or (os.path.basename(args.model) if args.model
+                                   else "gemma-3-270m-q4_k_m")
+    engine_kwargs: dict[str, Any] = {"prefix_cache": not args.no_prefix_cache}
+    if args.prefill_chunk is not None:
+        engine_kwargs["prefill_chunk"] = args.prefill_chunk
+    state = ServerState(load, model_id, max_seqs=args.max_seqs, max_queue=args.max_queue,
+                        api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+                        engine_kwargs=engine_kwargs)
+    app = create_app(state)
+    config = uvicorn.Config(app, host=args.host, port=args.port, lifespan="on",
+                            log_level="info" if args.verbose else "warning",
+                            access_log=bool(args.verbose),
+                            timeout_graceful_shutdown=args.grace_period,
+                            timeout_keep_alive=5)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if not state.draining:
+                print("colibri serve: shutting down: finishing running requests (at most "
+                      f"{args.grace_period:g} s)", file=sys.stderr, flush=True)
+            state.draining = True  # new /v1/ requests on open connections: 503
+            super().handle_exit(sig, frame)
+            # uvicorn re-raises the signal after its graceful shutdown (the process then dies
+            # of it); a SIGTERM that shut down cleanly exits 0 instead
+            if sig == signal.SIGTERM:
+                self._captured_signals = [s for s in self._captured_signals
+                                          if s != signal.SIGTERM]
+
+    server = Server(config)
+    url = f"http://{args.host if ':' not in args.host else '[' + args.host + ']'}:{args.port}"
+
+    def ready() -> None:
+        print(f"colibri serve: {model_id} ready on {url} (OpenAI API at {url}/v1)",
+              file=sys.stderr, flush=True)
+
+    def fatal() -> None:
+        server.should_exit = True
+
+    state.on_ready = ready
+    state.on_fatal = fatal
+    print(f"colibri serve: loading the model; listening on {url}", file=sys.stderr, flush=True)
+    server.run()
+    if state.load_error:
+        print(f"colibri serve: error: the model failed to load: {state.load_error}",
+              file=sys.stderr)
+        return 1
+    if not server.started:
+        print(f"colibri serve: error: could not listen on {args.host}:{args.port} (in use?)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+__all__ = ["missing_extra", "run"]

@@ -1,0 +1,78 @@
+"""Starting `colibri serve` as a subprocess on a free port, for the serve tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[str]
+    url: str
+    log_path: str
+    seen_loading: list[dict] = field(default_factory=list)  # 503 bodies seen while loading
+
+    def log(self) -> str:
+        with open(self.log_path) as f:
+            return f.read()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return int(self.proc.returncode)
+
+
+def start(args: list[str], log_path: str, api_key: str | None = None,
+          timeout: float = 180.0) -> Server:
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    logf = open(log_path, "w")  # noqa: SIM115 - the child writes it
+    proc = subprocess.Popen([sys.executable, "-m", "colibri", "serve", "--port", str(port), *args],
+                            cwd=REPO, env=env, stdout=logf, stderr=subprocess.STDOUT, text=True)
+    logf.close()
+    srv = Server(proc, f"http://127.0.0.1:{port}", log_path)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"colibri serve exited {proc.returncode}:\n{srv.log()}")
+        try:
+            r = httpx.get(srv.url + "/health", timeout=5)
+            if r.status_code == 200:
+                return srv
+            m = httpx.get(srv.url + "/v1/models", headers=headers, timeout=5)
+            if m.status_code == 503:
+                srv.seen_loading.append({"health": r.json(), "models": m.json()})
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    srv.stop()
+    raise RuntimeError(f"colibri serve did not become ready in {timeout} s:\n{srv.log()}")
+
+
+def metric(url: str, name: str) -> float | None:
+    """The value of an unlabelled metric in /metrics (None if absent)."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None
