@@ -90,7 +90,7 @@ GEMM_CP_CONFIG = {16: (64, 64, 128, 4), 64: (128, 32, 256, 3)}
 GEMM_PIPELINES = ("cp", "regs")
 
 # PyCUDA "prepared" argument types of every kernel: P pointer, i int32, f float32. They must
-# follow the C parameter lists; tests/test_cuda_sources.py checks them against the .cu files.
+# follow the C parameter lists; tests/cuda/test_cuda_sources.py checks them against the .cu files.
 _GEMM_SIG = "PPPPPP" + "iiii" + "PPP"
 KERNELS: dict[str, tuple[str, str]] = {
     "cb_route_topk": ("routing", "P" + "iiii" + "P" + "if" + "ii" + "P" * 11),

@@ -34,7 +34,7 @@ extra hidden columns meet zero inputs: exact) and packed (``_cuda_ref.pack_exper
   evictions (:meth:`CudaExperts.stats`).
 
 Precision: the kernels compute in fp16 with fp32 accumulation, so logits differ from the CPU
-path by fp16 rounding (stated in tests/test_cuda_runtime_emulated.py). Routing is computed on
+path by fp16 rounding (stated in tests/cuda/test_cuda_runtime_emulated.py). Routing is computed on
 the device from the same float32 logits as the CPU router. The staged path gives the same
 logits as the whole pool, bit for bit (same packed weights, same kernels and tile).
 """

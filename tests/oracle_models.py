@@ -165,3 +165,16 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
         out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
                              min_new_tokens=n, pad_token_id=0)
     return [int(x) for x in out[0, len(ids):]]
+
+
+def build_moe(out: Path, n_layers: int = 2) -> str:
+    """A tiny qwen3moe model with n_layers layers (10 experts, top 4), f32 GGUF."""
+    import torch
+
+    configs, common = family_configs()
+    cfg_cls, model_cls, extra = configs["qwen3_moe"]
+    cfg = cfg_cls(**{**common, **extra, "num_hidden_layers": n_layers})
+    torch.manual_seed(7)
+    model = model_cls(cfg).eval()
+    model.save_pretrained(out / "hf")
+    return str(_convert_module().convert(out / "hf", out / "moe.gguf", "f32"))

@@ -19,7 +19,7 @@ WHEEL=$(ls "$WORK"/dist/colibri-*.whl)
 tar -tzf "$SDIST" > "$WORK/sdist.txt"
 for f in cuda/routing.cu cuda/moe_gemm.cu cuda/common.cuh include/colibri/forward.h \
          colibri/_core/forward.c colibri/_core/_native.pyx colibri/_core/_forward.pxi \
-         tests/test_readme.py; do
+         tests/cli/test_readme.py; do
     grep -q "/$f\$" "$WORK/sdist.txt" || { echo "check_wheel: $f missing from the sdist" >&2; exit 1; }
 done
 

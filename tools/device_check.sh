@@ -9,7 +9,7 @@
 #      the device, checks routing, both GEMM pipelines and the staged path against the CPU
 #      references, and times the grouped FFN against the device's matmul rate, its copy
 #      bandwidth and PyTorch;
-#   4. if time is left, the GPU tests (tests/test_cuda_gpu.py).
+#   4. if time is left, the GPU tests (tests/cuda/test_cuda_gpu.py).
 # Every step's time and output go to $OUT (device_check.log, build_colibri.log,
 # cuda_check.log, cuda_check.json, ptxas.txt, pytest_gpu.log), which the device tool brings
 # back (at most 8 files).
@@ -83,7 +83,7 @@ done
 left=$((LIMIT - $(elapsed)))
 if [ "$left" -gt 45 ]; then
     log "GPU tests (at most ${left} s)"
-    timeout "$left" "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_cuda_gpu.py \
+    timeout "$left" "$PY" -m pytest -q -p no:cacheprovider -rs tests/cuda/test_cuda_gpu.py \
         >"$OUT/pytest_gpu.log" 2>&1
     prc=$?
     tail -25 "$OUT/pytest_gpu.log"

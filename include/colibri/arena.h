@@ -184,7 +184,7 @@ uint8_t *cb_arena_base(const cb_arena_t *a);
  * most tokens it asked for, slides the blocks below this sequence's down and the ones above
  * it up (cb_arena_compact), so all the free room is right after this block, and tries again.
  * A cache sized for N tokens so holds >= 95% of N in any mix of lengths
- * (tests/test_kv_capacity.py). When nothing fits it fails with OUT_OF_MEMORY saying how full
+ * (tests/core/test_kv_capacity.py). When nothing fits it fails with OUT_OF_MEMORY saying how full
  * the cache is (tokens held and reserved, live sequences, arena bytes in use of the total);
  * the sequence's length and tokens are unchanged (its block may have moved with the
  * compaction).

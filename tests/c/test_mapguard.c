@@ -1,6 +1,6 @@
 /* mapguard.h: registration, the message for an address inside / outside a mapping, slots
  * reused after unregistering, the table limit, a long path truncated. (The handler itself is
- * exercised by tests/test_mapguard.py in a subprocess: a real SIGBUS.) */
+ * exercised by tests/core/test_mapguard.py in a subprocess: a real SIGBUS.) */
 #include <string.h>
 
 #include "colibri/mapguard.h"

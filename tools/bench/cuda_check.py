@@ -35,7 +35,7 @@ when $OUT is set):
      store in cache mode whose slot pool is page-locked (cuMemHostRegister): fp16 weights
      copied straight from the pinned slots, int4-g128 converted through the pinned staging
      buffer; batches of 1..40 tokens, with evictions and batch splits; the pool unpinned at
-     close. (:func:`staged_check`, also run by tests/test_cuda_runtime_emulated.py.)
+     close. (:func:`staged_check`, also run by tests/cuda/test_cuda_runtime_emulated.py.)
 
 --cpu-only runs steps 3-4 with a NumPy emulation of the kernels' data flow (router output
 layout, padded tiles, byte offsets in the pool, fp16 rounding of h, the ordered combine) in

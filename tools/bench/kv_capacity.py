@@ -7,7 +7,7 @@ The cache has the default model's shape (Gemma 3 270M: 18 layers, 1 KV head of 2
 Workloads: 16-token sequences until full; random lengths 1..ctx arriving and leaving (the
 lowest held + request / ctx at which a reserve was refused, over three seeds); 1, 5, 16, 64
 sequences growing one token at a time in turn. Prints tokens held / ctx (above 1.0: the 1 MiB).
-tests/test_kv_capacity.py asserts >= 0.95 for the same workloads.
+tests/core/test_kv_capacity.py asserts >= 0.95 for the same workloads.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import pytest
 from colibri import cli
 from colibri.container import ContainerError, ContainerFile, convert, is_container
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools", "fuzz"))
 

@@ -27,7 +27,7 @@ from colibri._cuda_ref import (
     unpack_expert,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def separated_logits(rng, n_tokens, n_experts):

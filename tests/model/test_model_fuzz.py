@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tools", "fuzz"))
 
 import model_fuzz as mf  # noqa: E402

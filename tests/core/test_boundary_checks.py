@@ -17,20 +17,7 @@ from colibri.model import Model
 
 pytest.importorskip("torch", reason="tiny models are built with torch + transformers")
 
-from oracle_models import _convert_module, family_configs  # noqa: E402
-
-
-def build_moe(out, n_layers: int = 2) -> str:
-    """A tiny qwen3moe model with n_layers layers (10 experts, top 4), f32 GGUF."""
-    import torch
-
-    configs, common = family_configs()
-    cfg_cls, model_cls, extra = configs["qwen3_moe"]
-    cfg = cfg_cls(**{**common, **extra, "num_hidden_layers": n_layers})
-    torch.manual_seed(7)
-    model = model_cls(cfg).eval()
-    model.save_pretrained(out / "hf")
-    return str(_convert_module().convert(out / "hf", out / "moe.gguf", "f32"))
+from oracle_models import build_moe  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 # command lines that are not run as they are, and why
@@ -37,7 +37,7 @@ EXEMPT_IF_CONTAINS = {
     "device_check.sh": "runs on a lent GPU machine",
     "fetch_pycuda.sh": "needs the network",
     "colibri serve": "a server runs until stopped (the README's Python example and "
-                     "tests/test_serve.py run it)",
+                     "tests/serve/test_serve.py run it)",
 }
 
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)

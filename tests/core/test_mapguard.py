@@ -18,7 +18,7 @@ import pytest
 from colibri._core import _mapguard
 from colibri.gguf import GGUFFile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools", "fuzz"))
 

@@ -34,7 +34,7 @@ import pytest
 
 from colibri.model import Model
 
-REFS = Path(__file__).parent / "data" / "llama_refs" / "gemma3_270m.npz"
+REFS = Path(__file__).resolve().parents[1] / "data" / "llama_refs" / "gemma3_270m.npz"
 
 
 @pytest.fixture(scope="module")

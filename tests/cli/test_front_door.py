@@ -17,7 +17,7 @@ import pytest
 import colibri
 from colibri import ColibriError, ConfigError, config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---- the public API ----

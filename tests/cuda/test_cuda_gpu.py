@@ -185,7 +185,7 @@ def test_cuda_check_staged_step(rt, tmp_path):
     import importlib.util
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     spec = importlib.util.spec_from_file_location("cuda_check", root / "tools" / "bench" / "cuda_check.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)

@@ -15,7 +15,7 @@ from colibri.model import Model
 
 pytest.importorskip("torch", reason="tiny models are built with torch + transformers")
 
-from test_boundary_checks import build_moe  # noqa: E402
+from oracle_models import build_moe  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 import colibri.cuda as cuda
 from colibri import ColibriError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 
 

@@ -502,7 +502,7 @@ def test_lock_over_rlimit_memlock_fails_clearly():
         cmd = ["setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock", *cmd]
         privileged = False
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert out.returncode == 0, out.stderr
     if privileged:  # CAP_IPC_LOCK and no way to drop it: locking simply works
         assert "LOCKED" in out.stdout

@@ -1,7 +1,7 @@
 """The colibri container (colibri/container.py, tools/convert_gguf.py).
 
 References are outside the container code: the GGUF file itself (its bytes, metadata and the
-logits colibri computes from it, which tests/test_forward_oracle.py ties to transformers), the
+logits colibri computes from it, which tests/model/test_forward_oracle.py ties to transformers), the
 gguf package's quantizers/dequantizers, and a numpy decoder of the I4_G128 layout written from
 its description (include/colibri/quant.h)."""
 
@@ -283,7 +283,7 @@ def test_cli_convert(models, tmp_path, capsys):
     import subprocess
     import sys
 
-    tool = os.path.join(os.path.dirname(__file__), "..", "tools", "convert_gguf.py")
+    tool = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "convert_gguf.py")
     r = subprocess.run([sys.executable, tool, str(paths["llama-f32"]), str(tmp_path / "d.colibri"),
                         "-q"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stderr == "", r.stderr

@@ -18,7 +18,7 @@ import colibri._core._tokenizer as _tok
 from colibri import Tokenizer
 from colibri.tokenizer import read_gguf_vocab
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _byte_alphabet() -> list[str]:

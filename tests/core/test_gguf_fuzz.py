@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from colibri.gguf import SUPPORTED_TYPES, GGUFError, GGUFFile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 INTERESTING = [0, 1, 2, 3, 4, 5, 7, 31, 32, 33, 64, 255, 256, 4096, 2**16, 2**31 - 1, 2**31,
                2**32 - 1, 2**32, 2**40, 2**62, 2**63 - 1, 2**63, 2**64 - 32, 2**64 - 1]
@@ -157,7 +157,7 @@ def test_no_segfault_in_subprocess(tmp_path):
     """A seeded batch of random mutations in a child process: it must exit normally."""
     script = textwrap.dedent(f"""
         import random, sys
-        sys.path.insert(0, {HERE!r})
+        sys.path[:0] = [{os.path.dirname(os.path.abspath(__file__))!r}, {HERE!r}]
         from test_gguf_fuzz import RAW_BYTES, RAW_FIELDS, INTERESTING
         from colibri.gguf import GGUFError, GGUFFile
         import struct

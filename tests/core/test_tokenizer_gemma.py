@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from colibri import Tokenizer
 from colibri.tokenizer import read_gguf_vocab
 
-DATA = Path(__file__).parent / "data" / "tokenizer"
+DATA = Path(__file__).resolve().parents[1] / "data" / "tokenizer"
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from colibri import Tokenizer
 from colibri.tokenizer import _CONTROL_LOOKING
 
-DATA = Path(__file__).parent / "data" / "tokenizer"
+DATA = Path(__file__).resolve().parents[1] / "data" / "tokenizer"
 
 GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MARGIN = 150 * 2**20  # interpreter + numpy + colibri, KV (ctx 128), scratch, logits
 
 CHILD = r"""

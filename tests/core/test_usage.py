@@ -139,7 +139,7 @@ def test_plan_without_a_record_says_so(moe_path: str, tmp_path: Path) -> None:
 def test_learned_moe_bench_slice(tmp_path: Path) -> None:
     # a short slice of tools/bench/learned_moe.py (train a few steps, export, measure): every
     # MoE layer gets a row, the layers after the first a scored prediction
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-W", "ignore", str(root / "tools" / "bench" /
                           "learned_moe.py"), "--steps", "2", "--layers", "2", "--eval-tokens",
                           "16", "--corpus-bytes", "200000", "--out", str(tmp_path)], capture_output=True, text=True,

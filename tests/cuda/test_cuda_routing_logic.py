@@ -15,7 +15,7 @@ import pytest
 
 from colibri._cuda_ref import group_reference, route_reference, routing_capacity
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WRAPPER = r"""
 #include "routing_logic.h"
 int route_rows(const float *logits, int n_tokens, int n_experts, int k, int gating,

@@ -2,7 +2,7 @@
 tests/cuda_emu/cuda_emu.h (a CPU emulation of threads, barriers, ballots, atomics and WMMA)
 under ASan/UBSan, run on random inputs and compared with the NumPy references. This checks
 the kernels' indexing, padding, barriers, int4 unpacking and data flow without a GPU; the
-real-device tests are tests/test_cuda_gpu.py. Needs g++ and the CUDA headers (cuda_fp16.h)."""
+real-device tests are tests/cuda/test_cuda_gpu.py. Needs g++ and the CUDA headers (cuda_fp16.h)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from colibri._cuda_ref import (
 )
 from colibri.cuda import gemm_cp_smem_bytes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 INC = cuda_include()

@@ -14,7 +14,7 @@ import pytest
 from colibri import ColibriError, render_template
 from colibri.generate import BUILTIN_TEMPLATES
 
-TEMPLATES = Path(__file__).resolve().parent / "data" / "chat_templates"
+TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "chat_templates"
 SPECIAL = {  # the bos/eos strings each family's tokenizer has
     "gemma3": ("<bos>", "<eos>"),
     "qwen2.5": ("", "<|im_end|>"),
