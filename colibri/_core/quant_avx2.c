@@ -26,6 +26,9 @@
 #include <immintrin.h>
 
 #define INL static inline __attribute__((always_inline))
+#ifndef CB_DEC_PF
+#define CB_DEC_PF 4
+#endif
 
 INL float hsum_ps(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -247,7 +250,7 @@ INL void tile32(int type, int INV, int NR, int NT, int64_t nb, const uint8_t *w,
         float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
-            if (NT == 1) __builtin_prefetch(w + (size_t)(r + NR) * ws + (size_t)b * bb, 0, 3);
+            if (NT == 1) __builtin_prefetch(w + (size_t)(r + NR * CB_DEC_PF) * ws + (size_t)b * bb, 0, 3);
             wq[r] = unpack32(type, w + (size_t)r * ws + (size_t)b * bb, &dv[r], &m[r]);
             aw[r] = unsig ? wq[r] : _mm256_sign_epi8(wq[r], wq[r]);
         }
@@ -807,7 +810,7 @@ INL void tile_i4(int unused, int INV, int NR, int NT, int64_t nb, const uint8_t 
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)(b >> 2) * 66;
-            if (NT == 1 && (b & 3) == 0) prefetch_span(blk + (size_t)NR * ws, 66);
+            if (NT == 1 && (b & 3) == 0) prefetch_span(blk + (size_t)NR * CB_DEC_PF * ws, 66);
             __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2 + 16 * (b & 3)));
             __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             __m256i a = _mm256_unpacklo_epi8(lo, hi), c = _mm256_unpackhi_epi8(lo, hi);
@@ -872,7 +875,7 @@ INL void tile_q4k(int q5, int INV, int NR, int NT, int64_t nb, const uint8_t *w,
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)b * bb;
-            if (NT == 1) prefetch_span(blk + (size_t)NR * ws, bb);
+            if (NT == 1) prefetch_span(blk + (size_t)NR * CB_DEC_PF * ws, bb);
             const uint8_t *qs = blk + (q5 ? 48 : 16);
             float d = f16(blk), dmin = f16(blk + 2);
             uint32_t u[4];
@@ -962,7 +965,7 @@ INL void tile_q6k(int unused, int INV, int NR, int NT, int64_t nb, const uint8_t
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)b * 210;
-            if (NT == 1) prefetch_span(blk + (size_t)NR * ws, 210);
+            if (NT == 1) prefetch_span(blk + (size_t)NR * CB_DEC_PF * ws, 210);
             const int8_t *sc = (const int8_t *)(blk + 192);
             float d = f16(blk + 208);
             /* scales as int16: lo = groups 0..7, hi = groups 8..15, each in both lanes */
