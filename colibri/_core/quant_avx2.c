@@ -26,6 +26,7 @@
 #include <immintrin.h>
 
 #define INL static inline __attribute__((always_inline))
+/* decode tiles prefetch the rows CB_DEC_PF tiles ahead (see prefetch_span) */
 #ifndef CB_DEC_PF
 #define CB_DEC_PF 4
 #endif
@@ -142,7 +143,9 @@ void cb_avx2_quantize_q8k(const float *x, int64_t n, void *dst) {
 
 /* Decode (one token) streams each weight row once, and rows are short (a few KiB), so the
  * hardware prefetcher restarts at every row. While a tile reads rows r..r+NR-1 at some offset,
- * prefetch the same offset of the next tile's rows (they follow in memory). */
+ * prefetch the same offset of the rows CB_DEC_PF tiles ahead (they follow in memory; the next
+ * tile's rows were too close to hide the memory latency: Gemma 3 270M decode 17.3 -> 12.1 CPU
+ * ms/token at 1 thread with 4 tiles). */
 INL void prefetch_span(const uint8_t *p, size_t bytes) {
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
     __builtin_prefetch(p + bytes - 1, 0, 3);
