@@ -822,16 +822,18 @@ static void mm_task_rp(void *vctx, int task, int thread) {
     for (int64_t r0 = r_begin; r0 < r_end; r0 += 8) {
         int nr = r_end - r0 < 8 ? (int)(r_end - r0) : 8;
         cb_avx2_rp_pack(c->type, c->w + r0 * c->w_stride, c->w_stride, nr, c->cols, pk);
-        if (r0 + 8 < c->rows) {
-            /* the next group's rows (contiguous) into L2 while this group meets the tokens,
-             * so the next pack does not wait on memory */
-            const uint8_t *nx = c->w + (r0 + 8) * c->w_stride;
-            int64_t nn = c->rows - (r0 + 8) < 8 ? c->rows - (r0 + 8) : 8;
-            size_t bytes = (size_t)nn * c->w_stride;
-            for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(nx + o, 0, 2);
-        }
+        /* the next group's rows (contiguous) into L2 while this group meets the tokens, so the
+         * next pack does not wait on memory; spread over the token tiles (a burst of prefetches
+         * stalls on the fill buffers) */
+        const uint8_t *nx = c->w + (r0 + 8) * c->w_stride;
+        int64_t nn = r0 + 8 < c->rows ? (c->rows - (r0 + 8) < 8 ? c->rows - (r0 + 8) : 8) : 0;
+        size_t pf_bytes = (size_t)nn * c->w_stride, pf_at = 0;
+        const int64_t n_tiles = (c->n_tokens + 3) / 4;
+        const size_t pf_step = (pf_bytes / (size_t)n_tiles + 63) / 64 * 64;
         for (int64_t t0 = 0; t0 < c->n_tokens; t0 += 4) {
             int nt = c->n_tokens - t0 < 4 ? (int)(c->n_tokens - t0) : 4;
+            size_t pf_end = t0 + 4 >= c->n_tokens ? pf_bytes : pf_at + pf_step;
+            for (; pf_at < pf_end && pf_at < pf_bytes; pf_at += 64) __builtin_prefetch(nx + pf_at, 0, 2);
             (c->vnni ? cb_avx512_rp_tile_vnni : c->avx512 ? cb_avx512_rp_tile : cb_avx2_rp_tile)(
                 c->type, pk, c->kn, c->xa + t0 * c->xa_stride, c->xa_stride, nt, out);
             mm_store(c, r0, nr, t0, nt, out);

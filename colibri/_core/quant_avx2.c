@@ -26,6 +26,10 @@
 #include <immintrin.h>
 
 #define INL static inline __attribute__((always_inline))
+/* decode tiles prefetch the rows CB_DEC_PF tiles ahead (see prefetch_span) */
+#ifndef CB_DEC_PF
+#define CB_DEC_PF 4
+#endif
 
 INL float hsum_ps(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -139,7 +143,9 @@ void cb_avx2_quantize_q8k(const float *x, int64_t n, void *dst) {
 
 /* Decode (one token) streams each weight row once, and rows are short (a few KiB), so the
  * hardware prefetcher restarts at every row. While a tile reads rows r..r+NR-1 at some offset,
- * prefetch the same offset of the next tile's rows (they follow in memory). */
+ * prefetch the same offset of the rows CB_DEC_PF tiles ahead (they follow in memory; the next
+ * tile's rows were too close to hide the memory latency: Gemma 3 270M decode 17.3 -> 12.1 CPU
+ * ms/token at 1 thread with 4 tiles). */
 INL void prefetch_span(const uint8_t *p, size_t bytes) {
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
     __builtin_prefetch(p + bytes - 1, 0, 3);
@@ -247,7 +253,7 @@ INL void tile32(int type, int INV, int NR, int NT, int64_t nb, const uint8_t *w,
         float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
-            if (NT == 1) __builtin_prefetch(w + (size_t)(r + NR) * ws + (size_t)b * bb, 0, 3);
+            if (NT == 1) __builtin_prefetch(w + (size_t)(r + NR * CB_DEC_PF) * ws + (size_t)b * bb, 0, 3);
             wq[r] = unpack32(type, w + (size_t)r * ws + (size_t)b * bb, &dv[r], &m[r]);
             aw[r] = unsig ? wq[r] : _mm256_sign_epi8(wq[r], wq[r]);
         }
@@ -807,7 +813,7 @@ INL void tile_i4(int unused, int INV, int NR, int NT, int64_t nb, const uint8_t 
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)(b >> 2) * 66;
-            if (NT == 1 && (b & 3) == 0) prefetch_span(blk + (size_t)NR * ws, 66);
+            if (NT == 1 && (b & 3) == 0) prefetch_span(blk + (size_t)NR * CB_DEC_PF * ws, 66);
             __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2 + 16 * (b & 3)));
             __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             __m256i a = _mm256_unpacklo_epi8(lo, hi), c = _mm256_unpackhi_epi8(lo, hi);
@@ -872,7 +878,7 @@ INL void tile_q4k(int q5, int INV, int NR, int NT, int64_t nb, const uint8_t *w,
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)b * bb;
-            if (NT == 1) prefetch_span(blk + (size_t)NR * ws, bb);
+            if (NT == 1) prefetch_span(blk + (size_t)NR * CB_DEC_PF * ws, bb);
             const uint8_t *qs = blk + (q5 ? 48 : 16);
             float d = f16(blk), dmin = f16(blk + 2);
             uint32_t u[4];
@@ -962,7 +968,7 @@ INL void tile_q6k(int unused, int INV, int NR, int NT, int64_t nb, const uint8_t
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)b * 210;
-            if (NT == 1) prefetch_span(blk + (size_t)NR * ws, 210);
+            if (NT == 1) prefetch_span(blk + (size_t)NR * CB_DEC_PF * ws, 210);
             const int8_t *sc = (const int8_t *)(blk + 192);
             float d = f16(blk + 208);
             /* scales as int16: lo = groups 0..7, hi = groups 8..15, each in both lanes */

@@ -2,7 +2,8 @@
  * register-tiled dot products of every block type, and the packed-row matmul tile.
  *
  * Compiled per function with a target attribute whatever the build's -march, and only called when
- * cb_cpu_level() >= CB_SIMD_AVX512 (AVX-512 F/BW/DQ/VL; VNNI is not assumed). The math is the
+ * cb_cpu_level() >= CB_SIMD_AVX512 (AVX-512 F/BW/DQ/VL; VNNI only in the *_vnni packed tiles,
+ * called at CB_SIMD_AVX512_VNNI, with their own target attribute). The math is the
  * scalar kernels' (quant.c), exactly as in quant_avx2.c: the same activation rounding
  * (round-to-nearest-even of x*127/max|x|, saturated to int8), exact int32 block sums, float
  * scaling per block; only the float summation order differs from the other paths.
