@@ -60,8 +60,8 @@ log = logging.getLogger("colibri")
 # 9 interleaved runs; docs/ARCHITECTURE.md, "Engine"). DEFAULT_PREFILL_CHUNK is the chunk
 # before the first measurements; MIN_PREFILL_CHUNK the least (a prompt always progresses);
 # with nothing decoding, prompts take up to SOLO_PREFILL_CHUNK tokens a step (nobody waits).
-# When more requests wait for their first token than decode, the ratio grows in proportion
-# (a burst of arrivals is not read in many small chunks behind a few running requests).
+# The ratio is multiplied by 1 + waiting / decoding requests (a burst of arrivals is not read
+# in many small chunks behind a few running requests).
 DEFAULT_PREFILL_CHUNK = 64
 MIN_PREFILL_CHUNK = 16
 SOLO_PREFILL_CHUNK = 256
@@ -288,8 +288,8 @@ class Engine:
     - max_batch: tokens per step (default: model.max_batch).
     - prefill_chunk: most prompt tokens per step; None (default): adaptive, sized from the
       measured step times so a step with a chunk costs at most CHUNK_STEP_RATIO decode-only
-      steps while requests decode (that ratio times waiting / decoding requests when more
-      wait; MIN_PREFILL_CHUNK..max_batch), SOLO_PREFILL_CHUNK when nothing decodes.
+      steps while requests decode (that ratio times 1 + waiting / decoding requests;
+      MIN_PREFILL_CHUNK..max_batch), SOLO_PREFILL_CHUNK when nothing decodes.
     - prefix_cache: reuse the KV of prompt prefixes that running or finished requests hold,
       and keep finished requests' KV while the arena has room (False: free it at once).
 
@@ -903,10 +903,10 @@ class Engine:
         if self._t_decode is None or self._t_prompt_tok is None:
             return DEFAULT_PREFILL_CHUNK
         # the extra step time is paid by the n_decode running requests, the prefill is for
-        # the n_pending waiting ones: when more wait than decode (a burst of arrivals), the
-        # step may grow in proportion, so a burst's last request does not wait for many small
-        # chunks behind a few running ones
-        ratio = CHUNK_STEP_RATIO * max(1.0, n_pending / n_decode)
+        # the n_pending waiting ones: the allowed ratio grows with waiting / decoding, so a
+        # burst's last request does not wait for many small chunks behind a few running
+        # ones (one arrival among 16 decoding: 1.7 decode steps)
+        ratio = CHUNK_STEP_RATIO * (1.0 + n_pending / n_decode)
         c = int((ratio - 1.0) * self._t_decode / self._t_prompt_tok)
         return max(MIN_PREFILL_CHUNK, min(c, self.max_batch))
 
