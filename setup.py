@@ -1,5 +1,5 @@
-"""Build colibri: one static C library (colibri/_core/*.c) linked into one Cython extension per
-header (colibri/_core/_*.pyx).
+"""Build colibri: one static C library (colibri/_core/*.c) linked into the one Cython extension
+module, colibri._core._native (colibri/_core/_native.pyx, which includes one _*.pxi per header).
 
 Flags: -O3 and the host's instruction set by default; COLIBRI_PORTABLE=1 builds for generic
 x86-64 (the SIMD kernels are still compiled, per function, with target attributes and chosen at
@@ -38,7 +38,7 @@ elif not portable and sys.platform != "darwin":
 
 c_sources = sorted(glob.glob("colibri/_core/*.c"))
 # Cython's generated C goes to build/cython, never beside the hand-written sources.
-pyx_modules = sorted(glob.glob("colibri/_core/_*.pyx"))
+NATIVE = "colibri._core._native"
 
 libraries = [
     (
@@ -55,8 +55,8 @@ libraries = [
 
 extensions = [
     Extension(
-        "colibri._core." + os.path.splitext(os.path.basename(p))[0],
-        [p],
+        NATIVE,
+        ["colibri/_core/_native.pyx"],
         include_dirs=["include", "colibri/_core", "cuda"],
         extra_compile_args=[f for f in cflags if f != "-std=c11"] + ["-Wno-unused-function"],
         extra_link_args=["-pthread"],
@@ -65,7 +65,6 @@ extensions = [
         depends=c_sources + sorted(glob.glob("include/colibri/*.h") + glob.glob("colibri/_core/*.h")
                                    + glob.glob("cuda/*.h")),
     )
-    for p in pyx_modules
 ]
 
 
@@ -93,11 +92,17 @@ class build_clib_parallel(build_clib):
 
 
 class build_ext_with_clib(build_ext):
-    """Build the static C library first, so `build_ext --inplace` alone works."""
+    """Build the static C library first, so `build_ext --inplace` alone works. An in-place build
+    also removes the extension modules of earlier layouts (one per concept: _arena, _forward,
+    ...), which would otherwise shadow the Python modules of the same names."""
 
     def run(self):
         self.run_command("build_clib")
         super().run()
+        if self.inplace:
+            for path in glob.glob("colibri/_core/_*.so") + glob.glob("colibri/_core/_*.pyd"):
+                if not os.path.basename(path).startswith("_native."):
+                    os.remove(path)
 
 
 class build_py_with_kernels(build_py):

@@ -21,8 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-GATINGS = {"softmax": 0, "sigmoid": 1}
-ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+from colibri.arch import ACT_GELU_TANH, ACT_SILU, GATING_SIGMOID, GATING_SOFTMAX
+
+GATINGS = {"softmax": GATING_SOFTMAX, "sigmoid": GATING_SIGMOID}
+ACTIVATIONS = {"silu": ACT_SILU, "gelu_tanh": ACT_GELU_TANH}
 WEIGHT_FORMATS = ("f16", "int4-g128")
 INT4_GROUP = 128
 SLOT_ALIGN = 256  # bytes; the kernels need 16, 256 keeps slots on cache-line pairs

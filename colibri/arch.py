@@ -17,15 +17,15 @@ from typing import Any
 
 import numpy as np
 
+from colibri._core import _forward, _ops, _quant
 from colibri.gguf import GGUFError, GGUFFile, TensorInfo
 
-# ops.h / forward.h enum values
-ACT_SILU, ACT_GELU_TANH = 0, 1
-QK_NONE, QK_HEAD, QK_FULL = 0, 1, 2
-ROPE_NORMAL, ROPE_NEOX = 0, 2
-GATING_SOFTMAX, GATING_SIGMOID = 0, 1
-
-F32 = 0
+# enum values of ops.h, forward.h, quant.h and routing_logic.h as plain ints, read from the headers
+ACT_SILU, ACT_GELU_TANH = int(_ops.cb_act.CB_ACT_SILU), int(_ops.cb_act.CB_ACT_GELU_TANH)
+QK_NONE, QK_HEAD, QK_FULL = (int(_forward.cb_qk_norm[f"CB_QK_NORM_{k}"]) for k in ("NONE", "HEAD", "FULL"))
+ROPE_NORMAL, ROPE_NEOX = int(_ops.cb_rope_mode.CB_ROPE_NORMAL), int(_ops.cb_rope_mode.CB_ROPE_NEOX)
+GATING_SOFTMAX, GATING_SIGMOID = _forward.GATING_SOFTMAX, _forward.GATING_SIGMOID
+F32 = int(_quant.cb_type.CB_TYPE_F32)
 MAX_KEY_INT = 2**31 - 1  # sizes and counts reach C as int32
 MAX_LAYERS = 1 << 16
 MAX_EXPERTS = 1 << 20
@@ -405,8 +405,6 @@ class _Reader:
             down_base=d_data, gate_stride=gu_stride, up_stride=gu_stride, down_stride=d_stride,
             gate_info=gu_info, up_info=up_info, down_info=d_info, fused=True,
         )
-
-
 
 
 def _show(v: Any) -> str:

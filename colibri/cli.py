@@ -63,6 +63,9 @@ def _build_parser() -> argparse.ArgumentParser:
     pl.add_argument("-m", "--model", required=True, help="GGUF file")
     pl.add_argument("--ctx", type=int, default=4096, help="KV cache size in tokens")
     pl.add_argument("--max-batch", type=int, default=512, help="tokens per forward batch")
+    pl.add_argument("--expert-budget", default=None,
+                    help="plan for this budget (4GB, 0.5 of the experts, auto) instead of the "
+                         "memory available now; with a usage record, its expected hit rate")
 
     r = sub.add_parser("run", help="stream the continuation of a prompt, then a stats line")
     _add_model_args(r)
@@ -308,7 +311,8 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if args.command == "plan":
             from colibri.plan import make_plan
 
-            print("\n".join(make_plan(args.model, ctx=args.ctx, max_batch=args.max_batch).lines()))
+            print("\n".join(make_plan(args.model, ctx=args.ctx, max_batch=args.max_batch,
+                                      expert_budget=args.expert_budget).lines()))
             return 0
         if args.command == "make-bench-model":
             from colibri.tools.make_bench_model import main as make_main

@@ -130,12 +130,19 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in [
              choice("mapped", "cache", "mmap"),
              "where routed experts come from: `mapped` (the file mapping, the full-RAM path), "
              "`cache` (a slot pool of the budget, filled with reads) or `mmap` (the mapping "
-             "trimmed to the budget)", default_help="mapped without a budget, cache with one"),
+             "trimmed to the budget)",
+             default_help="mapped without a budget or with one that holds every expert, cache "
+                          "with a smaller one"),
     Variable("COLIBRI_EXPERT_BUDGET", "expert_budget", "size, fraction or auto", None, budget,
              "bytes of experts kept resident: `4GB`, `512MiB`, a fraction of the experts' size "
              "such as `0.5`, or `auto`", default_help="no budget: every expert mapped"),
     Variable("COLIBRI_EXPERT_PREFETCH", "prefetch", "boolean", False, boolean,
              "`1`/`0`: prefetch the next layer's predicted experts"),
+    Variable("COLIBRI_EXPERT_USAGE", "expert_usage", "boolean", True, boolean,
+             "`1`/`0`: keep a per-model record of expert use (added to at close) and pin the "
+             "hottest experts of a budgeted store at load"),
+    Variable("COLIBRI_USAGE_DIR", None, "folder", None, text,
+             "folder of the expert usage records", default_help="~/.cache/colibri/usage"),
     Variable("COLIBRI_CUDA_EXPERT_BUDGET", "cuda_expert_budget", "size or fraction", None, budget,
              "device bytes for routed experts with device=\"cuda\" (`8GB` or a fraction)",
              default_help="every expert on the device"),

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from colibri import _cuda_ref as ref
+from colibri._core._forward import ROUTE_MAX_EXPERTS, ROUTE_MAX_K
 from colibri._cuda_ref import (
     ExpertLayout,
     build_pool,
@@ -64,11 +65,8 @@ __all__ = [
     "gemm_cp_smem_bytes",
     "get_runtime",
     "kernel_dir",
-    "moe_ffn",
     "moe_ffn_reference",
-    "pin_host_memory",
     "quantize_int4_g128",
-    "route",
     "route_reference",
     "routing_capacity",
     "unavailable_reason",
@@ -79,8 +77,8 @@ MODULES = ("routing", "moe_gemm")
 ROUTE_THREADS = 1024
 ROUTE_MB_THREADS = 256  # the multi-block routing kernels' blocks
 MULTI_BLOCK_TOKENS = 2048  # route() uses the multi-block pair above this many tokens
-MAX_EXPERTS = 1024  # CB_ROUTE_MAX_EXPERTS in cuda/routing_logic.h
-MAX_K = 32  # CB_ROUTE_MAX_K
+MAX_EXPERTS = ROUTE_MAX_EXPERTS  # CB_ROUTE_MAX_EXPERTS in cuda/routing_logic.h
+MAX_K = ROUTE_MAX_K  # CB_ROUTE_MAX_K
 TILES = (16, 64)  # the GEMM row tiles (m16 and m64 kernels)
 # tile -> (columns per block, threads per block) of the GEMM kernels in cuda/moe_gemm.cu
 GEMM_CONFIG = {16: (64, 128), 64: (128, 256)}
@@ -678,20 +676,3 @@ def get_runtime(device: int = 0) -> CudaRuntime:
     if device not in _runtimes:
         _runtimes[device] = CudaRuntime(device)
     return _runtimes[device]
-
-
-def route(logits: np.ndarray, k: int, gating: str = "softmax", bias: np.ndarray | None = None,
-          renorm: bool = False, scale: float = 1.0, tile: int | None = None,
-          slot_offset: np.ndarray | None = None) -> Routing:
-    """:meth:`CudaRuntime.route` on the default runtime."""
-    return get_runtime().route(logits, k, gating, bias, renorm, scale, tile, slot_offset)
-
-
-def moe_ffn(x: np.ndarray, pool: DevicePool, routing: Routing, activation: str = "silu") -> np.ndarray:
-    """:meth:`CudaRuntime.moe_ffn` on the default runtime."""
-    return get_runtime().moe_ffn(x, pool, routing, activation)
-
-
-def pin_host_memory(array: np.ndarray) -> np.ndarray:
-    """:meth:`CudaRuntime.pin_host_memory` on the default runtime."""
-    return get_runtime().pin_host_memory(array)

@@ -55,7 +55,7 @@ from colibri.errors import ColibriError
 __all__ = ["CudaExperts"]
 
 _ACT = {ACT_GELU_TANH: "gelu_tanh"}
-GGML_F16 = 1
+GGML_F16 = _q.TYPES["F16"]
 STAGE_BYTES = 64 << 20  # the staging buffer holds at least k experts, else about this much
 
 

@@ -12,6 +12,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from colibri.meminfo import meminfo
+
 
 @dataclass
 class Finding:
@@ -27,17 +29,6 @@ def _read(path: str) -> str | None:
             return f.read()
     except OSError:
         return None
-
-
-def _meminfo() -> dict[str, int]:
-    out: dict[str, int] = {}
-    text = _read("/proc/meminfo") or ""
-    for line in text.splitlines():
-        key, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts and parts[0].isdigit():
-            out[key] = int(parts[0]) * (1024 if len(parts) > 1 and parts[1] == "kB" else 1)
-    return out
 
 
 def _cpu_model() -> str:
@@ -72,7 +63,7 @@ def findings() -> list[Finding]:
             advice="" if det != "scalar" else "no AVX2: kernels run the scalar path, expect low speed",
         )
     )
-    mem = _meminfo()
+    mem = meminfo()
     if mem:
         res.append(
             Finding(

@@ -52,10 +52,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("colibri")
 
-# Prompt tokens per step by default: on Gemma 3 270M (2 threads) a step of 16 decode tokens
-# took 145 ms; with a 32-token chunk 1.6x that, 64: 2.0x, 128: 3.0x, 192: 3.9x (medians of 9
-# interleaved runs; docs/ARCHITECTURE.md, "Engine").
+# Prompt tokens per step (prefill_chunk=None: adaptive). While sequences decode, the chunk is
+# sized from the engine's own step timings so that a step with a chunk costs at most
+# CHUNK_STEP_RATIO times a decode-only step (the running requests' inter-token latency grows
+# by at most that factor while a prompt is read): on Gemma 3 270M (2 threads) a step of 16
+# decode tokens took 145 ms; with a 32-token chunk 1.6x that, 64: 2.0x, 128: 3.0x (medians of
+# 9 interleaved runs; docs/ARCHITECTURE.md, "Engine"). DEFAULT_PREFILL_CHUNK is the chunk
+# before the first measurements; MIN_PREFILL_CHUNK the least (a prompt always progresses);
+# with nothing decoding, prompts take up to SOLO_PREFILL_CHUNK tokens a step (nobody waits).
+# When more requests wait for their first token than decode, the ratio grows in proportion
+# (a burst of arrivals is not read in many small chunks behind a few running requests).
 DEFAULT_PREFILL_CHUNK = 64
+MIN_PREFILL_CHUNK = 16
+SOLO_PREFILL_CHUNK = 256
+CHUNK_STEP_RATIO = 1.6
 
 FINISHED_KEEP = 1024  # per-request statistics kept for finished requests
 
@@ -276,7 +286,10 @@ class Engine:
     - max_seqs: most requests admitted (holding KV) at once, at most max_batch; more wait in
       a queue.
     - max_batch: tokens per step (default: model.max_batch).
-    - prefill_chunk: most prompt tokens per step (default DEFAULT_PREFILL_CHUNK).
+    - prefill_chunk: most prompt tokens per step; None (default): adaptive, sized from the
+      measured step times so a step with a chunk costs at most CHUNK_STEP_RATIO decode-only
+      steps while requests decode (that ratio times waiting / decoding requests when more
+      wait; MIN_PREFILL_CHUNK..max_batch), SOLO_PREFILL_CHUNK when nothing decodes.
     - prefix_cache: reuse the KV of prompt prefixes that running or finished requests hold,
       and keep finished requests' KV while the arena has room (False: free it at once).
 
@@ -295,6 +308,7 @@ class Engine:
         self.model = model
         self.max_batch = int(model.max_batch if max_batch is None else max_batch)
         self.max_seqs = int(max_seqs)
+        self.adaptive_chunk = prefill_chunk is None
         self.prefill_chunk = int(DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk)
         if self.max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
@@ -331,6 +345,11 @@ class Engine:
         self._pc_tokens_saved = 0
         self._pc_evictions = 0
         self._pc_tokens = 0  # tokens held by cached sequences
+        # step-time model for the adaptive chunk (engine thread): decode-only step seconds and
+        # the marginal seconds per prompt token, exponential moving averages (None: unmeasured)
+        self._t_decode: float | None = None
+        self._t_prompt_tok: float | None = None
+        self._last_chunk = self.prefill_chunk  # the chunk limit of the latest step (stats)
         self._thread = threading.Thread(target=self._loop, name="colibri-engine", daemon=True)
         self._thread.start()
 
@@ -510,6 +529,7 @@ class Engine:
                 "last_step_tokens": self._last_step_tokens,
                 "last_step_s": self._last_step_s,
                 "preemptions": self._preemptions,
+                "prefill_chunk": self._last_chunk,
                 "requests": {rid: r.stats() for rid, r in self._requests.items()},
             }
 
@@ -792,7 +812,10 @@ class Engine:
                 budget -= 1
             else:
                 self._preempt(s)
-        chunk = min(self.prefill_chunk, budget)
+        n_decode = len(plan)
+        n_pending = len(self._waiting) + sum(1 for s in self._running if s.order not in plan)
+        chunk = min(self._chunk(n_decode, n_pending), budget)
+        self._last_chunk = chunk
         for s in list(self._running):   # admitted, still prefilling
             if chunk == 0:
                 break
@@ -849,6 +872,7 @@ class Engine:
                 self._finish(s, Delta(finish_reason="error", error=f"{type(e).__name__}: {e}"))
             return
         dt = time.perf_counter() - t0
+        self._observe(dt, n_decode=n_decode, n_tokens=len(toks))
         with self._cv:
             self._n_steps += 1
             self._n_step_tokens += len(toks)
@@ -868,6 +892,38 @@ class Engine:
                 log.exception("engine: sampling failed")
                 self._finish(s, Delta(finish_reason="error", error=f"{type(e).__name__}: {e}"))
             row += 1
+
+    def _chunk(self, n_decode: int, n_pending: int) -> int:
+        """Prompt tokens this step may take (before max_batch's limit), with n_decode
+        sequences decoding and n_pending waiting for their prompt to be read."""
+        if not self.adaptive_chunk:
+            return self.prefill_chunk
+        if n_decode == 0:
+            return max(DEFAULT_PREFILL_CHUNK, SOLO_PREFILL_CHUNK)
+        if self._t_decode is None or self._t_prompt_tok is None:
+            return DEFAULT_PREFILL_CHUNK
+        # the extra step time is paid by the n_decode running requests, the prefill is for
+        # the n_pending waiting ones: when more wait than decode (a burst of arrivals), the
+        # step may grow in proportion, so a burst's last request does not wait for many small
+        # chunks behind a few running ones
+        ratio = CHUNK_STEP_RATIO * max(1.0, n_pending / n_decode)
+        c = int((ratio - 1.0) * self._t_decode / self._t_prompt_tok)
+        return max(MIN_PREFILL_CHUNK, min(c, self.max_batch))
+
+    def _observe(self, dt: float, n_decode: int, n_tokens: int) -> None:
+        """Fold a step's time into the adaptive chunk's model: a decode-only step updates the
+        decode-step time; a step with n_decode > 0 decode tokens and prompt tokens updates the
+        marginal time per prompt token (its time beyond a decode-only step)."""
+        a = 0.3
+        n_prompt = n_tokens - n_decode
+        if n_decode == 0:
+            return
+        if n_prompt == 0:
+            self._t_decode = dt if self._t_decode is None else (1 - a) * self._t_decode + a * dt
+        elif self._t_decode is not None:
+            per = max(dt - self._t_decode, 0.05 * self._t_decode) / n_prompt
+            self._t_prompt_tok = per if self._t_prompt_tok is None else \
+                (1 - a) * self._t_prompt_tok + a * per
 
     def _advance(self, s: _Seq, logits: np.ndarray, now: float) -> None:
         """Sample s's next token from logits and stream it."""

@@ -1,4 +1,4 @@
-"""The KV arena and the KV cache (C: include/colibri/arena.h, Cython: colibri/_core/_arena.pyx).
+"""The KV arena and the KV cache (C: include/colibri/arena.h, Cython: colibri/_core/_arena.pxi).
 
 `KVArena` is one mmap'd region managed by a binary buddy allocator; `KVCache` keeps each
 sequence's K and V for all layers in one block of it. Both are the Cython classes themselves,

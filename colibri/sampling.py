@@ -128,46 +128,82 @@ class Sampler:
 
     def sample(self, logits: np.ndarray, history: Iterable[int] = ()) -> int:
         x = self.penalise(np.asarray(logits, dtype=np.float32), history)
-        if x.size == 0 or not np.isfinite(x).any() or np.isnan(x).any() or np.isposinf(x).any():
-            # NaN or +inf logits come from a broken model (non-finite weights or norms):
-            # there is nothing to sample, and argmax would pick an arbitrary token
-            bad = "empty" if x.size == 0 else "NaN" if np.isnan(x).any() else (
-                "+inf" if np.isposinf(x).any() else "all -inf")
-            raise ValueError(f"the model produced {bad} logits (non-finite weights or "
-                             "metadata in the model file?): cannot sample a token")
+        _check_finite(x)
         if self.p.temperature == 0.0:
             return int(np.argmax(x))
+        order, w = self.distribution(x)
+        # inverse CDF with one uniform draw (what Generator.choice(p=w) does, without its
+        # checks and copies: ~0.5 ms less on a whole 262k vocabulary)
+        cdf = np.cumsum(w)
+        i = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
+        return int(order[min(i, len(order) - 1)])
+
+    def distribution(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The tokens that temperature > 0 may draw from the (penalised, finite-max) logits x and
+        their probabilities: (token ids, most likely first; float64 weights summing to 1).
+
+        The same as sorting the whole vocabulary (top-k, then top-p and min-p on the
+        temperature-1 probabilities of the top-k, then the temperature softmax), without the
+        sort: the kept tokens lie within a few units of the largest logit, so only the logits
+        above a threshold (lowered until it provably holds every kept token) are sorted. On a
+        262k vocabulary that is ~0.1-0.5 ms instead of ~1 ms (top-k) to ~20 ms (a full sort)."""
+        p = self.p
         n = x.shape[0]
-        k = self.p.top_k if 0 < self.p.top_k < n else n
-        if k == n and self.p.top_p >= 1.0:
-            # no top-k or top-p cut (OpenAI's defaults): the draw needs no sorted order, and a
-            # full sort of a 262k vocabulary costs ~100x the draw; min_p keeps the tokens with
-            # p >= min_p * p_max, i.e. logit >= max + log(min_p)
-            lx = x - x.max()  # float32: numpy's float32 exp is vectorised (~15x float64's)
-            kept = None
-            if self.p.min_p > 0.0:
-                kept = np.nonzero(lx >= math.log(self.p.min_p))[0]
-                lx = lx[kept]
-            cum = np.cumsum(np.exp(lx / np.float32(self.p.temperature)), dtype=np.float64)
-            i = min(int(np.searchsorted(cum, self.rng.random() * cum[-1], side="right")),
-                    cum.shape[0] - 1)
-            return int(i if kept is None else kept[i])
-        if k < n:
-            cand = np.argpartition(-x, k - 1)[:k]
-        else:
+        m = float(x.max())
+        k = p.top_k if 0 < p.top_k < n else n
+        if k == n and p.top_p >= 1.0 and p.min_p == 0.0:
+            # the whole vocabulary: nothing to sort (the draw's order is the token order)
+            w = np.exp((x - np.float32(m)) * np.float32(1.0 / p.temperature)).astype(np.float64)
+            return np.arange(n), w / w.sum()
+        # z: the temperature-1 normaliser over all tokens (only needed when k == n)
+        z = float(np.exp(x - np.float32(m)).sum(dtype=np.float64)) if k == n else 0.0
+        cand: np.ndarray | None = None
+        for d in (4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 128.0):
+            c = np.flatnonzero(x >= np.float32(m - d))
+            if c.size >= k:
+                cand = c  # holds the top-k
+                break
+            if k == n and p.top_p < 1.0:
+                # holds the top-p prefix when the tokens above the threshold carry top_p of
+                # the mass (min-p only removes more)
+                if float(np.exp(x[c].astype(np.float64) - m).sum()) >= p.top_p * z:
+                    cand = c
+                    break
+            if k == n and p.min_p > 0.0 and -d <= math.log(p.min_p):
+                cand = c  # min-p drops every token below m + log(min_p)
+                break
+        if cand is None:
             cand = np.arange(n)
+        if cand.size > k:
+            # the k largest; ties at the k-th value go to the lowest token ids (as a stable
+            # sort would), so the set never depends on the partition's internal order
+            xc = x[cand]
+            kth = -np.partition(-xc, k - 1)[k - 1]
+            above = cand[xc > kth]
+            cand = np.concatenate([above, cand[xc == kth][: k - above.size]])
         order = cand[np.argsort(-x[cand], kind="stable")]
         lx = x[order].astype(np.float64)
         probs = np.exp(lx - lx[0])
-        probs /= probs.sum()
-        if self.p.top_p < 1.0:
+        probs /= probs.sum() if k < n else z
+        if p.top_p < 1.0:
             cum = np.cumsum(probs)
-            keep = int(np.searchsorted(cum, self.p.top_p) + 1)
+            keep = int(np.searchsorted(cum, p.top_p) + 1)
             order, lx, probs = order[:keep], lx[:keep], probs[:keep]
-        if self.p.min_p > 0.0:
-            keep = probs >= self.p.min_p * probs[0]
-            order, lx = order[keep], lx[keep]
-        t = lx / self.p.temperature
+        if p.min_p > 0.0:
+            keep_m = probs >= p.min_p * probs[0]
+            order, lx = order[keep_m], lx[keep_m]
+        t = lx / p.temperature
         w = np.exp(t - t.max())
-        w /= w.sum()
-        return int(order[self.rng.choice(len(order), p=w)])
+        return order, w / w.sum()
+
+
+def _check_finite(x: np.ndarray) -> None:
+    """ValueError when there is nothing to sample: empty, NaN, +inf or all -inf logits (a
+    broken model: non-finite weights or norms; argmax would pick an arbitrary token). One pass:
+    the max is NaN with a NaN anywhere, +inf with a +inf, -inf when all are."""
+    if x.size and math.isfinite(float(x.max())):
+        return
+    bad = "empty" if x.size == 0 else "NaN" if np.isnan(x).any() else (
+        "+inf" if np.isposinf(x).any() else "all -inf")
+    raise ValueError(f"the model produced {bad} logits (non-finite weights or "
+                     "metadata in the model file?): cannot sample a token")

@@ -1,33 +1,18 @@
 """Which SIMD kernels colibri uses, and a cap for testing the portable paths.
 
-Every extension module links its own copy of the C library (static linking keeps the wheel
-self-contained), so a cap is applied to every extension module of colibri._core (importing
-each one).
+The cap is process-wide: colibri._core._native is the one extension module, holding the one
+copy of the C library.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import pkgutil
 from collections.abc import Iterator
 
 import colibri._core._status as _status
 
-LEVELS = ("scalar", "avx2", "avx512")
-_cap = "avx512"
-
-
-def _core_modules() -> list:
-    import colibri._core as core
-
-    mods = []
-    for info in pkgutil.iter_modules(core.__path__):
-        if info.name.startswith("_"):
-            mod = importlib.import_module(f"colibri._core.{info.name}")
-            if hasattr(mod, "_set_simd_cap"):
-                mods.append(mod)
-    return mods
+LEVELS = ("scalar", "avx2", "avx512", "avx512vnni")
+_cap = "avx512vnni"
 
 
 def detected() -> str:
@@ -41,13 +26,12 @@ def level() -> str:
 
 
 def set_max_simd(cap: str) -> str:
-    """Cap the SIMD level in every colibri module; returns the previous cap."""
+    """Cap the SIMD level of the C kernels; returns the previous cap."""
     global _cap
     if cap not in LEVELS:
         raise ValueError(f"unknown SIMD level {cap!r}; expected one of {', '.join(LEVELS)}")
     prev = _cap
-    for mod in _core_modules():
-        mod._set_simd_cap(LEVELS.index(cap))
+    _status._set_simd_cap(LEVELS.index(cap))
     _cap = cap
     return prev
 

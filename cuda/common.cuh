@@ -11,8 +11,7 @@
  *
  * CB_KCHECK(cond, err, code, value) does that and returns from the kernel; the statement
  * text is kept in the host-side table in colibri/cuda.py by (file, line), because device code
- * cannot hand strings back cheaply. CB_CUDA_CHECK(stmt) is the host-side macro for code using
- * the CUDA runtime directly (standalone harnesses); it reports the statement, file and line.
+ * cannot hand strings back cheaply.
  *
  * The kernels also compile as plain C++20 with g++ against tests/cuda_emu/cuda_emu.h, a small
  * CPU emulation of the CUDA features they use (threads, barriers, ballots, atomics, WMMA), so
@@ -49,23 +48,6 @@ __device__ __forceinline__ void cb_kernel_fail(int *err, int code, int line, int
             return;                                                   \
         }                                                             \
     } while (0)
-
-#if defined(__CUDACC__) && !defined(__CUDA_ARCH__)
-#include <cstdio>
-#include <cuda_runtime.h>
-/* Host side: evaluate a CUDA runtime call; on failure print the statement, file, line and the
- * runtime's message to stderr and return the error from the enclosing function (which must
- * return cudaError_t). */
-#define CB_CUDA_CHECK(stmt)                                                                \
-    do {                                                                                  \
-        cudaError_t cb_err_ = (stmt);                                                     \
-        if (cb_err_ != cudaSuccess) {                                                     \
-            std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(cb_err_), \
-                         __FILE__, __LINE__, #stmt);                                      \
-            return cb_err_;                                                               \
-        }                                                                                 \
-    } while (0)
-#endif
 
 /* Asynchronous global -> shared copies (the cp.async pipeline of the fp16 GEMM kernels).
  *   cb_cp_async16(dst, src, pred): copy 16 bytes (both addresses 16-byte aligned); when pred is

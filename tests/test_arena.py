@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from colibri import ColibriError, KVArena
+from colibri.meminfo import meminfo
 
 COUNTERS = ("used", "free", "largest_free", "n_blocks", "n_free_blocks", "requested")
 
@@ -423,14 +424,6 @@ def test_threads_alloc_grow_free_concurrently():
 
 # ------------------------------------------------------------------------------ backings
 
-def _meminfo(key: str) -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    return 0
-
-
 def _thp_mode(path: str = "/sys/kernel/mm/transparent_hugepage/enabled") -> str:
     try:
         text = open(path).read()
@@ -441,8 +434,9 @@ def _thp_mode(path: str = "/sys/kernel/mm/transparent_hugepage/enabled") -> str:
 
 def test_hugepages_modes_match_this_machine():
     cap = 8 << 20
-    hp_bytes = _meminfo("Hugepagesize") * 1024 or (2 << 20)
-    enough = _meminfo("HugePages_Free") * hp_bytes >= cap
+    mem = meminfo()
+    hp_bytes = mem.get("Hugepagesize", 0) or (2 << 20)
+    enough = mem.get("HugePages_Free", 0) * hp_bytes >= cap
     with KVArena(cap, hugepages="off") as a:
         assert a.stats()["backing"] == "pages" and a.stats()["backing_note"] == ""
     with KVArena(cap, hugepages="auto") as a:

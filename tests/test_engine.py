@@ -158,6 +158,55 @@ def test_tiny_concurrent_greedy_equals_single_runs(tiny):
     assert free_bytes(tiny) == base
 
 
+def test_adaptive_chunk_follows_the_step_time_rule(tiny):
+    # the chunk's model, fed synthetic step times (a timed test would be flaky): decode-only
+    # steps of 100 ms, a step with 64 prompt tokens 200 ms -> 100/64 ms per prompt token, so a
+    # chunk costing (CHUNK_STEP_RATIO - 1) decode steps is 0.6 * 64 = 38 tokens
+    from colibri.engine import (
+        CHUNK_STEP_RATIO,
+        DEFAULT_PREFILL_CHUNK,
+        MIN_PREFILL_CHUNK,
+        SOLO_PREFILL_CHUNK,
+    )
+    want = int((CHUNK_STEP_RATIO - 1) * 64 + 1e-6)
+    with Engine(tiny, max_batch=1024) as eng:
+        eng._t_decode = eng._t_prompt_tok = None
+        assert eng._chunk(16, 1) == DEFAULT_PREFILL_CHUNK  # nothing measured yet
+        assert eng._chunk(0, 5) == SOLO_PREFILL_CHUNK  # nobody decodes: nobody waits
+        for _ in range(30):
+            eng._observe(0.100, n_decode=16, n_tokens=16)
+            eng._observe(0.200, n_decode=16, n_tokens=16 + 64)
+        assert eng._chunk(16, 1) == eng._chunk(16, 16) == want
+        # a burst: 4x more waiting than decoding -> the step may cost 4 * 1.6 decode steps
+        assert eng._chunk(4, 16) == int((4 * CHUNK_STEP_RATIO - 1) * 64 + 1e-6)
+        assert eng._chunk(1, 100) == 1024  # capped at max_batch
+        eng._observe(0.5, n_decode=0, n_tokens=64)  # a prefill-only step: no information
+        assert eng._chunk(16, 1) == want
+        for _ in range(30):  # prompt tokens turn expensive: the chunk shrinks to its floor
+            eng._observe(1.0, n_decode=16, n_tokens=16 + 64)
+        assert eng._chunk(16, 1) == MIN_PREFILL_CHUNK
+        for _ in range(60):  # and free: a prompt token is taken to cost at least 5% of a
+            eng._observe(0.100, n_decode=16, n_tokens=16 + 64)  # decode step over 64
+        assert 700 < eng._chunk(16, 1) <= int(0.6 / 0.05 * 64)
+    with Engine(tiny, prefill_chunk=24) as eng:  # a fixed chunk stays fixed
+        eng._observe(0.1, n_decode=4, n_tokens=4)
+        eng._observe(0.1, n_decode=4, n_tokens=68)
+        assert eng._chunk(4, 1) == 24 and eng._chunk(0, 1) == 24 and eng._chunk(1, 50) == 24
+
+
+def test_tiny_adaptive_chunk_outputs_equal_single_runs(tiny):
+    # the default (adaptive) chunk changes step shapes from run to run; outputs must not move
+    prompts = [prompt(i, 30 + 11 * i) for i in range(6)]
+    with Engine(tiny, max_seqs=8) as eng:
+        first = [eng.submit(p, max_tokens=12, temperature=0) for p in prompts[:3]]
+        head = [next(first[0]) for _ in range(2)]  # decoding while the others' prompts are read
+        late = [eng.submit(p, max_tokens=12, temperature=0) for p in prompts[3:]]
+        outs = [drain(r)[0] for r in first + late]
+        outs[0] = [t for d in head for t in d.token_ids] + outs[0]
+    for p, ids in zip(prompts, outs, strict=True):
+        assert ids == greedy_ref(tiny, tiny.tokenize(p), 12)
+
+
 def test_tiny_seeded_sampling_reproducible_under_other_load(tiny):
     kw = dict(max_tokens=24, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1234)
     with Engine(tiny) as eng:

@@ -124,6 +124,44 @@ def test_prefetched_experts_are_hits(moe, mode):
         m.experts.prefetch(1, [n_expert])
 
 
+def test_prediction_is_scored_at_the_next_acquire(moe):
+    """A hint is scored against the layer's next acquire: precision = used / hinted, recall =
+    used / acquired; an acquire without a pending hint is not scored."""
+    _, paths = moe
+    m = Model(paths["f32"], threads=1, ctx=32, max_batch=1, tokenizer=False,
+              expert_mode="cache", expert_budget=1.0)  # no prefetch thread: scoring only
+    n_expert = m.desc.layers[1].n_expert
+    ids = [0, 1, n_expert - 1]
+    m.experts.prefetch(1, [ids[0], ids[1], ids[1]])  # a repeated id counts once
+    m.experts.acquire(1, [ids[1], ids[2]])
+    m.experts.release(1, [ids[1], ids[2]])
+    st = m.expert_stats(1)
+    assert (st["predicted"], st["predicted_used"], st["predicted_acquired"]) == (2, 1, 2)
+    m.experts.acquire(1, [ids[0]])  # no hint pending: not scored
+    m.experts.release(1, [ids[0]])
+    assert m.expert_stats(1)["predicted_acquired"] == 2
+    assert m.expert_stats()["predicted_used"] == 1  # the sum over layers
+    m.reset_expert_stats()
+    assert m.expert_stats(1)["predicted"] == 0
+
+
+def test_forward_predictions_are_scored(moe):
+    """With prefetch on, the forward hints each next MoE layer: every hinted layer's acquires
+    are scored, and used <= min(hinted, acquired)."""
+    _, paths = moe
+    m = Model(paths["f32"], threads=1, ctx=32, max_batch=1, tokenizer=False,
+              expert_mode="cache", expert_budget=1.0, prefetch=True)
+    s = m.new_sequence()
+    for t in prompt(4, seed=9):
+        m.eval([s], tokens=[t])
+    moe_layers = [i for i, L in enumerate(m.desc.layers) if L.n_expert]
+    for i in moe_layers[1:]:  # the first MoE layer is never predicted
+        st = m.expert_stats(i)
+        assert st["predicted"] > 0 and st["predicted_acquired"] == st["acquired"]
+        assert st["predicted_used"] <= min(st["predicted"], st["predicted_acquired"])
+    assert m.expert_stats(moe_layers[0])["predicted"] == 0
+
+
 def test_prefetch_option_and_environment(moe, monkeypatch):
     _, paths = moe
     path = paths["f32"]

@@ -39,6 +39,26 @@ def test_temperature_zero_and_top_k_one_are_greedy():
     assert all(s.sample(logits) == int(np.argmax(logits)) for _ in range(20))
 
 
+def test_top_k_candidates_are_the_k_largest_ties_to_lower_ids():
+    def _top_k(x, k):
+        p = SamplingParams(temperature=1.0, top_k=k, top_p=1.0, min_p=0.0)
+        return np.sort(Sampler(p).distribution(x)[0])
+
+    rng = np.random.default_rng(1)
+    for trial in range(60):
+        n = 262144 if trial % 3 == 0 else int(rng.integers(2, 5000))
+        x = rng.standard_normal(n).astype(np.float32)
+        if trial % 2:
+            x = np.round(x * 2).astype(np.float32)  # many ties at the k-th value
+        if trial % 5 == 0:
+            x[rng.integers(0, n, size=min(n, 40))] = -np.inf
+        k = int(rng.integers(1, min(n, 300)))
+        got = _top_k(x, k)
+        # reference: a full sort by (value descending, id ascending)
+        ref = np.sort(np.lexsort((np.arange(n), -x))[:k])
+        assert np.array_equal(got, ref), (trial, n, k)
+
+
 def test_seeded_sampling_is_reproducible_and_seeds_differ():
     logits = np.random.default_rng(1).standard_normal(500).astype(np.float32)
     a = Sampler(SamplingParams(seed=7, top_k=0, top_p=1.0, min_p=0.0))
@@ -68,6 +88,68 @@ def test_sampling_frequencies_follow_the_temperature():
     n1 = sum(s.sample(logits) for _ in range(4000))
     want = np.sqrt(3) / (1 + np.sqrt(3))  # p ∝ exp(l / 2)
     assert abs(n1 / 4000 - want) < 0.03
+
+
+def _full_sort_distribution(x, p):
+    """The sampling filters as written in their definition: sort the whole vocabulary, top-k,
+    top-p and min-p on the temperature-1 probabilities of the top-k, temperature softmax."""
+    n = x.shape[0]
+    k = p.top_k if 0 < p.top_k < n else n
+    order = np.argsort(-x, kind="stable")[:k]
+    lx = x[order].astype(np.float64)
+    probs = np.exp(lx - lx[0])
+    probs /= probs.sum()
+    if p.top_p < 1.0:
+        keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
+        order, lx, probs = order[:keep], lx[:keep], probs[:keep]
+    if p.min_p > 0.0:
+        keep_m = probs >= p.min_p * probs[0]
+        order, lx = order[keep_m], lx[keep_m]
+    w = np.exp(lx / p.temperature - (lx / p.temperature).max())
+    return order, w / w.sum()
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 30.0])
+@pytest.mark.parametrize("filters", [dict(top_k=40, top_p=0.95, min_p=0.05),
+                                     dict(top_k=0, top_p=0.9, min_p=0.0),
+                                     dict(top_k=0, top_p=1.0, min_p=0.1),
+                                     dict(top_k=0, top_p=1.0, min_p=1e-5),
+                                     dict(top_k=0, top_p=0.5, min_p=0.01),
+                                     dict(top_k=7, top_p=1.0, min_p=0.0),
+                                     dict(top_k=0, top_p=1.0, min_p=0.0)])
+def test_distribution_equals_the_full_sort(scale, filters):
+    # the thresholded candidates must keep exactly the tokens (and weights) of a full sort:
+    # flat logits (scale 0.3: the top-p mass is spread over thousands of tokens), peaked ones
+    # (30), ties (rounded values) and banned tokens (-inf)
+    rng = np.random.default_rng(int(scale * 10) + len(filters))
+    for trial in range(4):
+        x = (rng.standard_normal(50_000) * scale).astype(np.float32)
+        if trial % 2:
+            x = np.round(x)
+        x[rng.integers(0, x.size, 100)] = -np.inf
+        p = SamplingParams(temperature=0.7, **filters)
+        order, w = Sampler(p).distribution(x)
+        ref_order, ref_w = _full_sort_distribution(x, p)
+        if filters["top_k"] == 0 and filters["top_p"] == 1.0 and filters["min_p"] == 0.0:
+            # the whole vocabulary in token order: compare as a distribution over tokens
+            full = np.zeros(x.size)
+            full[order] = w
+            ref = np.zeros(x.size)
+            ref[ref_order] = ref_w
+            np.testing.assert_allclose(full, ref, rtol=1e-5, atol=1e-12)  # float32 exp
+            continue
+        assert order.tolist() == ref_order.tolist()
+        np.testing.assert_allclose(w, ref_w, rtol=1e-9)
+
+
+def test_sampling_rejects_non_finite_logits():
+    for bad, word in ((np.array([0.0, np.nan], np.float32), "NaN"),
+                      (np.array([0.0, np.inf], np.float32), r"\+inf"),
+                      (np.array([-np.inf, -np.inf], np.float32), "all -inf"),
+                      (np.array([], np.float32), "empty")):
+        for t in (0.0, 0.8):
+            with pytest.raises(ValueError, match=word):
+                Sampler(SamplingParams(temperature=t)).sample(bad)
 
 
 def test_repeat_penalty_matches_llama_cpp_rule():

@@ -5,16 +5,17 @@ import pytest
 from colibri import ColibriError, simd
 from colibri._core import _status
 
+S = _status.cb_status  # the codes of include/colibri/status.h
 CASES = [
-    (-1, ValueError),
-    (-2, MemoryError),
-    (-3, OSError),
-    (-4, FileNotFoundError),
-    (-5, ValueError),
-    (-6, ColibriError),
-    (-7, ColibriError),
-    (-8, ColibriError),
-    (-9, ColibriError),
+    (S.CB_STATUS_INVALID_ARGUMENT, ValueError),
+    (S.CB_STATUS_OUT_OF_MEMORY, MemoryError),
+    (S.CB_STATUS_IO, OSError),
+    (S.CB_STATUS_NOT_FOUND, FileNotFoundError),
+    (S.CB_STATUS_CORRUPT, ValueError),
+    (S.CB_STATUS_UNSUPPORTED, ColibriError),
+    (S.CB_STATUS_CLOSED, ColibriError),
+    (S.CB_STATUS_INTERNAL, ColibriError),
+    (S.CB_STATUS_NOT_FINITE, ColibriError),
 ]
 
 
@@ -28,17 +29,17 @@ def test_status_maps_to_exception_with_detail(code, exc):
 
 def test_empty_detail_falls_back_to_status_name():
     with pytest.raises(MemoryError, match="out of memory"):
-        _status.raise_status(-2, "")
+        _status.raise_status(S.CB_STATUS_OUT_OF_MEMORY, "")
 
 
 def test_ok_status_raises_nothing():
-    assert _status.raise_status(0, "ignored") is None
+    assert _status.raise_status(S.CB_OK, "ignored") is None
 
 
 def test_status_names_are_distinct():
     names = {_status.status_str(c) for c, _ in CASES}
-    assert len(names) == len(CASES)
-    assert _status.status_str(0) == "ok"
+    assert len(names) == len(CASES) == len(S) - 1  # every failure status, each named
+    assert _status.status_str(S.CB_OK) == "ok"
 
 
 def test_simd_cap_reaches_the_kernels_and_is_restored():

@@ -18,7 +18,8 @@ SDIST=$(ls "$WORK"/dist/colibri-*.tar.gz)
 WHEEL=$(ls "$WORK"/dist/colibri-*.whl)
 tar -tzf "$SDIST" > "$WORK/sdist.txt"
 for f in cuda/routing.cu cuda/moe_gemm.cu cuda/common.cuh include/colibri/forward.h \
-         colibri/_core/forward.c colibri/_core/_forward.pyx tests/test_readme.py; do
+         colibri/_core/forward.c colibri/_core/_native.pyx colibri/_core/_forward.pxi \
+         tests/test_readme.py; do
     grep -q "/$f\$" "$WORK/sdist.txt" || { echo "check_wheel: $f missing from the sdist" >&2; exit 1; }
 done
 
@@ -44,6 +45,8 @@ assert kdir == pkg / "_cuda_src", kdir
 for name in ("routing.cu", "moe_gemm.cu", "common.cuh", "routing_logic.h"):
     assert (kdir / name).is_file(), f"{name} not shipped in the wheel"
 assert (pkg / "py.typed").is_file() and (pkg / "_core" / "py.typed").is_file()
+native = sorted(p.name for p in (pkg / "_core").glob("*.so"))
+assert len(native) == 1 and native[0].startswith("_native."), f"extension modules: {native}"
 blocks = re.findall(r"^```python\n(.*?)^```", Path(sys.argv[1]).read_text(), re.M | re.S)
 assert blocks, "no Python example in the README"
 for i, code in enumerate(blocks):

@@ -4,7 +4,7 @@
 
 #include <stdatomic.h>
 
-static atomic_int max_level = CB_SIMD_AVX512;
+static atomic_int max_level = CB_SIMD_AVX512_VNNI;
 
 cb_simd_level cb_cpu_detect(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -12,7 +12,7 @@ cb_simd_level cb_cpu_detect(void) {
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("fma"))
-        return CB_SIMD_AVX512;
+        return __builtin_cpu_supports("avx512vnni") ? CB_SIMD_AVX512_VNNI : CB_SIMD_AVX512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         return CB_SIMD_AVX2;
 #endif
@@ -28,7 +28,7 @@ cb_simd_level cb_cpu_level(void) {
 
 cb_simd_level cb_cpu_set_max_level(cb_simd_level cap) {
     if (cap < CB_SIMD_SCALAR) cap = CB_SIMD_SCALAR;
-    if (cap > CB_SIMD_AVX512) cap = CB_SIMD_AVX512;
+    if (cap > CB_SIMD_AVX512_VNNI) cap = CB_SIMD_AVX512_VNNI;
     return (cb_simd_level)atomic_exchange(&max_level, (int)cap);
 }
 
@@ -37,6 +37,7 @@ const char *cb_simd_level_str(cb_simd_level level) {
     case CB_SIMD_SCALAR: return "scalar";
     case CB_SIMD_AVX2: return "avx2";
     case CB_SIMD_AVX512: return "avx512";
+    case CB_SIMD_AVX512_VNNI: return "avx512vnni";
     }
     return "unknown";
 }

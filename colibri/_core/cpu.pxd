@@ -3,6 +3,7 @@ cdef extern from "colibri/cpu.h" nogil:
         CB_SIMD_SCALAR
         CB_SIMD_AVX2
         CB_SIMD_AVX512
+        CB_SIMD_AVX512_VNNI
     cb_simd_level cb_cpu_detect()
     cb_simd_level cb_cpu_level()
     cb_simd_level cb_cpu_set_max_level(cb_simd_level cap)

@@ -122,6 +122,8 @@ struct cb_experts {
     int32_t n_loading;                 /* slots the prefetch thread is reading */
     read_job_t *jobs;                  /* [3 n_slots] one acquire's misses, read in parallel */
     uint32_t pf_good, pf_bad;          /* recent prefetches used / evicted unused (halved at 64) */
+    /* prediction scoring: the hint that named g ([total]) and each layer's pending hint */
+    uint32_t *hint_of, *hint_pending, hint_seq;
 };
 
 static uint64_t now_ns(void) {
@@ -605,7 +607,10 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
     s->stats = cb_calloc((size_t)n_layers + 1, sizeof *s->stats);
     s->counts = cb_calloc(total + 1, sizeof *s->counts);
     s->offsets = cb_calloc((size_t)n_layers + 1, sizeof *s->offsets);
-    if (!s->layers || !s->lay || !s->stats || !s->counts || !s->offsets) {
+    s->hint_of = cb_calloc(total + 1, sizeof *s->hint_of);
+    s->hint_pending = cb_calloc((size_t)n_layers + 1, sizeof *s->hint_pending);
+    if (!s->layers || !s->lay || !s->stats || !s->counts || !s->offsets || !s->hint_of ||
+        !s->hint_pending) {
         cb_experts_free(s);
         return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: no memory for %zu expert counters",
                        total);
@@ -740,12 +745,6 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
     return CB_OK;
 }
 
-cb_status cb_experts_new_mapped(const cb_experts_layer_t *layers, int32_t n_layers,
-                                cb_experts_t **out) {
-    cb_experts_params_t p = cb_experts_default_params();
-    return cb_experts_new(&p, layers, n_layers, out);
-}
-
 void cb_experts_free(cb_experts_t *s) {
     if (!s) return;
     if (s->thread_started) { /* an in-flight read finishes first; queued hints are dropped */
@@ -769,6 +768,8 @@ void cb_experts_free(cb_experts_t *s) {
     free(s->stats);
     free(s->counts);
     free(s->offsets);
+    free(s->hint_of);
+    free(s->hint_pending);
     free(s->slot_of);
     free(s->layer_of);
     free(s->freq);
@@ -916,6 +917,38 @@ static void lock_hit(cb_experts_t *s, int32_t k, cb_experts_layer_stats_t *st) {
     s->slots[k].prefetched = 0;
 }
 
+/* Scores a layer's pending hint against the experts an acquire wants (callers hold mu, or
+ * own the mapped store, where the forward's thread is the only caller). */
+static void score_hint(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n,
+                       cb_experts_layer_stats_t *st) {
+    uint32_t h = s->hint_pending[layer];
+    if (!h) return;
+    s->hint_pending[layer] = 0;
+    st->predicted_acquired += (uint64_t)n;
+    for (int32_t i = 0; i < n; i++)
+        if (s->hint_of[s->offsets[layer] + (size_t)ids[i]] == h) st->predicted_used++;
+}
+
+/* Records a hint for scoring: the layer's next acquire compares it with what it wants. */
+static void record_hint(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n) {
+    if (++s->hint_seq == 0) { /* wrapped: old marks could collide with new ids */
+        memset(s->hint_of, 0, s->total * sizeof *s->hint_of);
+        memset(s->hint_pending, 0, (size_t)s->n_layers * sizeof *s->hint_pending);
+        s->hint_seq = 1;
+    }
+    uint32_t h = s->hint_seq;
+    uint64_t fresh = 0;
+    for (int32_t i = 0; i < n; i++) {
+        size_t g = s->offsets[layer] + (size_t)ids[i];
+        if (s->hint_of[g] != h) { /* a repeated id counts once */
+            s->hint_of[g] = h;
+            fresh++;
+        }
+    }
+    s->hint_pending[layer] = h;
+    s->stats[layer].predicted += fresh;
+}
+
 cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n,
                              const int32_t *uses, cb_expert_ref_t *out) {
     if (!s || layer < 0 || layer >= s->n_layers || n < 0 || (n > 0 && (!ids || !out)))
@@ -928,6 +961,7 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
                            (int)layer, (int)ids[i]);
     cb_experts_layer_stats_t *st = &s->stats[layer];
     if (s->mode == CB_EXPERTS_MAPPED) { /* no thread, no slots: no lock needed */
+        score_hint(s, layer, ids, n, st);
         for (int32_t i = 0; i < n; i++) {
             uint64_t u = uses ? (uint64_t)(uses[i] > 0 ? uses[i] : 0) : 1;
             s->counts[s->offsets[layer] + (size_t)ids[i]] += u;
@@ -945,6 +979,7 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
     }
     uint64_t t0 = now_ns();
     pthread_mutex_lock(&s->mu);
+    score_hint(s, layer, ids, n, st);
     for (int32_t i = 0; i < n; i++) {
         uint64_t u = uses ? (uint64_t)(uses[i] > 0 ? uses[i] : 0) : 1;
         s->counts[s->offsets[layer] + (size_t)ids[i]] += u;
@@ -1113,8 +1148,12 @@ cb_status cb_experts_prefetch(cb_experts_t *s, int32_t layer, const int32_t *ids
         if (ids[i] < 0 || ids[i] >= L->n_expert)
             return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: layer %d has no expert %d",
                            (int)layer, (int)ids[i]);
-    if (!s->thread_started) return CB_OK;
     pthread_mutex_lock(&s->mu);
+    record_hint(s, layer, ids, n);
+    if (!s->thread_started) {
+        pthread_mutex_unlock(&s->mu);
+        return CB_OK;
+    }
     s->round++;
     if (s->round == 0) s->round = 1; /* 0 means "never hinted" */
     s->q_head = 0;
@@ -1180,6 +1219,9 @@ cb_status cb_experts_stats(const cb_experts_t *s, int32_t layer, cb_experts_laye
         out->prefetch_issued += x->prefetch_issued;
         out->prefetch_hits += x->prefetch_hits;
         out->prefetch_wasted += x->prefetch_wasted;
+        out->predicted += x->predicted;
+        out->predicted_used += x->predicted_used;
+        out->predicted_acquired += x->predicted_acquired;
     }
     pthread_mutex_unlock(mu);
     return CB_OK;

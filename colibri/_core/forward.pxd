@@ -23,6 +23,7 @@ cdef extern from "colibri/experts.h" nogil:
         uint64_t uses, acquired, hits, misses, bytes_read, wait_ns
         uint64_t evictions, resident, resident_bytes
         uint64_t reads, prefetch_issued, prefetch_hits, prefetch_wasted
+        uint64_t predicted, predicted_used, predicted_acquired
     ctypedef struct cb_experts_params_t:
         int32_t mode, policy
         const char *path
@@ -53,8 +54,6 @@ cdef extern from "colibri/experts.h" nogil:
                              int32_t n_layers, cb_experts_t **out)
     cb_status cb_experts_info(const cb_experts_t *s, cb_experts_info_t *out)
     cb_status cb_experts_pin(cb_experts_t *s, int32_t layer, int32_t expert)
-    cb_status cb_experts_new_mapped(const cb_experts_layer_t *layers, int32_t n_layers,
-                                    cb_experts_t **out)
     void cb_experts_free(cb_experts_t *s)
     cb_status cb_experts_stats(const cb_experts_t *s, int32_t layer, cb_experts_layer_stats_t *out)
     cb_status cb_experts_route_counts(const cb_experts_t *s, int32_t layer, uint64_t *counts,
@@ -140,3 +139,11 @@ cdef extern from "colibri/forward.h" nogil:
                                          const float *logits, int64_t n_tokens, float *out) noexcept
     void cb_forward_set_moe_hook(cb_forward_t *f, cb_moe_hook_fn fn, void *user)
     void cb_forward_set_deterministic(cb_forward_t *f, int deterministic)
+
+
+cdef extern from "routing_logic.h" nogil:
+    enum:
+        CB_GATING_SOFTMAX
+        CB_GATING_SIGMOID
+        CB_ROUTE_MAX_EXPERTS
+        CB_ROUTE_MAX_K

@@ -1,5 +1,8 @@
 from libc.stdint cimport int64_t
 
+from colibri._core._native cimport (
+    cb_act, cb_rope_mode, CB_ACT_GELU_TANH, CB_ACT_SILU, CB_ROPE_NEOX, CB_ROPE_NORMAL,
+)
 from colibri._core.status cimport cb_status
 
 
@@ -9,10 +12,6 @@ cdef extern from "colibri/ops.h" nogil:
     cb_status cb_rmsnorm_rows(const float *x, int64_t x_stride, int64_t n_rows, int64_t n,
                               const float *weight, float eps, int add_unit_offset, float *out,
                               int64_t out_stride)
-
-    ctypedef enum cb_rope_mode:
-        CB_ROPE_NORMAL
-        CB_ROPE_NEOX
 
     ctypedef struct cb_rope_params_t:
         int64_t n_dims
@@ -41,10 +40,6 @@ cdef extern from "colibri/ops.h" nogil:
                             int64_t head_dim, const int64_t *positions, const cb_rope_params_t *p)
 
     cb_status cb_softmax(float *x, int64_t n)
-
-    ctypedef enum cb_act:
-        CB_ACT_SILU
-        CB_ACT_GELU_TANH
 
     cb_status cb_silu(const float *x, int64_t n, float *out)
     cb_status cb_gelu_tanh(const float *x, int64_t n, float *out)

@@ -685,12 +685,25 @@ void cb_scalar_quantize_q8k(const float *x, int64_t n, void *dst) { quantize_q8k
 
 /* Batches from this many tokens take the packed-row path where there is one. Packing costs
  * about one pass over the weights per call, so it pays once enough tokens share it. Measured
- * on expert-sized matrices (768 x 2048 and 2048 x 768; packed on against off, AVX2, CPU time
- * of one thread; `python tools/bench/kernels.py --parts packed`): Q4_K's packed tile gains
- * least over its direct one and wins from about 24 tokens, Q5_K/Q6_K from about 8, Q8_0 from
- * 5, the rest from 4. MoE prefill lives below these: 64 prompt tokens over 128 experts,
- * top-8, give 4 tokens per expert call. */
-static int rp_min_tokens(int type) {
+ * on expert-sized matrices (768 x 2048 and 2048 x 768; packed on against off, CPU time of one
+ * thread; `python tools/bench/kernels.py --parts packed`). With AVX2 only: Q4_K's packed tile
+ * gains least over its direct one and wins from about 24 tokens, Q5_K/Q6_K from about 8, Q8_0
+ * from 5, the rest from 4. With AVX-512 the packed tile is the 512-bit one (and with VNNI the
+ * 32-block types' vpdpbusd one) while the invariant direct tiles stay AVX2, so packing wins
+ * much earlier (2-core AVX-512 VNNI EPYC, 2026-12-01, time ratio packed / direct at 1-32
+ * tokens): Q4_K and Q5_K from 5 tokens (0.86-0.94 at 5, 0.54-0.59 at 16), Q6_K from 3-4 (0.87-
+ * 0.90 at 4), Q8_0 and Q4_0/Q5_0 from 2 (0.77-0.86 at 2, 0.57-0.66 at 3). MoE prefill lives
+ * in this range: 64 prompt tokens over 128 experts, top-8, give 4 tokens per expert call;
+ * 256 give 16. The results do not depend on the path (batch invariance). */
+static int rp_min_tokens(int type, cb_simd_level level) {
+    if (level >= CB_SIMD_AVX512) {
+        switch (type) {
+        case CB_TYPE_Q4_K:
+        case CB_TYPE_Q5_K: return 5;
+        case CB_TYPE_Q6_K: return 4;
+        default: return level >= CB_SIMD_AVX512_VNNI ? 2 : (type == CB_TYPE_Q8_0 ? 5 : 4);
+        }
+    }
     switch (type) {
     case CB_TYPE_Q4_K: return 24;
     case CB_TYPE_Q5_K:
@@ -726,6 +739,7 @@ typedef struct {
      * avx512: its AVX-512 activation quantizer and tile, quant_avx512.c) */
     int rp;
     int avx512;
+    int vnni;        /* packed tiles: cb_avx512_rp_tile_vnni */
     int type;
     uint8_t *pack; /* per-thread group buffers, pack_stride bytes apart */
     size_t pack_stride;
@@ -808,9 +822,17 @@ static void mm_task_rp(void *vctx, int task, int thread) {
     for (int64_t r0 = r_begin; r0 < r_end; r0 += 8) {
         int nr = r_end - r0 < 8 ? (int)(r_end - r0) : 8;
         cb_avx2_rp_pack(c->type, c->w + r0 * c->w_stride, c->w_stride, nr, c->cols, pk);
+        if (r0 + 8 < c->rows) {
+            /* the next group's rows (contiguous) into L2 while this group meets the tokens,
+             * so the next pack does not wait on memory */
+            const uint8_t *nx = c->w + (r0 + 8) * c->w_stride;
+            int64_t nn = c->rows - (r0 + 8) < 8 ? c->rows - (r0 + 8) : 8;
+            size_t bytes = (size_t)nn * c->w_stride;
+            for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(nx + o, 0, 2);
+        }
         for (int64_t t0 = 0; t0 < c->n_tokens; t0 += 4) {
             int nt = c->n_tokens - t0 < 4 ? (int)(c->n_tokens - t0) : 4;
-            (c->avx512 ? cb_avx512_rp_tile : cb_avx2_rp_tile)(
+            (c->vnni ? cb_avx512_rp_tile_vnni : c->avx512 ? cb_avx512_rp_tile : cb_avx2_rp_tile)(
                 c->type, pk, c->kn, c->xa + t0 * c->xa_stride, c->xa_stride, nt, out);
             mm_store(c, r0, nr, t0, nt, out);
         }
@@ -867,6 +889,7 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
      * order (the AVX-512 packed tile sums as the AVX2 one); the AVX-512 direct tiles (lanes of
      * partial sums) only when asked to be fast */
     c.avx512 = level >= CB_SIMD_AVX512;
+    c.vnni = level >= CB_SIMD_AVX512_VNNI;
     c.tile = c.avx512 && o.fast ? cb_avx512_tile(w->type) : NULL;
     if (!c.tile && level >= CB_SIMD_AVX2)
         c.tile = o.fast ? cb_avx2_tile_fast(w->type) : cb_avx2_tile(w->type);
@@ -881,7 +904,7 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
     c.cols = w->cols;
     c.type = w->type;
     c.rp = level >= CB_SIMD_AVX2 && cb_avx2_rp_supported(w->type) &&
-           (o.packed > 0 || (o.packed == 0 && n_tokens >= rp_min_tokens(w->type)));
+           (o.packed > 0 || (o.packed == 0 && n_tokens >= rp_min_tokens(w->type, level)));
 
     size_t need = 0;
     if (ak == CB_ACT_F32) {

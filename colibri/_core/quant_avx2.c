@@ -309,7 +309,8 @@ INL void tile32(int type, int INV, int NR, int NT, int64_t nb, const uint8_t *w,
  * rows. Each packed vector is reused by 4 tokens from registers, each activation broadcast by 8
  * rows. Q8_0 (signed weights) uses |w| and sign(x, w) with G = 1.
  * Activations (cb_avx2_rp_quantize): per token qs[cols] (int8, the same rounding as cb_q8a_t),
- * then float d[nb], int32 z*isum[nb], float s[nb] = d*isum. */
+ * then float d[nb], int32 z*isum[nb] (z = cb_rp_act_z(type): for Q8_0 128, which only the
+ * AVX512-VNNI tile reads), float s[nb] = d*isum. */
 
 INL int rp_z(int type) {
     switch (type) {
@@ -365,7 +366,7 @@ size_t cb_avx2_rp_group_bytes(int type, int64_t cols) {
 
 void cb_avx2_rp_quantize(int type, const float *x, int64_t cols, uint8_t *dst) {
     const int64_t nb = cols / CB_QK;
-    const int z = rp_z(type);
+    const int z = cb_rp_act_z(type);
     float *dx = (float *)(void *)(dst + cols);
     int32_t *zi = (int32_t *)(void *)(dx + nb);
     float *sx = (float *)(void *)(zi + nb);

@@ -33,6 +33,7 @@
 #define CB_AVX512_FN(name) cb_avx512emu_##name
 #define CB_AVX512_ON 1
 #define CB_AVX512_TARGET
+#define CB_AVX512_VNNI_TARGET
 #define SIMDE_ENABLE_NATIVE_ALIASES
 /* __m512 values passed to / returned from static functions: notes about an ABI not used here */
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -82,6 +83,8 @@ static inline __m512i cb_emu_cvtepu16_epi32(__m256i h) {
 #define CB_AVX512_FN(name) cb_avx512_##name
 #define CB_AVX512_ON 1
 #define CB_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
+#define CB_AVX512_VNNI_TARGET                                                                   \
+    __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")))
 #include <immintrin.h>
 #define CB_F16(p) _cvtsh_ss(cb_rd16(p))
 #else
@@ -94,8 +97,10 @@ static inline __m512i cb_emu_cvtepu16_epi32(__m256i h) {
 #ifdef CB_AVX512_EMULATE
 /* emulated: let the compiler choose (forced inlining of SIMDe's code compiles for minutes) */
 #define INL static inline
+#define INLV static inline
 #else
 #define INL static inline __attribute__((always_inline)) CB_AVX512_TARGET
+#define INLV static inline __attribute__((always_inline)) CB_AVX512_VNNI_TARGET
 #endif
 
 /* ------------------------------------------------------------ helpers */
@@ -216,11 +221,11 @@ INL int rp_z(int type) {
 }
 
 /* The packed-row activation layout of cb_avx2_rp_quantize (quant_avx2.c): qs[cols], then
- * float d[nb], int32 z*isum[nb], float s[nb] = d*isum. */
+ * float d[nb], int32 z*isum[nb] (z = cb_rp_act_z: 128 for Q8_0), float s[nb] = d*isum. */
 CB_AVX512_TARGET void CB_AVX512_FN(rp_quantize)(int type, const float *x, int64_t cols,
                                                 uint8_t *dst) {
     const int64_t nb = cols / CB_QK;
-    const int z = rp_z(type);
+    const int z = cb_rp_act_z(type);
     float *dx = (float *)(void *)(dst + cols);
     int32_t *zi = (int32_t *)(void *)(dx + nb);
     float *sx = (float *)(void *)(zi + nb);
@@ -757,6 +762,71 @@ INL void rp_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t 
     }
 }
 
+/* The same tile with AVX512-VNNI (cb_cpu_level() == CB_SIMD_AVX512_VNNI): vpdpbusd multiplies
+ * the unsigned weight bytes by the signed activation bytes and adds each lane's 4 products into
+ * its int32 lane, so the block's four pairs of steps accumulate in int32 with one instruction
+ * per token and pair (the tile above: maddubs, add, then madd to widen). Q8_0's signed weights
+ * become unsigned by flipping the sign bit (w + 128, one xor per vector shared by the tokens) and
+ * the 128 * sum(x) this adds is taken out with the activation's z*isum (cb_rp_act_z(Q8_0) = 128).
+ * No intermediate can overflow, so the integer block sums, and then every float operation, are
+ * those of the tile above and of the AVX2 kernels: bit-identical results (batch invariance). */
+INLV void rpv_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
+                   float *out) {
+    const int hm = rp_has_m(type), sgn = type == CB_TYPE_Q8_0;
+    const int z = sgn ? 128 : rp_z(type);
+    const size_t bst = rp_bstride(type);
+    const int64_t cols = nb * CB_QK;
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const uint8_t *xq[4];
+    const float *dx[4], *sx[4];
+    const int32_t *zi[4];
+    __m256 facc[4];
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        xq[t] = xa + (size_t)t * xs;
+        dx[t] = (const float *)(const void *)(xq[t] + cols);
+        zi[t] = (const int32_t *)(const void *)(dx[t] + nb);
+        sx[t] = (const float *)(const void *)(zi[t] + nb);
+        facc[t] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = pk + (size_t)b * bst;
+        __m512i xb32[4], iacc[4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            xb32[t] = zext_si(loadu256(xq[t] + 32 * b));
+            iacc[t] = _mm512_setzero_si512();
+        }
+        #pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            __m512i wv = loadu512(q + 64 * p);
+            if (sgn) wv = _mm512_xor_si512(wv, flip);
+            __m512i idx = pair_idx(p);
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++)
+                iacc[t] = _mm512_dpbusd_epi32(iacc[t], wv,
+                                              _mm512_permutexvar_epi32(idx, xb32[t]));
+        }
+        const __m256 dv = _mm256_loadu_ps((const float *)(const void *)(q + 256));
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            __m256i s = fold_epi32(iacc[t]);
+            __m256i p = z ? _mm256_sub_epi32(s, _mm256_set1_epi32(zi[t][b])) : s;
+            facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
+                                      _mm256_mul_ps(dv, _mm256_set1_ps(dx[t][b])), facc[t]);
+            if (hm)
+                facc[t] = _mm256_fmadd_ps(_mm256_loadu_ps((const float *)(const void *)(q + 288)),
+                                          _mm256_set1_ps(sx[t][b]), facc[t]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, facc[t]);
+        for (int r = 0; r < 8; r++) out[r * NT + t] = tmp[r];
+    }
+}
+
 /* K-quants (cb_avx2_rp_pack's layout for Q4_K/Q5_K/Q6_K, see quant_avx2.c): 64 steps of 32
  * bytes, then ns scale vectors, 8 min vectors, d[8], dmin[8]. Pairs of steps as above; one
  * sub-block (Q4_K/Q5_K: 8 steps, Q6_K: 4) is at most rpk_g steps per int16 lane, so each
@@ -840,6 +910,85 @@ INL void rpk_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t
     }
 }
 
+/* The K-quant tile with AVX512-VNNI: a sub-block's products accumulate in int32 with one
+ * vpdpbusd per token and pair of steps (instead of maddubs + add into int16), then one int32
+ * multiply by the sub-block's scale (instead of madd with the (sc, sc) int16 pairs, read here as
+ * int32 >> 16). The same exact integers, so the same floats as rpk_tile. */
+INLV void rpkv_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
+                   float *out) {
+    const int ns = rpk_ns(type), SB = 64 / ns; /* steps per sub-block */
+    const size_t bst = rpk_bstride(type);
+    __m256 facc[4];
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) facc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = pk + (size_t)b * bst, *scv = q + 2048, *mnv = scv + 32 * ns;
+        const cb_q8k_t *a[4];
+        __m512i isum[4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            a[t] = (const cb_q8k_t *)(const void *)(xa + (size_t)t * xs) + b;
+            isum[t] = _mm512_setzero_si512();
+        }
+        #pragma GCC unroll 1
+        for (int j = 0; j < ns; j++) {
+            /* the (sc, sc) int16 pairs as one int32 sc per row lane (sign kept: Q6_K) */
+            const __m512i sc = _mm512_srai_epi32(_mm512_broadcast_i64x4(loadu256(scv + 32 * j)), 16);
+            __m512i xj[4], a16[4];
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                const uint8_t *xp = (const uint8_t *)a[t]->qs + 4 * SB * j;
+                /* the sub-block's 4*SB activation bytes (32 or 16) */
+                xj[t] = SB == 8 ? zext_si(loadu256(xp))
+                                : _mm512_inserti32x4(_mm512_setzero_si512(),
+                                                     _mm_loadu_si128((const __m128i *)(const void *)xp), 0);
+                a16[t] = _mm512_setzero_si512();
+            }
+            #pragma GCC unroll 4
+            for (int p = 0; p < SB / 2; p++) {
+                __m512i wv = loadu512(q + 32 * (j * SB + 2 * p));
+                __m512i idx = pair_idx(p);
+                #pragma GCC unroll 4
+                for (int t = 0; t < NT; t++)
+                    a16[t] = _mm512_dpbusd_epi32(a16[t], wv,
+                                                 _mm512_permutexvar_epi32(idx, xj[t]));
+            }
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++)
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(a16[t], sc));
+        }
+        const __m256 dv = _mm256_loadu_ps((const float *)(const void *)(mnv + 256));
+        const __m256 dmv = _mm256_loadu_ps((const float *)(const void *)(mnv + 288));
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            /* min vectors k, k+1 against bsums pairs k, k+1 */
+            const __m512i bs = zext_si(loadu256(a[t]->bsums));
+            __m512i ms = _mm512_setzero_si512();
+            #pragma GCC unroll 4
+            for (int p = 0; p < 4; p++)
+                ms = _mm512_add_epi32(ms, _mm512_madd_epi16(loadu512(mnv + 64 * p),
+                                                            _mm512_permutexvar_epi32(pair_idx(p), bs)));
+            const __m256 dxv = _mm256_set1_ps(a[t]->d);
+            if (type == CB_TYPE_Q6_K) { /* zero point in the integers: the AVX2 tiles' rule */
+                facc[t] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(_mm256_sub_epi32(fold_epi32(isum[t]), fold_epi32(ms))),
+                    _mm256_mul_ps(dv, dxv), facc[t]);
+                continue;
+            }
+            facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_epi32(isum[t])), _mm256_mul_ps(dv, dxv),
+                                      facc[t]);
+            facc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(fold_epi32(ms)), _mm256_mul_ps(dmv, dxv),
+                                       facc[t]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, facc[t]);
+        for (int r = 0; r < 8; r++) out[r * NT + t] = tmp[r];
+    }
+}
+
 #define CB_DEFINE_RP(NAME, BODY, TYPE)                                                          \
     CB_AVX512_TARGET static void NAME(const uint8_t *pk, int64_t nb, const uint8_t *xa,        \
                                       size_t xs, int nt, float *out) {                         \
@@ -850,6 +999,28 @@ INL void rpk_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t
         default: BODY(TYPE, 4, pk, nb, xa, xs, out); break;                                     \
         }                                                                                       \
     }
+
+#define CB_DEFINE_RPV(NAME, BODY, TYPE)                                                         \
+    CB_AVX512_VNNI_TARGET static void NAME(const uint8_t *pk, int64_t nb, const uint8_t *xa,   \
+                                           size_t xs, int nt, float *out) {                    \
+        switch (nt) {                                                                           \
+        case 1: BODY(TYPE, 1, pk, nb, xa, xs, out); break;                                      \
+        case 2: BODY(TYPE, 2, pk, nb, xa, xs, out); break;                                      \
+        case 3: BODY(TYPE, 3, pk, nb, xa, xs, out); break;                                      \
+        default: BODY(TYPE, 4, pk, nb, xa, xs, out); break;                                     \
+        }                                                                                       \
+    }
+
+CB_DEFINE_RPV(rpv512_q4_0, rpv_tile, CB_TYPE_Q4_0)
+CB_DEFINE_RPV(rpv512_q4_1, rpv_tile, CB_TYPE_Q4_1)
+CB_DEFINE_RPV(rpv512_q5_0, rpv_tile, CB_TYPE_Q5_0)
+CB_DEFINE_RPV(rpv512_q5_1, rpv_tile, CB_TYPE_Q5_1)
+CB_DEFINE_RPV(rpv512_q8_0, rpv_tile, CB_TYPE_Q8_0)
+CB_DEFINE_RPV(rpv512_mxfp4, rpv_tile, CB_TYPE_MXFP4)
+CB_DEFINE_RPV(rpv512_i4g128, rpv_tile, CB_TYPE_I4_G128)
+CB_DEFINE_RPV(rpv512_q4_k, rpkv_tile, CB_TYPE_Q4_K)
+CB_DEFINE_RPV(rpv512_q5_k, rpkv_tile, CB_TYPE_Q5_K)
+CB_DEFINE_RPV(rpv512_q6_k, rpkv_tile, CB_TYPE_Q6_K)
 
 CB_DEFINE_RP(rp512_q4_0, rp_tile, CB_TYPE_Q4_0)
 CB_DEFINE_RP(rp512_q4_1, rp_tile, CB_TYPE_Q4_1)
@@ -879,6 +1050,23 @@ void CB_AVX512_FN(rp_tile)(int type, const uint8_t *pk, int64_t nb, const uint8_
     }
 }
 
+void CB_AVX512_FN(rp_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                                size_t xs, int nt, float *out) {
+    switch (type) {
+    case CB_TYPE_Q4_0: rpv512_q4_0(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q4_1: rpv512_q4_1(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q5_0: rpv512_q5_0(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q5_1: rpv512_q5_1(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q8_0: rpv512_q8_0(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_MXFP4: rpv512_mxfp4(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_I4_G128: rpv512_i4g128(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q4_K: rpv512_q4_k(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q5_K: rpv512_q5_k(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q6_K: rpv512_q6_k(pk, nb, xa, xs, nt, out); break;
+    default: break;
+    }
+}
+
 #else
 /* Not x86-64 GCC/Clang: no AVX-512 kernels (cb_cpu_level() is scalar there). */
 cb_tile_fn CB_AVX512_FN(tile)(int type) {
@@ -891,6 +1079,10 @@ void CB_AVX512_FN(rp_quantize)(int type, const float *x, int64_t cols, uint8_t *
     (void)type; (void)x; (void)cols; (void)dst;
 }
 void CB_AVX512_FN(rp_tile)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
+                           int nt, float *out) {
+    (void)type; (void)pk; (void)nb; (void)xa; (void)xs; (void)nt; (void)out;
+}
+void CB_AVX512_FN(rp_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
                            int nt, float *out) {
     (void)type; (void)pk; (void)nb; (void)xa; (void)xs; (void)nt; (void)out;
 }

@@ -79,6 +79,24 @@ void cb_avx512_quantize_q8k(const float *x, int64_t n, void *dst);
 void cb_avx512_rp_quantize(int type, const float *x, int64_t cols, uint8_t *dst);
 void cb_avx512_rp_tile(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
                        int nt, float *out);
+/* The same tile with AVX512-VNNI (cb_cpu_level() == CB_SIMD_AVX512_VNNI): bit-identical
+ * results. */
+void cb_avx512_rp_tile_vnni(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
+                            int nt, float *out);
+
+/* The packed-row activations' per-block z*isum multiplier: the packed weights' zero point (8
+ * for Q4_0/I4_G128, 16 for Q5_0, 12 for MXFP4), 128 for Q8_0 (the VNNI tile's w + 128; the
+ * other Q8_0 tiles do not read it), else 0. */
+static inline int cb_rp_act_z(int type) {
+    switch (type) {
+    case CB_TYPE_Q4_0:
+    case CB_TYPE_I4_G128: return 8;
+    case CB_TYPE_Q5_0: return 16;
+    case CB_TYPE_MXFP4: return 12;
+    case CB_TYPE_Q8_0: return 128;
+    default: return 0;
+    }
+}
 
 /* The scalar reference kernels (quant.c), for tests of the SIMD ones: dot(weight row w,
  * activation row x) with n as for cb_tile_fn; NULL for a type without kernels. */

@@ -1,14 +1,22 @@
 /* Persistent thread pool (see include/colibri/threadpool.h).
  *
  * Design: n-1 worker pthreads wait for a new "generation" of work. run() publishes the job
- * (fn, ctx, n_tasks), resets the atomic task counter, bumps the generation under `wake_mtx`
- * and broadcasts only when some worker sleeps. Every thread (the caller as thread 0) then takes
- * task indices with atomic_fetch_add until they run out; each worker bumps `done` when it finds
- * no more tasks, and the caller waits (spinning, then yielding) until every worker has checked
- * in, so that no worker still touches the job when run() returns.
+ * (fn, ctx, n_tasks) and bumps the generation under `wake_mtx`, broadcasting only when some
+ * worker sleeps. Every thread (the caller as thread 0) then claims task indices until they run
+ * out, and the caller waits until every claimed task has *completed* (`completed == n_tasks`)
+ * - not until every worker has checked in: a worker that is asleep, still waking or
+ * descheduled (another process on its core) and claimed nothing does not hold the caller up,
+ * which on a loaded machine was most of a decode step (the caller did all the tasks, then
+ * waited a scheduler slice for an idle worker to say so).
+ * Claims are a seqlock: one 64-bit word holds (generation << 32 | next index). run() first
+ * stores (g, LOCKED), then the job fields, then (g, 0) with release. A claimer loads the word
+ * (acquire), reads the job fields, and claims index i with a compare-exchange of (g, i) to
+ * (g, i + 1): it succeeds only if no new job was published in between, so the fields it read
+ * are the claimed task's job. A late worker thus either helps the current job or claims nothing;
+ * it never dereferences ctx without a claim, so run() may return (and its ctx die) while such a
+ * worker is still looking.
  * Workers spin ~CB_TP_SPIN polls on the generation before sleeping: a forward pass issues
  * kernels back to back and a sleeping worker costs a futex wake-up (tens of microseconds).
- * Invariants: the job fields are written only while every worker is idle (done == n-1);
  * `call_mtx` serialises callers; a thread-local marks threads inside a task so that a nested
  * run() on the same pool is refused instead of deadlocking.
  * Ownership: the pool owns its threads and its scratch buffer; ctx is borrowed for one run().
@@ -32,6 +40,7 @@
 #endif
 
 #define CB_TP_SPIN 20000
+#define CB_TP_LOCKED 0xFFFFFFFFu /* the index while a job is being written: no claim succeeds */
 
 struct cb_threadpool {
     int n_threads;
@@ -43,14 +52,16 @@ struct cb_threadpool {
     pthread_cond_t wake_cv;
     int sleeping;
 
-    atomic_uint generation;
-    atomic_int next_task;
-    atomic_int done;
+    atomic_uint generation;   /* wake-ups: bumped once per job */
+    _Atomic uint64_t work;    /* claims: job sequence << 32 | next task index (seqlock) */
+    atomic_int completed;     /* tasks of the current job finished */
     atomic_int stop;
+    uint32_t seq;             /* the current job's sequence number (caller only) */
 
-    cb_task_fn fn;
-    void *ctx;
-    int n_tasks;
+    /* the job, written while `work` holds CB_TP_LOCKED (relaxed atomics: see the seqlock) */
+    _Atomic(cb_task_fn) fn;
+    _Atomic(void *) ctx;
+    atomic_int n_tasks;
 
     void *scratch;
     size_t scratch_bytes;
@@ -63,16 +74,24 @@ typedef struct {
 
 static _Thread_local const cb_threadpool_t *tp_current = NULL;
 
+/* Claim and run tasks of whichever job is current until it has none left. */
 static void tp_work(cb_threadpool_t *p, int thread) {
     const cb_threadpool_t *saved = tp_current;
     tp_current = p;
-    cb_task_fn fn = p->fn;
-    void *ctx = p->ctx;
-    int n = p->n_tasks;
+    uint64_t w = atomic_load_explicit(&p->work, memory_order_acquire);
     for (;;) {
-        int t = atomic_fetch_add_explicit(&p->next_task, 1, memory_order_relaxed);
-        if (t >= n) break;
-        fn(ctx, t, thread);
+        uint32_t i = (uint32_t)w;
+        cb_task_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+        void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
+        int n = atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
+        if (i == CB_TP_LOCKED || i >= (uint32_t)n) break; /* being written, or all claimed */
+        atomic_thread_fence(memory_order_acquire);       /* the reads above before the claim */
+        if (!atomic_compare_exchange_weak_explicit(&p->work, &w, w + 1, memory_order_acquire,
+                                                   memory_order_acquire))
+            continue; /* w reloaded: another claim, or a new job */
+        fn(ctx, (int)i, thread);
+        atomic_fetch_add_explicit(&p->completed, 1, memory_order_release);
+        w = atomic_load_explicit(&p->work, memory_order_acquire);
     }
     tp_current = saved;
 }
@@ -102,7 +121,6 @@ static void *tp_worker(void *arg) {
         if (atomic_load(&p->stop)) break;
         seen = g;
         tp_work(p, wa.index);
-        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
     }
     return NULL;
 }
@@ -120,9 +138,12 @@ cb_status cb_threadpool_new(int n_threads, cb_threadpool_t **out) {
     pthread_mutex_init(&p->wake_mtx, NULL);
     pthread_cond_init(&p->wake_cv, NULL);
     atomic_init(&p->generation, 0);
-    atomic_init(&p->next_task, 0);
-    atomic_init(&p->done, 0);
+    atomic_init(&p->work, (uint64_t)CB_TP_LOCKED);
+    atomic_init(&p->completed, 0);
     atomic_init(&p->stop, 0);
+    atomic_init(&p->fn, (cb_task_fn)NULL);
+    atomic_init(&p->ctx, (void *)NULL);
+    atomic_init(&p->n_tasks, 0);
     if (n_threads > 1) {
         p->threads = cb_calloc((size_t)n_threads - 1, sizeof *p->threads);
         if (!p->threads) {
@@ -196,18 +217,24 @@ cb_status cb_threadpool_run_locked(cb_threadpool_t *p, cb_task_fn fn, void *ctx,
         tp_current = saved;
         return CB_OK;
     }
-    p->fn = fn;
-    p->ctx = ctx;
-    p->n_tasks = n_tasks;
-    atomic_store_explicit(&p->next_task, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    /* seqlock write: lock the claims, write the job, open it (every earlier job's tasks have
+     * completed, so no claimer runs one of them now) */
+    uint64_t seq = (uint64_t)(++p->seq) << 32;
+    atomic_store_explicit(&p->work, seq | CB_TP_LOCKED, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_relaxed);
+    atomic_store_explicit(&p->completed, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->work, seq, memory_order_release);
     pthread_mutex_lock(&p->wake_mtx);
     atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
     if (p->sleeping) pthread_cond_broadcast(&p->wake_cv);
     pthread_mutex_unlock(&p->wake_mtx);
     tp_work(p, 0);
-    int workers = p->n_threads - 1;
-    for (long spins = 0; atomic_load_explicit(&p->done, memory_order_acquire) < workers; spins++) {
+    /* wait for the tasks other threads claimed (none: no wait) */
+    for (long spins = 0; atomic_load_explicit(&p->completed, memory_order_acquire) < n_tasks;
+         spins++) {
         if (spins < CB_TP_SPIN) CB_CPU_RELAX();
         else sched_yield();
     }

@@ -16,6 +16,7 @@ typedef enum cb_simd_level {
     CB_SIMD_SCALAR = 0,
     CB_SIMD_AVX2 = 1,   /* AVX2 + FMA + F16C */
     CB_SIMD_AVX512 = 2, /* AVX-512 F, BW, DQ, VL */
+    CB_SIMD_AVX512_VNNI = 3, /* the above + AVX512-VNNI (vpdpbusd: the packed-row tiles) */
 } cb_simd_level;
 
 /* Best level the CPU supports (ignores the cap). */
@@ -28,7 +29,7 @@ cb_simd_level cb_cpu_level(void);
  * kernels already running: call it between operations. */
 cb_simd_level cb_cpu_set_max_level(cb_simd_level cap);
 
-/* Static name of a level: "scalar", "avx2", "avx512". */
+/* Static name of a level: "scalar", "avx2", "avx512", "avx512vnni". */
 const char *cb_simd_level_str(cb_simd_level level);
 
 /* Non-zero when the build was compiled with COLIBRI_PORTABLE=1. */

@@ -145,6 +145,12 @@ typedef struct cb_experts_layer_stats {
     uint64_t prefetch_issued; /* experts the prefetch thread read (cache) or advised (mmap) */
     uint64_t prefetch_hits;   /* acquired experts resident because of a prefetch */
     uint64_t prefetch_wasted; /* prefetched experts evicted before any acquire used them */
+    /* the next-layer prediction (cb_experts_prefetch hints), scored at the layer's next
+     * acquire: precision = predicted_used / predicted, recall = predicted_used /
+     * predicted_acquired (counted whether or not the prefetch thread read them) */
+    uint64_t predicted;          /* experts hinted for this layer */
+    uint64_t predicted_used;     /* of those, acquired by the acquire that followed the hint */
+    uint64_t predicted_acquired; /* experts acquired by acquires that followed a hint */
 } cb_experts_layer_stats_t;
 
 cb_experts_params_t cb_experts_default_params(void);
@@ -152,10 +158,6 @@ cb_experts_params_t cb_experts_default_params(void);
 /* A store over n_layers layers (layers[] copied; the bases stay borrowed). */
 cb_status cb_experts_new(const cb_experts_params_t *params, const cb_experts_layer_t *layers,
                          int32_t n_layers, cb_experts_t **out);
-
-/* Same as cb_experts_new with mode CB_EXPERTS_MAPPED. */
-cb_status cb_experts_new_mapped(const cb_experts_layer_t *layers, int32_t n_layers,
-                                cb_experts_t **out);
 
 cb_status cb_experts_info(const cb_experts_t *s, cb_experts_info_t *out);
 

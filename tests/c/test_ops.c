@@ -152,7 +152,7 @@ int main(void) {
     cb_simd_level best = cb_cpu_detect();
     check_level(CB_SIMD_SCALAR);
     if (best >= CB_SIMD_AVX2) check_level(CB_SIMD_AVX2);
-    cb_cpu_set_max_level(CB_SIMD_AVX512);
+    cb_cpu_set_max_level(CB_SIMD_AVX512_VNNI);
 
     /* argument errors */
     float x[4] = {1, 2, 3, 4}, o[4];

@@ -186,9 +186,10 @@ int main(void) {
         }
         cb_cpu_set_max_level(prev);
     }
-    /* an AVX-512 CPU also checks the AVX2-only kernels' invariance (what an AVX2 CPU runs) */
-    if (cb_cpu_detect() > CB_SIMD_AVX2) {
-        cb_simd_level prev = cb_cpu_set_max_level(CB_SIMD_AVX2);
+    /* an AVX-512 CPU also checks the lower levels' invariance (what an AVX2 CPU runs, and
+     * AVX-512 without VNNI) */
+    for (cb_simd_level lv = CB_SIMD_AVX2; lv < cb_cpu_detect(); lv++) {
+        cb_simd_level prev = cb_cpu_set_max_level(lv);
         for (size_t k = 0; k < sizeof TYPES / sizeof TYPES[0]; k++) {
             int64_t bs = cb_type_block_size(TYPES[k]);
             int cols = bs == 256 ? 512 : (bs == 128 ? 384 : (bs == 1 ? 77 : 96));

@@ -38,6 +38,13 @@ static const kernels EMULATED = {"emulated", cb_avx512emu_tile, cb_avx512emu_qua
                                  cb_avx512emu_rp_tile};
 static const kernels NATIVE = {"native", cb_avx512_tile, cb_avx512_quantize_q8a,
                                cb_avx512_quantize_q8k, cb_avx512_rp_quantize, cb_avx512_rp_tile};
+/* the AVX512-VNNI packed tile (the other kernels as above) */
+static const kernels EMULATED_VNNI = {"emulated vnni", cb_avx512emu_tile, cb_avx512emu_quantize_q8a,
+                                      cb_avx512emu_quantize_q8k, cb_avx512emu_rp_quantize,
+                                      cb_avx512emu_rp_tile_vnni};
+static const kernels NATIVE_VNNI = {"native vnni", cb_avx512_tile, cb_avx512_quantize_q8a,
+                                    cb_avx512_quantize_q8k, cb_avx512_rp_quantize,
+                                    cb_avx512_rp_tile_vnni};
 
 static const int TYPES[] = {CB_TYPE_F32,   CB_TYPE_F16,  CB_TYPE_BF16, CB_TYPE_Q4_0, CB_TYPE_Q4_1,
                             CB_TYPE_Q5_0,  CB_TYPE_Q5_1, CB_TYPE_Q8_0, CB_TYPE_MXFP4,
@@ -243,6 +250,7 @@ static void rp_expected(int type, const float *x, int64_t cols, uint8_t *dst, ui
     int z = type == CB_TYPE_Q4_0 || type == CB_TYPE_I4_G128 ? 8
             : type == CB_TYPE_Q5_0                          ? 16
             : type == CB_TYPE_MXFP4                         ? 12
+            : type == CB_TYPE_Q8_0                          ? 128 /* the VNNI tile's w + 128 */
                                                             : 0;
     for (int64_t b = 0; b < nb; b++) {
         memcpy(dst + 32 * b, a[b].qs, 32);
@@ -324,6 +332,54 @@ static int check_rp(const kernels *k, int type, int exact) {
     return ok;
 }
 
+/* Two packed tiles (AVX-512 with and without VNNI) on the same random groups, every packed type
+ * (32-blocks and K-quants): bit-equal outputs
+ * (the same integer block sums, then the same float operations; batch invariance relies on it).
+ * Extreme weights too: all Q8_0 bytes -128 or 127 against activations +-127. */
+static void check_rp_same(const kernels *a, const kernels *b) {
+    for (int i = 0; i < N_TYPES; i++) {
+        int type = TYPES[i];
+        if (!cb_avx2_rp_supported(type)) continue;
+        const int kq = kind_of(type) == 2;
+        int ok = 1;
+        for (int rep = 0; rep < 60 && ok; rep++) {
+            int64_t cols = random_cols(type), nb = cols / (kq ? CB_QKK : CB_QK);
+            int nr = rndi(1, 8), nt = rndi(1, 4);
+            size_t rb;
+            CHECK(cb_type_row_bytes(type, cols, &rb) == CB_OK);
+            size_t xs = kq ? act_stride(type, cols) : cb_avx2_rp_act_stride(cols);
+            uint8_t *w = malloc(rb * 8), *pk = aligned(cb_avx2_rp_group_bytes(type, cols));
+            uint8_t *xa = aligned(xs * 4);
+            float *x = malloc(sizeof(float) * (size_t)(cols * 4));
+            float oa[32], ob[32];
+            for (int r = 0; r < nr; r++) fill_weights(type, w + (size_t)r * rb, rb, 0);
+            if (type == CB_TYPE_Q8_0 && (rep & 1))
+                for (int r = 0; r < nr; r++)
+                    for (int64_t k = 0; k < nb; k++)
+                        memset(w + (size_t)r * rb + (size_t)k * 34 + 2, (rep & 2) ? 0x80 : 0x7f, 32);
+            for (int64_t j = 0; j < cols * nt; j++)
+                x[j] = (rep & 1) ? ((j & 1) ? 1.0f : -1.0f) : 4.0f * rndf();
+            for (int t = 0; t < nt; t++) {
+                if (kq) a->q8k(x + t * cols, cols, xa + (size_t)t * xs);
+                else a->rp_quantize(type, x + t * cols, cols, xa + (size_t)t * xs);
+            }
+            cb_avx2_rp_pack(type, w, rb, nr, cols, pk);
+            a->rp_tile(type, pk, nb, xa, xs, nt, oa);
+            b->rp_tile(type, pk, nb, xa, xs, nt, ob);
+            if (memcmp(oa, ob, sizeof(float) * 8 * (size_t)nt) != 0) {
+                fprintf(stderr, "%s vs %s %s cols=%lld nr=%d nt=%d: packed tiles differ\n", a->name,
+                        b->name, cb_type_name(type), (long long)cols, nr, nt);
+                ok = 0;
+            }
+            free(w);
+            free(pk);
+            free(xa);
+            free(x);
+        }
+        CHECK(ok);
+    }
+}
+
 /* quantizers on their own: random blocks, an all-zero block and rounding ties */
 static void check_quantizers(const kernels *k) {
     float x[3 * CB_QKK];
@@ -371,9 +427,18 @@ int main(void) {
         printf("test_quant_avx512: no AVX2 here: the packed-row tile is not checked "
                "(it reads cb_avx2_rp_pack's groups)\n");
     run(&EMULATED, with_rp);
+    if (with_rp) {
+        run(&EMULATED_VNNI, with_rp);
+        check_rp_same(&EMULATED, &EMULATED_VNNI);
+    }
     if (cpu >= CB_SIMD_AVX512) {
         printf("test_quant_avx512: this CPU has AVX-512: checking the native kernels too\n");
         run(&NATIVE, with_rp);
+        if (cpu >= CB_SIMD_AVX512_VNNI) {
+            printf("test_quant_avx512: this CPU has AVX512-VNNI: checking its packed tile\n");
+            run(&NATIVE_VNNI, with_rp);
+            check_rp_same(&NATIVE, &NATIVE_VNNI);
+        }
     } else {
         printf("test_quant_avx512: no AVX-512 here: emulated kernels only\n");
     }

@@ -24,7 +24,7 @@ int main(void) {
     CHECK(cb_cpu_level() == d);
     cb_cpu_set_max_level(CB_SIMD_SCALAR);
     CHECK(cb_cpu_level() == CB_SIMD_SCALAR);
-    cb_cpu_set_max_level(CB_SIMD_AVX512);
+    cb_cpu_set_max_level(CB_SIMD_AVX512_VNNI);
     CHECK(cb_cpu_level() == d);
     TEST_MAIN_END("test_status");
 }

@@ -30,7 +30,8 @@ agreement reported (random weights: near-ties may differ). The page cache of the
 dropped before each run (read in full before the full-RAM reference).
 Figures: decode tok/s (1 / the median step time: the machine is shared; one token per step after an 8-token prompt, teacher-forced on a fixed
 random token stream), expert hit rate, prefetch hits / experts the prefetch thread read
-("pf h/read"), pread calls, bytes read, peak RSS; ratios to llama.cpp at the same
+("pf h/read") and, with prefetch, the next-layer prediction's precision and recall per layer
+(hinted experts that the layer then used / hinted; used / what the layer acquired), pread calls, bytes read, peak RSS; ratios to llama.cpp at the same
 budget and to the mapped store. The generated model routes evenly over its experts, as a
 trained MoE does (make_bench_model's default `spread` routing; `--routing raw` models
 concentrate on a few experts); the number of distinct experts used is printed so the budgets
@@ -140,6 +141,12 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
         stats["one_read_layers"] = m.expert_info().get("one_read_layers", 0)
         stats["distinct"] = int(sum((m.route_counts(layer) > 0).sum() for layer in range(
             m.desc.n_layer)))
+        # the next-layer prediction (prefetch hints), per layer: precision, recall
+        stats["prediction"] = [
+            (layer, x["predicted_used"] / x["predicted"],
+             x["predicted_used"] / x["predicted_acquired"])
+            for layer in range(m.desc.n_layer)
+            for x in [m.expert_stats(layer)] if x.get("predicted") and x["predicted_acquired"]]
         digest = h.hexdigest()
     return {"tokens": toks, "digest": digest, "decode_tps": 1.0 / float(np.median(lat)),
             "mean_tps": len(lat) / sum(lat), "load_s": load,
@@ -322,6 +329,10 @@ def main() -> int:
     def add(row: dict[str, Any]) -> None:
         rows.append(row)
         print("  " + line(row), flush=True)  # as it finishes: a long run keeps what it has
+        pred = row.get("stats", {}).get("prediction")
+        if pred:
+            print("    next-layer prediction, precision/recall per layer: " + ", ".join(
+                f"{layer}: {p * 100:.0f}/{r * 100:.0f}%" for layer, p, r in pred), flush=True)
         if a.json:
             Path(a.json).write_text(json.dumps(rows, indent=1))
 

@@ -141,8 +141,17 @@ def validate(t: str, raw: np.ndarray, rows: int, cols: int, x: np.ndarray, y: np
 PACKED_TOKENS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
 # rp_min_tokens() in colibri/_core/quant.c, for the report (the test of this table is the
 # benchmark itself: a threshold far from the measured crossover shows there)
-PACKED_MIN = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q5_1": 4, "MXFP4": 4, "I4_G128": 4, "Q8_0": 5,
-              "Q5_K": 8, "Q6_K": 8, "Q4_K": 24}
+PACKED_MIN_AVX2 = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q5_1": 4, "MXFP4": 4, "I4_G128": 4,
+                   "Q8_0": 5, "Q5_K": 8, "Q6_K": 8, "Q4_K": 24}
+PACKED_MIN_AVX512 = {**{t: 4 for t in PACKED_MIN_AVX2}, "Q8_0": 5, "Q5_K": 5, "Q6_K": 4, "Q4_K": 5}
+PACKED_MIN_AVX512_VNNI = {**{t: 2 for t in PACKED_MIN_AVX2}, "Q5_K": 5, "Q6_K": 4, "Q4_K": 5}
+
+
+def packed_min() -> dict[str, int]:
+    """The thresholds matmul uses at the current SIMD level."""
+    from colibri import simd
+    return {"avx512": PACKED_MIN_AVX512, "avx512vnni": PACKED_MIN_AVX512_VNNI}.get(
+        simd.level(), PACKED_MIN_AVX2)
 
 
 def packed_crossover(types: list[str], pool, th: int, seconds: float, rng, result: dict) -> None:
@@ -151,7 +160,7 @@ def packed_crossover(types: list[str], pool, th: int, seconds: float, rng, resul
     print(f"{'type':8s} {'weight':>9s} " + " ".join(f"{n:>5d}" for n in PACKED_TOKENS) +
           "  wins from  threshold")
     for t in types:
-        if t not in PACKED_MIN:
+        if t not in PACKED_MIN_AVX2:
             continue
         for rows, cols in ((768, 2048), (2048, 768)):
             raw = cq.random_weight(t, rows, cols, rng)
@@ -168,9 +177,9 @@ def packed_crossover(types: list[str], pool, th: int, seconds: float, rng, resul
                          if all(r < 1 for r in ratios[i:])), None)
             result.setdefault("packed", {}).setdefault(t, {})[f"{rows}x{cols}"] = {
                 "tokens": list(PACKED_TOKENS), "on_over_off": ratios, "wins_from": wins,
-                "threshold": PACKED_MIN[t]}
+                "threshold": packed_min()[t]}
             print(f"{t:8s} {f'{rows}x{cols}':>9s} " + " ".join(f"{r:5.2f}" for r in ratios) +
-                  f"  {str(wins):>9s}  {PACKED_MIN[t]:>9d}", flush=True)
+                  f"  {str(wins):>9s}  {packed_min()[t]:>9d}", flush=True)
 
 
 def main() -> None:

@@ -1,8 +1,6 @@
-# cython: language_level=3
 """The SIGBUS guard of mapped model files (include/colibri/mapguard.h): a clear message naming
 the file when it is truncated or rewritten in place while mapped. colibri.gguf registers every
-mapping it makes; the handler and the table live in this module's copy of the C library."""
-include "_check.pxi"
+mapping it makes; the handler and the table exist once per process."""
 
 from libc.stdint cimport uintptr_t
 

@@ -1,10 +1,7 @@
-# cython: wraparound=True, boundscheck=True
-# (Python-level indexing like shape[-1] in these thin wrappers; the hot loops are in C.)
 """Python wrappers of the float ops (include/colibri/ops.h) over numpy float32 arrays, for tests
 and tools. Inputs are converted to float32 (a copy when needed) and never modified: every
 function returns a new array. Shapes are checked here, before any pointer reaches C; the GIL is
 released around each C call."""
-include "_check.pxi"
 
 from libc.stdint cimport int64_t, uintptr_t
 

@@ -1,5 +1,4 @@
 """The C forward pass over a model description (colibri.arch.ModelDesc)."""
-include "_check.pxi"
 
 cimport cython
 
@@ -15,8 +14,6 @@ import numpy as np
 from colibri.errors import OutOfRangeError
 
 from colibri._core.quant cimport cb_matrix_t
-from colibri._core.threadpool cimport cb_threadpool_t
-from colibri._core.arena cimport cb_kvcache_t
 from colibri._core.forward cimport (
     cb_experts_t, cb_experts_layer_t, cb_experts_layer_stats_t, cb_experts_params_t,
     cb_experts_info_t, cb_experts_default_params, cb_experts_new, cb_experts_info, cb_experts_pin,
@@ -28,6 +25,9 @@ from colibri._core.forward cimport (
     cb_forward_run, cb_forward_set_moe_hook, cb_forward_set_deterministic,
 )
 from colibri._core.forward cimport cb_experts_read_fn, cb_experts_set_read_hook  # test only
+from colibri._core.forward cimport (
+    CB_GATING_SIGMOID, CB_GATING_SOFTMAX, CB_ROUTE_MAX_EXPERTS, CB_ROUTE_MAX_K,
+)
 
 
 def _int_array(values, str what, lo, hi, dtype):
@@ -70,8 +70,13 @@ cdef inline const float *_vec(object v, str what) except? NULL:
     return <const float *>_addr(v, np.float32, what)
 
 
-_MODES = {"mapped": 0, "cache": 1, "mmap": 2}
-_POLICIES = {"lru": 0, "lfru": 1}
+_EXPERT_MODES = {"mapped": CB_EXPERTS_MAPPED, "cache": CB_EXPERTS_CACHE, "mmap": CB_EXPERTS_MMAP}
+_POLICIES = {"lru": CB_EXPERTS_LRU, "lfru": CB_EXPERTS_LFRU}
+# routing (cuda/routing_logic.h, shared by the C forward pass and the CUDA kernels)
+GATING_SOFTMAX = CB_GATING_SOFTMAX
+GATING_SIGMOID = CB_GATING_SIGMOID
+ROUTE_MAX_EXPERTS = CB_ROUTE_MAX_EXPERTS
+ROUTE_MAX_K = CB_ROUTE_MAX_K
 
 
 cdef int32_t _index(object value, int32_t n, str what, bint all_ok=False) except? -2:
@@ -189,8 +194,8 @@ cdef class ExpertStore:
                   int min_slots=1, bint huge_pages=True, bint mlock=False, bint prefetch=False):
         self.s = NULL
         self.desc = desc
-        if mode not in _MODES:
-            raise ValueError(f"expert mode {mode!r}: expected one of {sorted(_MODES)}")
+        if mode not in _EXPERT_MODES:
+            raise ValueError(f"expert mode {mode!r}: expected one of {sorted(_EXPERT_MODES)}")
         if policy not in _POLICIES:
             raise ValueError(f"expert policy {policy!r}: expected one of {sorted(_POLICIES)}")
         if mode != "mapped" and path is None:
@@ -204,7 +209,7 @@ cdef class ExpertStore:
         cdef cb_status st = CB_OK
         cdef int32_t nl = <int32_t>n
         cdef cb_experts_t *sp = NULL
-        p.mode = _MODES[mode]
+        p.mode = _EXPERT_MODES[mode]
         p.policy = _POLICIES[policy]
         p.budget_bytes = <uint64_t>min(int(budget_bytes), 2**63)
         p.min_slots = min_slots
@@ -383,9 +388,6 @@ cdef class ExpertStore:
         cdef int32_t[::1] v = arr
         check(cb_experts_release(self.s, layer, &v[0], n))
 
-    def _address(self):
-        return <uintptr_t>self.s
-
     def stats(self, layer=-1):
         """Hits, misses, bytes read, wait time... of one layer, or all (layer=-1). IndexError
         for any other layer outside [0, n_layers); a dense layer's are all zero."""
@@ -397,7 +399,9 @@ cdef class ExpertStore:
                 "evictions": st.evictions, "resident": st.resident,
                 "resident_bytes": st.resident_bytes, "reads": st.reads,
                 "prefetch_issued": st.prefetch_issued, "prefetch_hits": st.prefetch_hits,
-                "prefetch_wasted": st.prefetch_wasted}
+                "prefetch_wasted": st.prefetch_wasted, "predicted": st.predicted,
+                "predicted_used": st.predicted_used,
+                "predicted_acquired": st.predicted_acquired}
 
     def prefetch(self, layer_index, ids):
         """Hint that layer will use experts ids soon (the store's thread reads them)."""
@@ -481,15 +485,20 @@ cdef cb_status _moe_trampoline(void *user, int32_t layer, const float *h, const 
 
 cdef class Forward:
     """One forward-pass context: a model description, a KV cache, an expert store and a thread
-    pool (all kept alive by this object), and scratch for max_batch tokens."""
+    pool (all kept alive by this object), and scratch for max_batch tokens. The store and the
+    pool may be None (no MoE layers; the calling thread alone)."""
     cdef cb_forward_t *f
     cdef cb_model_desc_t m
     cdef cb_layer_desc_t *layers
-    cdef readonly object desc, kv, experts, pool
+    cdef readonly object desc
+    cdef readonly KVCache kv
+    cdef readonly ExpertStore experts
+    cdef readonly ThreadPool pool
     cdef readonly int max_batch, n_vocab, n_embd
     cdef object _hook, _hook_error
 
-    def __cinit__(self, desc, kv, ExpertStore experts, pool, int max_batch=512):
+    def __cinit__(self, desc, KVCache kv not None, ExpertStore experts, ThreadPool pool,
+                  int max_batch=512):
         self.f = NULL
         self.layers = NULL
         self.desc, self.kv, self.experts, self.pool = desc, kv, experts, pool
@@ -548,10 +557,9 @@ cdef class Forward:
             L.router_in_scale = _vec(D.router_in_scale, w)
             L.exp_down_scale = _vec(D.exp_down_scale, w)
         m.layers = self.layers
-        cdef cb_kvcache_t *kvp = <cb_kvcache_t *><uintptr_t>kv._address()
-        cdef cb_threadpool_t *pp = <cb_threadpool_t *><uintptr_t>(pool._address() if pool is not None else 0)
-        cdef cb_experts_t *ep = <cb_experts_t *><uintptr_t>(experts._address() if experts is not None else 0)
-        check(cb_forward_new(m, kvp, ep, pp, max_batch, &self.f))
+        kv._open()
+        check(cb_forward_new(m, kv._kv, experts.s if experts is not None else NULL,
+                             pool.pool if pool is not None else NULL, max_batch, &self.f))
 
     def __dealloc__(self):
         cb_forward_free(self.f)

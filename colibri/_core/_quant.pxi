@@ -4,9 +4,6 @@ Weights are passed as their raw bytes (a uint8 array laid out as in a GGUF file:
 of `cols` values each), activations as float32 arrays. Every kernel call releases the GIL.
 Used by the tests and tools; the forward pass calls the C API directly.
 """
-include "_check.pxi"
-
-from libc.stdint cimport uintptr_t
 
 from libc.stdint cimport int32_t, int64_t, uint8_t
 
@@ -21,11 +18,8 @@ from colibri._core.threadpool cimport (
     cb_threadpool_free, cb_threadpool_n_threads, cb_threadpool_new, cb_threadpool_t,
 )
 
-TYPES = {
-    "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q8_1": 9,
-    "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "Q8_K": 15, "BF16": 30,
-    "MXFP4": 39, "I4_G128": 1024,
-}
+# name -> id of every block type of include/colibri/quant.h (the IntEnum cb_type)
+TYPES = {t.name[len("CB_TYPE_"):]: int(t) for t in cb_type}
 # colibri's own block types (not GGML ids; never in a GGUF file)
 COLIBRI_TYPES = ("I4_G128",)
 SUPPORTED = tuple(n for n, i in TYPES.items() if cb_type_supported(i))
@@ -82,11 +76,6 @@ cdef class ThreadPool:
     @property
     def n_threads(self):
         return cb_threadpool_n_threads(self.pool)
-
-    def _address(self):
-        """Address of the C handle (cb_threadpool_t *), for colibri's other extension modules;
-        the caller keeps this pool alive while it uses it."""
-        return <uintptr_t>self.pool
 
 
 def _as_bytes(raw):

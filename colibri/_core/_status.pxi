@@ -1,21 +1,11 @@
-"""Status names, CPU/SIMD facts of the build, and a hook to test the status mapping."""
-include "_check.pxi"
+"""Status names (the IntEnum cb_status, from include/colibri/status.h), CPU/SIMD facts of the
+build, and a hook to test the status mapping."""
 
-from colibri._core.cpu cimport cb_cpu_detect, cb_cpu_level, cb_simd_level_str, cb_build_portable
+from colibri._core.cpu cimport (
+    cb_build_portable, cb_cpu_detect, cb_cpu_level, cb_cpu_set_max_level, cb_simd_level,
+    cb_simd_level_str,
+)
 from colibri._core.status cimport cb_fail
-
-STATUS_CODES = {
-    "ok": CB_OK,
-    "invalid argument": CB_STATUS_INVALID_ARGUMENT,
-    "out of memory": CB_STATUS_OUT_OF_MEMORY,
-    "I/O error": CB_STATUS_IO,
-    "not found": CB_STATUS_NOT_FOUND,
-    "corrupt input": CB_STATUS_CORRUPT,
-    "unsupported": CB_STATUS_UNSUPPORTED,
-    "use after close": CB_STATUS_CLOSED,
-    "internal error": CB_STATUS_INTERNAL,
-    "non-finite values": CB_STATUS_NOT_FINITE,
-}
 
 
 def status_str(int code):
@@ -31,7 +21,7 @@ def raise_status(int code, str detail):
 
 
 def simd_detected():
-    """Best SIMD level this CPU supports: 'scalar', 'avx2' or 'avx512'."""
+    """Best SIMD level this CPU supports: 'scalar', 'avx2', 'avx512' or 'avx512vnni'."""
     return cb_simd_level_str(cb_cpu_detect()).decode("ascii")
 
 
@@ -43,3 +33,8 @@ def simd_level():
 def build_portable():
     """True when built with COLIBRI_PORTABLE=1."""
     return bool(cb_build_portable())
+
+
+def _set_simd_cap(int cap):
+    """Cap the SIMD level (see colibri.simd)."""
+    return <int>cb_cpu_set_max_level(<cb_simd_level>cap)

@@ -8,7 +8,6 @@ close() never unmaps memory a view still points at (it is unmapped when the last
 released). A view of a block that is later freed, or moved by grow(), shows whatever the
 arena puts there next: like a pointer, it follows the offset, not the data.
 """
-include "_check.pxi"
 
 cimport cython
 from cpython.buffer cimport PyBuffer_FillInfo
@@ -359,12 +358,6 @@ cdef class KVCache:
         if self._closed:
             check(cb_fail(CB_STATUS_CLOSED, "kvcache: the cache is closed"))
         return 0
-
-    def _address(self):
-        """Address of the C handle (cb_kvcache_t *), for colibri's other extension modules; the
-        caller keeps this KVCache alive while it uses it."""
-        self._open()
-        return <uintptr_t>self._kv
 
     @property
     def closed(self):

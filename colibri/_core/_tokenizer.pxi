@@ -1,7 +1,5 @@
-# cython: language_level=3
 """The C tokenizer handle (include/colibri/tokenizer.h). The Python API is colibri.tokenizer:
 it reads and validates the GGUF vocabulary and builds a CTokenizer from plain arrays."""
-include "_check.pxi"
 
 import operator
 
