@@ -1,7 +1,7 @@
 """Engine.submit(constraint=...): a per-request grammar hook (mask before the sampler, advance
 after each token, finished() ends the request), as colibri serve's structured output uses it.
 The toy constraints here force token sequences chosen by the test; the real one (llguidance)
-is tested in tests/test_serve_grammar.py."""
+is tested in tests/serve/test_serve.py (structured output, tool calls)."""
 
 from __future__ import annotations
 

@@ -176,11 +176,12 @@ def start_colibri(model: str, threads: int, n: int, logdir: str) -> Proc:
     return pr
 
 
-def start_llama(binary: str, model: str, threads: int, n: int, logdir: str) -> Proc:
+def start_llama(binary: str, model: str, threads: int, n: int, logdir: str,
+                extra: list[str]) -> Proc:
     port = free_port()
     argv = [binary, "-m", model, "--port", str(port), "--host", "127.0.0.1", "-t", str(threads),
             "-tb", str(threads), "-np", str(n), "-c", str(CTX_PER_REQUEST * n), "-cb",
-            "-a", "bench"]
+            "-a", "bench", *extra]
     pr = Proc("llama-server", argv, f"http://127.0.0.1:{port}",
               os.path.join(logdir, f"llama-{n}.log"))
     pr.wait_ready()
@@ -401,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-server", default=None, help="path of a llama-server binary")
     ap.add_argument("--build-llama-server", action="store_true")
     ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--llama-args", default="", help="more llama-server arguments, one "
+                    "string (e.g. '--poll 0': no busy-waiting threads on a shared machine)")
     ap.add_argument("--soak", type=float, default=None, metavar="MINUTES")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
@@ -412,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     bias = eog_bias(model)
     logdir = tempfile.mkdtemp(prefix="colibri-serve-bench-")
     report: dict[str, Any] = {"model": os.path.basename(model), "threads": a.threads,
+                              "llama_args": a.llama_args,
                               "max_tokens": a.max_tokens, "requests_per_client": a.requests,
                               "runs": []}
     if a.soak is not None:
@@ -443,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in [int(x) for x in a.clients.split(",")]:
             for kind in kinds:
                 pr = (start_colibri(model, a.threads, n, logdir) if kind == "colibri" else
-                      start_llama(binary, model, a.threads, n, logdir))  # type: ignore[arg-type]
+                      start_llama(binary, model, a.threads, n, logdir,  # type: ignore[arg-type]
+                                  a.llama_args.split()))
                 try:
                     res = asyncio.run(load_run(pr.url, n, a.requests, a.max_tokens, bias))
                     if kind == "colibri" and n == 1:
