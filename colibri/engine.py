@@ -64,7 +64,7 @@ log = logging.getLogger("colibri")
 # in many small chunks behind a few running requests).
 DEFAULT_PREFILL_CHUNK = 64
 MIN_PREFILL_CHUNK = 16
-SOLO_PREFILL_CHUNK = 256
+SOLO_PREFILL_CHUNK = 512
 CHUNK_STEP_RATIO = 1.6
 
 FINISHED_KEEP = 1024  # per-request statistics kept for finished requests
