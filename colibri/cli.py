@@ -52,6 +52,45 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                                       "staged from the expert store"))
 
 
+def add_convert_args(p: argparse.ArgumentParser) -> None:
+    """The arguments of `colibri convert` (and tools/convert_gguf.py) on an argparse parser."""
+    from colibri.container import QUANTS
+
+    p.add_argument("input", help="the GGUF file to convert")
+    p.add_argument("output", help="the container to write (a new file; see --force)")
+    p.add_argument("--quant", choices=QUANTS, default="keep",
+                   help="routed experts: keep their block types, or requantize them "
+                        "(dense tensors are always kept)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip re-reading the written file's checksums before the rename")
+    p.add_argument("-f", "--force", action="store_true",
+                   help="replace an existing output file or symbolic link (the link itself, "
+                        "never its target); devices, FIFOs and directories are always refused")
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    """`colibri convert` (and tools/convert_gguf.py): colibri.container.convert with progress lines
+    on stderr; SIGTERM unwinds it, so the temporary file goes."""
+    import signal
+
+    from colibri.container import convert
+
+    def terminated(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)  # unwinds through convert(): the temporary file goes
+
+    def say(msg: str) -> None:  # the command line's progress lines
+        print(f"convert: {msg}", file=sys.stderr, flush=True)
+
+    old = signal.signal(signal.SIGTERM, terminated)
+    try:
+        convert(args.input, args.output, args.quant, progress=False if args.quiet else say,
+                verify=not args.no_verify, force=getattr(args, "force", False))
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    return 0
+
+
 def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="colibri", description="Run Mixture-of-Experts language models from GGUF files."
@@ -91,8 +130,6 @@ def _build_parser() -> argparse.ArgumentParser:
 
     cv = sub.add_parser("convert", help="re-lay a GGUF out as a colibri container (each expert "
                         "one aligned read; optional expert requantization)")
-    from colibri.container import add_convert_args
-
     add_convert_args(cv)
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (colibri[serve]): "
@@ -327,8 +364,6 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if args.command == "serve":
             return _serve(args)
         if args.command == "convert":
-            from colibri.container import run_convert
-
             return run_convert(args)
     except KeyboardInterrupt:
         return 130

@@ -7,7 +7,7 @@ The container keeps the GGUF's metadata and tensors, lays every routed expert's 
 down out adjacent at a 2 MiB-aligned offset (one read fetches one expert), and records a crc32
 per expert and for the dense tensors. The write is atomic: a temporary file beside OUT,
 fsync, rename; an existing OUT is replaced only with --force (never a device, FIFO or
-directory). See colibri/container.py and docs/ARCHITECTURE.md.
+directory). See colibri/container/ and docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from colibri.container import add_convert_args, run_convert
+from colibri.cli import add_convert_args, run_convert
 
 
 def main(argv: list[str] | None = None) -> int:

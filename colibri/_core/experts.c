@@ -31,10 +31,13 @@
  * Pool pinning (cache mode): an outside owner of page locks (colibri.cuda's cuMemHostRegister)
  * registers the pool through cb_experts_pin_pool's callbacks; the store keeps the unpin
  * callback and calls it exactly once, at cb_experts_unpin_pool or in cb_experts_free before the
- * munmap, so the registration can never outlive the mapping. */
+ * munmap, so the registration can never outlive the mapping.
+ * Files: experts_policy.c holds the eviction structures (LRU, LFRU), experts_impl.h the store's
+ * struct and what the two share. */
 #include "colibri/experts.h"
 
 #include "alloc.h"
+#include "experts_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -47,92 +50,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SLOT_ALIGN 64u
-#define POOL_ALIGN ((size_t)2 << 20)
-#define ONE_READ_MIN_GAP ((size_t)64 << 10)
-
-typedef struct slot {
-    int32_t owner;   /* global expert index, -1 free */
-    int32_t prev, next; /* LRU links (-1 none) */
-    int32_t heap_pos;   /* LFRU position, -1 when not in the heap */
-    uint8_t locked, pinned, in_lru;
-    uint8_t loading;    /* the prefetch thread is reading it (mu released) */
-    uint8_t prefetched; /* loaded by the prefetch thread, not acquired since */
-    uint32_t hint_round;/* the last hint round that named it */
-    uint64_t key, tick; /* LFRU key and last-use tick */
-} slot_t;
-
-/* where one layer's expert matrices go in a slot, and how it is read */
-typedef struct layout {
-    size_t bytes[3];    /* gate, up, down matrix bytes */
-    size_t at[3];       /* their offsets in the slot */
-    size_t span;        /* bytes a one-read reads (one_read) */
-    int one_read;       /* the three ranges are adjacent in the file: one pread */
-} layout_t;
-
-/* one miss of an acquire: slot k is filled with expert g (cache mode, mu released) */
-typedef struct read_job {
-    int32_t k, g;
-    int32_t part; /* -1: the whole expert (read_expert); 0..2: one matrix (three-read layout) */
-    cb_status rs;
-    uint64_t reads, bytes;
-} read_job_t;
-
-struct cb_experts {
-    int32_t n_layers;
-    int32_t mode, policy;
-    cb_experts_layer_t *layers;        /* owned copy */
-    layout_t *lay;                     /* [n_layers] */
-    cb_experts_layer_stats_t *stats;   /* [n_layers] */
-    uint64_t *counts;                  /* per (layer, expert) routings */
-    size_t *offsets;                   /* [n_layers] start of a layer's counts */
-    size_t total;                      /* experts of all layers */
-    uint64_t expert_bytes;
-    int32_t one_read_layers;
-    /* cache / mmap */
-    int fd;
-    char *path;                        /* the model file (error details name it) */
-    cb_experts_read_fn read_fn;        /* test hook in place of pread, or NULL */
-    void *read_user;
-    int32_t n_slots, n_pinned, min_slots;
-    size_t slot_bytes;
-    uint8_t *pool;                     /* cache: n_slots * slot_bytes (mapped) */
-    size_t pool_map_bytes;
-    cb_experts_pool_unpin_fn unpin;    /* set while an external owner pins the pool */
-    void *unpin_user;
-    int pool_pinned;
-    int32_t *slot_of;                  /* [total] */
-    int32_t *layer_of;                 /* [total] layer of a global index */
-    uint64_t *freq;                    /* [total] acquisitions ever (LFRU) */
-    slot_t *slots;                     /* [n_slots] */
-    int32_t *free_stack, n_free;
-    int32_t lru_head, lru_tail;
-    int32_t *heap, n_heap;
-    uint64_t age, tick;
-    size_t page;
-    /* synchronisation and prefetch */
-    pthread_mutex_t mu;
-    pthread_cond_t cv_done, cv_work;
-    int sync_ok;                       /* mu and the condvars were initialised */
-    pthread_t thread;
-    int thread_started, stop;
-    int32_t *queue, q_head, q_n;       /* the current hint's experts not yet started [total] */
-    uint32_t *queued_round;            /* [total] round in which g was queued */
-    uint32_t round;
-    int32_t n_loading;                 /* slots the prefetch thread is reading */
-    read_job_t *jobs;                  /* [3 n_slots] one acquire's misses, read in parallel */
-    uint32_t pf_good, pf_bad;          /* recent prefetches used / evicted unused (halved at 64) */
-    /* prediction scoring: the hint that named g ([total]) and each layer's pending hint */
-    uint32_t *hint_of, *hint_pending, hint_seq;
-};
-
 static uint64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
-
-static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 static size_t mat_bytes(size_t bytes, size_t stride) { return bytes ? bytes : stride; }
 
@@ -177,110 +99,6 @@ cb_experts_params_t cb_experts_default_params(void) {
     p.min_slots = 1;
     p.huge_pages = 1;
     return p;
-}
-
-/* ---- eviction structures ---- */
-
-static int heap_less(const cb_experts_t *s, int32_t a, int32_t b) {
-    const slot_t *x = &s->slots[a], *y = &s->slots[b];
-    return x->key < y->key || (x->key == y->key && x->tick < y->tick);
-}
-
-static void heap_swap(cb_experts_t *s, int32_t i, int32_t j) {
-    int32_t a = s->heap[i], b = s->heap[j];
-    s->heap[i] = b;
-    s->heap[j] = a;
-    s->slots[b].heap_pos = i;
-    s->slots[a].heap_pos = j;
-}
-
-static void heap_up(cb_experts_t *s, int32_t i) {
-    while (i > 0) {
-        int32_t p = (i - 1) / 2;
-        if (!heap_less(s, s->heap[i], s->heap[p])) break;
-        heap_swap(s, i, p);
-        i = p;
-    }
-}
-
-static void heap_down(cb_experts_t *s, int32_t i) {
-    for (;;) {
-        int32_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < s->n_heap && heap_less(s, s->heap[l], s->heap[m])) m = l;
-        if (r < s->n_heap && heap_less(s, s->heap[r], s->heap[m])) m = r;
-        if (m == i) return;
-        heap_swap(s, i, m);
-        i = m;
-    }
-}
-
-static void heap_remove(cb_experts_t *s, int32_t k) {
-    int32_t i = s->slots[k].heap_pos;
-    if (i < 0) return;
-    int32_t last = --s->n_heap;
-    if (i != last) {
-        heap_swap(s, i, last);
-        heap_down(s, i);
-        heap_up(s, i);
-    }
-    s->slots[k].heap_pos = -1;
-}
-
-static void lru_remove(cb_experts_t *s, int32_t k) {
-    slot_t *x = &s->slots[k];
-    if (!x->in_lru) return;
-    if (x->prev >= 0) s->slots[x->prev].next = x->next;
-    else s->lru_head = x->next;
-    if (x->next >= 0) s->slots[x->next].prev = x->prev;
-    else s->lru_tail = x->prev;
-    x->prev = x->next = -1;
-    x->in_lru = 0;
-}
-
-/* k becomes evictable (it was just released or loaded and unlocked) */
-static void evictable_add(cb_experts_t *s, int32_t k) {
-    slot_t *x = &s->slots[k];
-    x->tick = ++s->tick;
-    if (s->policy == CB_EXPERTS_LFRU) {
-        x->key = s->age + s->freq[x->owner];
-        x->heap_pos = s->n_heap;
-        s->heap[s->n_heap++] = k;
-        heap_up(s, x->heap_pos);
-    } else {
-        x->prev = s->lru_tail;
-        x->next = -1;
-        if (s->lru_tail >= 0) s->slots[s->lru_tail].next = k;
-        else s->lru_head = k;
-        s->lru_tail = k;
-        x->in_lru = 1;
-    }
-}
-
-static void evictable_remove(cb_experts_t *s, int32_t k) {
-    if (s->policy == CB_EXPERTS_LFRU) heap_remove(s, k);
-    else lru_remove(s, k);
-}
-
-/* the victim (removed from the structure), or -1 when every slot is locked or pinned */
-static int32_t evictable_pop(cb_experts_t *s) {
-    int32_t k;
-    if (s->policy == CB_EXPERTS_LFRU) {
-        if (s->n_heap == 0) return -1;
-        k = s->heap[0];
-        if (s->slots[k].key > s->age) s->age = s->slots[k].key;
-        heap_remove(s, k);
-    } else {
-        k = s->lru_head;
-        if (k < 0) return -1;
-        lru_remove(s, k);
-    }
-    return k;
-}
-
-/* the victim evictable_pop would choose, without removing it, or -1 */
-static int32_t evictable_peek(const cb_experts_t *s) {
-    if (s->policy == CB_EXPERTS_LFRU) return s->n_heap ? s->heap[0] : -1;
-    return s->lru_head;
 }
 
 /* ---- file ranges ---- */
@@ -469,7 +287,7 @@ static void refs_of(const cb_experts_t *s, int32_t g, cb_expert_ref_t *r) {
 /* a free slot or a victim's (emptied), or -1 (mu held) */
 static int32_t take_slot(cb_experts_t *s) {
     if (s->n_free > 0) return s->free_stack[--s->n_free];
-    int32_t k = evictable_pop(s);
+    int32_t k = cb_evict_pop(s);
     if (k >= 0) drop_owner(s, k);
     return k;
 }
@@ -480,9 +298,9 @@ static int32_t take_slot(cb_experts_t *s) {
 static int32_t take_slot_prefetch(cb_experts_t *s) {
     if (s->n_free > 0) return s->free_stack[--s->n_free];
     if (s->pf_bad > s->pf_good) return -1;
-    int32_t k = evictable_peek(s);
+    int32_t k = cb_evict_peek(s);
     if (k < 0 || s->slots[k].hint_round == s->round) return -1;
-    k = evictable_pop(s);
+    k = cb_evict_pop(s);
     drop_owner(s, k);
     return k;
 }
@@ -523,7 +341,7 @@ static void *prefetch_main(void *arg) {
         if (rs == CB_OK) {
             account_read(s, g, reads, bytes);
             x->prefetched = 1;
-            evictable_add(s, k);
+            cb_evict_add(s, k);
         } else { /* the compute reads it itself and reports the error */
             slot_unclaim(s, k);
         }
@@ -901,13 +719,13 @@ static void unlock_ids(cb_experts_t *s, int32_t layer, const int32_t *ids, int32
         int32_t k = s->slot_of[s->offsets[layer] + (size_t)e];
         if (k < 0 || !s->slots[k].locked) continue;
         s->slots[k].locked = 0;
-        if (!s->slots[k].pinned) evictable_add(s, k);
+        if (!s->slots[k].pinned) cb_evict_add(s, k);
     }
 }
 
 /* a resident, loaded, unlocked expert's slot k becomes locked by acquire (mu held) */
 static void lock_hit(cb_experts_t *s, int32_t k, cb_experts_layer_stats_t *st) {
-    if (!s->slots[k].pinned) evictable_remove(s, k);
+    if (!s->slots[k].pinned) cb_evict_remove(s, k);
     s->slots[k].locked = 1;
     st->hits++;
     if (s->slots[k].prefetched) {
@@ -1102,7 +920,7 @@ static cb_status pin_locked(cb_experts_t *s, int32_t layer, int32_t expert) {
                        "%d, fewer than the %d one layer may need", (int)expert, (int)layer,
                        (int)(s->n_slots - s->n_pinned - 1), (int)s->n_slots, (int)s->min_slots);
     if (k >= 0) {
-        if (!s->slots[k].locked) evictable_remove(s, k);
+        if (!s->slots[k].locked) cb_evict_remove(s, k);
         s->slots[k].prefetched = 0;
     } else {
         while ((k = take_slot(s)) < 0 && s->n_loading > 0)

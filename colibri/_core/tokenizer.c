@@ -21,6 +21,11 @@
  *  - Pre-tokenizer regexes are hand-written matchers over code points and category flags
  *    (unicode_tables.h); a pre-tokenizer is a list of stages, each splitting every piece of the
  *    previous stage into its matches and the gaps between them (HF Split "isolated").
+ *
+ * Files: this one holds the handle (built once), the special-token partition, encode, decode and
+ * the stream decoder; tokenizer_spm.c the SPM merging, tokenizer_bpe.c the BPE merging,
+ * tokenizer_pretok.c the pre-tokenizers; tokenizer_impl.h what they share (the handle's struct,
+ * the lookups and the bigram heap).
  */
 #include "colibri/tokenizer.h"
 
@@ -29,45 +34,11 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "tokenizer_impl.h"
 #include "unicode_tables.h"
 
 /* ---------------------------------------------------------------------------------------------
  * small helpers */
-
-typedef struct { int32_t *v; size_t n, cap; } ivec;
-
-static int ivec_push(ivec *a, int32_t x) {
-    if (a->n == a->cap) {
-        size_t nc = a->cap ? a->cap * 2 : 64;
-        int32_t *nv = cb_realloc(a->v, nc * sizeof *nv);
-        if (!nv) return -1;
-        a->v = nv;
-        a->cap = nc;
-    }
-    a->v[a->n++] = x;
-    return 0;
-}
-
-static uint64_t hash_bytes(const uint8_t *p, size_t n, uint64_t seed) {
-    uint64_t h = seed ^ ((uint64_t)n * 0x9E3779B97F4A7C15ull);
-    while (n >= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
-        h ^= h >> 29;
-        p += 8;
-        n -= 8;
-    }
-    uint64_t w = 0;
-    memcpy(&w, p, n);
-    h = (h ^ w ^ ((uint64_t)n << 59)) * 0x94D049BB133111EBull;
-    h ^= h >> 32;
-    h *= 0xD6E8FEB86659FD93ull;
-    h ^= h >> 32;
-    return h;
-}
-
-static const uint8_t utf8_len_tab[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
 
 /* GPT-2 byte alphabet: byte b <-> code point byte_cp[b]. */
 static void byte_alphabet(uint32_t byte_cp[256]) {
@@ -80,11 +51,6 @@ static void byte_alphabet(uint32_t byte_cp[256]) {
 
 /* ---------------------------------------------------------------------------------------------
  * Unicode categories */
-
-enum {
-    F_L = 1 << 0, F_LU = 1 << 1, F_LL = 1 << 2, F_LT = 1 << 3, F_LM = 1 << 4, F_LO = 1 << 5,
-    F_N = 1 << 6, F_P = 1 << 7, F_S = 1 << 8, F_M = 1 << 9, F_WS = 1 << 10,
-};
 
 static uint16_t group_flags(uint32_t g) {
     switch (g) {
@@ -115,7 +81,11 @@ static int in_ranges(const cb_uc_range *r, size_t n, uint32_t cp, uint32_t *valu
     return 0;
 }
 
-static uint16_t cp_flags_slow(uint32_t cp) {
+int cb_tok_is_deepseek_letter(uint32_t cp) {
+    return in_ranges(cb_uc_deepseek_letter_ranges, CB_UC_DEEPSEEK_LETTER_RANGES_N, cp, NULL);
+}
+
+uint16_t cb_tok_cp_flags_slow(uint32_t cp) {
     uint32_t g = 0;
     uint16_t f = in_ranges(cb_uc_cat_ranges, CB_UC_CAT_RANGES_N, cp, &g) ? group_flags(g) : 0;
     if (in_ranges(cb_uc_space_ranges, CB_UC_SPACE_RANGES_N, cp, NULL)) f |= F_WS;
@@ -124,46 +94,6 @@ static uint16_t cp_flags_slow(uint32_t cp) {
 
 /* ---------------------------------------------------------------------------------------------
  * the handle */
-
-typedef struct trie_node {
-    int32_t child, sibling, token;
-    uint8_t byte;
-} trie_node;
-
-struct cb_tokenizer {
-    cb_tokenizer_model model;
-    cb_pretokenizer pre;
-    int32_t n;
-    uint8_t *text;      /* GGUF texts */
-    int64_t *off;       /* n+1 */
-    float *score;       /* n */
-    uint32_t *attr;     /* n */
-    uint8_t *piece;     /* rendering with special=1 */
-    int64_t *piece_off; /* n+1 */
-    /* lookup keys (SPM: the texts; BPE: raw bytes, key_off[i] == key_off[i+1] when not mappable) */
-    uint8_t *key;
-    int64_t *key_off;
-    uint32_t vmask;     /* vocab table: capacity-1 */
-    uint64_t *vslot;    /* (fingerprint << 32 | id); fingerprint 0 = empty slot */
-    /* merges */
-    int32_t n_merges;
-    uint8_t *mkey;      /* left ++ right raw bytes */
-    int64_t *moff;      /* n_merges+1 */
-    uint32_t *mleft;    /* length of the left part */
-    uint32_t mmask;
-    uint32_t *mfp;
-    int32_t *midx;      /* merge index = rank */
-    /* special tokens */
-    int32_t n_special;
-    int32_t *special_rank; /* per token: rank in the partition order, -1 if not special */
-    trie_node *trie;
-    int32_t n_trie;
-    uint8_t first_any[256], first_user[256]; /* first bytes of all / non-control special tokens */
-    int32_t byte_tok[256];
-    int32_t bos, eos;
-    int add_bos, add_eos, add_space_prefix, ignore_merges;
-    uint16_t *bmp_flags; /* category flags of U+0000..U+FFFF */
-};
 
 cb_tokenizer_params cb_tokenizer_default_params(void) {
     cb_tokenizer_params p;
@@ -184,46 +114,6 @@ void cb_tokenizer_free(cb_tokenizer_t *t) {
     free(t->mkey); free(t->moff); free(t->mleft); free(t->mfp); free(t->midx);
     free(t->special_rank); free(t->trie); free(t->bmp_flags);
     free(t);
-}
-
-static inline uint16_t cpflags(const cb_tokenizer_t *t, uint32_t cp) {
-    return cp < 0x10000 ? t->bmp_flags[cp] : cp_flags_slow(cp);
-}
-
-/* vocabulary lookup: id of the token whose key is p[0..n), or -1 */
-static int32_t vocab_find(const cb_tokenizer_t *t, const uint8_t *p, size_t n) {
-    const uint64_t h = hash_bytes(p, n, 0x1234567ull);
-    const uint32_t fp = (uint32_t)(h >> 32) | 1u;
-    uint32_t i = (uint32_t)h & t->vmask;
-    for (;;) {
-        const uint64_t slot = t->vslot[i];
-        const uint32_t f = (uint32_t)(slot >> 32);
-        if (f == 0) return -1;
-        if (f == fp) {
-            const int32_t id = (int32_t)(uint32_t)slot;
-            const int64_t a = t->key_off[id], b = t->key_off[id + 1];
-            if ((size_t)(b - a) == n && memcmp(t->key + a, p, n) == 0) return id;
-        }
-        i = (i + 1) & t->vmask;
-    }
-}
-
-/* merge rank of (p[0..nl), p[nl..n)), or -1 */
-static int32_t merge_find(const cb_tokenizer_t *t, const uint8_t *p, size_t nl, size_t n) {
-    if (!t->n_merges) return -1;
-    const uint64_t h = hash_bytes(p, n, 0x7654321ull + nl);
-    const uint32_t fp = (uint32_t)(h >> 32) | 1u;
-    uint32_t i = (uint32_t)h & t->mmask;
-    for (;;) {
-        const uint32_t f = t->mfp[i];
-        if (f == 0) return -1;
-        if (f == fp) {
-            const int32_t m = t->midx[i];
-            const int64_t a = t->moff[m], b = t->moff[m + 1];
-            if ((size_t)(b - a) == n && t->mleft[m] == nl && memcmp(t->mkey + a, p, n) == 0) return m;
-        }
-        i = (i + 1) & t->mmask;
-    }
 }
 
 static uint32_t table_mask(size_t n) {
@@ -253,8 +143,6 @@ static int hexval(uint8_t c) {
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
     return -1;
 }
-
-#define NOMEM(what) cb_fail(CB_STATUS_OUT_OF_MEMORY, "tokenizer: cannot allocate %s", what)
 
 static cb_status build_pieces(cb_tokenizer_t *t, const int16_t *cp_byte) {
     const int64_t total = t->off[t->n];
@@ -681,567 +569,6 @@ static cb_status partition(const cb_tokenizer_t *t, const uint8_t *s, size_t n, 
 }
 
 /* ---------------------------------------------------------------------------------------------
- * merging: symbols in a linked list, candidate bigrams in a binary heap */
-
-typedef struct { int32_t prev, next; uint32_t off, n; } sym;
-typedef struct { float key; int32_t left, right; uint32_t size; } bigram; /* key: score (SPM) or -rank (BPE) */
-
-typedef struct {
-    sym *s;
-    size_t ns, caps;
-    bigram *h;
-    size_t nh, caph;
-} merger;
-
-static inline int bg_before(const bigram *a, const bigram *b) {
-    return a->key > b->key || (a->key == b->key && a->left < b->left);
-}
-
-static int heap_push(merger *m, bigram b) {
-    if (m->nh == m->caph) {
-        size_t nc = m->caph ? m->caph * 2 : 256;
-        bigram *nv = cb_realloc(m->h, nc * sizeof *nv);
-        if (!nv) return -1;
-        m->h = nv;
-        m->caph = nc;
-    }
-    size_t i = m->nh++;
-    while (i > 0) {
-        const size_t parent = (i - 1) / 2;
-        if (!bg_before(&b, &m->h[parent])) break;
-        m->h[i] = m->h[parent];
-        i = parent;
-    }
-    m->h[i] = b;
-    return 0;
-}
-
-static bigram heap_pop(merger *m) {
-    const bigram top = m->h[0];
-    const bigram last = m->h[--m->nh];
-    size_t i = 0;
-    const size_t n = m->nh;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && bg_before(&m->h[c + 1], &m->h[c])) c++;
-        if (!bg_before(&m->h[c], &last)) break;
-        m->h[i] = m->h[c];
-        i = c;
-    }
-    if (n) m->h[i] = last;
-    return top;
-}
-
-static int syms_reserve(merger *m, size_t n) {
-    if (n <= m->caps) return 0;
-    size_t nc = m->caps ? m->caps : 256;
-    while (nc < n) nc *= 2;
-    sym *nv = cb_realloc(m->s, nc * sizeof *nv);
-    if (!nv) return -1;
-    m->s = nv;
-    m->caps = nc;
-    return 0;
-}
-
-/* SPM: the whole (escaped) fragment s[0..n) */
-static int spm_try_bigram(const cb_tokenizer_t *t, merger *m, const uint8_t *s, int32_t l, int32_t r) {
-    if (l < 0 || r < 0) return 0;
-    const uint32_t size = m->s[l].n + m->s[r].n;
-    const int32_t id = vocab_find(t, s + m->s[l].off, size);
-    if (id < 0) return 0;
-    return heap_push(m, (bigram){t->score[id], l, r, size});
-}
-
-static cb_status spm_tokenize(const cb_tokenizer_t *t, merger *m, const uint8_t *s, size_t n, ivec *out) {
-    m->ns = 0;
-    m->nh = 0;
-    if (n == 0) return CB_OK;
-    if (syms_reserve(m, n)) return NOMEM("symbols");
-    size_t off = 0;
-    int32_t idx = 0;
-    while (off < n) {
-        size_t len = utf8_len_tab[s[off] >> 4];
-        if (len > n - off) len = n - off;
-        m->s[idx] = (sym){idx - 1, off + len == n ? -1 : idx + 1, (uint32_t)off, (uint32_t)len};
-        off += len;
-        idx++;
-    }
-    m->ns = (size_t)idx;
-    for (int32_t i = 1; i < idx; i++)
-        if (spm_try_bigram(t, m, s, i - 1, i)) return NOMEM("bigrams");
-    while (m->nh) {
-        const bigram b = heap_pop(m);
-        sym *L = &m->s[b.left], *R = &m->s[b.right];
-        if (L->n == 0 || R->n == 0 || L->n + R->n != b.size) continue;
-        L->n += R->n;
-        R->n = 0;
-        L->next = R->next;
-        if (R->next >= 0) m->s[R->next].prev = b.left;
-        if (spm_try_bigram(t, m, s, L->prev, b.left) || spm_try_bigram(t, m, s, b.left, L->next))
-            return NOMEM("bigrams");
-    }
-    for (int32_t i = 0; i != -1; i = m->s[i].next) {
-        const sym *y = &m->s[i];
-        const int32_t id = vocab_find(t, s + y->off, y->n);
-        if (id >= 0) {
-            if (ivec_push(out, id)) return NOMEM("ids");
-            continue;
-        }
-        for (uint32_t j = 0; j < y->n; j++) {
-            const uint8_t byte = s[y->off + j];
-            if (t->byte_tok[byte] < 0)
-                return cb_fail(CB_STATUS_UNSUPPORTED,
-                               "tokenizer: the vocabulary has no byte token for 0x%02X (needed at byte %u)",
-                               byte, y->off + j);
-            if (ivec_push(out, t->byte_tok[byte])) return NOMEM("ids");
-        }
-    }
-    return CB_OK;
-}
-
-/* BPE: one pre-tokenized word w[0..n) of raw bytes */
-static int bpe_try_bigram(const cb_tokenizer_t *t, merger *m, const uint8_t *w, int32_t l, int32_t r) {
-    if (l < 0 || r < 0) return 0;
-    const uint32_t size = m->s[l].n + m->s[r].n;
-    const int32_t rank = merge_find(t, w + m->s[l].off, m->s[l].n, size);
-    if (rank < 0) return 0;
-    return heap_push(m, (bigram){-(float)rank, l, r, size});
-}
-
-static cb_status bpe_word(const cb_tokenizer_t *t, merger *m, const uint8_t *w, size_t n, ivec *out) {
-    if (n == 0) return CB_OK;
-    if (t->ignore_merges || n == 1) {
-        const int32_t id = vocab_find(t, w, n);
-        if (id >= 0) return ivec_push(out, id) ? NOMEM("ids") : CB_OK;
-    }
-    if (syms_reserve(m, n)) return NOMEM("symbols");
-    m->nh = 0;
-    for (size_t i = 0; i < n; i++)
-        m->s[i] = (sym){(int32_t)i - 1, i + 1 == n ? -1 : (int32_t)i + 1, (uint32_t)i, 1};
-    m->ns = n;
-    for (size_t i = 1; i < n; i++)
-        if (bpe_try_bigram(t, m, w, (int32_t)i - 1, (int32_t)i)) return NOMEM("bigrams");
-    while (m->nh) {
-        const bigram b = heap_pop(m);
-        sym *L = &m->s[b.left], *R = &m->s[b.right];
-        if (L->n == 0 || R->n == 0 || L->n + R->n != b.size) continue;
-        L->n += R->n;
-        R->n = 0;
-        L->next = R->next;
-        if (R->next >= 0) m->s[R->next].prev = b.left;
-        if (bpe_try_bigram(t, m, w, L->prev, b.left) || bpe_try_bigram(t, m, w, b.left, L->next))
-            return NOMEM("bigrams");
-    }
-    for (int32_t i = 0; i != -1; i = m->s[i].next) {
-        const sym *y = &m->s[i];
-        const int32_t id = vocab_find(t, w + y->off, y->n);
-        if (id >= 0) {
-            if (ivec_push(out, id)) return NOMEM("ids");
-            continue;
-        }
-        for (uint32_t j = 0; j < y->n; j++) {
-            const int32_t b = t->byte_tok[w[y->off + j]];
-            if (b >= 0 && ivec_push(out, b)) return NOMEM("ids"); /* llama.cpp drops missing bytes */
-        }
-    }
-    return CB_OK;
-}
-
-/* ---------------------------------------------------------------------------------------------
- * pre-tokenizer matchers: each returns the length (in code points) of the match starting at pos
- * within [pos, end), 0 when the regex does not match there. */
-
-typedef struct {
-    const uint32_t *cp;
-    const uint16_t *fl;
-} cps;
-
-typedef size_t (*matcher)(const cps *c, size_t pos, size_t end);
-
-#define IS_L(i) (c->fl[i] & F_L)
-#define IS_N(i) (c->fl[i] & F_N)
-#define IS_WS(i) (c->fl[i] & F_WS)
-#define IS_CRLF(i) (c->cp[i] == '\r' || c->cp[i] == '\n')
-
-static size_t run_of(const cps *c, size_t i, size_t end, uint16_t mask) {
-    size_t k = i;
-    while (k < end && (c->fl[k] & mask)) k++;
-    return k - i;
-}
-
-/* not \s, \p{L}, \p{N} */
-static inline int is_other(const cps *c, size_t i) { return !(c->fl[i] & (F_WS | F_L | F_N)); }
-
-static size_t other_run(const cps *c, size_t i, size_t end) {
-    size_t k = i;
-    while (k < end && is_other(c, k)) k++;
-    return k - i;
-}
-
-static inline uint32_t lower_ascii(uint32_t x) { return x >= 'A' && x <= 'Z' ? x + 32 : x; }
-
-/* 's 't 're 've 'm 'll 'd; icase: ASCII case-insensitive */
-static size_t contraction(const cps *c, size_t pos, size_t end, int icase) {
-    if (pos + 1 >= end || c->cp[pos] != '\'') return 0;
-    uint32_t a = c->cp[pos + 1];
-    if (icase) a = lower_ascii(a);
-    if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
-    if (pos + 2 >= end) return 0;
-    uint32_t b = c->cp[pos + 2];
-    if (icase) b = lower_ascii(b);
-    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
-    return 0;
-}
-
-/* \s+(?!\S)|\s+ */
-static size_t ws_tail(const cps *c, size_t pos, size_t end) {
-    const size_t r = run_of(c, pos, end, F_WS);
-    if (r == 0) return 0;
-    if (pos + r == end || r == 1) return r; /* \s+(?!\S) matched whole, or \s+ */
-    return r - 1;                           /* leave the last space to the next word */
-}
-
-/* \s*[\r\n]+ */
-static size_t ws_newlines(const cps *c, size_t pos, size_t end) {
-    const size_t r = run_of(c, pos, end, F_WS);
-    for (size_t k = r; k > 0; k--)
-        if (IS_CRLF(pos + k - 1)) return k;
-    return 0;
-}
-
-/* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
-static size_t m_gpt2(const cps *c, size_t pos, size_t end) {
-    size_t k = contraction(c, pos, end, 0);
-    if (k) return k;
-    const int sp = c->cp[pos] == ' ' && pos + 1 < end;
-    if (sp && IS_L(pos + 1)) return 1 + run_of(c, pos + 1, end, F_L);
-    if (IS_L(pos)) return run_of(c, pos, end, F_L);
-    if (sp && IS_N(pos + 1)) return 1 + run_of(c, pos + 1, end, F_N);
-    if (IS_N(pos)) return run_of(c, pos, end, F_N);
-    if (sp && is_other(c, pos + 1)) return 1 + other_run(c, pos + 1, end);
-    if (is_other(c, pos)) return other_run(c, pos, end);
-    return ws_tail(c, pos, end);
-}
-
-/* (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,D}| ?[^\s\p{L}\p{N}]+[\r\n]*|
- * \s*[\r\n]+|\s+(?!\S)|\s+   (D = 3: llama3, D = 1: qwen2) */
-static size_t llama3_like(const cps *c, size_t pos, size_t end, size_t maxdigits) {
-    size_t k = contraction(c, pos, end, 1);
-    if (k) return k;
-    if (!IS_CRLF(pos) && !IS_L(pos) && !IS_N(pos) && pos + 1 < end && IS_L(pos + 1))
-        return 1 + run_of(c, pos + 1, end, F_L);
-    if (IS_L(pos)) return run_of(c, pos, end, F_L);
-    if (IS_N(pos)) {
-        k = run_of(c, pos, end, F_N);
-        return k < maxdigits ? k : maxdigits;
-    }
-    size_t q = pos;
-    if (c->cp[pos] == ' ' && pos + 1 < end && is_other(c, pos + 1)) q = pos + 1;
-    if (is_other(c, q)) {
-        q += other_run(c, q, end);
-        while (q < end && IS_CRLF(q)) q++;
-        return q - pos;
-    }
-    k = ws_newlines(c, pos, end);
-    if (k) return k;
-    return ws_tail(c, pos, end);
-}
-
-static size_t m_llama3(const cps *c, size_t pos, size_t end) { return llama3_like(c, pos, end, 3); }
-static size_t m_qwen2(const cps *c, size_t pos, size_t end) { return llama3_like(c, pos, end, 1); }
-
-/* GPT-4o (o200k):
- * [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|...|'d)?
- * |[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|...|'d)?
- * |\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
-#define F_UP (F_LU | F_LT | F_LM | F_LO | F_M)
-#define F_LOW (F_LL | F_LM | F_LO | F_M)
-
-static size_t m_gpt4o(const cps *c, size_t pos, size_t end) {
-    const int x_ok = !IS_CRLF(pos) && !IS_L(pos) && !IS_N(pos);
-    /* alternative 1, with and then without the optional prefix character */
-    for (int x = x_ok ? 1 : 0; x >= 0; x--) {
-        const size_t q = pos + (size_t)x;
-        if (q >= end) continue;
-        const size_t a = run_of(c, q, end, F_UP);
-        for (size_t k = a + 1; k-- > 0;) {
-            if (q + k < end && (c->fl[q + k] & F_LOW)) {
-                size_t e = q + k + run_of(c, q + k, end, F_LOW);
-                e += contraction(c, e, end, 1);
-                return e - pos;
-            }
-        }
-    }
-    /* alternative 2 */
-    for (int x = x_ok ? 1 : 0; x >= 0; x--) {
-        const size_t q = pos + (size_t)x;
-        if (q >= end) continue;
-        const size_t a = run_of(c, q, end, F_UP);
-        if (a == 0) continue;
-        size_t e = q + a;
-        e += run_of(c, e, end, F_LOW);
-        e += contraction(c, e, end, 1);
-        return e - pos;
-    }
-    if (IS_N(pos)) {
-        const size_t k = run_of(c, pos, end, F_N);
-        return k < 3 ? k : 3;
-    }
-    size_t q = pos;
-    if (c->cp[pos] == ' ' && pos + 1 < end && is_other(c, pos + 1)) q = pos + 1;
-    if (is_other(c, q)) {
-        q += other_run(c, q, end);
-        while (q < end && (IS_CRLF(q) || c->cp[q] == '/')) q++;
-        return q - pos;
-    }
-    const size_t k = ws_newlines(c, pos, end);
-    if (k) return k;
-    return ws_tail(c, pos, end);
-}
-
-/* llama.cpp "default", stage 1: [\p{P}\$\+<=>\^~\|]+ */
-static inline int def_punct(const cps *c, size_t i) {
-    const uint32_t x = c->cp[i];
-    return (c->fl[i] & F_P) || x == '$' || x == '+' || x == '<' || x == '=' || x == '>' || x == '^' ||
-           x == '~' || x == '|';
-}
-static size_t m_def_punct(const cps *c, size_t pos, size_t end) {
-    size_t k = pos;
-    while (k < end && def_punct(c, k)) k++;
-    return k - pos;
-}
-/* \p{N}+ */
-static size_t m_nrun(const cps *c, size_t pos, size_t end) { return run_of(c, pos, end, F_N); }
-/* [0-9][0-9][0-9] */
-static size_t m_3digits(const cps *c, size_t pos, size_t end) {
-    if (pos + 3 > end) return 0;
-    for (size_t i = pos; i < pos + 3; i++)
-        if (c->cp[i] < '0' || c->cp[i] > '9') return 0;
-    return 3;
-}
-/* \p{N}{1,3} */
-static size_t m_n3(const cps *c, size_t pos, size_t end) {
-    const size_t k = run_of(c, pos, end, F_N);
-    return k < 3 ? k : 3;
-}
-/* [\r\n] */
-static size_t m_crlf(const cps *c, size_t pos, size_t end) {
-    (void)end;
-    return IS_CRLF(pos) ? 1 : 0;
-}
-
-typedef struct { uint32_t a, b; } cprange;
-
-static int in_cpranges(const cprange *r, size_t n, uint32_t x) {
-    for (size_t i = 0; i < n; i++)
-        if (x >= r[i].a && x <= r[i].b) return 1;
-    return 0;
-}
-
-static const cprange ds_cjk[] = {{0x4E00, 0x9FA5}, {0x0800, 0x4E00}, {0xAC00, 0xD7FF}};
-static const cprange ds3_cjk[] = {{0x4E00, 0x9FA5}, {0x3040, 0x309F}, {0x30A0, 0x30FF}};
-static const cprange ds_punct[] = {{0x21, 0x2F}, {0x3A, 0x7E}, {0xFF01, 0xFF0F}, {0xFF1A, 0xFF5E},
-                                   {0x2018, 0x201F}, {0x3000, 0x3002}};
-
-static int ds_latin(uint32_t x) {
-    return in_ranges(cb_uc_deepseek_letter_ranges, CB_UC_DEEPSEEK_LETTER_RANGES_N, x, NULL);
-}
-
-/* \s?[CLASS]+ */
-#define OPT_SPACE_CLASS_RUN(test)                                          \
-    do {                                                                   \
-        size_t q = pos;                                                    \
-        if (IS_WS(pos) && pos + 1 < end && test(pos + 1)) q = pos + 1;     \
-        if (!test(q)) return 0;                                            \
-        while (q < end && test(q)) q++;                                    \
-        return q - pos;                                                    \
-    } while (0)
-
-static size_t m_ds_latin(const cps *c, size_t pos, size_t end) {
-#define T(i) ds_latin(c->cp[i])
-    OPT_SPACE_CLASS_RUN(T);
-#undef T
-}
-static size_t m_ds_punct(const cps *c, size_t pos, size_t end) {
-#define T(i) in_cpranges(ds_punct, 6, c->cp[i])
-    OPT_SPACE_CLASS_RUN(T);
-#undef T
-}
-static size_t m_ds_cjk(const cps *c, size_t pos, size_t end) {
-    size_t k = pos;
-    while (k < end && in_cpranges(ds_cjk, 3, c->cp[k])) k++;
-    return k - pos;
-}
-static size_t m_ds3_cjk(const cps *c, size_t pos, size_t end) {
-    size_t k = pos;
-    while (k < end && in_cpranges(ds3_cjk, 3, c->cp[k])) k++;
-    return k - pos;
-}
-/* \s+$ : only the whitespace run that ends the piece (handled specially by the splitter) */
-static size_t m_ws_end(const cps *c, size_t pos, size_t end) {
-    const size_t r = run_of(c, pos, end, F_WS);
-    return r && pos + r == end ? r : 0;
-}
-
-/* DeepSeek-V3, stage 3:
- * [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|
- *  ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
-static inline int ascii_alpha(uint32_t x) { return (x >= 'A' && x <= 'Z') || (x >= 'a' && x <= 'z'); }
-static inline int ascii_punct(uint32_t x) {
-    return (x >= 0x21 && x <= 0x2F) || (x >= 0x3A && x <= 0x40) || (x >= 0x5B && x <= 0x60) ||
-           (x >= 0x7B && x <= 0x7E);
-}
-static size_t m_ds3_main(const cps *c, size_t pos, size_t end) {
-    if (ascii_punct(c->cp[pos]) && pos + 1 < end && ascii_alpha(c->cp[pos + 1])) {
-        size_t q = pos + 1;
-        while (q < end && ascii_alpha(c->cp[q])) q++;
-        return q - pos;
-    }
-    const int x_ok = !IS_CRLF(pos) && !(c->fl[pos] & (F_L | F_P | F_S));
-    if (x_ok && pos + 1 < end && (c->fl[pos + 1] & (F_L | F_M))) return 1 + run_of(c, pos + 1, end, F_L | F_M);
-    if (c->fl[pos] & (F_L | F_M)) return run_of(c, pos, end, F_L | F_M);
-    size_t q = pos;
-    if (c->cp[pos] == ' ' && pos + 1 < end && (c->fl[pos + 1] & (F_P | F_S))) q = pos + 1;
-    if (c->fl[q] & (F_P | F_S)) {
-        q += run_of(c, q, end, F_P | F_S);
-        while (q < end && IS_CRLF(q)) q++;
-        return q - pos;
-    }
-    const size_t k = ws_newlines(c, pos, end);
-    if (k) return k;
-    return ws_tail(c, pos, end);
-}
-
-typedef struct {
-    size_t n;
-    matcher m[6];
-} pre_stages;
-
-static pre_stages stages_of(cb_pretokenizer pre) {
-    pre_stages s;
-    memset(&s, 0, sizeof s);
-    switch (pre) {
-    case CB_PRE_DEFAULT:
-        s.n = 4; s.m[0] = m_def_punct; s.m[1] = m_gpt2; s.m[2] = m_nrun; s.m[3] = m_3digits;
-        break;
-    case CB_PRE_GPT2: s.n = 1; s.m[0] = m_gpt2; break;
-    case CB_PRE_LLAMA3: s.n = 1; s.m[0] = m_llama3; break;
-    case CB_PRE_QWEN2: s.n = 1; s.m[0] = m_qwen2; break;
-    case CB_PRE_GPT4O: s.n = 1; s.m[0] = m_gpt4o; break;
-    case CB_PRE_DEEPSEEK_LLM:
-        s.n = 6; s.m[0] = m_crlf; s.m[1] = m_ds_latin; s.m[2] = m_ds_punct; s.m[3] = m_ws_end;
-        s.m[4] = m_ds_cjk; s.m[5] = m_nrun;
-        break;
-    case CB_PRE_DEEPSEEK_V3:
-        s.n = 3; s.m[0] = m_n3; s.m[1] = m_ds3_cjk; s.m[2] = m_ds3_main;
-        break;
-    default: break;
-    }
-    return s;
-}
-
-typedef struct { size_t *v; size_t n, cap; } zvec; /* piece boundaries: pairs (start, end) */
-
-static int zvec_push2(zvec *a, size_t x, size_t y) {
-    if (a->n + 2 > a->cap) {
-        size_t nc = a->cap ? a->cap * 2 : 256;
-        size_t *nv = cb_realloc(a->v, nc * sizeof *nv);
-        if (!nv) return -1;
-        a->v = nv;
-        a->cap = nc;
-    }
-    a->v[a->n++] = x;
-    a->v[a->n++] = y;
-    return 0;
-}
-
-/* One stage: every piece of in becomes its matches and the gaps between them. */
-static int split_stage(const cps *c, matcher m, const zvec *in, zvec *out) {
-    out->n = 0;
-    for (size_t i = 0; i < in->n; i += 2) {
-        const size_t a = in->v[i], b = in->v[i + 1];
-        if (m == m_ws_end) { /* leftmost match of \s+$ is the trailing whitespace run, if any */
-            size_t s = b;
-            while (s > a && (c->fl[s - 1] & F_WS)) s--;
-            if (s > a && zvec_push2(out, a, s)) return -1;
-            if (s < b && zvec_push2(out, s, b)) return -1;
-            continue;
-        }
-        size_t gap = a, pos = a;
-        while (pos < b) {
-            const size_t k = m(c, pos, b);
-            if (k == 0) {
-                pos++;
-                continue;
-            }
-            if (pos > gap && zvec_push2(out, gap, pos)) return -1;
-            if (zvec_push2(out, pos, pos + k)) return -1;
-            pos += k;
-            gap = pos;
-        }
-        if (gap < b && zvec_push2(out, gap, b)) return -1;
-    }
-    return 0;
-}
-
-typedef struct {
-    uint32_t *cp;
-    uint16_t *fl;
-    size_t *boff;
-    size_t cap;
-    zvec z[2];
-} pre_scratch;
-
-static cb_status bpe_fragment(const cb_tokenizer_t *t, merger *m, pre_scratch *ps, const uint8_t *s,
-                              size_t n, ivec *out) {
-    if (n + 1 > ps->cap) {
-        size_t nc = ps->cap ? ps->cap : 1024;
-        while (nc < n + 1) nc *= 2;
-        uint32_t *cp = cb_realloc(ps->cp, nc * sizeof *cp);
-        if (cp) ps->cp = cp;
-        uint16_t *fl = cb_realloc(ps->fl, nc * sizeof *fl);
-        if (fl) ps->fl = fl;
-        size_t *bo = cb_realloc(ps->boff, nc * sizeof *bo);
-        if (bo) ps->boff = bo;
-        if (!cp || !fl || !bo) return NOMEM("code points");
-        ps->cap = nc;
-    }
-    size_t ncp = 0, i = 0;
-    while (i < n) {
-        uint32_t x;
-        int tr;
-        int k = cb_utf8_next(s + i, n - i, &x, &tr);
-        if (k <= 0) { /* cannot happen on validated text; treat the byte as U+FFFD */
-            x = 0xFFFD;
-            k = 1;
-        }
-        ps->cp[ncp] = x;
-        ps->fl[ncp] = cpflags(t, x);
-        ps->boff[ncp] = i;
-        ncp++;
-        i += (size_t)k;
-    }
-    ps->boff[ncp] = n;
-    const cps c = {ps->cp, ps->fl};
-    const pre_stages st = stages_of(t->pre);
-    ps->z[0].n = 0;
-    if (zvec_push2(&ps->z[0], 0, ncp)) return NOMEM("pieces");
-    int cur = 0;
-    for (size_t k = 0; k < st.n; k++) {
-        if (split_stage(&c, st.m[k], &ps->z[cur], &ps->z[1 - cur])) return NOMEM("pieces");
-        cur = 1 - cur;
-    }
-    const zvec *pieces = &ps->z[cur];
-    for (size_t p = 0; p < pieces->n; p += 2) {
-        const size_t b0 = ps->boff[pieces->v[p]], b1 = ps->boff[pieces->v[p + 1]];
-        const cb_status r = bpe_word(t, m, s + b0, b1 - b0, out);
-        if (r != CB_OK) return r;
-    }
-    return CB_OK;
-}
-
-/* ---------------------------------------------------------------------------------------------
  * encode */
 
 cb_status cb_tokenizer_encode(const cb_tokenizer_t *t, const uint8_t *text, size_t len, unsigned flags,
@@ -1318,9 +645,9 @@ cb_status cb_tokenizer_encode(const cb_tokenizer_t *t, const uint8_t *text, size
                     esc[o++] = s[i];
                 }
             }
-            st = spm_tokenize(t, &m, esc, o, &out);
+            st = cb_tok_spm_tokenize(t, &m, esc, o, &out);
         } else {
-            st = bpe_fragment(t, &m, &ps, s, n, &out);
+            st = cb_tok_bpe_fragment(t, &m, &ps, s, n, &out);
         }
         if (st != CB_OK) goto done;
         prev_special = 0;

@@ -1,4 +1,4 @@
-"""The colibri container (colibri/container.py, tools/convert_gguf.py).
+"""The colibri container (colibri/container/, tools/convert_gguf.py).
 
 References are outside the container code: the GGUF file itself (its bytes, metadata and the
 logits colibri computes from it, which tests/model/test_forward_oracle.py ties to transformers), the

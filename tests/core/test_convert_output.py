@@ -1,4 +1,4 @@
-"""What the converter may do to its output path (colibri/container.py: _check_output, _publish,
+"""What the converter may do to its output path (colibri/container/writer.py: _check_output, _publish,
 clean_stale_temporaries): never replace a device, FIFO, socket or directory; an existing file
 or symbolic link only with --force (and then the link itself, never its target); its stale
 temporaries cleaned when their writer is dead, never a live converter's; two converters of one

@@ -1,0 +1,108 @@
+/* Private to the expert store (include/colibri/experts.h), whose parts are experts.c (the
+ * stores, acquire/release, the prefetch thread and the parallel readers; its opening comment
+ * describes the design and the invariants) and experts_policy.c (the eviction structures of the
+ * LRU and LFRU policies). Everything here is guarded by the store's mutex mu unless said. */
+#ifndef COLIBRI_EXPERTS_IMPL_H
+#define COLIBRI_EXPERTS_IMPL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "colibri/experts.h"
+
+#define SLOT_ALIGN 64u
+#define POOL_ALIGN ((size_t)2 << 20)
+#define ONE_READ_MIN_GAP ((size_t)64 << 10)
+
+typedef struct slot {
+    int32_t owner;   /* global expert index, -1 free */
+    int32_t prev, next; /* LRU links (-1 none) */
+    int32_t heap_pos;   /* LFRU position, -1 when not in the heap */
+    uint8_t locked, pinned, in_lru;
+    uint8_t loading;    /* the prefetch thread is reading it (mu released) */
+    uint8_t prefetched; /* loaded by the prefetch thread, not acquired since */
+    uint32_t hint_round;/* the last hint round that named it */
+    uint64_t key, tick; /* LFRU key and last-use tick */
+} slot_t;
+
+/* where one layer's expert matrices go in a slot, and how it is read */
+typedef struct layout {
+    size_t bytes[3];    /* gate, up, down matrix bytes */
+    size_t at[3];       /* their offsets in the slot */
+    size_t span;        /* bytes a one-read reads (one_read) */
+    int one_read;       /* the three ranges are adjacent in the file: one pread */
+} layout_t;
+
+/* one miss of an acquire: slot k is filled with expert g (cache mode, mu released) */
+typedef struct read_job {
+    int32_t k, g;
+    int32_t part; /* -1: the whole expert (read_expert); 0..2: one matrix (three-read layout) */
+    cb_status rs;
+    uint64_t reads, bytes;
+} read_job_t;
+
+struct cb_experts {
+    int32_t n_layers;
+    int32_t mode, policy;
+    cb_experts_layer_t *layers;        /* owned copy */
+    layout_t *lay;                     /* [n_layers] */
+    cb_experts_layer_stats_t *stats;   /* [n_layers] */
+    uint64_t *counts;                  /* per (layer, expert) routings */
+    size_t *offsets;                   /* [n_layers] start of a layer's counts */
+    size_t total;                      /* experts of all layers */
+    uint64_t expert_bytes;
+    int32_t one_read_layers;
+    /* cache / mmap */
+    int fd;
+    char *path;                        /* the model file (error details name it) */
+    cb_experts_read_fn read_fn;        /* test hook in place of pread, or NULL */
+    void *read_user;
+    int32_t n_slots, n_pinned, min_slots;
+    size_t slot_bytes;
+    uint8_t *pool;                     /* cache: n_slots * slot_bytes (mapped) */
+    size_t pool_map_bytes;
+    cb_experts_pool_unpin_fn unpin;    /* set while an external owner pins the pool */
+    void *unpin_user;
+    int pool_pinned;
+    int32_t *slot_of;                  /* [total] */
+    int32_t *layer_of;                 /* [total] layer of a global index */
+    uint64_t *freq;                    /* [total] acquisitions ever (LFRU) */
+    slot_t *slots;                     /* [n_slots] */
+    int32_t *free_stack, n_free;
+    int32_t lru_head, lru_tail;
+    int32_t *heap, n_heap;
+    uint64_t age, tick;
+    size_t page;
+    /* synchronisation and prefetch */
+    pthread_mutex_t mu;
+    pthread_cond_t cv_done, cv_work;
+    int sync_ok;                       /* mu and the condvars were initialised */
+    pthread_t thread;
+    int thread_started, stop;
+    int32_t *queue, q_head, q_n;       /* the current hint's experts not yet started [total] */
+    uint32_t *queued_round;            /* [total] round in which g was queued */
+    uint32_t round;
+    int32_t n_loading;                 /* slots the prefetch thread is reading */
+    read_job_t *jobs;                  /* [3 n_slots] one acquire's misses, read in parallel */
+    uint32_t pf_good, pf_bad;          /* recent prefetches used / evicted unused (halved at 64) */
+    /* prediction scoring: the hint that named g ([total]) and each layer's pending hint */
+    uint32_t *hint_of, *hint_pending, hint_seq;
+};
+
+static inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+/* ---- eviction structures (experts_policy.c; mu held) ----
+ * LRU: a doubly linked list of slots, least recently released first; LFRU: a min-heap on
+ * (age + acquisitions, tick). Only unlocked, unpinned, loaded resident slots are in them. */
+
+/* k becomes evictable (it was just released or loaded and unlocked) */
+void cb_evict_add(cb_experts_t *s, int32_t k);
+/* k leaves the structure (it is locked or pinned); nothing when it is not in it */
+void cb_evict_remove(cb_experts_t *s, int32_t k);
+/* the victim (removed from the structure), or -1 when every slot is locked or pinned */
+int32_t cb_evict_pop(cb_experts_t *s);
+/* the victim cb_evict_pop would choose, without removing it, or -1 */
+int32_t cb_evict_peek(const cb_experts_t *s);
+
+#endif
