@@ -5,7 +5,7 @@
                                   [--budgets 1,0.75,0.5,0.25]
                                   [--modes cache,mmap] [--policies lru,lfru] [--prefetch on,off]
                                   [--llama-extra-bufts] [--container] [--no-llama] [--json OUT]
-                                  [--margin MiB] [--timeout S]
+                                  [--margin MiB] [--timeout S] [--disk-seconds S]
 
 colibri runs with max_batch=1 (the prompt token by token), so a budget's pool floor is one
 token's experts per layer (min_expert_slots). Without --model it writes the benchmark MoE model
@@ -37,6 +37,10 @@ trained MoE does (make_bench_model's default `spread` routing; `--routing raw` m
 concentrate on a few experts); the number of distinct experts used is printed so the budgets
 can be read against it. A run that does not finish in --timeout seconds is reported as an upper
 bound on its speed (and the ratios against it as lower bounds); rows print as they finish.
+The disk bound of a budgeted run ("bound", and the run's share of it, "%bnd") is min(the mapped
+store's speed, the disk's bandwidth / the bytes the run read per timed token), the bandwidth
+measured first on the model file by tools/bench/disk.py (the best of buffered, O_DIRECT and
+io_uring reads at queue depths 1-8, in expert-part-sized blocks; --disk-seconds 0 skips it).
 """
 
 from __future__ import annotations
@@ -249,6 +253,9 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=TIMEOUT,
                     help="seconds one run may take; a slower run is reported as an upper bound "
                          "on its speed")
+    ap.add_argument("--disk-seconds", type=float, default=1.0,
+                    help="seconds per (mode, queue depth) cell of the disk measurement "
+                         "(tools/bench/disk.py) behind the disk bound; 0 skips it")
     ap.add_argument("--json")
     a = ap.parse_args()
     if a.child:
@@ -280,6 +287,16 @@ def main() -> int:
         if cp.returncode != 0:
             print("container conversion failed:", cp.stderr.strip()[-300:])
             container = None
+    disk_bw = 0.0  # bytes/s: the best (mode, queue depth) of tools/bench/disk.py on this file
+    if a.disk_seconds > 0:
+        from disk import best, measure  # tools/bench/disk.py, beside this script
+
+        part = max(4096, experts // (3 * sum(L.n_expert for L in d.layers if L.n_expert)))
+        m_, q_, mbs = best(measure(path, part, a.disk_seconds, qds=(1, 2, 4, 8)))
+        disk_bw = mbs * 1e6
+        print(f"disk: {mbs:.0f} MB/s reading {part >> 10} KiB parts at random (best: {m_} at "
+              f"queue depth {q_}; tools/bench/disk.py)")
+    timed = a.gen - a.warmup
     print(f"model {os.path.basename(path)}: dense {dense / 2**20:.0f} MiB, experts "
           f"{experts / 2**20:.0f} MiB; {a.threads} threads, 8-token prompt, {a.gen} decode steps "
           f"(the first {a.warmup} untimed)")
@@ -298,7 +315,7 @@ def main() -> int:
     bad = 0
     header = (f"{'engine':10} {'mode':7} {'policy':6} {'pf':3} {'budget':>6} {'tok/s':>7} "
               f"{'vs full':>7} {'vs llama':>8} {'hit %':>6} {'pf h/read':>9} {'reads':>6} "
-              f"{'read MiB':>9} {'rss MiB':>8}  note")
+              f"{'read MiB':>9} {'rss MiB':>8} {'bound':>6} {'%bnd':>5}  note")
     llama: dict[float, dict[str, Any]] = {}
 
     def line(r: dict[str, Any]) -> str:
@@ -321,10 +338,18 @@ def main() -> int:
             note = f"top-1 equal to colibri's: {same}/{len(ref['tokens'])}"
         pfh = (f"{st['prefetch_hits']:4d}/{st['prefetch_issued']:<4d}"
                if st.get("prefetch_issued") else f"{'-':>9}")
+        # the disk bound: min(full-RAM speed, disk bandwidth / bytes missed per token)
+        bnd, pct = f"{'-':>6}", f"{'-':>5}"
+        if disk_bw and r["engine"] == "colibri" and r["mode"] != "mapped" and timed:
+            per_tok = st.get("bytes_read", 0) / timed
+            bound = min(ref["decode_tps"], disk_bw / per_tok if per_tok else float("inf"))
+            r["disk_bound_tps"] = bound
+            bnd, pct = f"{bound:6.1f}", f"{100 * r['decode_tps'] / bound:5.0f}"
         return (f"{r['engine']:10} {r['mode']:7} {r['policy']:6} {pf:3} {r['budget']:6.2f} "
                 f"{r['decode_tps']:7.2f} {r['decode_tps'] / ref['decode_tps']:7.2f} {vs} "
                 f"{hit:6.1f} {pfh} {st.get('reads', 0):6d} "
-                f"{st.get('bytes_read', 0) / 2**20:9.0f} {r['peak_rss'] / 2**20:8.0f}  {note}")
+                f"{st.get('bytes_read', 0) / 2**20:9.0f} {r['peak_rss'] / 2**20:8.0f} "
+                f"{bnd} {pct}  {note}")
 
     def add(row: dict[str, Any]) -> None:
         rows.append(row)
