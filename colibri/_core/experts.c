@@ -17,7 +17,7 @@
  * release, pin, prefetch) and the prefetch thread take it for bookkeeping only: a read (pread,
  * madvise) runs with mu released on a slot that its reader owns (locked or loading), which no
  * one else reads, writes or evicts meanwhile. An acquire claims all its misses' slots first and
- * then reads them on up to CB_EXPERTS_READERS threads at once (cache mode; see read_jobs).
+ * then reads them on up to CB_EXPERTS_READERS threads at once (cache mode; see cb_read_jobs).
  * cv_done is broadcast when a prefetch read ends
  * (an acquire waiting for that expert, or for any evictable slot, wakes up); cv_work wakes the
  * prefetch thread. The prefetch queue is the current hint only (a new hint empties it), in
@@ -32,8 +32,10 @@
  * registers the pool through cb_experts_pin_pool's callbacks; the store keeps the unpin
  * callback and calls it exactly once, at cb_experts_unpin_pool or in cb_experts_free before the
  * munmap, so the registration can never outlive the mapping.
- * Files: experts_policy.c holds the eviction structures (LRU, LFRU), experts_impl.h the store's
- * struct and what the two share. */
+ * Files: this file holds the store kinds, creation, acquire/release/pin and the statistics;
+ * experts_io.c the readers, experts_prefetch.c the prefetch thread and the hints,
+ * experts_policy.c the eviction structures (LRU, LFRU), experts_impl.h the store's struct and
+ * what they share. */
 #include "colibri/experts.h"
 
 #include "alloc.h"
@@ -101,120 +103,8 @@ cb_experts_params_t cb_experts_default_params(void) {
     return p;
 }
 
-/* ---- file ranges ---- */
-
-static void expert_ranges(const cb_experts_t *s, int32_t g, uint64_t off[3], size_t len[3],
-                          const uint8_t *addr[3]) {
-    int32_t l = s->layer_of[g];
-    const cb_experts_layer_t *L = &s->layers[l];
-    size_t e = (size_t)g - s->offsets[l];
-    off[0] = L->gate_off + e * L->gate_stride;
-    off[1] = L->up_off + e * L->up_stride;
-    off[2] = L->down_off + e * L->down_stride;
-    for (int i = 0; i < 3; i++) len[i] = s->lay[l].bytes[i];
-    addr[0] = L->gate_base + e * L->gate_stride;
-    addr[1] = L->up_base + e * L->up_stride;
-    addr[2] = L->down_base + e * L->down_stride;
-}
-
-static const char *const part_name[3] = {"gate", "up", "down"};
-
-/* Reads matrix `part` of expert g (-1: its whole one-read span), len bytes at file offset off,
- * into dst: short reads continue, EINTR is retried, a read error or the end of the file fails
- * with CB_STATUS_IO naming the file, the layer, the expert and the range (mu may be released:
- * touches only dst and the fd; the detail goes to the calling thread's buffer). */
-static cb_status pread_all(const cb_experts_t *s, int32_t g, int part, uint8_t *dst, size_t len,
-                           uint64_t off) {
-    const uint64_t off0 = off;
-    const size_t len0 = len;
-    while (len > 0) {
-        int64_t r = s->read_fn ? s->read_fn(s->read_user, s->fd, dst, len, off)
-                               : (int64_t)pread(s->fd, dst, len, (off_t)off);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0 || (uint64_t)r > len) {
-            int32_t l = s->layer_of[g];
-            char why[96];
-            if (r == 0)
-                snprintf(why, sizeof why, "the file ends before byte %llu (truncated?)",
-                         (unsigned long long)off);
-            else if (r < 0)
-                snprintf(why, sizeof why, "%s", strerror(errno));
-            else
-                snprintf(why, sizeof why, "the read returned %lld bytes of %zu", (long long)r,
-                         len);
-            return cb_fail(CB_STATUS_IO,
-                           "experts: cannot read expert %d of layer %d from %s (%s, %zu bytes "
-                           "at offset %llu): %s", (int)((size_t)g - s->offsets[l]), (int)l,
-                           s->path ? s->path : "the model file",
-                           part < 0 ? "gate|up|down" : part_name[part], len0,
-                           (unsigned long long)off0, why);
-        }
-        dst += r;
-        len -= (size_t)r;
-        off += (uint64_t)r;
-    }
-    return CB_OK;
-}
-
-/* the whole pages inside [p, p + len) */
-static void advise_inner(const cb_experts_t *s, const uint8_t *p, size_t len, int advice) {
-    uintptr_t a = align_up((uintptr_t)p, s->page), b = ((uintptr_t)p + len) / s->page * s->page;
-    if (b > a) (void)madvise((void *)a, b - a, advice);
-}
-
-/* Brings expert g into slot k (cache: read it; mmap: hint it). Runs with mu RELEASED: it only
- * reads immutable tables and writes the slot's pool bytes, which its caller owns. *reads and
- * *bytes receive the pread calls and bytes read. */
-static cb_status read_expert(const cb_experts_t *s, int32_t k, int32_t g, uint64_t *reads,
-                             uint64_t *bytes) {
-    uint64_t off[3];
-    size_t len[3];
-    const uint8_t *addr[3];
-    expert_ranges(s, g, off, len, addr);
-    const layout_t *y = &s->lay[s->layer_of[g]];
-    *reads = 0;
-    *bytes = 0;
-    if (s->mode == CB_EXPERTS_CACHE) {
-        uint8_t *dst = s->pool + (size_t)k * s->slot_bytes;
-        if (y->one_read) {
-            *reads = 1;
-            *bytes = y->span;
-            return pread_all(s, g, -1, dst, y->span, off[0]);
-        }
-        for (int i = 0; i < 3; i++) {
-            (*reads)++;
-            cb_status rs = pread_all(s, g, i, dst + y->at[i], len[i], off[i]);
-            if (rs != CB_OK) return rs;
-            *bytes += len[i];
-        }
-    } else {
-        for (int i = 0; i < 3; i++) advise_inner(s, addr[i], len[i], MADV_WILLNEED);
-        *bytes = (uint64_t)len[0] + len[1] + len[2];
-    }
-    return CB_OK;
-}
-
-/* one matrix (part 0 gate, 1 up, 2 down) of g into cache slot k, for the three-read layout */
-static cb_status read_part(const cb_experts_t *s, int32_t k, int32_t g, int32_t part,
-                           uint64_t *reads, uint64_t *bytes) {
-    uint64_t off[3];
-    size_t len[3];
-    const uint8_t *addr[3];
-    expert_ranges(s, g, off, len, addr);
-    const layout_t *y = &s->lay[s->layer_of[g]];
-    *reads = 1;
-    *bytes = len[part];
-    return pread_all(s, g, part, s->pool + (size_t)k * s->slot_bytes + y->at[part], len[part],
-                     off[part]);
-}
-
-static cb_status read_job(const cb_experts_t *s, read_job_t *x) {
-    if (x->part < 0) return read_expert(s, x->k, x->g, &x->reads, &x->bytes);
-    return read_part(s, x->k, x->g, x->part, &x->reads, &x->bytes);
-}
-
 /* a claimed slot whose read failed or never ran goes back to the free stack (mu held) */
-static void slot_unclaim(cb_experts_t *s, int32_t k) {
+void cb_slot_unclaim(cb_experts_t *s, int32_t k) {
     s->slot_of[s->slots[k].owner] = -1;
     s->slots[k].owner = -1;
     s->slots[k].locked = 0;
@@ -222,7 +112,7 @@ static void slot_unclaim(cb_experts_t *s, int32_t k) {
 }
 
 /* bookkeeping after a successful read of g into its slot (mu held) */
-static void account_read(cb_experts_t *s, int32_t g, uint64_t reads, uint64_t bytes) {
+void cb_account_read(cb_experts_t *s, int32_t g, uint64_t reads, uint64_t bytes) {
     int32_t l = s->layer_of[g];
     const layout_t *y = &s->lay[l];
     s->stats[l].bytes_read += bytes;
@@ -231,18 +121,8 @@ static void account_read(cb_experts_t *s, int32_t g, uint64_t reads, uint64_t by
     s->stats[l].resident_bytes += (uint64_t)y->bytes[0] + y->bytes[1] + y->bytes[2];
 }
 
-/* a prefetched expert was used (good) or evicted unused: the recent precision (mu held) */
-static void prefetch_outcome(cb_experts_t *s, int good) {
-    if (good) s->pf_good++;
-    else s->pf_bad++;
-    if (s->pf_good + s->pf_bad > 64) {
-        s->pf_good /= 2;
-        s->pf_bad /= 2;
-    }
-}
-
 /* the slot k's owner leaves (eviction) (mu held) */
-static void drop_owner(cb_experts_t *s, int32_t k) {
+void cb_drop_owner(cb_experts_t *s, int32_t k) {
     int32_t g = s->slots[k].owner;
     if (g < 0) return;
     int32_t l = s->layer_of[g];
@@ -288,67 +168,8 @@ static void refs_of(const cb_experts_t *s, int32_t g, cb_expert_ref_t *r) {
 static int32_t take_slot(cb_experts_t *s) {
     if (s->n_free > 0) return s->free_stack[--s->n_free];
     int32_t k = cb_evict_pop(s);
-    if (k >= 0) drop_owner(s, k);
+    if (k >= 0) cb_drop_owner(s, k);
     return k;
-}
-
-/* a slot for the prefetch thread: free, or a victim not named by the current hint; no victim
- * while most recent prefetches were evicted unused (wrong predictions would only push out
- * experts that are used) (mu held) */
-static int32_t take_slot_prefetch(cb_experts_t *s) {
-    if (s->n_free > 0) return s->free_stack[--s->n_free];
-    if (s->pf_bad > s->pf_good) return -1;
-    int32_t k = cb_evict_peek(s);
-    if (k < 0 || s->slots[k].hint_round == s->round) return -1;
-    k = cb_evict_pop(s);
-    drop_owner(s, k);
-    return k;
-}
-
-/* ---- the prefetch thread ---- */
-
-static void *prefetch_main(void *arg) {
-    cb_experts_t *s = arg;
-    pthread_mutex_lock(&s->mu);
-    for (;;) {
-        while (!s->stop && s->q_n == 0) {
-            pthread_cond_broadcast(&s->cv_done); /* idle: wakes cb_experts_prefetch_sync */
-            pthread_cond_wait(&s->cv_work, &s->mu);
-        }
-        if (s->stop) break;
-        int32_t g = s->queue[s->q_head++];
-        s->q_n--;
-        if (s->slot_of[g] >= 0) continue; /* resident, or being read by acquire */
-        int32_t k = take_slot_prefetch(s);
-        if (k < 0) { /* no room left for this hint without evicting itself */
-            s->q_n = 0;
-            continue;
-        }
-        slot_t *x = &s->slots[k];
-        x->owner = g;
-        x->loading = 1;
-        x->hint_round = s->round;
-        s->slot_of[g] = k;
-        s->n_loading++;
-        int32_t l = s->layer_of[g];
-        s->stats[l].prefetch_issued++;
-        pthread_mutex_unlock(&s->mu);
-        uint64_t reads = 0, bytes = 0;
-        cb_status rs = read_expert(s, k, g, &reads, &bytes);
-        pthread_mutex_lock(&s->mu);
-        x->loading = 0;
-        s->n_loading--;
-        if (rs == CB_OK) {
-            account_read(s, g, reads, bytes);
-            x->prefetched = 1;
-            cb_evict_add(s, k);
-        } else { /* the compute reads it itself and reports the error */
-            slot_unclaim(s, k);
-        }
-        pthread_cond_broadcast(&s->cv_done);
-    }
-    pthread_mutex_unlock(&s->mu);
-    return NULL;
 }
 
 /* ---- creation ---- */
@@ -551,7 +372,7 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
         }
     }
     if (p->prefetch) {
-        int err = cb_thread_create(&s->thread, prefetch_main, s);
+        int err = cb_thread_create(&s->thread, cb_prefetch_main, s);
         if (err != 0) {
             cb_experts_free(s);
             return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: cannot start the prefetch thread: "
@@ -664,53 +485,6 @@ void cb_experts_unpin_pool(cb_experts_t *s) {
 
 /* ---- acquire / release ---- */
 
-/* Parallel miss reads: an acquire with several misses claims their slots first (locked, owner
- * set: no one else reads, writes or evicts them), then reads them with mu released on up to
- * CB_EXPERTS_READERS threads (itself and short-lived helpers), so the disk sees several
- * requests at once: a virtio or NVMe device delivers more bandwidth at a queue depth above
- * one. Each job has its own slot, so the reads share nothing but the file descriptor. */
-#define CB_EXPERTS_READERS 8
-
-typedef struct read_batch {
-    const cb_experts_t *s;
-    read_job_t *jobs;
-    int32_t n;
-    int32_t next;   /* atomic: the next job to take */
-    int32_t failed; /* atomic: a reader failed; the first one's detail is in err */
-    cb_status rs;
-    char err[512];
-} read_batch_t;
-
-static void *read_worker(void *arg) {
-    read_batch_t *b = arg;
-    for (;;) {
-        int32_t j = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
-        if (j >= b->n) break;
-        read_job_t *x = &b->jobs[j];
-        x->rs = read_job(b->s, x);
-        if (x->rs != CB_OK && __atomic_exchange_n(&b->failed, 1, __ATOMIC_ACQ_REL) == 0) {
-            b->rs = x->rs; /* the detail is thread-local: hand it to the caller */
-            snprintf(b->err, sizeof b->err, "%s", cb_last_error());
-        }
-    }
-    return NULL;
-}
-
-/* reads every job (mu released); a helper thread that cannot start leaves its share to us.
- * A failure's detail is left in the calling thread's cb_last_error(). */
-static void read_jobs(const cb_experts_t *s, read_job_t *jobs, int32_t n) {
-    read_batch_t b = {.s = s, .jobs = jobs, .n = n, .next = 0, .failed = 0, .rs = CB_OK};
-    pthread_t th[CB_EXPERTS_READERS - 1];
-    int started[CB_EXPERTS_READERS - 1] = {0};
-    int32_t helpers = n - 1 < CB_EXPERTS_READERS - 1 ? n - 1 : CB_EXPERTS_READERS - 1;
-    for (int32_t i = 0; i < helpers; i++)
-        started[i] = cb_thread_create(&th[i], read_worker, &b) == 0;
-    read_worker(&b);
-    for (int32_t i = 0; i < helpers; i++)
-        if (started[i]) pthread_join(th[i], NULL);
-    if (b.failed) (void)cb_fail(b.rs, "%s", b.err);
-}
-
 /* undo the locks taken by a failed acquire: ids[0..n) (mu held) */
 static void unlock_ids(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n) {
     for (int32_t i = 0; i < n; i++) {
@@ -735,38 +509,6 @@ static void lock_hit(cb_experts_t *s, int32_t k, cb_experts_layer_stats_t *st) {
     s->slots[k].prefetched = 0;
 }
 
-/* Scores a layer's pending hint against the experts an acquire wants (callers hold mu, or
- * own the mapped store, where the forward's thread is the only caller). */
-static void score_hint(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n,
-                       cb_experts_layer_stats_t *st) {
-    uint32_t h = s->hint_pending[layer];
-    if (!h) return;
-    s->hint_pending[layer] = 0;
-    st->predicted_acquired += (uint64_t)n;
-    for (int32_t i = 0; i < n; i++)
-        if (s->hint_of[s->offsets[layer] + (size_t)ids[i]] == h) st->predicted_used++;
-}
-
-/* Records a hint for scoring: the layer's next acquire compares it with what it wants. */
-static void record_hint(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n) {
-    if (++s->hint_seq == 0) { /* wrapped: old marks could collide with new ids */
-        memset(s->hint_of, 0, s->total * sizeof *s->hint_of);
-        memset(s->hint_pending, 0, (size_t)s->n_layers * sizeof *s->hint_pending);
-        s->hint_seq = 1;
-    }
-    uint32_t h = s->hint_seq;
-    uint64_t fresh = 0;
-    for (int32_t i = 0; i < n; i++) {
-        size_t g = s->offsets[layer] + (size_t)ids[i];
-        if (s->hint_of[g] != h) { /* a repeated id counts once */
-            s->hint_of[g] = h;
-            fresh++;
-        }
-    }
-    s->hint_pending[layer] = h;
-    s->stats[layer].predicted += fresh;
-}
-
 cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n,
                              const int32_t *uses, cb_expert_ref_t *out) {
     if (!s || layer < 0 || layer >= s->n_layers || n < 0 || (n > 0 && (!ids || !out)))
@@ -779,7 +521,7 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
                            (int)layer, (int)ids[i]);
     cb_experts_layer_stats_t *st = &s->stats[layer];
     if (s->mode == CB_EXPERTS_MAPPED) { /* no thread, no slots: no lock needed */
-        score_hint(s, layer, ids, n, st);
+        cb_score_hint(s, layer, ids, n, st);
         for (int32_t i = 0; i < n; i++) {
             uint64_t u = uses ? (uint64_t)(uses[i] > 0 ? uses[i] : 0) : 1;
             s->counts[s->offsets[layer] + (size_t)ids[i]] += u;
@@ -797,7 +539,7 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
     }
     uint64_t t0 = now_ns();
     pthread_mutex_lock(&s->mu);
-    score_hint(s, layer, ids, n, st);
+    cb_score_hint(s, layer, ids, n, st);
     for (int32_t i = 0; i < n; i++) {
         uint64_t u = uses ? (uint64_t)(uses[i] > 0 ? uses[i] : 0) : 1;
         s->counts[s->offsets[layer] + (size_t)ids[i]] += u;
@@ -839,7 +581,7 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
         if (k < 0) {
             for (int32_t j = 0; j < nj; j++) { /* claimed, not read: back to the free stack */
                 read_job_t *x = &s->jobs[j];
-                if (x->part <= 0) slot_unclaim(s, x->k); /* an expert's first job stands for it */
+                if (x->part <= 0) cb_slot_unclaim(s, x->k); /* an expert's first job stands for it */
             }
             unlock_ids(s, layer, ids, n);
             int32_t np = s->n_pinned;
@@ -863,9 +605,9 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
     if (nj > 0) {
         pthread_mutex_unlock(&s->mu);
         if (s->mode == CB_EXPERTS_CACHE && nj > 1) {
-            read_jobs(s, s->jobs, nj);
+            cb_read_jobs(s, s->jobs, nj);
         } else {
-            for (int32_t j = 0; j < nj; j++) s->jobs[j].rs = read_job(s, &s->jobs[j]);
+            for (int32_t j = 0; j < nj; j++) s->jobs[j].rs = cb_read_job(s, &s->jobs[j]);
         }
         pthread_mutex_lock(&s->mu);
         cb_status first = CB_OK;
@@ -878,13 +620,13 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
                 x->bytes += s->jobs[i].bytes;
             }
             if (x->rs == CB_OK) {
-                account_read(s, x->g, x->reads, x->bytes);
+                cb_account_read(s, x->g, x->reads, x->bytes);
                 st->misses++;
                 continue;
             }
             /* the slot was not filled: it goes back to the free stack */
             if (first == CB_OK) first = x->rs;
-            slot_unclaim(s, x->k);
+            cb_slot_unclaim(s, x->k);
         }
         if (first != CB_OK) {
             unlock_ids(s, layer, ids, n); /* the experts read are kept, unlocked */
@@ -929,12 +671,12 @@ static cb_status pin_locked(cb_experts_t *s, int32_t layer, int32_t expert) {
         s->slots[k].owner = (int32_t)g;
         s->slot_of[g] = k;
         uint64_t reads = 0, bytes = 0;
-        cb_status rs = read_expert(s, k, (int32_t)g, &reads, &bytes); /* mu held: setup time */
+        cb_status rs = cb_read_expert(s, k, (int32_t)g, &reads, &bytes); /* mu held: setup time */
         if (rs != CB_OK) {
-            slot_unclaim(s, k);
+            cb_slot_unclaim(s, k);
             return rs;
         }
-        account_read(s, (int32_t)g, reads, bytes);
+        cb_account_read(s, (int32_t)g, reads, bytes);
     }
     s->slots[k].pinned = 1;
     s->n_pinned++;
@@ -953,60 +695,6 @@ cb_status cb_experts_pin(cb_experts_t *s, int32_t layer, int32_t expert) {
     cb_status rs = pin_locked(s, layer, expert);
     pthread_mutex_unlock(&s->mu);
     return rs;
-}
-
-/* ---- prefetch ---- */
-
-cb_status cb_experts_prefetch(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n) {
-    if (!s || layer < 0 || layer >= s->n_layers || n < 0 || (n > 0 && !ids))
-        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: bad prefetch (layer %d, n %d)",
-                       (int)layer, (int)n);
-    const cb_experts_layer_t *L = &s->layers[layer];
-    for (int32_t i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= L->n_expert)
-            return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: layer %d has no expert %d",
-                           (int)layer, (int)ids[i]);
-    pthread_mutex_lock(&s->mu);
-    record_hint(s, layer, ids, n);
-    if (!s->thread_started) {
-        pthread_mutex_unlock(&s->mu);
-        return CB_OK;
-    }
-    s->round++;
-    if (s->round == 0) s->round = 1; /* 0 means "never hinted" */
-    s->q_head = 0;
-    s->q_n = 0;
-    for (int32_t i = 0; i < n; i++) {
-        size_t g = s->offsets[layer] + (size_t)ids[i];
-        int32_t k = s->slot_of[g];
-        if (k >= 0) {
-            s->slots[k].hint_round = s->round; /* resident or in flight: protect it */
-        } else if (s->queued_round[g] != s->round) {
-            s->queued_round[g] = s->round;
-            s->queue[s->q_n++] = (int32_t)g;
-        }
-    }
-    if (s->q_n) pthread_cond_signal(&s->cv_work);
-    pthread_mutex_unlock(&s->mu);
-    return CB_OK;
-}
-
-int32_t cb_experts_prefetching(const cb_experts_t *s) { return s && s->thread_started; }
-
-void cb_experts_set_read_hook(cb_experts_t *s, cb_experts_read_fn fn, void *user) {
-    if (!s || s->mode == CB_EXPERTS_MAPPED) return;
-    pthread_mutex_lock(&s->mu);
-    while (s->n_loading > 0) pthread_cond_wait(&s->cv_done, &s->mu); /* no read in flight */
-    s->read_fn = fn;
-    s->read_user = fn ? user : NULL;
-    pthread_mutex_unlock(&s->mu);
-}
-
-void cb_experts_prefetch_sync(cb_experts_t *s) {
-    if (!s || !s->thread_started) return;
-    pthread_mutex_lock(&s->mu);
-    while (s->q_n > 0 || s->n_loading > 0) pthread_cond_wait(&s->cv_done, &s->mu);
-    pthread_mutex_unlock(&s->mu);
 }
 
 /* ---- statistics ---- */

@@ -1,13 +1,19 @@
-/* Private to the expert store (include/colibri/experts.h), whose parts are experts.c (the
- * stores, acquire/release, the prefetch thread and the parallel readers; its opening comment
- * describes the design and the invariants) and experts_policy.c (the eviction structures of the
- * LRU and LFRU policies). Everything here is guarded by the store's mutex mu unless said. */
+/* Private to the expert store (include/colibri/experts.h), whose parts are
+ *   experts.c           the store kinds (mapped, cache, mmap): creation and free, the slot
+ *                       pool, acquire/release/pin, the slot bookkeeping, the statistics; its
+ *                       opening comment describes the design and the invariants;
+ *   experts_io.c        the readers: pread_all, an expert's or one matrix's read into its slot,
+ *                       an acquire's misses read on parallel threads, the read hook;
+ *   experts_prefetch.c  the prefetch thread, the hints (cb_experts_prefetch) and their scoring;
+ *   experts_policy.c    the eviction structures of the LRU and LFRU policies.
+ * Everything here is guarded by the store's mutex mu unless said. */
 #ifndef COLIBRI_EXPERTS_IMPL_H
 #define COLIBRI_EXPERTS_IMPL_H
 
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/mman.h>
 
 #include "colibri/experts.h"
 
@@ -91,6 +97,69 @@ struct cb_experts {
 };
 
 static inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+/* ---- file ranges (experts.c, experts_io.c) ---- */
+
+/* the file offsets, lengths and mapped addresses of expert g's gate, up and down matrices */
+static inline void expert_ranges(const cb_experts_t *s, int32_t g, uint64_t off[3], size_t len[3],
+                                 const uint8_t *addr[3]) {
+    int32_t l = s->layer_of[g];
+    const cb_experts_layer_t *L = &s->layers[l];
+    size_t e = (size_t)g - s->offsets[l];
+    off[0] = L->gate_off + e * L->gate_stride;
+    off[1] = L->up_off + e * L->up_stride;
+    off[2] = L->down_off + e * L->down_stride;
+    for (int i = 0; i < 3; i++) len[i] = s->lay[l].bytes[i];
+    addr[0] = L->gate_base + e * L->gate_stride;
+    addr[1] = L->up_base + e * L->up_stride;
+    addr[2] = L->down_base + e * L->down_stride;
+}
+
+/* the whole pages inside [p, p + len) */
+static inline void advise_inner(const cb_experts_t *s, const uint8_t *p, size_t len, int advice) {
+    uintptr_t a = align_up((uintptr_t)p, s->page), b = ((uintptr_t)p + len) / s->page * s->page;
+    if (b > a) (void)madvise((void *)a, b - a, advice);
+}
+
+/* a prefetched expert was used (good) or evicted unused: the recent precision (mu held) */
+static inline void prefetch_outcome(cb_experts_t *s, int good) {
+    if (good) s->pf_good++;
+    else s->pf_bad++;
+    if (s->pf_good + s->pf_bad > 64) {
+        s->pf_good /= 2;
+        s->pf_bad /= 2;
+    }
+}
+
+/* ---- slot bookkeeping (experts.c; mu held) ---- */
+
+/* a claimed slot whose read failed or never ran goes back to the free stack */
+void cb_slot_unclaim(cb_experts_t *s, int32_t k);
+/* bookkeeping after a successful read of g into its slot */
+void cb_account_read(cb_experts_t *s, int32_t g, uint64_t reads, uint64_t bytes);
+/* the slot k's owner leaves (eviction) */
+void cb_drop_owner(cb_experts_t *s, int32_t k);
+
+/* ---- readers (experts_io.c; mu RELEASED, on slots their caller owns) ---- */
+
+/* Brings expert g into slot k (cache: read it; mmap: hint it); *reads and *bytes receive the
+ * pread calls and bytes read. */
+cb_status cb_read_expert(const cb_experts_t *s, int32_t k, int32_t g, uint64_t *reads,
+                         uint64_t *bytes);
+/* one job of an acquire: the whole expert (part -1) or one matrix */
+cb_status cb_read_job(const cb_experts_t *s, read_job_t *x);
+/* reads every job, on up to CB_EXPERTS_READERS threads; a failure's detail is left in the
+ * calling thread's cb_last_error() and in each job's rs */
+void cb_read_jobs(const cb_experts_t *s, read_job_t *jobs, int32_t n);
+
+/* ---- prefetch and hints (experts_prefetch.c) ---- */
+
+/* the prefetch thread (started by cb_experts_new; arg is the store) */
+void *cb_prefetch_main(void *arg);
+/* scores a layer's pending hint against the experts an acquire wants (callers hold mu, or own
+ * the mapped store, where the forward's thread is the only caller) */
+void cb_score_hint(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n,
+                   cb_experts_layer_stats_t *st);
 
 /* ---- eviction structures (experts_policy.c; mu held) ----
  * LRU: a doubly linked list of slots, least recently released first; LFRU: a min-heap on
