@@ -326,6 +326,11 @@ class Model:
         store = _fw.ExpertStore(d, mode=mode, path=self.path, budget_bytes=nbytes or 0,
                                 policy=policy, min_slots=min_expert_slots(d, self.max_batch),
                                 mlock=mlock, prefetch=bool(prefetch) and mode != "mapped")
+        if mode == "cache":
+            i = store.info()
+            log.info("expert cache: %d slots of %.2f MiB, misses read %s", i["n_slots"],
+                     i["slot_bytes"] / 2**20, "with O_DIRECT (past the page cache)"
+                     if i["direct_io"] else "through the page cache (no O_DIRECT here)")
         for layer, expert in pin or ():
             if not 0 <= int(layer) < d.n_layer or d.layers[int(layer)].n_expert == 0:
                 raise ValueError(f"pin: layer {layer} has no experts")
@@ -656,8 +661,9 @@ class Model:
 
     @_requires_open
     def expert_info(self) -> dict[str, Any]:
-        """The expert store: mode, policy, n_slots, n_pinned, slot_bytes, pool_bytes,
-        expert_bytes. {} for a dense model."""
+        """The expert store: mode, policy, n_slots, n_pinned, prefetch, one_read_layers,
+        direct_io (misses read with O_DIRECT), slot_bytes, pool_bytes, expert_bytes. {} for a
+        dense model."""
         if self.experts is None:
             return {}
         return dict(self.experts.info())

@@ -252,13 +252,14 @@ cdef class ExpertStore:
             free(ls)
 
     def info(self):
-        """mode, policy, n_slots, n_pinned, prefetch, one_read_layers, slot_bytes, pool_bytes,
-        expert_bytes."""
+        """mode, policy, n_slots, n_pinned, prefetch, one_read_layers, direct_io (the cache
+        store reads with O_DIRECT), slot_bytes, pool_bytes, expert_bytes."""
         cdef cb_experts_info_t x
         check(cb_experts_info(self.s, &x))
         return {"mode": self.mode, "policy": self.policy, "n_slots": x.n_slots,
                 "n_pinned": x.n_pinned, "prefetch": bool(x.prefetch),
-                "one_read_layers": x.one_read_layers, "slot_bytes": x.slot_bytes,
+                "one_read_layers": x.one_read_layers, "direct_io": bool(x.direct_io),
+                "slot_bytes": x.slot_bytes,
                 "pool_bytes": x.pool_bytes,
                 "expert_bytes": x.expert_bytes}
 

@@ -93,6 +93,20 @@ static layout_t make_layout(const cb_experts_layer_t *L) {
     return y;
 }
 
+/* The O_DIRECT layout of y (alignment dio): each part's region starts aligned and holds its
+ * bytes wherever they start inside an aligned block (one-read: the span's region); returns the
+ * slot bytes the layer needs. */
+static size_t layout_direct(layout_t *y, size_t dio) {
+    if (y->one_read) return align_up(y->span, dio) + dio;
+    size_t at = 0;
+    for (int i = 0; i < 3; i++) {
+        y->at[i] = at;
+        at += align_up(y->bytes[i], dio) + dio;
+    }
+    y->span = at;
+    return at;
+}
+
 cb_experts_params_t cb_experts_default_params(void) {
     cb_experts_params_t p;
     memset(&p, 0, sizeof p);
@@ -100,6 +114,7 @@ cb_experts_params_t cb_experts_default_params(void) {
     p.policy = CB_EXPERTS_LRU;
     p.min_slots = 1;
     p.huge_pages = 1;
+    p.direct_io = 1;
     return p;
 }
 
@@ -153,9 +168,15 @@ static void refs_of(const cb_experts_t *s, int32_t g, cb_expert_ref_t *r) {
     const cb_experts_layer_t *L = &s->layers[l];
     if (s->mode == CB_EXPERTS_CACHE) {
         const uint8_t *p = s->pool + (size_t)s->slot_of[g] * s->slot_bytes;
-        r->gate = p + s->lay[l].at[0];
-        r->up = p + s->lay[l].at[1];
-        r->down = p + s->lay[l].at[2];
+        const layout_t *y = &s->lay[l];
+        size_t e = (size_t)g - s->offsets[l];
+        uint64_t off[3] = {L->gate_off + e * L->gate_stride, L->up_off + e * L->up_stride,
+                           L->down_off + e * L->down_stride};
+        size_t d[3];
+        for (int i = 0; i < 3; i++) d[i] = dio_delta(s, y->one_read ? off[0] : off[i]);
+        r->gate = p + y->at[0] + d[0];
+        r->up = p + y->at[1] + d[1];
+        r->down = p + y->at[2] + d[2];
     } else {
         size_t e = (size_t)g - s->offsets[l];
         r->gate = L->gate_base + e * L->gate_stride;
@@ -218,6 +239,7 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
     cb_experts_t *s = cb_calloc(1, sizeof *s);
     if (!s) return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: no memory for the store");
     s->fd = -1;
+    s->dfd = -1;
     s->lru_head = s->lru_tail = -1;
     s->n_layers = n_layers;
     s->mode = p->mode;
@@ -314,6 +336,28 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
             }
         }
     }
+    if (p->mode == CB_EXPERTS_CACHE && p->direct_io) {
+        /* O_DIRECT where the file system takes it (tmpfs does not: buffered reads then) */
+        const size_t dio = 4096; /* a multiple of every logical block size in use, and of the page */
+        size_t direct_bytes = 0;
+        for (int32_t l = 0; l < n_layers; l++) {
+            if (layers[l].n_expert == 0) continue;
+            layout_t y = s->lay[l];
+            size_t sb = layout_direct(&y, dio);
+            if (sb > direct_bytes) direct_bytes = sb;
+        }
+        if (p->direct_io == 1 && direct_bytes - slot_bytes > slot_bytes / 16) {
+            /* small experts: the slack would cost more slots than the reads gain */
+        } else {
+            s->dfd = open(p->path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+        }
+        if (s->dfd >= 0) {
+            s->dio = dio;
+            slot_bytes = direct_bytes;
+            for (int32_t l = 0; l < n_layers; l++)
+                if (layers[l].n_expert > 0) (void)layout_direct(&s->lay[l], dio);
+        }
+    }
     size_t max_expert = 0;
     for (int32_t l = 0; l < n_layers; l++)
         if (layers[l].n_expert > 0 && layer_expert_bytes(&layers[l]) > max_expert)
@@ -401,6 +445,7 @@ void cb_experts_free(cb_experts_t *s) {
     cb_experts_unpin_pool(s); /* the registration ends before the memory does */
     if (s->pool) munmap(s->pool, s->pool_map_bytes);
     if (s->fd >= 0) close(s->fd);
+    if (s->dfd >= 0) close(s->dfd);
     free(s->path);
     free(s->layers);
     free(s->lay);
@@ -432,6 +477,7 @@ cb_status cb_experts_info(const cb_experts_t *s, cb_experts_info_t *out) {
     pthread_mutex_unlock((pthread_mutex_t *)&s->mu);
     out->prefetch = s->thread_started;
     out->one_read_layers = s->one_read_layers;
+    out->direct_io = s->dfd >= 0;
     out->slot_bytes = s->slot_bytes;
     out->pool_bytes = s->pool_map_bytes;
     out->expert_bytes = s->expert_bytes;

@@ -32,10 +32,12 @@ typedef struct slot {
     uint64_t key, tick; /* LFRU key and last-use tick */
 } slot_t;
 
-/* where one layer's expert matrices go in a slot, and how it is read */
+/* where one layer's expert matrices go in a slot, and how it is read. With O_DIRECT a read
+ * covers the aligned range around its bytes, so a part's region in the slot starts aligned and
+ * its data starts dio_delta(offset) into it (one-read: the span's delta, then at[i]). */
 typedef struct layout {
     size_t bytes[3];    /* gate, up, down matrix bytes */
-    size_t at[3];       /* their offsets in the slot */
+    size_t at[3];       /* their offsets in the slot (one-read: in the span) */
     size_t span;        /* bytes a one-read reads (one_read) */
     int one_read;       /* the three ranges are adjacent in the file: one pread */
 } layout_t;
@@ -61,6 +63,8 @@ struct cb_experts {
     int32_t one_read_layers;
     /* cache / mmap */
     int fd;
+    int dfd;                           /* cache: the file opened O_DIRECT, or -1 */
+    size_t dio;                        /* O_DIRECT alignment (bytes) when dfd >= 0, else 0 */
     char *path;                        /* the model file (error details name it) */
     cb_experts_read_fn read_fn;        /* test hook in place of pread, or NULL */
     void *read_user;
@@ -113,6 +117,12 @@ static inline void expert_ranges(const cb_experts_t *s, int32_t g, uint64_t off[
     addr[0] = L->gate_base + e * L->gate_stride;
     addr[1] = L->up_base + e * L->up_stride;
     addr[2] = L->down_base + e * L->down_stride;
+}
+
+/* where a byte at file offset off lands past the start of its O_DIRECT-aligned read (0 when
+ * the store reads buffered): a part's data sits that far into its slot region */
+static inline size_t dio_delta(const cb_experts_t *s, uint64_t off) {
+    return s->dio ? (size_t)(off % s->dio) : 0;
 }
 
 /* the whole pages inside [p, p + len) */

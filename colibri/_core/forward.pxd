@@ -30,7 +30,7 @@ cdef extern from "colibri/experts.h" nogil:
         uint64_t budget_bytes
         int32_t min_slots, huge_pages, mlock, prefetch
     ctypedef struct cb_experts_info_t:
-        int32_t mode, policy, n_slots, n_pinned, prefetch, one_read_layers
+        int32_t mode, policy, n_slots, n_pinned, prefetch, one_read_layers, direct_io
         uint64_t slot_bytes, pool_bytes, expert_bytes
     ctypedef struct cb_experts_pool_t:
         uint8_t *base

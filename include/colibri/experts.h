@@ -112,6 +112,12 @@ typedef struct cb_experts_params {
     int32_t huge_pages;   /* cache: madvise(MADV_HUGEPAGE) the pool (default 1) */
     int32_t mlock;        /* cache: mlock the pool (fails with the numbers when refused) */
     int32_t prefetch;     /* cache/mmap: run the prefetch thread (default 0) */
+    int32_t direct_io;    /* cache: read with O_DIRECT where the file system allows it, so
+                             misses bypass the page cache (no second copy of the bytes read,
+                             which a memory limit counts) and read faster at queue depth 1-4:
+                             0 never; 1 (default) when the alignment's slack (up to 8 KiB per
+                             matrix) costs at most 1/16 of a slot, i.e. experts of ~400 KiB and
+                             up; 2 whenever the file system allows it */
 } cb_experts_params_t;
 
 /* What a store is: its mode, slots and their size. */
@@ -121,6 +127,7 @@ typedef struct cb_experts_info {
     int32_t n_pinned;
     int32_t prefetch;     /* 1 when the prefetch thread runs */
     int32_t one_read_layers; /* MoE layers whose experts are read with one pread each */
+    int32_t direct_io;    /* 1 when the cache store reads with O_DIRECT */
     uint64_t slot_bytes;  /* bytes of one slot (cache) or of the largest expert (mmap) */
     uint64_t pool_bytes;  /* bytes of the slot pool (cache; 0 otherwise) */
     uint64_t expert_bytes;/* bytes of every expert of every layer */

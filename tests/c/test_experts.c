@@ -5,6 +5,7 @@
  * prefetch thread: hinted experts become hits, bytes always match the mapped store while hints
  * and acquires race, statistics add up, free() while reads are in flight. The cache pool's
  * pin/unpin callbacks: once each, unpin before the unmap, refusals. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,9 +28,19 @@ static uint32_t rnd(void) {
 /* reference LRU over (layer, expert) keys: list[0] = least recent */
 static int ref_list[NL * NE], ref_n;
 
+/* every test runs twice: buffered reads, then O_DIRECT (where /tmp's file system takes it; the
+ * default, 1, would not use it for experts this small) */
+static int g_direct;
+
+static cb_experts_params_t params(void) {
+    cb_experts_params_t p = cb_experts_default_params();
+    p.direct_io = g_direct ? 2 : 0; /* 2: even for these small experts */
+    return p;
+}
+
 static cb_experts_t *make(int mode, int policy, const char *path, uint64_t budget, int min_slots,
                           const cb_experts_layer_t *ls) {
-    cb_experts_params_t p = cb_experts_default_params();
+    cb_experts_params_t p = params();
     p.mode = mode;
     p.policy = policy;
     p.path = path;
@@ -81,7 +92,7 @@ static void test_one_read(void) {
     }
     cb_experts_t *ref = make(CB_EXPERTS_MAPPED, 0, NULL, 0, 1, ls);
     for (int pf = 0; pf <= 1; pf++) {
-        cb_experts_params_t p = cb_experts_default_params();
+        cb_experts_params_t p = params();
         p.mode = CB_EXPERTS_CACHE;
         p.path = path;
         p.budget_bytes = 3 * CBLK;
@@ -141,7 +152,7 @@ static void test_one_read(void) {
     cb_experts_free(s);
     /* a matrix larger than its stride is refused */
     ls[0].gate_bytes = CBLK + 1;
-    cb_experts_params_t p = cb_experts_default_params();
+    cb_experts_params_t p = params();
     s = NULL;
     CHECK(cb_experts_new(&p, ls, NL, &s) == CB_STATUS_INVALID_ARGUMENT && !s);
     cb_experts_free(ref);
@@ -233,7 +244,7 @@ static void test_prefetch(void) {
         ls[l].down_base = bytes + ls[l].down_off;
     }
     cb_experts_t *ref = make(CB_EXPERTS_MAPPED, 0, NULL, 0, 1, ls);
-    cb_experts_params_t p = cb_experts_default_params();
+    cb_experts_params_t p = params();
     p.path = path;
     p.prefetch = 1;
     for (int mode = CB_EXPERTS_CACHE; mode <= CB_EXPERTS_MMAP; mode++) {
@@ -381,6 +392,7 @@ static void rec_unpin(void *user, uint8_t *base, size_t bytes) {
 
 static void test_pool_pinning(const char *path, const cb_experts_layer_t *ls) {
     cb_experts_pool_t pool;
+    memset(&pinrec, 0, sizeof pinrec); /* run_all runs twice */
     for (int mode = CB_EXPERTS_MAPPED; mode <= CB_EXPERTS_MMAP; mode += 2) {
         cb_experts_t *s = make(mode, CB_EXPERTS_LRU, path, 1, 3, ls);
         CHECK(cb_experts_pool(s, &pool) == CB_STATUS_INVALID_ARGUMENT);
@@ -438,7 +450,7 @@ static void test_pool_pinning(const char *path, const cb_experts_layer_t *ls) {
     CHECK(pinrec.unpins == 2 && pinrec.mapped_at_unpin);
 }
 
-int main(void) {
+static void run_all(void) {
     char path[] = "/tmp/cb_test_experts_XXXXXX";
     int fd = mkstemp(path);
     CHECK(fd >= 0);
@@ -580,7 +592,18 @@ int main(void) {
         CHECK(cb_experts_acquire(s, 0, (int[]){6}, 1, NULL, r) == CB_STATUS_INVALID_ARGUMENT);
         cb_experts_free(s);
         /* pinned experts survive any number of misses */
-        s = make(CB_EXPERTS_CACHE, CB_EXPERTS_LRU, path, 3 * 320, 2, ls); /* slots of 128 + 64 + 128 bytes */
+        cb_experts_info_t info;
+        s = make(CB_EXPERTS_CACHE, CB_EXPERTS_LRU, path, 0, 1, ls);
+        CHECK(cb_experts_info(s, &info) == CB_OK);
+        { /* O_DIRECT is used exactly when asked and the file system takes it */
+            int dfd = open(path, O_RDONLY | O_DIRECT);
+            CHECK(info.direct_io == (g_direct && dfd >= 0));
+            if (dfd >= 0) close(dfd);
+            else printf("test_experts: %s refuses O_DIRECT: buffered reads only\n", path);
+        }
+        cb_experts_free(s);
+        /* three slots (of 128 + 64 + 128 bytes, or their O_DIRECT regions) */
+        s = make(CB_EXPERTS_CACHE, CB_EXPERTS_LRU, path, 3 * info.slot_bytes, 2, ls);
         CHECK(cb_experts_pin(s, 1, 2) == CB_OK);
         for (int k = 0; k < 20; k++) {
             int id = k % NE;
@@ -602,7 +625,7 @@ int main(void) {
         cb_experts_layer_t bad[NL];
         memcpy(bad, ls, sizeof bad);
         bad[1].down_off = fsize - DS; /* NE experts cannot fit */
-        cb_experts_params_t p = cb_experts_default_params();
+        cb_experts_params_t p = params();
         p.mode = CB_EXPERTS_CACHE;
         p.path = path;
         cb_experts_t *s = NULL;
@@ -624,5 +647,10 @@ int main(void) {
     test_parallel_reads(0);
     test_parallel_reads(1);
     test_prefetch();
+}
+
+int main(void) {
+    CHECK(cb_experts_default_params().direct_io == 1);
+    for (g_direct = 0; g_direct <= 1; g_direct++) run_all();
     TEST_MAIN_END("test_experts");
 }

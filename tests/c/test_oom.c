@@ -357,7 +357,7 @@ static uint64_t work_experts(void) {
     p.mode = CB_EXPERTS_CACHE;
     p.policy = CB_EXPERTS_LFRU;
     p.path = exp_path;
-    p.budget_bytes = 5 * BLK;
+    p.budget_bytes = 5 * 6 * BLK; /* five slots of O_DIRECT's layout (3 x (4 KiB + 4 KiB)) */
     p.min_slots = 3;
     p.prefetch = 1;
     STEP_NEW(cb_experts_new(&p, exp_layers, NLAYER, &s), s);
