@@ -25,142 +25,19 @@
  * <immintrin.h>, without target attributes, and its exported names become cb_avx512emu_* (see
  * CB_AVX512_FN) so tests/c/test_quant_avx512.c can #include it beside the native copy and check
  * the AVX-512 code on CPUs without AVX-512. A few 512-bit intrinsics SIMDe 0.7.4 lacks are
- * defined below (emulation only) from the same operation on the two 256-bit halves.
+ * defined in quant_avx512_impl.h (emulation only) from the same operation on the two 256-bit
+ * halves.
+ * Files, per type family (as the AVX2 kernels): this file holds the activation quantizers, the
+ * 32-block types (Q4_0 ... MXFP4, I4_G128), the float weights, the 32-block packed-row tiles and
+ * the dispatch (tile, rp_tile, rp_tile_vnni); quant_avx512_k.c the K-quants (Q4_K, Q5_K, Q6_K:
+ * tiles and packed-row tiles), reached through CB_AVX512_FN(k_*); quant_avx512_impl.h the build
+ * configuration (native or emulated), the always-inline helpers both compile and the dispatch
+ * macros. The emulation test #includes both files.
  * Ownership: every pointer is borrowed for one call; nothing is allocated.
  */
-#include "quant_impl.h"
-
-#if defined(CB_AVX512_EMULATE)
-#define CB_AVX512_FN(name) cb_avx512emu_##name
-#define CB_AVX512_ON 1
-#define CB_AVX512_TARGET
-#define CB_AVX512_VNNI_TARGET
-#define SIMDE_ENABLE_NATIVE_ALIASES
-/* __m512 values passed to / returned from static functions: notes about an ABI not used here */
-#pragma GCC diagnostic ignored "-Wpsabi"
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpedantic"
-#pragma GCC diagnostic ignored "-Wunused-parameter"
-#pragma GCC diagnostic ignored "-Wsign-compare"
-#include <simde/x86/avx512.h>
-#include <simde/x86/f16c.h>
-#pragma GCC diagnostic pop
-/* SIMDe 0.7.4 aliases _mm512_madd_epi16 with the masked form's four arguments */
-#undef _mm512_madd_epi16
-#define _mm512_madd_epi16(a, b) simde_mm512_madd_epi16(a, b)
-/* SIMDe 0.7.4 lacks these: the same conversions on the two 256-bit halves. */
-#ifndef _mm512_cvtepi32_ps
-static inline __m512 cb_emu_cvtepi32_ps(__m512i v) {
-    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtepi32_ps(_mm512_castsi512_si256(v))),
-                              _mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(v, 1)), 1);
-}
-#define _mm512_cvtepi32_ps cb_emu_cvtepi32_ps
-#endif
-#ifndef _mm512_cvtps_epi32
-static inline __m512i cb_emu_cvtps_epi32(__m512 v) {
-    __m256 lo = _mm512_castps512_ps256(v);
-    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtps_epi32(lo)), _mm256_cvtps_epi32(hi),
-                              1);
-}
-#define _mm512_cvtps_epi32 cb_emu_cvtps_epi32
-#endif
-#ifndef _mm512_cvtph_ps
-static inline __m512 cb_emu_cvtph_ps(__m256i h) {
-    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtph_ps(_mm256_castsi256_si128(h))),
-                              _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), 1);
-}
-#define _mm512_cvtph_ps cb_emu_cvtph_ps
-#endif
-#ifndef _mm512_cvtepu16_epi32
-static inline __m512i cb_emu_cvtepu16_epi32(__m256i h) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h))),
-                              _mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 1);
-}
-#define _mm512_cvtepu16_epi32 cb_emu_cvtepu16_epi32
-#endif
-#define CB_F16(p) cb_f16_to_f32(cb_rd16(p))
-#elif defined(__x86_64__) && defined(__GNUC__)
-#define CB_AVX512_FN(name) cb_avx512_##name
-#define CB_AVX512_ON 1
-#define CB_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
-#define CB_AVX512_VNNI_TARGET                                                                   \
-    __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")))
-#include <immintrin.h>
-#define CB_F16(p) _cvtsh_ss(cb_rd16(p))
-#else
-#define CB_AVX512_FN(name) cb_avx512_##name
-#define CB_AVX512_ON 0
-#endif
+#include "quant_avx512_impl.h"
 
 #if CB_AVX512_ON
-
-#ifdef CB_AVX512_EMULATE
-/* emulated: let the compiler choose (forced inlining of SIMDe's code compiles for minutes) */
-#define INL static inline
-#define INLV static inline
-#else
-#define INL static inline __attribute__((always_inline)) CB_AVX512_TARGET
-#define INLV static inline __attribute__((always_inline)) CB_AVX512_VNNI_TARGET
-#endif
-
-/* ------------------------------------------------------------ helpers */
-
-INL __m256 hi_ps(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
-INL __m256i hi_si(__m512i v) { return _mm512_extracti64x4_epi64(v, 1); }
-
-INL __m512i join_si(__m256i lo, __m256i hi) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
-
-INL __m512 join_ps(__m256 lo, __m256 hi) {
-    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
-}
-
-/* a 256-bit vector in the low half, zeros above */
-INL __m512i zext_si(__m256i v) { return _mm512_inserti64x4(_mm512_setzero_si512(), v, 0); }
-
-INL __m256i loadu256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
-INL __m512i loadu512(const void *p) { return _mm512_loadu_si512(p); }
-
-INL float hsum256_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-INL float hsum_ps(__m512 v) { return hsum256_ps(_mm256_add_ps(_mm512_castps512_ps256(v), hi_ps(v))); }
-
-INL int hsum_epi32(__m512i v) {
-    __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(v), hi_si(v));
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-}
-
-INL float hmax_ps(__m512 v) {
-    __m256 h = _mm256_max_ps(_mm512_castps512_ps256(v), hi_ps(v));
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_max_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* the int32 lanes 0..7 plus lanes 8..15 */
-INL __m256i fold_epi32(__m512i v) { return _mm256_add_epi32(_mm512_castsi512_si256(v), hi_si(v)); }
-
-INL int32_t rd_i32(const uint8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-/* x with its bytes negated where w is negative (vpsignb for |w| * x, w != 0 lanes) */
-INL __m512i sign_by(__m512i x, __m512i w) {
-    return _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
-}
 
 /* ------------------------------------------------------------ activation quantizers */
 
@@ -245,13 +122,6 @@ CB_AVX512_TARGET void CB_AVX512_FN(rp_quantize)(int type, const float *x, int64_
 }
 
 /* ------------------------------------------------------------ 32-blocks with cb_q8a_t */
-
-/* Decode streams each weight row once; prefetch the next tile's rows at the same offset
- * (as quant_avx2.c). */
-INL void prefetch_span(const uint8_t *p, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
-    __builtin_prefetch(p + bytes - 1, 0, 3);
-}
 
 /* Two blocks' 16 nibble bytes -> 64 bytes: [low nibbles p0, high nibbles p0, low p1, high p1]
  * (values 0..31 of block p0, then of block p1); p1 NULL gives zeros there. */
@@ -421,145 +291,6 @@ INL void tile_i4(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size_
         for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum_ps(acc[r][t]);
 }
 
-/* ------------------------------------------------------------ K-quants with cb_q8k_t */
-
-/* Q4_K/Q5_K: per super-block, chunk c of 32 qs bytes holds sub-blocks 2c (low nibbles) and 2c+1
- * (high): one vector [low, high] meets activations 64c..64c+63 with int16 scales sc_2c | sc_2c+1. */
-INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
-                  const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
-    const size_t bb = q5 ? 176 : 144;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc[2][4];
-    #pragma GCC unroll 8
-    for (int r = 0; r < NR; r++)
-        #pragma GCC unroll 8
-        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        #pragma GCC unroll 8
-        for (int r = 0; r < NR; r++) {
-            const uint8_t *blk = w + (size_t)r * ws + (size_t)b * bb;
-            if (NT == 1) prefetch_span(blk + (size_t)NR * ws, bb);
-            const uint8_t *qs = blk + (q5 ? 48 : 16);
-            float d = CB_F16(blk), dmin = CB_F16(blk + 2);
-            uint32_t u[4];
-            cb_k4_scale_words(blk + 4, u);
-            uint8_t scm[16];
-            memcpy(scm, u, 16);
-            const __m512i qh = q5 ? _mm512_broadcast_i64x4(loadu256(blk + 16)) : _mm512_setzero_si512();
-            __m512i isum[4];
-            #pragma GCC unroll 8
-            for (int t = 0; t < NT; t++) isum[t] = _mm512_setzero_si512();
-            #pragma GCC unroll 1
-            for (int c = 0; c < 4; c++) {
-                __m256i qb = loadu256(qs + 32 * c);
-                __m512i wv = join_si(_mm256_and_si256(qb, m4),
-                                     _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4));
-                if (q5) {
-                    /* bit 2c of qh[l] for the low half, bit 2c+1 for the high half */
-                    __m512i bit = join_si(_mm256_set1_epi8((char)(1 << (2 * c))),
-                                          _mm256_set1_epi8((char)(1 << (2 * c + 1))));
-                    wv = _mm512_or_si512(wv, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(qh, bit),
-                                                                    _mm512_set1_epi8(0x10)));
-                }
-                __m512i sc = join_si(_mm256_set1_epi16(scm[2 * c]), _mm256_set1_epi16(scm[2 * c + 1]));
-                #pragma GCC unroll 8
-                for (int t = 0; t < NT; t++) {
-                    const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
-                    __m512i xv = loadu512(a->qs + 64 * c);
-                    isum[t] = _mm512_add_epi32(isum[t],
-                                               _mm512_madd_epi16(_mm512_maddubs_epi16(wv, xv), sc));
-                }
-            }
-            /* mins as int16 pairs (m_k, m_k) against the bsums pairs (2k, 2k+1) */
-            __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
-                _mm_loadu_si128((const __m128i *)(const void *)scm),
-                _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
-            #pragma GCC unroll 8
-            for (int t = 0; t < NT; t++) {
-                const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
-                __m256i mm = _mm256_madd_epi16(loadu256(a->bsums), mins);
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_epi32(isum[t])),
-                                            _mm256_set1_ps(d * a->d), acc[r][t]);
-                acc[r][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mm), _mm256_set1_ps(dmin * a->d),
-                                             acc[r][t]);
-            }
-        }
-    }
-    #pragma GCC unroll 8
-    for (int r = 0; r < NR; r++)
-        #pragma GCC unroll 8
-        for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum256_ps(acc[r][t]);
-}
-
-/* word w of the Q6_K scale index vectors: group w/8 of the four in a vector */
-static const int16_t q6_group_idx[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
-
-/* Q6_K: per half h (128 values), [ql 0..31 | ql 32..63] and the qh bytes twice give values
- * 128h+0..63 and 128h+64..127 as two vectors (4 groups of 16 each). */
-INL void tile_q6k(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
-                  const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
-    (void)unused;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    /* per 16-bit word: high-bit shifts of values 0..31 | 32..63 (left) and 64..95 | 96..127 (right) */
-    const __m512i shl = join_si(_mm256_set1_epi16(4), _mm256_set1_epi16(2));
-    const __m512i shr = join_si(_mm256_setzero_si256(), _mm256_set1_epi16(2));
-    const __m512i gidx = loadu512(q6_group_idx);
-    __m256 acc[2][4];
-    #pragma GCC unroll 8
-    for (int r = 0; r < NR; r++)
-        #pragma GCC unroll 8
-        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        #pragma GCC unroll 8
-        for (int r = 0; r < NR; r++) {
-            const uint8_t *blk = w + (size_t)r * ws + (size_t)b * 210;
-            if (NT == 1) prefetch_span(blk + (size_t)NR * ws, 210);
-            float d = CB_F16(blk + 208);
-            const __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 192)));
-            const __m512i sc512 = zext_si(scw);
-            __m512i isum[4];
-            #pragma GCC unroll 8
-            for (int t = 0; t < NT; t++) isum[t] = _mm512_setzero_si512();
-            #pragma GCC unroll 1
-            for (int h = 0; h < 2; h++) {
-                __m512i ql = loadu512(blk + 64 * h);
-                __m512i hv = _mm512_broadcast_i64x4(loadu256(blk + 128 + 32 * h));
-                __m512i q01 = _mm512_or_si512(_mm512_and_si512(ql, m4),
-                                              _mm512_and_si512(_mm512_sllv_epi16(hv, shl), m30));
-                __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                                              _mm512_and_si512(_mm512_srlv_epi16(hv, shr), m30));
-                __m512i s01 = _mm512_permutexvar_epi16(
-                    _mm512_add_epi16(gidx, _mm512_set1_epi16((short)(8 * h))), sc512);
-                __m512i s23 = _mm512_permutexvar_epi16(
-                    _mm512_add_epi16(gidx, _mm512_set1_epi16((short)(8 * h + 4))), sc512);
-                #pragma GCC unroll 8
-                for (int t = 0; t < NT; t++) {
-                    const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
-                    __m512i x01 = loadu512(a->qs + 128 * h), x23 = loadu512(a->qs + 128 * h + 64);
-                    isum[t] = _mm512_add_epi32(
-                        isum[t], _mm512_add_epi32(
-                                     _mm512_madd_epi16(_mm512_maddubs_epi16(q01, x01), s01),
-                                     _mm512_madd_epi16(_mm512_maddubs_epi16(q23, x23), s23)));
-                }
-            }
-            #pragma GCC unroll 8
-            for (int t = 0; t < NT; t++) {
-                const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
-                /* the zero point 32: 32 * sum_g sc_g * bsums_g */
-                __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(loadu256(a->bsums), scw), 5);
-                acc[r][t] = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(_mm256_sub_epi32(fold_epi32(isum[t]), corr)),
-                    _mm256_set1_ps(d * a->d), acc[r][t]);
-            }
-        }
-    }
-    #pragma GCC unroll 8
-    for (int r = 0; r < NR; r++)
-        #pragma GCC unroll 8
-        for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum256_ps(acc[r][t]);
-}
-
 /* ------------------------------------------------------------ float weights */
 
 INL __m512 load16(int type, const uint8_t *p) {
@@ -610,29 +341,8 @@ INL void tile_float(int type, int NR, int NT, int64_t n, const uint8_t *w, size_
 }
 
 /* ------------------------------------------------------------ dispatch: rows in pairs */
-
-#define CB_DEFINE_TILE(NAME, BODY, TYPE)                                                        \
-    CB_AVX512_TARGET static void NAME(int64_t n, const uint8_t *w, size_t ws, int nr,          \
-                                      const uint8_t *x, size_t xs, int nt, float *out) {       \
-        for (int r = 0; r < nr; r += 2) {                                                      \
-            const uint8_t *wr = w + (size_t)r * ws;                                            \
-            if (nr - r >= 2) {                                                                 \
-                switch (nt) {                                                                  \
-                case 1: BODY(TYPE, 2, 1, n, wr, ws, x, xs, out, nt, r); break;                 \
-                case 2: BODY(TYPE, 2, 2, n, wr, ws, x, xs, out, nt, r); break;                 \
-                case 3: BODY(TYPE, 2, 3, n, wr, ws, x, xs, out, nt, r); break;                 \
-                default: BODY(TYPE, 2, 4, n, wr, ws, x, xs, out, nt, r); break;                \
-                }                                                                              \
-            } else {                                                                           \
-                switch (nt) {                                                                  \
-                case 1: BODY(TYPE, 1, 1, n, wr, ws, x, xs, out, nt, r); break;                 \
-                case 2: BODY(TYPE, 1, 2, n, wr, ws, x, xs, out, nt, r); break;                 \
-                case 3: BODY(TYPE, 1, 3, n, wr, ws, x, xs, out, nt, r); break;                 \
-                default: BODY(TYPE, 1, 4, n, wr, ws, x, xs, out, nt, r); break;                \
-                }                                                                              \
-            }                                                                                  \
-        }                                                                                      \
-    }
+/* CB_DEFINE_TILE (quant_avx512_impl.h) makes a cb_tile_fn of a tile body; the K-quants' are in
+ * quant_avx512_k.c. */
 
 CB_DEFINE_TILE(tile512_q4_0, tile32, CB_TYPE_Q4_0)
 CB_DEFINE_TILE(tile512_q4_1, tile32, CB_TYPE_Q4_1)
@@ -641,9 +351,6 @@ CB_DEFINE_TILE(tile512_q5_1, tile32, CB_TYPE_Q5_1)
 CB_DEFINE_TILE(tile512_q8_0, tile32, CB_TYPE_Q8_0)
 CB_DEFINE_TILE(tile512_mxfp4, tile32, CB_TYPE_MXFP4)
 CB_DEFINE_TILE(tile512_i4g128, tile_i4, 0)
-CB_DEFINE_TILE(tile512_q4_k, tile_q4k, 0)
-CB_DEFINE_TILE(tile512_q5_k, tile_q4k, 1)
-CB_DEFINE_TILE(tile512_q6_k, tile_q6k, 0)
 CB_DEFINE_TILE(tile512_f32, tile_float, CB_TYPE_F32)
 CB_DEFINE_TILE(tile512_f16, tile_float, CB_TYPE_F16)
 CB_DEFINE_TILE(tile512_bf16, tile_float, CB_TYPE_BF16)
@@ -660,9 +367,9 @@ cb_tile_fn CB_AVX512_FN(tile)(int type) {
     case CB_TYPE_Q8_0: return tile512_q8_0;
     case CB_TYPE_MXFP4: return tile512_mxfp4;
     case CB_TYPE_I4_G128: return tile512_i4g128;
-    case CB_TYPE_Q4_K: return tile512_q4_k;
-    case CB_TYPE_Q5_K: return tile512_q5_k;
-    case CB_TYPE_Q6_K: return tile512_q6_k;
+    case CB_TYPE_Q4_K:
+    case CB_TYPE_Q5_K:
+    case CB_TYPE_Q6_K: return CB_AVX512_FN(k_tile)(type);
     default: return NULL;
     }
 }
@@ -690,11 +397,6 @@ INL int rp_steps(int type) { /* as quant_avx2.c: G*2*qmax*127 <= 32767 */
 }
 
 INL size_t rp_bstride(int type) { return 256 + 32 + (rp_has_m(type) ? 32 : 0); }
-
-/* the vpermd index taking words (2p, 2p+1) of a 32-byte activation chunk to [2p x 8 | 2p+1 x 8] */
-INL __m512i pair_idx(int p) {
-    return join_si(_mm256_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1));
-}
 
 INL void rp_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
                  float *out) {
@@ -828,190 +530,7 @@ INLV void rpv_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_
     }
 }
 
-/* K-quants (cb_avx2_rp_pack's layout for Q4_K/Q5_K/Q6_K, see quant_avx2.c): 64 steps of 32
- * bytes, then ns scale vectors, 8 min vectors, d[8], dmin[8]. Pairs of steps as above; one
- * sub-block (Q4_K/Q5_K: 8 steps, Q6_K: 4) is at most rpk_g steps per int16 lane, so each
- * sub-block widens once with its scales. */
-INL int rpk_ns(int type) { return type == CB_TYPE_Q6_K ? 16 : 8; }
-INL size_t rpk_bstride(int type) {
-    return 2048 + (size_t)(type == CB_TYPE_Q6_K ? 16 : 8) * 32 + 256 + 64;
-}
-
-INL void rpk_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
-                  float *out) {
-    const int ns = rpk_ns(type), SB = 64 / ns; /* steps per sub-block */
-    const size_t bst = rpk_bstride(type);
-    __m256 facc[4];
-    #pragma GCC unroll 4
-    for (int t = 0; t < NT; t++) facc[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *q = pk + (size_t)b * bst, *scv = q + 2048, *mnv = scv + 32 * ns;
-        const cb_q8k_t *a[4];
-        __m512i isum[4];
-        #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            a[t] = (const cb_q8k_t *)(const void *)(xa + (size_t)t * xs) + b;
-            isum[t] = _mm512_setzero_si512();
-        }
-        #pragma GCC unroll 1
-        for (int j = 0; j < ns; j++) {
-            const __m512i sc = _mm512_broadcast_i64x4(loadu256(scv + 32 * j));
-            __m512i xj[4], a16[4];
-            #pragma GCC unroll 4
-            for (int t = 0; t < NT; t++) {
-                const uint8_t *xp = (const uint8_t *)a[t]->qs + 4 * SB * j;
-                /* the sub-block's 4*SB activation bytes (32 or 16) */
-                xj[t] = SB == 8 ? zext_si(loadu256(xp))
-                                : _mm512_inserti32x4(_mm512_setzero_si512(),
-                                                     _mm_loadu_si128((const __m128i *)(const void *)xp), 0);
-                a16[t] = _mm512_setzero_si512();
-            }
-            #pragma GCC unroll 4
-            for (int p = 0; p < SB / 2; p++) {
-                __m512i wv = loadu512(q + 32 * (j * SB + 2 * p));
-                __m512i idx = pair_idx(p);
-                #pragma GCC unroll 4
-                for (int t = 0; t < NT; t++)
-                    a16[t] = _mm512_add_epi16(
-                        a16[t], _mm512_maddubs_epi16(wv, _mm512_permutexvar_epi32(idx, xj[t])));
-            }
-            #pragma GCC unroll 4
-            for (int t = 0; t < NT; t++)
-                isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(a16[t], sc));
-        }
-        const __m256 dv = _mm256_loadu_ps((const float *)(const void *)(mnv + 256));
-        const __m256 dmv = _mm256_loadu_ps((const float *)(const void *)(mnv + 288));
-        #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            /* min vectors k, k+1 against bsums pairs k, k+1 */
-            const __m512i bs = zext_si(loadu256(a[t]->bsums));
-            __m512i ms = _mm512_setzero_si512();
-            #pragma GCC unroll 4
-            for (int p = 0; p < 4; p++)
-                ms = _mm512_add_epi32(ms, _mm512_madd_epi16(loadu512(mnv + 64 * p),
-                                                            _mm512_permutexvar_epi32(pair_idx(p), bs)));
-            const __m256 dxv = _mm256_set1_ps(a[t]->d);
-            if (type == CB_TYPE_Q6_K) { /* zero point in the integers: the AVX2 tiles' rule */
-                facc[t] = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(_mm256_sub_epi32(fold_epi32(isum[t]), fold_epi32(ms))),
-                    _mm256_mul_ps(dv, dxv), facc[t]);
-                continue;
-            }
-            facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_epi32(isum[t])), _mm256_mul_ps(dv, dxv),
-                                      facc[t]);
-            facc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(fold_epi32(ms)), _mm256_mul_ps(dmv, dxv),
-                                       facc[t]);
-        }
-    }
-    #pragma GCC unroll 4
-    for (int t = 0; t < NT; t++) {
-        float tmp[8];
-        _mm256_storeu_ps(tmp, facc[t]);
-        for (int r = 0; r < 8; r++) out[r * NT + t] = tmp[r];
-    }
-}
-
-/* The K-quant tile with AVX512-VNNI: a sub-block's products accumulate in int32 with one
- * vpdpbusd per token and pair of steps (instead of maddubs + add into int16), then one int32
- * multiply by the sub-block's scale (instead of madd with the (sc, sc) int16 pairs, read here as
- * int32 >> 16). The same exact integers, so the same floats as rpk_tile. */
-INLV void rpkv_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
-                   float *out) {
-    const int ns = rpk_ns(type), SB = 64 / ns; /* steps per sub-block */
-    const size_t bst = rpk_bstride(type);
-    __m256 facc[4];
-    #pragma GCC unroll 4
-    for (int t = 0; t < NT; t++) facc[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *q = pk + (size_t)b * bst, *scv = q + 2048, *mnv = scv + 32 * ns;
-        const cb_q8k_t *a[4];
-        __m512i isum[4];
-        #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            a[t] = (const cb_q8k_t *)(const void *)(xa + (size_t)t * xs) + b;
-            isum[t] = _mm512_setzero_si512();
-        }
-        #pragma GCC unroll 1
-        for (int j = 0; j < ns; j++) {
-            /* the (sc, sc) int16 pairs as one int32 sc per row lane (sign kept: Q6_K) */
-            const __m512i sc = _mm512_srai_epi32(_mm512_broadcast_i64x4(loadu256(scv + 32 * j)), 16);
-            __m512i xj[4], a16[4];
-            #pragma GCC unroll 4
-            for (int t = 0; t < NT; t++) {
-                const uint8_t *xp = (const uint8_t *)a[t]->qs + 4 * SB * j;
-                /* the sub-block's 4*SB activation bytes (32 or 16) */
-                xj[t] = SB == 8 ? zext_si(loadu256(xp))
-                                : _mm512_inserti32x4(_mm512_setzero_si512(),
-                                                     _mm_loadu_si128((const __m128i *)(const void *)xp), 0);
-                a16[t] = _mm512_setzero_si512();
-            }
-            #pragma GCC unroll 4
-            for (int p = 0; p < SB / 2; p++) {
-                __m512i wv = loadu512(q + 32 * (j * SB + 2 * p));
-                __m512i idx = pair_idx(p);
-                #pragma GCC unroll 4
-                for (int t = 0; t < NT; t++)
-                    a16[t] = _mm512_dpbusd_epi32(a16[t], wv,
-                                                 _mm512_permutexvar_epi32(idx, xj[t]));
-            }
-            #pragma GCC unroll 4
-            for (int t = 0; t < NT; t++)
-                isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(a16[t], sc));
-        }
-        const __m256 dv = _mm256_loadu_ps((const float *)(const void *)(mnv + 256));
-        const __m256 dmv = _mm256_loadu_ps((const float *)(const void *)(mnv + 288));
-        #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            /* min vectors k, k+1 against bsums pairs k, k+1 */
-            const __m512i bs = zext_si(loadu256(a[t]->bsums));
-            __m512i ms = _mm512_setzero_si512();
-            #pragma GCC unroll 4
-            for (int p = 0; p < 4; p++)
-                ms = _mm512_add_epi32(ms, _mm512_madd_epi16(loadu512(mnv + 64 * p),
-                                                            _mm512_permutexvar_epi32(pair_idx(p), bs)));
-            const __m256 dxv = _mm256_set1_ps(a[t]->d);
-            if (type == CB_TYPE_Q6_K) { /* zero point in the integers: the AVX2 tiles' rule */
-                facc[t] = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(_mm256_sub_epi32(fold_epi32(isum[t]), fold_epi32(ms))),
-                    _mm256_mul_ps(dv, dxv), facc[t]);
-                continue;
-            }
-            facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_epi32(isum[t])), _mm256_mul_ps(dv, dxv),
-                                      facc[t]);
-            facc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(fold_epi32(ms)), _mm256_mul_ps(dmv, dxv),
-                                       facc[t]);
-        }
-    }
-    #pragma GCC unroll 4
-    for (int t = 0; t < NT; t++) {
-        float tmp[8];
-        _mm256_storeu_ps(tmp, facc[t]);
-        for (int r = 0; r < 8; r++) out[r * NT + t] = tmp[r];
-    }
-}
-
-#define CB_DEFINE_RP(NAME, BODY, TYPE)                                                          \
-    CB_AVX512_TARGET static void NAME(const uint8_t *pk, int64_t nb, const uint8_t *xa,        \
-                                      size_t xs, int nt, float *out) {                         \
-        switch (nt) {                                                                           \
-        case 1: BODY(TYPE, 1, pk, nb, xa, xs, out); break;                                      \
-        case 2: BODY(TYPE, 2, pk, nb, xa, xs, out); break;                                      \
-        case 3: BODY(TYPE, 3, pk, nb, xa, xs, out); break;                                      \
-        default: BODY(TYPE, 4, pk, nb, xa, xs, out); break;                                     \
-        }                                                                                       \
-    }
-
-#define CB_DEFINE_RPV(NAME, BODY, TYPE)                                                         \
-    CB_AVX512_VNNI_TARGET static void NAME(const uint8_t *pk, int64_t nb, const uint8_t *xa,   \
-                                           size_t xs, int nt, float *out) {                    \
-        switch (nt) {                                                                           \
-        case 1: BODY(TYPE, 1, pk, nb, xa, xs, out); break;                                      \
-        case 2: BODY(TYPE, 2, pk, nb, xa, xs, out); break;                                      \
-        case 3: BODY(TYPE, 3, pk, nb, xa, xs, out); break;                                      \
-        default: BODY(TYPE, 4, pk, nb, xa, xs, out); break;                                     \
-        }                                                                                       \
-    }
-
+/* CB_DEFINE_RP and CB_DEFINE_RPV: quant_avx512_impl.h */
 CB_DEFINE_RPV(rpv512_q4_0, rpv_tile, CB_TYPE_Q4_0)
 CB_DEFINE_RPV(rpv512_q4_1, rpv_tile, CB_TYPE_Q4_1)
 CB_DEFINE_RPV(rpv512_q5_0, rpv_tile, CB_TYPE_Q5_0)
@@ -1019,9 +538,6 @@ CB_DEFINE_RPV(rpv512_q5_1, rpv_tile, CB_TYPE_Q5_1)
 CB_DEFINE_RPV(rpv512_q8_0, rpv_tile, CB_TYPE_Q8_0)
 CB_DEFINE_RPV(rpv512_mxfp4, rpv_tile, CB_TYPE_MXFP4)
 CB_DEFINE_RPV(rpv512_i4g128, rpv_tile, CB_TYPE_I4_G128)
-CB_DEFINE_RPV(rpv512_q4_k, rpkv_tile, CB_TYPE_Q4_K)
-CB_DEFINE_RPV(rpv512_q5_k, rpkv_tile, CB_TYPE_Q5_K)
-CB_DEFINE_RPV(rpv512_q6_k, rpkv_tile, CB_TYPE_Q6_K)
 
 CB_DEFINE_RP(rp512_q4_0, rp_tile, CB_TYPE_Q4_0)
 CB_DEFINE_RP(rp512_q4_1, rp_tile, CB_TYPE_Q4_1)
@@ -1030,9 +546,6 @@ CB_DEFINE_RP(rp512_q5_1, rp_tile, CB_TYPE_Q5_1)
 CB_DEFINE_RP(rp512_q8_0, rp_tile, CB_TYPE_Q8_0)
 CB_DEFINE_RP(rp512_mxfp4, rp_tile, CB_TYPE_MXFP4)
 CB_DEFINE_RP(rp512_i4g128, rp_tile, CB_TYPE_I4_G128)
-CB_DEFINE_RP(rp512_q4_k, rpk_tile, CB_TYPE_Q4_K)
-CB_DEFINE_RP(rp512_q5_k, rpk_tile, CB_TYPE_Q5_K)
-CB_DEFINE_RP(rp512_q6_k, rpk_tile, CB_TYPE_Q6_K)
 
 void CB_AVX512_FN(rp_tile)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
                            int nt, float *out) {
@@ -1044,9 +557,9 @@ void CB_AVX512_FN(rp_tile)(int type, const uint8_t *pk, int64_t nb, const uint8_
     case CB_TYPE_Q8_0: rp512_q8_0(pk, nb, xa, xs, nt, out); break;
     case CB_TYPE_MXFP4: rp512_mxfp4(pk, nb, xa, xs, nt, out); break;
     case CB_TYPE_I4_G128: rp512_i4g128(pk, nb, xa, xs, nt, out); break;
-    case CB_TYPE_Q4_K: rp512_q4_k(pk, nb, xa, xs, nt, out); break;
-    case CB_TYPE_Q5_K: rp512_q5_k(pk, nb, xa, xs, nt, out); break;
-    case CB_TYPE_Q6_K: rp512_q6_k(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q4_K:
+    case CB_TYPE_Q5_K:
+    case CB_TYPE_Q6_K: CB_AVX512_FN(k_rp_tile)(type, pk, nb, xa, xs, nt, out); break;
     default: break;
     }
 }
@@ -1061,9 +574,9 @@ void CB_AVX512_FN(rp_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const u
     case CB_TYPE_Q8_0: rpv512_q8_0(pk, nb, xa, xs, nt, out); break;
     case CB_TYPE_MXFP4: rpv512_mxfp4(pk, nb, xa, xs, nt, out); break;
     case CB_TYPE_I4_G128: rpv512_i4g128(pk, nb, xa, xs, nt, out); break;
-    case CB_TYPE_Q4_K: rpv512_q4_k(pk, nb, xa, xs, nt, out); break;
-    case CB_TYPE_Q5_K: rpv512_q5_k(pk, nb, xa, xs, nt, out); break;
-    case CB_TYPE_Q6_K: rpv512_q6_k(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q4_K:
+    case CB_TYPE_Q5_K:
+    case CB_TYPE_Q6_K: CB_AVX512_FN(k_rp_tile_vnni)(type, pk, nb, xa, xs, nt, out); break;
     default: break;
     }
 }

@@ -1,6 +1,8 @@
 /* Private declarations shared by the quant kernels (quant.c: types, scalar kernels, drivers;
- * quant_avx2.c: AVX2 kernels; quant_avx512.c: AVX-512 kernels, which reuse the AVX2 packed-row
- * packing). */
+ * quant_avx2.c + quant_avx2_k.c: AVX2 kernels; quant_avx512.c + quant_avx512_k.c: AVX-512
+ * kernels, which reuse the AVX2 packed-row packing; each SIMD level is split per type family,
+ * the K-quants in the *_k.c file, with its private helpers in quant_avx2_impl.h /
+ * quant_avx512_impl.h). */
 #ifndef COLIBRI_QUANT_IMPL_H
 #define COLIBRI_QUANT_IMPL_H
 
@@ -48,7 +50,7 @@ typedef void (*cb_tile_fn)(int64_t n, const uint8_t *w, size_t w_stride, int nr,
 /* Quantizes n floats (a multiple of the activation block) to activation blocks at dst. */
 typedef void (*cb_act_fn)(const float *x, int64_t n, void *dst);
 
-/* AVX2 kernels (quant_avx2.c); NULL where a type has none. */
+/* AVX2 kernels (quant_avx2.c, the K-quants' in quant_avx2_k.c); NULL where a type has none. */
 cb_tile_fn cb_avx2_tile(int type);
 /* The same without batch invariance (partial sums in lanes; cb_matmul_opts_t.fast). */
 cb_tile_fn cb_avx2_tile_fast(int type);
@@ -68,11 +70,11 @@ void cb_avx2_rp_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols
 void cb_avx2_rp_tile(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
                      int nt, float *out);
 
-/* AVX-512 (F/BW/DQ/VL) kernels (quant_avx512.c), used when cb_cpu_level() >= CB_SIMD_AVX512:
- * the same contracts as the AVX2 ones above. cb_avx512_rp_tile reads groups packed by
- * cb_avx2_rp_pack and activations laid out as cb_avx2_rp_quantize's (cb_avx512_rp_quantize
- * writes the same bytes). Compiled with CB_AVX512_EMULATE (tests), the same source defines
- * cb_avx512emu_* instead, on SIMDe. */
+/* AVX-512 (F/BW/DQ/VL) kernels (quant_avx512.c, quant_avx512_k.c), used when
+ * cb_cpu_level() >= CB_SIMD_AVX512: the same contracts as the AVX2 ones above.
+ * cb_avx512_rp_tile reads groups packed by cb_avx2_rp_pack and activations laid out as
+ * cb_avx2_rp_quantize's (cb_avx512_rp_quantize writes the same bytes). Compiled with
+ * CB_AVX512_EMULATE (tests), the same sources define cb_avx512emu_* instead, on SIMDe. */
 cb_tile_fn cb_avx512_tile(int type);
 void cb_avx512_quantize_q8a(const float *x, int64_t n, void *dst);
 void cb_avx512_quantize_q8k(const float *x, int64_t n, void *dst);

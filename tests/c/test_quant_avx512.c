@@ -1,6 +1,7 @@
-/* The AVX-512 kernels (colibri/_core/quant_avx512.c) against the scalar reference kernels, on
- * any x86-64 CPU: this file compiles the very same source again with CB_AVX512_EMULATE, i.e. on
- * SIMDe's portable implementations of the AVX-512 intrinsics, under the names cb_avx512emu_*
+/* The AVX-512 kernels (colibri/_core/quant_avx512.c and, for the K-quants, quant_avx512_k.c)
+ * against the scalar reference kernels, on any x86-64 CPU: this file compiles the very same
+ * sources again with CB_AVX512_EMULATE, i.e. on SIMDe's portable implementations of the
+ * AVX-512 intrinsics, under the names cb_avx512emu_*
  * (the native copy, cb_avx512_*, is linked beside it and is checked the same way when the CPU
  * has AVX-512). Checked, for every block type, on random shapes (odd block counts, float rows
  * with tails, 1..4 rows and tokens per tile, 1..8 rows per packed group, 1..4 tokens):
@@ -14,6 +15,7 @@
  * packed-row part cannot run and says so. */
 #define CB_AVX512_EMULATE 1
 #include "quant_avx512.c"
+#include "quant_avx512_k.c"
 
 #include <math.h>
 #include <stdint.h>

@@ -1,0 +1,438 @@
+/* AVX2 (+FMA, F16C) kernels of the K-quants (Q4_K, Q5_K, Q6_K: super-blocks of 256 values,
+ * activations as cb_q8k_t) for quant.c: the register-tiled dot products and the packed-row
+ * matmul (packing and tile). quant_avx2.c's opening comment describes the tiles, the batch
+ * invariance and the packed rows; it dispatches here through cb_avx2_k_tile, cb_avx2_k_rp_pack,
+ * cb_avx2_k_rp_tile and cb_avx2_k_rp_group_bytes. The math is the scalar kernels' (quant.c):
+ * exact int32 sums of q*x per sub-block, scaled by the 6-bit (Q4_K/Q5_K) or 8-bit (Q6_K)
+ * sub-block scales in the integers, then d*dx (and dmin*dx against the activation's bsums for
+ * the mins) in float; only the float summation order differs.
+ * Compiled for AVX2 with a target pragma whatever the build's -march, and only called when
+ * cb_cpu_level() >= CB_SIMD_AVX2. Every pointer is borrowed for one call.
+ */
+#include "quant_impl.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#include "quant_avx2_impl.h"
+
+/* ------------------------------------------------------------ K-quants with cb_q8k_t */
+
+INL void tile_q4k(int q5, int INV, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
+                  const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
+    const size_t bb = q5 ? 176 : 144;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[4][4];
+    __m256 vacc = _mm256_setzero_ps(); /* INV: lanes k = r * NT + t */
+    __m256i pv[8], mv[8];
+    float scd[8] = {0}, smn[8] = {0};
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        #pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *blk = w + (size_t)r * ws + (size_t)b * bb;
+            if (NT == 1) prefetch_span(blk + (size_t)NR * CB_DEC_PF * ws, bb);
+            const uint8_t *qs = blk + (q5 ? 48 : 16);
+            float d = f16(blk), dmin = f16(blk + 2);
+            uint32_t u[4];
+            cb_k4_scale_words(blk + 4, u);
+            __m128i scm = _mm_loadu_si128((const __m128i *)(const void *)u);
+            __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
+            __m256i qhv = q5 ? _mm256_loadu_si256((const __m256i *)(const void *)(blk + 16))
+                             : _mm256_setzero_si256();
+            __m256i isum[4];
+            #pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) isum[t] = _mm256_setzero_si256();
+            /* not unrolled: unrolling makes GCC hoist all four chunks and spill */
+            #pragma GCC unroll 1
+            for (int j2 = 0; j2 < 4; j2++) {
+                __m256i qb = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * j2));
+                __m256i lo = _mm256_and_si256(qb, m4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4);
+                if (q5) {
+                    const __m256i b16 = _mm256_set1_epi8(0x10);
+                    __m256i ml = _mm256_set1_epi8((char)(1 << (2 * j2)));
+                    __m256i mh = _mm256_set1_epi8((char)(1 << (2 * j2 + 1)));
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(
+                        _mm256_cmpeq_epi8(_mm256_and_si256(qhv, ml), ml), b16));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(
+                        _mm256_cmpeq_epi8(_mm256_and_si256(qhv, mh), mh), b16));
+                }
+                __m256i slo = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * j2))));
+                __m256i shi = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * j2 + 1))));
+                #pragma GCC unroll 8
+                for (int t = 0; t < NT; t++) {
+                    const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
+                    __m256i xl = _mm256_loadu_si256((const __m256i *)(const void *)(a->qs + 64 * j2));
+                    __m256i xh = _mm256_loadu_si256((const __m256i *)(const void *)(a->qs + 64 * j2 + 32));
+                    __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), slo);
+                    __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), shi);
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(pl, ph));
+                }
+            }
+            __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+                scm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
+            #pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
+                __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)a->bsums);
+                __m256i mm = _mm256_madd_epi16(bs, mins);
+                if (INV) {
+                    pv[r * NT + t] = isum[t];
+                    mv[r * NT + t] = mm;
+                    scd[r * NT + t] = d * a->d;
+                    smn[r * NT + t] = dmin * a->d;
+                    continue;
+                }
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * a->d),
+                                            acc[r][t]);
+                acc[r][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mm), _mm256_set1_ps(dmin * a->d),
+                                             acc[r][t]);
+            }
+        }
+        if (INV) {
+            vacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce_lanes(pv, NR * NT)), set8(scd), vacc);
+            vacc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(reduce_lanes(mv, NR * NT)), set8(smn), vacc);
+        }
+    }
+    if (INV) {
+        store_lanes(vacc, NR, NT, out, out_nt, r_off);
+        return;
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum_ps(acc[r][t]);
+}
+
+INL void tile_q6k(int unused, int INV, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
+                  const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
+    (void)unused;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc[4][4];
+    __m256 vacc = _mm256_setzero_ps(); /* INV: lanes k = r * NT + t */
+    __m256i pv[8];
+    float scd[8] = {0};
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        #pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *blk = w + (size_t)r * ws + (size_t)b * 210;
+            if (NT == 1) prefetch_span(blk + (size_t)NR * CB_DEC_PF * ws, 210);
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            float d = f16(blk + 208);
+            /* scales as int16: lo = groups 0..7, hi = groups 8..15, each in both lanes */
+            __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)sc));
+            __m256i sch[2] = {_mm256_permute2x128_si256(scw, scw, 0x00),
+                              _mm256_permute2x128_si256(scw, scw, 0x11)};
+            __m256i isum[4];
+            #pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) isum[t] = _mm256_setzero_si256();
+            #pragma GCC unroll 1
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
+                __m256i qa = _mm256_loadu_si256((const __m256i *)(const void *)ql);
+                __m256i qb = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
+                __m256i hv = _mm256_loadu_si256((const __m256i *)(const void *)qh);
+                __m256i q[4];
+                q[0] = _mm256_or_si256(_mm256_and_si256(qa, m4),
+                                       _mm256_and_si256(_mm256_slli_epi16(hv, 4), m30));
+                q[1] = _mm256_or_si256(_mm256_and_si256(qb, m4),
+                                       _mm256_and_si256(_mm256_slli_epi16(hv, 2), m30));
+                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qa, 4), m4),
+                                       _mm256_and_si256(hv, m30));
+                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), m4),
+                                       _mm256_and_si256(_mm256_srli_epi16(hv, 2), m30));
+                #pragma GCC unroll 8
+                for (int k = 0; k < 4; k++) {
+                    /* groups 8h+2k (low lane) and 8h+2k+1 (high lane) */
+                    __m256i s16 = _mm256_shuffle_epi8(sch[h], _mm256_setr_epi8(
+                        (char)(4 * k), (char)(4 * k + 1), (char)(4 * k), (char)(4 * k + 1),
+                        (char)(4 * k), (char)(4 * k + 1), (char)(4 * k), (char)(4 * k + 1),
+                        (char)(4 * k), (char)(4 * k + 1), (char)(4 * k), (char)(4 * k + 1),
+                        (char)(4 * k), (char)(4 * k + 1), (char)(4 * k), (char)(4 * k + 1),
+                        (char)(4 * k + 2), (char)(4 * k + 3), (char)(4 * k + 2), (char)(4 * k + 3),
+                        (char)(4 * k + 2), (char)(4 * k + 3), (char)(4 * k + 2), (char)(4 * k + 3),
+                        (char)(4 * k + 2), (char)(4 * k + 3), (char)(4 * k + 2), (char)(4 * k + 3),
+                        (char)(4 * k + 2), (char)(4 * k + 3), (char)(4 * k + 2), (char)(4 * k + 3)));
+                    #pragma GCC unroll 8
+                    for (int t = 0; t < NT; t++) {
+                        const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
+                        __m256i xv = _mm256_loadu_si256(
+                            (const __m256i *)(const void *)(a->qs + 128 * h + 32 * k));
+                        isum[t] = _mm256_add_epi32(
+                            isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], xv), s16));
+                    }
+                }
+            }
+            #pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
+                __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)a->bsums);
+                __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(bs, scw), 5);
+                if (INV) {
+                    pv[r * NT + t] = _mm256_sub_epi32(isum[t], corr);
+                    scd[r * NT + t] = d * a->d;
+                    continue;
+                }
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[t], corr)),
+                                            _mm256_set1_ps(d * a->d), acc[r][t]);
+            }
+        }
+        if (INV)
+            vacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce_lanes(pv, NR * NT)), set8(scd), vacc);
+    }
+    if (INV) {
+        store_lanes(vacc, NR, NT, out, out_nt, r_off);
+        return;
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum_ps(acc[r][t]);
+}
+
+CB_DEFINE_TILE(tile_avx2_q4_k, tile_q4k, 0, 2)
+CB_DEFINE_TILE(tile_avx2_q5_k, tile_q4k, 1, 2)
+CB_DEFINE_TILE(tile_avx2_q6_k, tile_q6k, 0, 1)
+CB_DEFINE_TILE(tile_avx2_fast_q4_k, tile_q4k, 0, 0)
+CB_DEFINE_TILE(tile_avx2_fast_q5_k, tile_q4k, 1, 0)
+CB_DEFINE_TILE(tile_avx2_fast_q6_k, tile_q6k, 0, 0)
+
+/* K-quants packed the same way, per super-block of 256 values and 8 rows: 64 steps of
+ * [8 rows x 4 bytes] (unsigned q: 0..15 Q4_K, 0..31 Q5_K, 0..63 Q6_K with zero point 32), then
+ * NS scale vectors (one per sub-block: 8 of 32 values, Q6_K 16 of 16; int16 pairs per row lane,
+ * for _mm256_madd_epi16), 8 "min" vectors (int16 pairs per row lane multiplying the activation's
+ * bsums pairs (2k, 2k+1): Q4_K/Q5_K (m_k, m_k), Q6_K (32 sc_2k, 32 sc_2k+1)), then d[8] and
+ * dmin[8] (Q6_K: d again) as floats. Activations stay cb_q8k_t. Per super-block and row:
+ * d*dx*sum_j sc_j*sum(q x) - dmin*dx*sum_k min_k . bsums_k, the scalar kernels' integers. */
+INL int rpk_ns(int type) { return type == CB_TYPE_Q6_K ? 16 : 8; }
+INL int rpk_g(int type) { return type == CB_TYPE_Q4_K ? 8 : (type == CB_TYPE_Q5_K ? 4 : 2); }
+INL size_t rpk_bstride(int type) {
+    return 2048 + (size_t)(type == CB_TYPE_Q6_K ? 16 : 8) * 32 + 256 + 64;
+}
+
+INL void rpk_unpack(int type, const uint8_t *blk, __m256i *ch, int16_t *sc, int16_t *mn,
+                    float *d, float *dmin) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    if (type == CB_TYPE_Q6_K) {
+        const __m256i m30 = _mm256_set1_epi8(0x30);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
+            __m256i qa = _mm256_loadu_si256((const __m256i *)(const void *)ql);
+            __m256i qb = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
+            __m256i hv = _mm256_loadu_si256((const __m256i *)(const void *)qh);
+            ch[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(qa, m4),
+                                            _mm256_and_si256(_mm256_slli_epi16(hv, 4), m30));
+            ch[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(qb, m4),
+                                            _mm256_and_si256(_mm256_slli_epi16(hv, 2), m30));
+            ch[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qa, 4), m4),
+                                            _mm256_and_si256(hv, m30));
+            ch[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), m4),
+                                            _mm256_and_si256(_mm256_srli_epi16(hv, 2), m30));
+        }
+        const int8_t *s8 = (const int8_t *)(blk + 192);
+        for (int g = 0; g < 16; g++) sc[g] = s8[g];
+        for (int k = 0; k < 8; k++) {
+            mn[2 * k] = (int16_t)(32 * s8[2 * k]);
+            mn[2 * k + 1] = (int16_t)(32 * s8[2 * k + 1]);
+        }
+        *d = f16(blk + 208);
+        *dmin = *d;
+        return;
+    }
+    const int q5 = type == CB_TYPE_Q5_K;
+    const uint8_t *qs = blk + (q5 ? 48 : 16);
+    __m256i qhv = q5 ? _mm256_loadu_si256((const __m256i *)(const void *)(blk + 16))
+                     : _mm256_setzero_si256();
+    for (int c2 = 0; c2 < 4; c2++) {
+        __m256i qb = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * c2));
+        __m256i lo = _mm256_and_si256(qb, m4), hi = _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4);
+        if (q5) {
+            const __m256i b16 = _mm256_set1_epi8(0x10);
+            __m256i ml = _mm256_set1_epi8((char)(1 << (2 * c2)));
+            __m256i mh = _mm256_set1_epi8((char)(1 << (2 * c2 + 1)));
+            lo = _mm256_or_si256(lo, _mm256_and_si256(
+                _mm256_cmpeq_epi8(_mm256_and_si256(qhv, ml), ml), b16));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(
+                _mm256_cmpeq_epi8(_mm256_and_si256(qhv, mh), mh), b16));
+        }
+        ch[2 * c2] = lo;
+        ch[2 * c2 + 1] = hi;
+    }
+    for (int j = 0; j < 8; j++) {
+        uint8_t s_, m_;
+        cb_scale_min_k4(j, blk + 4, &s_, &m_);
+        sc[j] = s_;
+        mn[2 * j] = m_;
+        mn[2 * j + 1] = m_;
+    }
+    *d = f16(blk);
+    *dmin = f16(blk + 2);
+}
+
+INL void rpk_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst) {
+    const int64_t nb = cols / CB_QKK;
+    const size_t bst = rpk_bstride(type), bb = cb_type_block_bytes(type);
+    const int ns = rpk_ns(type);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *o = dst + (size_t)b * bst;
+        __m256i ch[8][8]; /* [row][chunk of 32 values] */
+        int16_t sc[8][16], mn[8][16];
+        float d[8], dmin[8];
+        for (int r = 0; r < 8; r++) {
+            if (r < nr) {
+                rpk_unpack(type, w + (size_t)r * ws + (size_t)b * bb, ch[r], sc[r], mn[r], &d[r],
+                           &dmin[r]);
+            } else {
+                for (int c = 0; c < 8; c++) ch[r][c] = _mm256_setzero_si256();
+                memset(sc[r], 0, sizeof sc[r]);
+                memset(mn[r], 0, sizeof mn[r]);
+                d[r] = dmin[r] = 0.0f;
+            }
+        }
+        for (int c = 0; c < 8; c++) {
+            __m256i v[8];
+            for (int r = 0; r < 8; r++) v[r] = ch[r][c];
+            transpose_store8(v, o + 256 * c);
+        }
+        int16_t *sv = (int16_t *)(void *)(o + 2048), *mv = sv + 16 * ns;
+        for (int j = 0; j < ns; j++)
+            for (int r = 0; r < 8; r++) sv[16 * j + 2 * r] = sv[16 * j + 2 * r + 1] = sc[r][j];
+        for (int k = 0; k < 8; k++)
+            for (int r = 0; r < 8; r++) {
+                mv[16 * k + 2 * r] = mn[r][2 * k];
+                mv[16 * k + 2 * r + 1] = mn[r][2 * k + 1];
+            }
+        memcpy(o + 2048 + 32 * ns + 256, d, 32);
+        memcpy(o + 2048 + 32 * ns + 288, dmin, 32);
+    }
+}
+
+INL void rpk_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
+                  float *out) {
+    const int ns = rpk_ns(type), G = rpk_g(type), SB = 64 / ns;
+    const size_t bst = rpk_bstride(type);
+    __m256 facc[4];
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) facc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = pk + (size_t)b * bst, *scv = q + 2048, *mnv = scv + 32 * ns;
+        const cb_q8k_t *a[4];
+        __m256i isum[4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            a[t] = (const cb_q8k_t *)(const void *)(xa + (size_t)t * xs) + b;
+            isum[t] = _mm256_setzero_si256();
+        }
+        #pragma GCC unroll 1
+        for (int j = 0; j < ns; j++) {
+            const __m256i sc = _mm256_load_si256((const __m256i *)(const void *)(scv + 32 * j));
+            #pragma GCC unroll 4
+            for (int g0 = 0; g0 < SB; g0 += G) {
+                __m256i a16[4];
+                #pragma GCC unroll 4
+                for (int t = 0; t < NT; t++) a16[t] = _mm256_setzero_si256();
+                #pragma GCC unroll 1
+                for (int s = j * SB + g0; s < j * SB + g0 + G; s++) {
+                    __m256i wv = _mm256_load_si256((const __m256i *)(const void *)(q + 32 * s));
+                    #pragma GCC unroll 4
+                    for (int t = 0; t < NT; t++) {
+                        __m256i xb = _mm256_set1_epi32(rd_i32((const uint8_t *)a[t]->qs + 4 * s));
+                        a16[t] = _mm256_add_epi16(a16[t], _mm256_maddubs_epi16(wv, xb));
+                    }
+                }
+                #pragma GCC unroll 4
+                for (int t = 0; t < NT; t++)
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(a16[t], sc));
+            }
+        }
+        const __m256 dv = _mm256_load_ps((const float *)(const void *)(mnv + 256));
+        const __m256 dmv = _mm256_load_ps((const float *)(const void *)(mnv + 288));
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            __m256i ms = _mm256_setzero_si256();
+            #pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                ms = _mm256_add_epi32(ms, _mm256_madd_epi16(
+                    _mm256_load_si256((const __m256i *)(const void *)(mnv + 32 * k)),
+                    _mm256_set1_epi32(rd_i32((const uint8_t *)a[t]->bsums + 4 * k))));
+            const __m256 dx = _mm256_set1_ps(a[t]->d);
+            if (type == CB_TYPE_Q6_K) { /* the zero point 32 in the integers, as the tiles */
+                facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[t], ms)),
+                                          _mm256_mul_ps(dv, dx), facc[t]);
+                continue;
+            }
+            facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dv, dx), facc[t]);
+            facc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_mul_ps(dmv, dx), facc[t]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, facc[t]);
+        for (int r = 0; r < 8; r++) out[r * NT + t] = tmp[r];
+    }
+}
+
+#define CB_DEFINE_RPK(NAME, TYPE)                                                               \
+    static void NAME##_pack(const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst) {  \
+        rpk_pack(TYPE, w, ws, nr, cols, dst);                                                   \
+    }                                                                                           \
+    static void NAME##_tile(const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs, int nt, \
+                            float *out) {                                                       \
+        switch (nt) {                                                                           \
+        case 1: rpk_tile(TYPE, 1, pk, nb, xa, xs, out); break;                                  \
+        case 2: rpk_tile(TYPE, 2, pk, nb, xa, xs, out); break;                                  \
+        case 3: rpk_tile(TYPE, 3, pk, nb, xa, xs, out); break;                                  \
+        default: rpk_tile(TYPE, 4, pk, nb, xa, xs, out); break;                                 \
+        }                                                                                       \
+    }
+
+CB_DEFINE_RPK(rp_q4_k, CB_TYPE_Q4_K)
+CB_DEFINE_RPK(rp_q5_k, CB_TYPE_Q5_K)
+CB_DEFINE_RPK(rp_q6_k, CB_TYPE_Q6_K)
+
+size_t cb_avx2_k_rp_group_bytes(int type, int64_t cols) {
+    return (size_t)(cols / CB_QKK) * rpk_bstride(type);
+}
+
+void cb_avx2_k_rp_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst) {
+    switch (type) {
+    case CB_TYPE_Q4_K: rp_q4_k_pack(w, ws, nr, cols, dst); break;
+    case CB_TYPE_Q5_K: rp_q5_k_pack(w, ws, nr, cols, dst); break;
+    case CB_TYPE_Q6_K: rp_q6_k_pack(w, ws, nr, cols, dst); break;
+    default: break;
+    }
+}
+
+void cb_avx2_k_rp_tile(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
+                       int nt, float *out) {
+    switch (type) {
+    case CB_TYPE_Q4_K: rp_q4_k_tile(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q5_K: rp_q5_k_tile(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q6_K: rp_q6_k_tile(pk, nb, xa, xs, nt, out); break;
+    default: break;
+    }
+}
+
+cb_tile_fn cb_avx2_k_tile(int type, int fast) {
+    switch (type) {
+    case CB_TYPE_Q4_K: return fast ? tile_avx2_fast_q4_k : tile_avx2_q4_k;
+    case CB_TYPE_Q5_K: return fast ? tile_avx2_fast_q5_k : tile_avx2_q5_k;
+    case CB_TYPE_Q6_K: return fast ? tile_avx2_fast_q6_k : tile_avx2_q6_k;
+    default: return NULL;
+    }
+}
+
+#pragma GCC pop_options
+#else
+/* Not x86-64 GCC/Clang: no AVX2 kernels; quant_avx2.c's stubs never call here. */
+typedef int cb_quant_avx2_k_unused;
+#endif

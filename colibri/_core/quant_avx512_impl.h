@@ -1,0 +1,218 @@
+/* Private to the AVX-512 kernels, which are split per type family: quant_avx512.c (the
+ * activation quantizers, the 32-block types, the float weights, the 32-block packed-row tiles and
+ * the dispatch) and quant_avx512_k.c (the K-quants); see quant_avx512.c's opening comment. Here:
+ * the build configuration (native with per-function target attributes, emulated on SIMDe with
+ * CB_AVX512_EMULATE, or none off x86-64 GCC/Clang: CB_AVX512_ON 0), the helpers (static, always
+ * inlined natively, compiled into each file that uses them, so moving a kernel between the files
+ * changes none of its code), the dispatch macros, and the K-quant entry points quant_avx512.c
+ * calls. Included by both files; tests/c/test_quant_avx512.c includes both into one unit. */
+#ifndef COLIBRI_QUANT_AVX512_IMPL_H
+#define COLIBRI_QUANT_AVX512_IMPL_H
+
+#include "quant_impl.h"
+
+#if defined(CB_AVX512_EMULATE)
+#define CB_AVX512_FN(name) cb_avx512emu_##name
+#define CB_AVX512_ON 1
+#define CB_AVX512_TARGET
+#define CB_AVX512_VNNI_TARGET
+#define SIMDE_ENABLE_NATIVE_ALIASES
+/* __m512 values passed to / returned from static functions: notes about an ABI not used here */
+#pragma GCC diagnostic ignored "-Wpsabi"
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpedantic"
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#include <simde/x86/avx512.h>
+#include <simde/x86/f16c.h>
+#pragma GCC diagnostic pop
+/* SIMDe 0.7.4 aliases _mm512_madd_epi16 with the masked form's four arguments */
+#undef _mm512_madd_epi16
+#define _mm512_madd_epi16(a, b) simde_mm512_madd_epi16(a, b)
+/* SIMDe 0.7.4 lacks these: the same conversions on the two 256-bit halves. */
+#ifndef _mm512_cvtepi32_ps
+static inline __m512 cb_emu_cvtepi32_ps(__m512i v) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtepi32_ps(_mm512_castsi512_si256(v))),
+                              _mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(v, 1)), 1);
+}
+#define _mm512_cvtepi32_ps cb_emu_cvtepi32_ps
+#endif
+#ifndef _mm512_cvtps_epi32
+static inline __m512i cb_emu_cvtps_epi32(__m512 v) {
+    __m256 lo = _mm512_castps512_ps256(v);
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtps_epi32(lo)), _mm256_cvtps_epi32(hi),
+                              1);
+}
+#define _mm512_cvtps_epi32 cb_emu_cvtps_epi32
+#endif
+#ifndef _mm512_cvtph_ps
+static inline __m512 cb_emu_cvtph_ps(__m256i h) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtph_ps(_mm256_castsi256_si128(h))),
+                              _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), 1);
+}
+#define _mm512_cvtph_ps cb_emu_cvtph_ps
+#endif
+#ifndef _mm512_cvtepu16_epi32
+static inline __m512i cb_emu_cvtepu16_epi32(__m256i h) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h))),
+                              _mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 1);
+}
+#define _mm512_cvtepu16_epi32 cb_emu_cvtepu16_epi32
+#endif
+#define CB_F16(p) cb_f16_to_f32(cb_rd16(p))
+#elif defined(__x86_64__) && defined(__GNUC__)
+#define CB_AVX512_FN(name) cb_avx512_##name
+#define CB_AVX512_ON 1
+#define CB_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
+#define CB_AVX512_VNNI_TARGET                                                                   \
+    __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")))
+#include <immintrin.h>
+#define CB_F16(p) _cvtsh_ss(cb_rd16(p))
+#else
+#define CB_AVX512_FN(name) cb_avx512_##name
+#define CB_AVX512_ON 0
+#endif
+
+#if CB_AVX512_ON
+
+#ifdef CB_AVX512_EMULATE
+/* emulated: let the compiler choose (forced inlining of SIMDe's code compiles for minutes) */
+#define INL static inline
+#define INLV static inline
+#else
+#define INL static inline __attribute__((always_inline)) CB_AVX512_TARGET
+#define INLV static inline __attribute__((always_inline)) CB_AVX512_VNNI_TARGET
+#endif
+
+/* ------------------------------------------------------------ helpers */
+
+INL __m256 hi_ps(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
+INL __m256i hi_si(__m512i v) { return _mm512_extracti64x4_epi64(v, 1); }
+
+INL __m512i join_si(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+INL __m512 join_ps(__m256 lo, __m256 hi) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+
+/* a 256-bit vector in the low half, zeros above */
+INL __m512i zext_si(__m256i v) { return _mm512_inserti64x4(_mm512_setzero_si512(), v, 0); }
+
+INL __m256i loadu256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+INL __m512i loadu512(const void *p) { return _mm512_loadu_si512(p); }
+
+INL float hsum256_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INL float hsum_ps(__m512 v) { return hsum256_ps(_mm256_add_ps(_mm512_castps512_ps256(v), hi_ps(v))); }
+
+INL int hsum_epi32(__m512i v) {
+    __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(v), hi_si(v));
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+INL float hmax_ps(__m512 v) {
+    __m256 h = _mm256_max_ps(_mm512_castps512_ps256(v), hi_ps(v));
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* the int32 lanes 0..7 plus lanes 8..15 */
+INL __m256i fold_epi32(__m512i v) { return _mm256_add_epi32(_mm512_castsi512_si256(v), hi_si(v)); }
+
+INL int32_t rd_i32(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* x with its bytes negated where w is negative (vpsignb for |w| * x, w != 0 lanes) */
+INL __m512i sign_by(__m512i x, __m512i w) {
+    return _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
+}
+
+/* ------------------------------------------------------------ tiles and packed rows */
+
+/* Decode streams each weight row once; prefetch the next tile's rows at the same offset
+ * (as quant_avx2.c). */
+INL void prefetch_span(const uint8_t *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+    __builtin_prefetch(p + bytes - 1, 0, 3);
+}
+
+/* the vpermd index taking words (2p, 2p+1) of a 32-byte activation chunk to [2p x 8 | 2p+1 x 8] */
+INL __m512i pair_idx(int p) {
+    return join_si(_mm256_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1));
+}
+
+/* The rows-in-pairs dispatch: a cb_tile_fn NAME running the tile body BODY(TYPE, NR, NT, ...) on
+ * nr rows, two at a time, nt <= 4 tokens. */
+#define CB_DEFINE_TILE(NAME, BODY, TYPE)                                                        \
+    CB_AVX512_TARGET static void NAME(int64_t n, const uint8_t *w, size_t ws, int nr,          \
+                                      const uint8_t *x, size_t xs, int nt, float *out) {       \
+        for (int r = 0; r < nr; r += 2) {                                                      \
+            const uint8_t *wr = w + (size_t)r * ws;                                            \
+            if (nr - r >= 2) {                                                                 \
+                switch (nt) {                                                                  \
+                case 1: BODY(TYPE, 2, 1, n, wr, ws, x, xs, out, nt, r); break;                 \
+                case 2: BODY(TYPE, 2, 2, n, wr, ws, x, xs, out, nt, r); break;                 \
+                case 3: BODY(TYPE, 2, 3, n, wr, ws, x, xs, out, nt, r); break;                 \
+                default: BODY(TYPE, 2, 4, n, wr, ws, x, xs, out, nt, r); break;                \
+                }                                                                              \
+            } else {                                                                           \
+                switch (nt) {                                                                  \
+                case 1: BODY(TYPE, 1, 1, n, wr, ws, x, xs, out, nt, r); break;                 \
+                case 2: BODY(TYPE, 1, 2, n, wr, ws, x, xs, out, nt, r); break;                 \
+                case 3: BODY(TYPE, 1, 3, n, wr, ws, x, xs, out, nt, r); break;                 \
+                default: BODY(TYPE, 1, 4, n, wr, ws, x, xs, out, nt, r); break;                \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+    }
+
+/* A packed-row tile NAME (nt <= 4 tokens) of the body BODY(TYPE, NT, ...); RPV: the VNNI one. */
+#define CB_DEFINE_RP(NAME, BODY, TYPE)                                                          \
+    CB_AVX512_TARGET static void NAME(const uint8_t *pk, int64_t nb, const uint8_t *xa,        \
+                                      size_t xs, int nt, float *out) {                         \
+        switch (nt) {                                                                           \
+        case 1: BODY(TYPE, 1, pk, nb, xa, xs, out); break;                                      \
+        case 2: BODY(TYPE, 2, pk, nb, xa, xs, out); break;                                      \
+        case 3: BODY(TYPE, 3, pk, nb, xa, xs, out); break;                                      \
+        default: BODY(TYPE, 4, pk, nb, xa, xs, out); break;                                     \
+        }                                                                                       \
+    }
+
+#define CB_DEFINE_RPV(NAME, BODY, TYPE)                                                         \
+    CB_AVX512_VNNI_TARGET static void NAME(const uint8_t *pk, int64_t nb, const uint8_t *xa,   \
+                                           size_t xs, int nt, float *out) {                    \
+        switch (nt) {                                                                           \
+        case 1: BODY(TYPE, 1, pk, nb, xa, xs, out); break;                                      \
+        case 2: BODY(TYPE, 2, pk, nb, xa, xs, out); break;                                      \
+        case 3: BODY(TYPE, 3, pk, nb, xa, xs, out); break;                                      \
+        default: BODY(TYPE, 4, pk, nb, xa, xs, out); break;                                     \
+        }                                                                                       \
+    }
+
+/* The K-quant kernels (quant_avx512_k.c) for the dispatch in quant_avx512.c: the tile of
+ * Q4_K/Q5_K/Q6_K (NULL for another type), and their packed-row tiles, without and with VNNI. */
+cb_tile_fn CB_AVX512_FN(k_tile)(int type);
+void CB_AVX512_FN(k_rp_tile)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
+                             int nt, float *out);
+void CB_AVX512_FN(k_rp_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                                  size_t xs, int nt, float *out);
+
+#endif /* CB_AVX512_ON */
+
+#endif

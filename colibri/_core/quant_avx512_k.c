@@ -1,0 +1,361 @@
+/* AVX-512 (F, BW, DQ, VL; + FMA, F16C; VNNI in the *_vnni tile) kernels of the K-quants (Q4_K,
+ * Q5_K, Q6_K: super-blocks of 256 values, activations as cb_q8k_t) for quant.c: the
+ * register-tiled dot products and the packed-row tiles (on cb_avx2_rp_pack's groups).
+ * quant_avx512.c's opening comment describes what 512 bits change against quant_avx2.c and the
+ * emulated build (tests/c/test_quant_avx512.c includes this file too); it dispatches here through
+ * CB_AVX512_FN(k_tile), CB_AVX512_FN(k_rp_tile) and CB_AVX512_FN(k_rp_tile_vnni). The math is the
+ * scalar kernels' (quant.c): exact int32 sums of q*x per sub-block scaled by the sub-block
+ * scales in the integers, then d*dx (and dmin*dx against the bsums for the mins) in float; the
+ * packed-row tiles' integer block sums are the AVX2 ones, bit for bit.
+ * Ownership: every pointer is borrowed for one call; nothing is allocated.
+ */
+#include "quant_avx512_impl.h"
+
+#if CB_AVX512_ON
+
+/* ------------------------------------------------------------ K-quants with cb_q8k_t */
+
+/* Q4_K/Q5_K: per super-block, chunk c of 32 qs bytes holds sub-blocks 2c (low nibbles) and 2c+1
+ * (high): one vector [low, high] meets activations 64c..64c+63 with int16 scales sc_2c | sc_2c+1. */
+INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
+                  const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
+    const size_t bb = q5 ? 176 : 144;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[2][4];
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        #pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *blk = w + (size_t)r * ws + (size_t)b * bb;
+            if (NT == 1) prefetch_span(blk + (size_t)NR * ws, bb);
+            const uint8_t *qs = blk + (q5 ? 48 : 16);
+            float d = CB_F16(blk), dmin = CB_F16(blk + 2);
+            uint32_t u[4];
+            cb_k4_scale_words(blk + 4, u);
+            uint8_t scm[16];
+            memcpy(scm, u, 16);
+            const __m512i qh = q5 ? _mm512_broadcast_i64x4(loadu256(blk + 16)) : _mm512_setzero_si512();
+            __m512i isum[4];
+            #pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) isum[t] = _mm512_setzero_si512();
+            #pragma GCC unroll 1
+            for (int c = 0; c < 4; c++) {
+                __m256i qb = loadu256(qs + 32 * c);
+                __m512i wv = join_si(_mm256_and_si256(qb, m4),
+                                     _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4));
+                if (q5) {
+                    /* bit 2c of qh[l] for the low half, bit 2c+1 for the high half */
+                    __m512i bit = join_si(_mm256_set1_epi8((char)(1 << (2 * c))),
+                                          _mm256_set1_epi8((char)(1 << (2 * c + 1))));
+                    wv = _mm512_or_si512(wv, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(qh, bit),
+                                                                    _mm512_set1_epi8(0x10)));
+                }
+                __m512i sc = join_si(_mm256_set1_epi16(scm[2 * c]), _mm256_set1_epi16(scm[2 * c + 1]));
+                #pragma GCC unroll 8
+                for (int t = 0; t < NT; t++) {
+                    const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
+                    __m512i xv = loadu512(a->qs + 64 * c);
+                    isum[t] = _mm512_add_epi32(isum[t],
+                                               _mm512_madd_epi16(_mm512_maddubs_epi16(wv, xv), sc));
+                }
+            }
+            /* mins as int16 pairs (m_k, m_k) against the bsums pairs (2k, 2k+1) */
+            __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+                _mm_loadu_si128((const __m128i *)(const void *)scm),
+                _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
+            #pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
+                __m256i mm = _mm256_madd_epi16(loadu256(a->bsums), mins);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_epi32(isum[t])),
+                                            _mm256_set1_ps(d * a->d), acc[r][t]);
+                acc[r][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mm), _mm256_set1_ps(dmin * a->d),
+                                             acc[r][t]);
+            }
+        }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum256_ps(acc[r][t]);
+}
+
+/* word w of the Q6_K scale index vectors: group w/8 of the four in a vector */
+static const int16_t q6_group_idx[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
+
+/* Q6_K: per half h (128 values), [ql 0..31 | ql 32..63] and the qh bytes twice give values
+ * 128h+0..63 and 128h+64..127 as two vectors (4 groups of 16 each). */
+INL void tile_q6k(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
+                  const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
+    (void)unused;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    /* per 16-bit word: high-bit shifts of values 0..31 | 32..63 (left) and 64..95 | 96..127 (right) */
+    const __m512i shl = join_si(_mm256_set1_epi16(4), _mm256_set1_epi16(2));
+    const __m512i shr = join_si(_mm256_setzero_si256(), _mm256_set1_epi16(2));
+    const __m512i gidx = loadu512(q6_group_idx);
+    __m256 acc[2][4];
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        #pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *blk = w + (size_t)r * ws + (size_t)b * 210;
+            if (NT == 1) prefetch_span(blk + (size_t)NR * ws, 210);
+            float d = CB_F16(blk + 208);
+            const __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 192)));
+            const __m512i sc512 = zext_si(scw);
+            __m512i isum[4];
+            #pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) isum[t] = _mm512_setzero_si512();
+            #pragma GCC unroll 1
+            for (int h = 0; h < 2; h++) {
+                __m512i ql = loadu512(blk + 64 * h);
+                __m512i hv = _mm512_broadcast_i64x4(loadu256(blk + 128 + 32 * h));
+                __m512i q01 = _mm512_or_si512(_mm512_and_si512(ql, m4),
+                                              _mm512_and_si512(_mm512_sllv_epi16(hv, shl), m30));
+                __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                              _mm512_and_si512(_mm512_srlv_epi16(hv, shr), m30));
+                __m512i s01 = _mm512_permutexvar_epi16(
+                    _mm512_add_epi16(gidx, _mm512_set1_epi16((short)(8 * h))), sc512);
+                __m512i s23 = _mm512_permutexvar_epi16(
+                    _mm512_add_epi16(gidx, _mm512_set1_epi16((short)(8 * h + 4))), sc512);
+                #pragma GCC unroll 8
+                for (int t = 0; t < NT; t++) {
+                    const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
+                    __m512i x01 = loadu512(a->qs + 128 * h), x23 = loadu512(a->qs + 128 * h + 64);
+                    isum[t] = _mm512_add_epi32(
+                        isum[t], _mm512_add_epi32(
+                                     _mm512_madd_epi16(_mm512_maddubs_epi16(q01, x01), s01),
+                                     _mm512_madd_epi16(_mm512_maddubs_epi16(q23, x23), s23)));
+                }
+            }
+            #pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
+                /* the zero point 32: 32 * sum_g sc_g * bsums_g */
+                __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(loadu256(a->bsums), scw), 5);
+                acc[r][t] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(_mm256_sub_epi32(fold_epi32(isum[t]), corr)),
+                    _mm256_set1_ps(d * a->d), acc[r][t]);
+            }
+        }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum256_ps(acc[r][t]);
+}
+
+CB_DEFINE_TILE(tile512_q4_k, tile_q4k, 0)
+CB_DEFINE_TILE(tile512_q5_k, tile_q4k, 1)
+CB_DEFINE_TILE(tile512_q6_k, tile_q6k, 0)
+
+/* K-quants (cb_avx2_rp_pack's layout for Q4_K/Q5_K/Q6_K, see quant_avx2.c): 64 steps of 32
+ * bytes, then ns scale vectors, 8 min vectors, d[8], dmin[8]. Pairs of steps as above; one
+ * sub-block (Q4_K/Q5_K: 8 steps, Q6_K: 4) is at most rpk_g steps per int16 lane, so each
+ * sub-block widens once with its scales. */
+INL int rpk_ns(int type) { return type == CB_TYPE_Q6_K ? 16 : 8; }
+INL size_t rpk_bstride(int type) {
+    return 2048 + (size_t)(type == CB_TYPE_Q6_K ? 16 : 8) * 32 + 256 + 64;
+}
+
+INL void rpk_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
+                  float *out) {
+    const int ns = rpk_ns(type), SB = 64 / ns; /* steps per sub-block */
+    const size_t bst = rpk_bstride(type);
+    __m256 facc[4];
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) facc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = pk + (size_t)b * bst, *scv = q + 2048, *mnv = scv + 32 * ns;
+        const cb_q8k_t *a[4];
+        __m512i isum[4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            a[t] = (const cb_q8k_t *)(const void *)(xa + (size_t)t * xs) + b;
+            isum[t] = _mm512_setzero_si512();
+        }
+        #pragma GCC unroll 1
+        for (int j = 0; j < ns; j++) {
+            const __m512i sc = _mm512_broadcast_i64x4(loadu256(scv + 32 * j));
+            __m512i xj[4], a16[4];
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                const uint8_t *xp = (const uint8_t *)a[t]->qs + 4 * SB * j;
+                /* the sub-block's 4*SB activation bytes (32 or 16) */
+                xj[t] = SB == 8 ? zext_si(loadu256(xp))
+                                : _mm512_inserti32x4(_mm512_setzero_si512(),
+                                                     _mm_loadu_si128((const __m128i *)(const void *)xp), 0);
+                a16[t] = _mm512_setzero_si512();
+            }
+            #pragma GCC unroll 4
+            for (int p = 0; p < SB / 2; p++) {
+                __m512i wv = loadu512(q + 32 * (j * SB + 2 * p));
+                __m512i idx = pair_idx(p);
+                #pragma GCC unroll 4
+                for (int t = 0; t < NT; t++)
+                    a16[t] = _mm512_add_epi16(
+                        a16[t], _mm512_maddubs_epi16(wv, _mm512_permutexvar_epi32(idx, xj[t])));
+            }
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++)
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(a16[t], sc));
+        }
+        const __m256 dv = _mm256_loadu_ps((const float *)(const void *)(mnv + 256));
+        const __m256 dmv = _mm256_loadu_ps((const float *)(const void *)(mnv + 288));
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            /* min vectors k, k+1 against bsums pairs k, k+1 */
+            const __m512i bs = zext_si(loadu256(a[t]->bsums));
+            __m512i ms = _mm512_setzero_si512();
+            #pragma GCC unroll 4
+            for (int p = 0; p < 4; p++)
+                ms = _mm512_add_epi32(ms, _mm512_madd_epi16(loadu512(mnv + 64 * p),
+                                                            _mm512_permutexvar_epi32(pair_idx(p), bs)));
+            const __m256 dxv = _mm256_set1_ps(a[t]->d);
+            if (type == CB_TYPE_Q6_K) { /* zero point in the integers: the AVX2 tiles' rule */
+                facc[t] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(_mm256_sub_epi32(fold_epi32(isum[t]), fold_epi32(ms))),
+                    _mm256_mul_ps(dv, dxv), facc[t]);
+                continue;
+            }
+            facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_epi32(isum[t])), _mm256_mul_ps(dv, dxv),
+                                      facc[t]);
+            facc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(fold_epi32(ms)), _mm256_mul_ps(dmv, dxv),
+                                       facc[t]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, facc[t]);
+        for (int r = 0; r < 8; r++) out[r * NT + t] = tmp[r];
+    }
+}
+
+/* The K-quant tile with AVX512-VNNI: a sub-block's products accumulate in int32 with one
+ * vpdpbusd per token and pair of steps (instead of maddubs + add into int16), then one int32
+ * multiply by the sub-block's scale (instead of madd with the (sc, sc) int16 pairs, read here as
+ * int32 >> 16). The same exact integers, so the same floats as rpk_tile. */
+INLV void rpkv_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
+                   float *out) {
+    const int ns = rpk_ns(type), SB = 64 / ns; /* steps per sub-block */
+    const size_t bst = rpk_bstride(type);
+    __m256 facc[4];
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) facc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = pk + (size_t)b * bst, *scv = q + 2048, *mnv = scv + 32 * ns;
+        const cb_q8k_t *a[4];
+        __m512i isum[4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            a[t] = (const cb_q8k_t *)(const void *)(xa + (size_t)t * xs) + b;
+            isum[t] = _mm512_setzero_si512();
+        }
+        #pragma GCC unroll 1
+        for (int j = 0; j < ns; j++) {
+            /* the (sc, sc) int16 pairs as one int32 sc per row lane (sign kept: Q6_K) */
+            const __m512i sc = _mm512_srai_epi32(_mm512_broadcast_i64x4(loadu256(scv + 32 * j)), 16);
+            __m512i xj[4], a16[4];
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                const uint8_t *xp = (const uint8_t *)a[t]->qs + 4 * SB * j;
+                /* the sub-block's 4*SB activation bytes (32 or 16) */
+                xj[t] = SB == 8 ? zext_si(loadu256(xp))
+                                : _mm512_inserti32x4(_mm512_setzero_si512(),
+                                                     _mm_loadu_si128((const __m128i *)(const void *)xp), 0);
+                a16[t] = _mm512_setzero_si512();
+            }
+            #pragma GCC unroll 4
+            for (int p = 0; p < SB / 2; p++) {
+                __m512i wv = loadu512(q + 32 * (j * SB + 2 * p));
+                __m512i idx = pair_idx(p);
+                #pragma GCC unroll 4
+                for (int t = 0; t < NT; t++)
+                    a16[t] = _mm512_dpbusd_epi32(a16[t], wv,
+                                                 _mm512_permutexvar_epi32(idx, xj[t]));
+            }
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++)
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(a16[t], sc));
+        }
+        const __m256 dv = _mm256_loadu_ps((const float *)(const void *)(mnv + 256));
+        const __m256 dmv = _mm256_loadu_ps((const float *)(const void *)(mnv + 288));
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            /* min vectors k, k+1 against bsums pairs k, k+1 */
+            const __m512i bs = zext_si(loadu256(a[t]->bsums));
+            __m512i ms = _mm512_setzero_si512();
+            #pragma GCC unroll 4
+            for (int p = 0; p < 4; p++)
+                ms = _mm512_add_epi32(ms, _mm512_madd_epi16(loadu512(mnv + 64 * p),
+                                                            _mm512_permutexvar_epi32(pair_idx(p), bs)));
+            const __m256 dxv = _mm256_set1_ps(a[t]->d);
+            if (type == CB_TYPE_Q6_K) { /* zero point in the integers: the AVX2 tiles' rule */
+                facc[t] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(_mm256_sub_epi32(fold_epi32(isum[t]), fold_epi32(ms))),
+                    _mm256_mul_ps(dv, dxv), facc[t]);
+                continue;
+            }
+            facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_epi32(isum[t])), _mm256_mul_ps(dv, dxv),
+                                      facc[t]);
+            facc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(fold_epi32(ms)), _mm256_mul_ps(dmv, dxv),
+                                       facc[t]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, facc[t]);
+        for (int r = 0; r < 8; r++) out[r * NT + t] = tmp[r];
+    }
+}
+
+CB_DEFINE_RPV(rpv512_q4_k, rpkv_tile, CB_TYPE_Q4_K)
+CB_DEFINE_RPV(rpv512_q5_k, rpkv_tile, CB_TYPE_Q5_K)
+CB_DEFINE_RPV(rpv512_q6_k, rpkv_tile, CB_TYPE_Q6_K)
+
+CB_DEFINE_RP(rp512_q4_k, rpk_tile, CB_TYPE_Q4_K)
+CB_DEFINE_RP(rp512_q5_k, rpk_tile, CB_TYPE_Q5_K)
+CB_DEFINE_RP(rp512_q6_k, rpk_tile, CB_TYPE_Q6_K)
+
+cb_tile_fn CB_AVX512_FN(k_tile)(int type) {
+    switch (type) {
+    case CB_TYPE_Q4_K: return tile512_q4_k;
+    case CB_TYPE_Q5_K: return tile512_q5_k;
+    case CB_TYPE_Q6_K: return tile512_q6_k;
+    default: return NULL;
+    }
+}
+
+void CB_AVX512_FN(k_rp_tile)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
+                             int nt, float *out) {
+    switch (type) {
+    case CB_TYPE_Q4_K: rp512_q4_k(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q5_K: rp512_q5_k(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q6_K: rp512_q6_k(pk, nb, xa, xs, nt, out); break;
+    default: break;
+    }
+}
+
+void CB_AVX512_FN(k_rp_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                                  size_t xs, int nt, float *out) {
+    switch (type) {
+    case CB_TYPE_Q4_K: rpv512_q4_k(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q5_K: rpv512_q5_k(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q6_K: rpv512_q6_k(pk, nb, xa, xs, nt, out); break;
+    default: break;
+    }
+}
+
+#else
+/* Not x86-64 GCC/Clang: no AVX-512 kernels; quant_avx512.c's stubs never call here. */
+typedef int cb_quant_avx512_k_unused;
+#endif
