@@ -142,4 +142,6 @@ if __name__ == "__main__":
     if sys.argv[1:] not in ([], ["--ops-matrix"]):
         sys.exit("usage: python tests/backend_ops.py [--ops-matrix]")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    print(matrix(table()))
+    import backend_ops  # the rows' module (this file runs as __main__, a second copy)
+
+    print(backend_ops.matrix(backend_ops.table()))

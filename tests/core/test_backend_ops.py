@@ -16,7 +16,7 @@ from contextlib import nullcontext
 from typing import Any
 
 import pytest
-from backend_ops import BACKENDS, CPU_LEVELS, ROOT, Missing, Op, cells, matrix, table
+from backend_ops import BACKENDS, CPU_LEVELS, ROOT, Missing, Op, cells, levels, matrix, table
 from backend_ops_cpu import NOT_OPS, QUANT_TYPES
 from backend_ops_cuda import EmuContext, build_emu
 from cuda_util import cuda_include
@@ -145,3 +145,10 @@ def test_matrix_lists_every_op():
     for op in TABLE:
         assert re.search(rf"^{re.escape(op.name)}\s", text, re.M), op.name
     assert f"{len(cells(TABLE))} cells" in text
+    n_missing = sum(isinstance(op.impl[b], Missing) for op in TABLE for b in BACKENDS)
+    n_cols = sum(len(levels(b)) for b in BACKENDS)
+    marks = [m for line in text.splitlines()[1 : len(TABLE) + 1] for m in line.split()[1:]]
+    assert len(marks) == len(TABLE) * n_cols
+    assert sum(m.startswith("-") for m in marks) == sum(
+        len(levels(b)) for op in TABLE for b in BACKENDS if isinstance(op.impl[b], Missing))
+    assert n_missing and marks.count("x") == len(cells(TABLE))
