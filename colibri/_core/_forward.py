@@ -13,6 +13,8 @@ from colibri._core._native import (
     Forward,
     cb_experts_mode,
     cb_experts_policy,
+    cb_kerr,
+    cb_kfile,
     cb_qk_norm,
     desc_fields,
     desc_struct_size,
@@ -20,6 +22,6 @@ from colibri._core._native import (
 
 __all__ = [
     "CLayerDesc", "CModelDesc", "ExpertStore", "Forward", "GATING_SIGMOID", "GATING_SOFTMAX",
-    "ROUTE_MAX_EXPERTS", "ROUTE_MAX_K", "cb_experts_mode", "cb_experts_policy", "cb_qk_norm",
-    "desc_fields", "desc_struct_size",
+    "ROUTE_MAX_EXPERTS", "ROUTE_MAX_K", "cb_experts_mode", "cb_experts_policy", "cb_kerr",
+    "cb_kfile", "cb_qk_norm", "desc_fields", "desc_struct_size",
 ]
