@@ -123,7 +123,7 @@ def gemm_cp_smem_bytes(tile: int, gate_up: bool) -> int:
 # The device error record (cuda/common.cuh): err[0] code, err[1] line, err[2] file id, err[3] value.
 # The codes and file ids are cuda/kernel_abi.h's enums, read from the header at build time.
 _KERR = _forward.cb_kerr
-_KERR_NAMES = {
+_KERR_NAMES: dict[int, str] = {
     _KERR.CB_KERR_ROUTE_ARG: "routing arguments out of range",
     _KERR.CB_KERR_ROUTE_NONFINITE: "a router logit or bias is NaN or infinite",
     _KERR.CB_KERR_CAPACITY: "the sorted token list does not fit its capacity",
@@ -131,7 +131,7 @@ _KERR_NAMES = {
     _KERR.CB_KERR_SHAPE: "a GEMM dimension is not supported",
     _KERR.CB_KERR_SMEM: "a GEMM kernel was launched with less dynamic shared memory than it needs",
 }
-_FILE_IDS = {_forward.cb_kfile.CB_KFILE_ROUTING: "routing.cu",
+_FILE_IDS: dict[int, str] = {_forward.cb_kfile.CB_KFILE_ROUTING: "routing.cu",
              _forward.cb_kfile.CB_KFILE_MOE_GEMM: "moe_gemm.cu"}
 
 

@@ -73,10 +73,10 @@ _DEFAULTS = {CB_DESC_I32: 0, CB_DESC_I64: 0, CB_DESC_F32: 0.0, CB_DESC_ENUM: 0,
 
 
 def desc_fields(layer=False):
-    """[(name, kind)] of forward.h's field table of cb_layer_desc_t (layer=True) or
+    """[(name, kind, offset)] of forward.h's field table of cb_layer_desc_t (layer=True) or
     cb_model_desc_t, in declaration order; kind is "i32", "i64", "f32", "enum", "vec" or "mat"."""
     t = _LAYER_FIELDS if layer else _MODEL_FIELDS
-    return [(name, _DESC_KINDS[kind]) for name, (_, kind) in t.items()]
+    return [(name, _DESC_KINDS[kind], off) for name, (off, kind) in t.items()]
 
 
 def desc_struct_size(layer=False):
