@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from colibri import _cuda_ref as ref
+from colibri._core import _forward
 from colibri._core._forward import ROUTE_MAX_EXPERTS, ROUTE_MAX_K
 from colibri._cuda_ref import (
     ExpertLayout,
@@ -120,15 +121,18 @@ def gemm_cp_smem_bytes(tile: int, gate_up: bool) -> int:
     return max(stages * (tile + nw * bn) * (bk + 8) * 2, tile * (bn + 4) * 4)
 
 # The device error record (cuda/common.cuh): err[0] code, err[1] line, err[2] file id, err[3] value.
-_KERR_NAMES = {
-    1: "routing arguments out of range",
-    2: "a router logit or bias is NaN or infinite",
-    3: "the sorted token list does not fit its capacity",
-    4: "a routed expert is not resident in the expert pool",
-    5: "a GEMM dimension is not supported",
-    6: "a GEMM kernel was launched with less dynamic shared memory than it needs",
+# The codes and file ids are cuda/kernel_abi.h's enums, read from the header at build time.
+_KERR = _forward.cb_kerr
+_KERR_NAMES: dict[int, str] = {
+    _KERR.CB_KERR_ROUTE_ARG: "routing arguments out of range",
+    _KERR.CB_KERR_ROUTE_NONFINITE: "a router logit or bias is NaN or infinite",
+    _KERR.CB_KERR_CAPACITY: "the sorted token list does not fit its capacity",
+    _KERR.CB_KERR_NOT_RESIDENT: "a routed expert is not resident in the expert pool",
+    _KERR.CB_KERR_SHAPE: "a GEMM dimension is not supported",
+    _KERR.CB_KERR_SMEM: "a GEMM kernel was launched with less dynamic shared memory than it needs",
 }
-_FILE_IDS = {1: "routing.cu", 2: "moe_gemm.cu"}
+_FILE_IDS: dict[int, str] = {_forward.cb_kfile.CB_KFILE_ROUTING: "routing.cu",
+             _forward.cb_kfile.CB_KFILE_MOE_GEMM: "moe_gemm.cu"}
 
 
 def kernel_dir() -> Path:

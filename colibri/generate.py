@@ -97,24 +97,8 @@ def peak_rss_bytes() -> int:
 
 
 def stop_token_ids(model: Model) -> set[int]:
-    """EOS, EOT and EOM ids named by the GGUF (and Gemma's <end_of_turn> if present)."""
-    md = model.gguf.metadata
-    ids: set[int] = set()
-    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
-                "tokenizer.ggml.eom_token_id"):
-        v = md.get(key)
-        if isinstance(v, int | np.integer) and 0 <= int(v) < model.n_vocab:
-            ids.add(int(v))
-    tokens = md.get("tokenizer.ggml.tokens")
-    if isinstance(tokens, list):
-        for special in ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
-            try:
-                i = tokens.index(special)
-            except ValueError:
-                continue
-            if i < model.n_vocab:
-                ids.add(i)
-    return ids
+    """The ids that end a generation: Model.eog_ids (colibri.tokenizer.eog_ids decides)."""
+    return set(model.eog_ids)
 
 
 class _StopMatcher:

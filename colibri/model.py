@@ -281,7 +281,7 @@ class Model:
         if tokenizer:
             from colibri.tokenizer import Tokenizer
 
-            self.tokenizer = Tokenizer.from_gguf(self.path)
+            self.tokenizer = Tokenizer.from_gguf(self.gguf)  # its parsed metadata, not a reread
         stride = d.kv_bytes_per_token(kv_dtype)
         _check_memory(self.path, d.dense_bytes() + max(self.ctx, 1) * stride)
         self.arena = KVArena(max(self.ctx, 1) * stride + (1 << 20))
@@ -455,6 +455,13 @@ class Model:
         self.close()
 
     # ---- tokens ----
+
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        """The token ids that end a generation: colibri.tokenizer.eog_ids, the one rule."""
+        from colibri.tokenizer import model_eog_ids
+
+        return model_eog_ids(self)
 
     def _tok(self) -> Any:
         if self.tokenizer is None:

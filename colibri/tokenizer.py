@@ -1,7 +1,8 @@
-"""The tokenizer of a GGUF model: `Tokenizer.from_gguf(path)`.
+"""The tokenizer of a GGUF model: `Tokenizer.from_gguf(gguf_file_or_path)`.
 
-The vocabulary (`tokenizer.ggml.*` metadata) is read and checked here, in Python; the C core
-(include/colibri/tokenizer.h) receives plain, validated arrays. Ids are the same as llama.cpp's
+The vocabulary (`tokenizer.ggml.*` metadata, as the GGUFFile the model parsed holds it) is
+checked here, in Python; the C core (include/colibri/tokenizer.h) receives plain, validated
+arrays. Ids are the same as llama.cpp's
 tokenizer for the same file:
 
 - `tokenizer.ggml.model = "llama"`: SentencePiece-style BPE by scores with `<0xNN>` byte fallback
@@ -24,17 +25,17 @@ from __future__ import annotations
 
 import os
 import re
-import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from gguf.constants import TokenType
 
 import colibri._core._tokenizer as _tok
 
-__all__ = ["SUPPORTED_PRE", "StreamDecoder", "Tokenizer", "VocabInfo", "read_gguf_vocab"]
+__all__ = ["SUPPORTED_PRE", "StreamDecoder", "Tokenizer", "VocabInfo", "eog_ids", "read_gguf_vocab"]
 
 # tokenizer.ggml.pre value -> the pre-tokenizer that implements it (llama.cpp's names).
 SUPPORTED_PRE: dict[str, str] = {
@@ -51,11 +52,14 @@ SUPPORTED_PRE: dict[str, str] = {
     "gpt-4o": "gpt-4o",
 }
 
-# GGUF token types (tokenizer.ggml.token_type) -> llama.cpp token attributes (tokenizer.h bits).
-ATTR_UNDEFINED, ATTR_UNKNOWN, ATTR_UNUSED, ATTR_NORMAL = 0, 1, 2, 4
-ATTR_CONTROL, ATTR_USER_DEFINED, ATTR_BYTE = 8, 16, 32
-_TYPE_TO_ATTR = {1: ATTR_NORMAL, 2: ATTR_UNKNOWN, 3: ATTR_CONTROL, 4: ATTR_USER_DEFINED,
-                 5: ATTR_UNUSED, 6: ATTR_BYTE}
+# GGUF token types (tokenizer.ggml.token_type) -> llama.cpp token attributes (tokenizer.h's
+# CB_TOKEN_ATTR_* bits, read from the header).
+ATTR_UNDEFINED, ATTR_UNKNOWN, ATTR_UNUSED = _tok.ATTR_UNDEFINED, _tok.ATTR_UNKNOWN, _tok.ATTR_UNUSED
+ATTR_NORMAL, ATTR_CONTROL = _tok.ATTR_NORMAL, _tok.ATTR_CONTROL
+ATTR_USER_DEFINED, ATTR_BYTE = _tok.ATTR_USER_DEFINED, _tok.ATTR_BYTE
+_TYPE_TO_ATTR = {TokenType.NORMAL: ATTR_NORMAL, TokenType.UNKNOWN: ATTR_UNKNOWN,
+                 TokenType.CONTROL: ATTR_CONTROL, TokenType.USER_DEFINED: ATTR_USER_DEFINED,
+                 TokenType.UNUSED: ATTR_UNUSED, TokenType.BYTE: ATTR_BYTE}
 
 # Texts llama.cpp treats as control tokens whatever their declared type (end-of-generation and
 # fill-in-the-middle markers; llama-vocab.cpp, "control-looking token").
@@ -100,193 +104,129 @@ class VocabInfo:
     special_ids: dict[str, int] = field(default_factory=dict)  # other tokenizer.ggml.*_token_id
 
 
-_SCALAR = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1",
-           10: "<u8", 11: "<i8", 12: "<f8"}
-_STRING, _ARRAY = 8, 9
+_INT_TYPES = frozenset({"uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
+                        "bool"})  # GGUFFile.metadata_types of integer scalars
 
 
-class _KVReader:
-    """The metadata key/value section of a GGUF file, parsed with bounds checks.
-
-    colibri reads the tokenizer arrays itself instead of through gguf.GGUFReader because the latter
-    builds a numpy view per array element: for a 262k-token vocabulary that is tens of seconds,
-    while this takes well under a second (0.8 s for Gemma 3 including the C build). Tensor data
-    is never touched."""
-
-    def __init__(self, buf: bytes, path: str, partial: bool) -> None:
-        self.buf = buf
-        self.pos = 0
-        self.path = path
-        self.partial = partial  # buf is a prefix of the file: running off its end means read more
-
-    def take(self, n: int, what: str) -> bytes:
-        if n < 0 or self.pos + n > len(self.buf):
-            if self.partial and n >= 0:
-                raise _NeedMore()
-            raise ValueError(f"{self.path}: GGUF metadata truncated while reading {what} "
-                             f"(offset {self.pos}, {n} bytes, file {len(self.buf)} bytes)")
-        v = self.buf[self.pos:self.pos + n]
-        self.pos += n
-        return v
-
-    def u32(self, what: str) -> int:
-        return int.from_bytes(self.take(4, what), "little")
-
-    def u64(self, what: str) -> int:
-        return int.from_bytes(self.take(8, what), "little")
-
-    def string(self, what: str) -> bytes:
-        return self.take(self.u64(what), what)
-
-    def value(self, vtype: int, key: str, keep: bool) -> Any:
-        if vtype in _SCALAR:
-            dt = np.dtype(_SCALAR[vtype])
-            v = np.frombuffer(self.take(dt.itemsize, key), dtype=dt)[0].item()
-            return bool(v) if vtype == 7 else v
-        if vtype == _STRING:
-            return self.string(key)
-        if vtype != _ARRAY:
-            raise ValueError(f"{self.path}: GGUF key {key} has unknown value type {vtype}")
-        etype = self.u32(key)
-        count = self.u64(key)
-        if etype in _SCALAR:
-            dt = np.dtype(_SCALAR[etype])
-            if count > (1 << 40):
-                raise ValueError(f"{self.path}: GGUF key {key} claims {count} elements")
-            raw = self.take(count * dt.itemsize, key)
-            return np.frombuffer(raw, dtype=dt).copy() if keep else None
-        if etype == _STRING:
-            if count > (1 << 40):
-                raise ValueError(f"{self.path}: GGUF key {key} claims {count} strings")
-            buf, pos, end = self.buf, self.pos, len(self.buf)
-            unpack = struct.Struct("<Q").unpack_from
-            out: list[bytes] = []
-            append = out.append
-            for _ in range(count):
-                if pos + 8 > end:
-                    self.pos = pos
-                    self.take(8, key)
-                (n,) = unpack(buf, pos)
-                pos += 8
-                if n > end - pos:
-                    self.pos = pos
-                    self.take(n, key)
-                if keep:
-                    append(buf[pos:pos + n])
-                pos += n
-            self.pos = pos
-            return out if keep else None
-        raise ValueError(f"{self.path}: GGUF key {key} is an array of unsupported type {etype}")
-
-
-class _NeedMore(Exception):
-    pass
-
-
-def _read_gguf_metadata(path: str, prefix: str) -> dict[str, Any]:
-    """Metadata values whose key starts with prefix, as (GGUF type, value): ints/floats/bools,
-    bytes for strings, numpy arrays for numeric arrays and lists of bytes for string arrays."""
+def _open_metadata(path: str) -> Any:
+    """A GGUF file (or a colibri container) opened for its metadata alone: tensor types without
+    kernels are accepted (lenient), since the tokenizer reads none of them."""
     with open(path, "rb") as f:
-        if f.read(4) == b"COLI":  # a colibri container: its header holds the GGUF key/values
-            from colibri.container import ContainerFile
+        magic = f.read(4)
+    if magic == b"COLI":
+        from colibri.container import ContainerFile
 
-            with ContainerFile(path, verify=False) as cf:
-                return _parse_metadata(cf.gguf_metadata_image(), path, prefix, False)
-        size = os.fstat(f.fileno()).st_size
-        if size < 24:
-            raise ValueError(f"{path}: not a GGUF file ({size} bytes)")
-        chunk = min(size, 16 << 20)
-        while True:
-            f.seek(0)
-            data = f.read(chunk)
-            try:
-                return _parse_metadata(data, path, prefix, chunk < size)
-            except _NeedMore:
-                chunk = min(size, chunk * 4)
+        return ContainerFile(path, verify=False)
+    from colibri.gguf import GGUFFile
+
+    return GGUFFile(path, lenient=True)
 
 
-def _parse_metadata(data: bytes, path: str, prefix: str, partial: bool) -> dict[str, Any]:
-    r = _KVReader(data, path, partial)
-    if bytes(r.take(4, "magic")) != b"GGUF":
-        raise ValueError(f"{path}: not a GGUF file (bad magic)")
-    version = r.u32("version")
-    if version not in (2, 3):
-        raise ValueError(f"{path}: unsupported GGUF version {version}")
-    r.u64("tensor count")
-    n_kv = r.u64("key/value count")
-    if n_kv > 1 << 24:
-        raise ValueError(f"{path}: GGUF header claims {n_kv} metadata keys")
-    out: dict[str, Any] = {}
-    for _ in range(n_kv):
-        key = r.string("key").decode("utf-8", "replace")
-        vtype = r.u32(key)
-        keep = key.startswith(prefix)
-        v = r.value(vtype, key, keep)
-        if keep:
-            out[key] = (vtype, v)
-    return out
+def read_gguf_vocab(source: Any) -> VocabInfo:
+    """Reads and type-checks the `tokenizer.ggml.*` metadata of a model file. source: the
+    GGUFFile (or ContainerFile) the model already parsed, whose `metadata` and `metadata_types`
+    are read (no second parse), or a path, which is opened, read and closed."""
+    if isinstance(source, str | os.PathLike):
+        p = os.fspath(source)
+        if not os.path.exists(p):
+            raise FileNotFoundError(f"GGUF file not found: {p}")
+        gf = _open_metadata(p)
+        try:
+            return read_gguf_vocab(gf)
+        finally:
+            gf.close()
+    p = str(getattr(source, "path", "<GGUF>"))
+    md: dict[str, Any] = source.metadata
+    types: dict[str, str] = source.metadata_types
 
-
-def read_gguf_vocab(path: str | os.PathLike[str]) -> VocabInfo:
-    """Reads and type-checks the `tokenizer.ggml.*` metadata of a GGUF file (the one function
-    that touches the file, so that it can move to colibri's own GGUF reader later)."""
-    p = os.fspath(path)
-    if not os.path.exists(p):
-        raise FileNotFoundError(f"GGUF file not found: {p}")
-    kv = _read_gguf_metadata(p, "tokenizer.ggml.")
-
-    def get(key: str, kinds: tuple[int, ...], what: str) -> Any:
-        item = kv.get("tokenizer.ggml." + key)
-        if item is None:
+    def get(key: str, kinds: tuple[str, ...], what: str) -> Any:
+        full = "tokenizer.ggml." + key
+        if full not in md:
             return None
-        vtype, v = item
-        ok = vtype in kinds
-        if vtype == _ARRAY:
-            ok = (isinstance(v, list) and "strings" in what) or (
-                isinstance(v, np.ndarray) and "numbers" in what)
-        if not ok:
-            raise ValueError(f"{p}: GGUF key tokenizer.ggml.{key} must be {what}")
-        return v
+        if types.get(full) not in kinds:
+            raise ValueError(f"{p}: GGUF key {full} must be {what}")
+        return md[full]
 
-    model = get("model", (_STRING,), "a string")
+    strings = ("array[string]",)
+    numbers = tuple(f"array[{t}]" for t in ("uint8", "int8", "uint16", "int16", "uint32", "int32",
+                                            "uint64", "int64", "float32", "float64", "bool"))
+    model = get("model", ("string",), "a string")
     if model is None:
         raise ValueError(f"{p}: no tokenizer.ggml.model in the GGUF metadata")
-    tokens = get("tokens", (_ARRAY,), "an array of strings")
+    tokens = get("tokens", strings, "an array of strings")
     if tokens is None:
         raise ValueError(f"{p}: no tokenizer.ggml.tokens in the GGUF metadata")
-    pre = get("pre", (_STRING,), "a string")
-    info = VocabInfo(model=model.decode("utf-8", "replace"),
-                     pre=pre.decode("utf-8", "replace") if pre is not None else "",
-                     tokens=tokens, scores=None, token_types=None)
-    scores = get("scores", (_ARRAY,), "an array of numbers")
+    pre = get("pre", ("string",), "a string")
+    info = VocabInfo(model=model, pre=pre if pre is not None else "",
+                     tokens=[t.encode("utf-8") for t in tokens], scores=None, token_types=None)
+    scores = get("scores", numbers, "an array of numbers")
     if scores is not None:
         if scores.dtype.kind not in "fi":
             raise ValueError(f"{p}: tokenizer.ggml.scores must be float32 or int32")
         info.scores = scores.astype(np.float32)
-    types = get("token_type", (_ARRAY,), "an array of numbers")
-    if types is not None:
-        if types.dtype.kind not in "iu" or types.dtype.itemsize != 4:
+    ttypes = get("token_type", numbers, "an array of numbers")
+    if ttypes is not None:
+        if ttypes.dtype.kind not in "iu" or ttypes.dtype.itemsize != 4:
             raise ValueError(f"{p}: tokenizer.ggml.token_type must be int32")
-        info.token_types = types.astype(np.int32)
-    merges = get("merges", (_ARRAY,), "an array of strings")
+        info.token_types = ttypes.astype(np.int32)
+    merges = get("merges", strings, "an array of strings")
     if merges is not None:
-        info.merges = merges
-    ints = tuple(_SCALAR)
-    for key in kv:
-        short = key[len("tokenizer.ggml."):]
-        if short.endswith("_token_id"):
-            v = get(short, ints, "an integer")
-            if isinstance(v, float):
-                raise ValueError(f"{p}: GGUF key {key} must be an integer")
-            info.special_ids[short[:-len("_token_id")]] = int(v)
+        info.merges = [m.encode("utf-8") for m in merges]
+    for key in md:
+        if key.startswith("tokenizer.ggml.") and key.endswith("_token_id"):
+            short = key[len("tokenizer.ggml."):]
+            info.special_ids[short[:-len("_token_id")]] = int(get(short, tuple(_INT_TYPES),
+                                                                  "an integer"))
     info.bos_id = info.special_ids.get("bos")
     info.eos_id = info.special_ids.get("eos")
     for attr, key in (("add_bos", "add_bos_token"), ("add_eos", "add_eos_token"),
                       ("add_space_prefix", "add_space_prefix")):
-        v = get(key, (7,), "a bool")
+        v = get(key, ("bool",), "a bool")
         if v is not None:
             setattr(info, attr, bool(v))
     return info
+
+
+# Texts of end-of-turn tokens that end a generation even when no *_token_id key names them.
+_EOG_TEXTS = (b"<end_of_turn>", b"<|im_end|>", b"<|eot_id|>", b"<|endoftext|>")
+
+
+def _eos_id(info: VocabInfo, n: int) -> int:
+    """The eos id the tokenizer uses (-1: none): the metadata's when in [0, n), else the
+    vocabulary kind's default (SentencePiece 2, byte-level BPE 11) when in range, as llama.cpp."""
+    if info.eos_id is not None and 0 <= info.eos_id < n:
+        return info.eos_id
+    default = {"llama": 2, "gpt2": 11}.get(info.model, -1)
+    return default if default < n else -1
+
+
+def eog_ids(info: VocabInfo, n: int) -> frozenset[int]:
+    """THE end-of-generation rule, which every caller reads (Tokenizer.eog_ids, Model.eog_ids,
+    generate.stop_token_ids, the engine, the serve grammar): the ids in [0, n) of eos, eot and
+    eom named by the metadata, and of the end-of-turn tokens named by text (_EOG_TEXTS); when
+    none is named, the tokenizer's eos (its default, see _eos_id)."""
+    ids = {v for k, v in info.special_ids.items() if k in ("eos", "eot", "eom") and 0 <= v < n}
+    for text in _EOG_TEXTS:
+        if text in info.tokens[:n]:
+            ids.add(info.tokens.index(text))
+    if not ids and _eos_id(info, n) >= 0:
+        ids.add(_eos_id(info, n))
+    return frozenset(ids)
+
+
+def model_eog_ids(model: Any) -> frozenset[int]:
+    """A Model's eog_ids among its n_vocab outputs: from its tokenizer, or (loaded without one)
+    from the vocabulary of the GGUFFile it parsed; none when the file has no valid vocabulary."""
+    tok = model.tokenizer
+    if tok is not None:
+        ids = tok.eog_ids
+    else:
+        try:
+            info = read_gguf_vocab(model.gguf)
+        except ValueError:
+            return frozenset()
+        ids = eog_ids(info, len(info.tokens))
+    return frozenset(i for i in ids if i < model.n_vocab)
 
 
 def _pack(strings: Sequence[bytes]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
@@ -375,7 +315,7 @@ class Tokenizer:
 
         if model == "llama":
             cmodel, cpre, pre_name = _tok.MODEL_SPM, 0, ""
-            bos, eos = 1, 2
+            bos = 1
             add_bos, add_eos, add_space_prefix, ignore_merges = True, False, True, False
             merges: list[bytes] = []
         else:
@@ -385,7 +325,7 @@ class Tokenizer:
                     f"unsupported tokenizer.ggml.pre {pre!r}; supported: {', '.join(sorted(SUPPORTED_PRE))}")
             pre_name = SUPPORTED_PRE[pre]
             cmodel, cpre = _tok.MODEL_BPE, _tok.PRE_IDS[pre_name]
-            bos, eos = 11, 11
+            bos = 11
             add_bos = pre_name == "llama3"
             add_eos, add_space_prefix = False, False
             ignore_merges = pre_name == "llama3"
@@ -397,12 +337,9 @@ class Tokenizer:
         # metadata overrides the defaults; ids out of range are ignored (as llama.cpp)
         if bos >= n:
             bos = -1
-        if eos >= n:
-            eos = -1
         if info.bos_id is not None and 0 <= info.bos_id < n:
             bos = info.bos_id
-        if info.eos_id is not None and 0 <= info.eos_id < n:
-            eos = info.eos_id
+        eos = _eos_id(info, n)
         if info.add_bos is not None:
             add_bos = info.add_bos
         if info.add_eos is not None:
@@ -427,11 +364,14 @@ class Tokenizer:
         self.add_eos = add_eos
         self.add_space_prefix = add_space_prefix
         self.token_attrs = attrs
+        self._eog = eog_ids(info, n)
 
     @classmethod
-    def from_gguf(cls, path: str | os.PathLike[str], errors: str = "strict") -> Tokenizer:
-        """The tokenizer stored in a GGUF file. errors: "strict" or "replace" (module doc)."""
-        return cls(read_gguf_vocab(path), errors=errors)
+    def from_gguf(cls, source: Any, errors: str = "strict") -> Tokenizer:
+        """The tokenizer stored in a model file: a path, or the GGUFFile / ContainerFile already
+        opened (its parsed metadata is used, the file is not read again). errors: "strict" or
+        "replace" (module doc)."""
+        return cls(read_gguf_vocab(source), errors=errors)
 
     @property
     def vocab_size(self) -> int:
@@ -444,6 +384,11 @@ class Tokenizer:
     @property
     def eos_id(self) -> int | None:
         return self._eos if self._eos >= 0 else None
+
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        """The ids that end a generation (eog_ids: the one rule)."""
+        return self._eog
 
     def encode(self, text: str | bytes, add_special: bool = True, parse_special: bool = False,
                errors: str | None = None) -> npt.NDArray[np.int32]:

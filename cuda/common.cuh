@@ -6,7 +6,8 @@
  * failure in a small error record in device memory that the host reads after the batch:
  *
  *   int err[4]: err[0] = CB_KERR_* code of the first failure (0 = none),
- *               err[1] = source line, err[2] = CB_FILE_ID of the file, err[3] = a value
+ *               err[1] = source line, err[2] = CB_FILE_ID of the file (a CB_KFILE_*),
+ *               err[3] = a value
  *               (the offending expert id, token, ...).
  *
  * CB_KCHECK(cond, err, code, value) does that and returns from the kernel; the statement
@@ -22,13 +23,7 @@
 
 #include <cuda_fp16.h>
 
-#define CB_KERR_NONE 0
-#define CB_KERR_ROUTE_ARG 1        /* routing arguments out of range (routing_logic.h EARG) */
-#define CB_KERR_ROUTE_NONFINITE 2  /* a router logit or bias was NaN or infinite */
-#define CB_KERR_CAPACITY 3         /* the padded token list does not fit the buffers given */
-#define CB_KERR_NOT_RESIDENT 4     /* a routed expert has no slot in the expert pool */
-#define CB_KERR_SHAPE 5            /* a GEMM dimension is not a multiple of what it needs */
-#define CB_KERR_SMEM 6             /* launched with less dynamic shared memory than it needs */
+#include "kernel_abi.h" /* cb_act, the CB_KERR_* codes, the CB_KFILE_* file ids */
 
 /* Record the first failure (code, line, file, value) in err[0..3]; later failures are dropped
  * so the first cause is the one reported. */
@@ -101,10 +96,8 @@ __device__ __forceinline__ unsigned cb_lanemask_lt() {
     return (1u << (threadIdx.x & 31u)) - 1u;
 }
 
-/* Activations selectable at run time by the expert kernels (the `act` argument). */
-#define CB_ACT_SILU 0
-#define CB_ACT_GELU_TANH 1
-
+/* Activations selectable at run time by the expert kernels (the `act` argument: a cb_act of
+ * kernel_abi.h). */
 __device__ __forceinline__ float cb_activation(float x, int act) {
     if (act == CB_ACT_GELU_TANH) {
         const float c = 0.7978845608028654f; /* sqrt(2 / pi) */

@@ -53,7 +53,7 @@
  * (fp16 vectors, or packed int4 + scale), and writes it (dequantizing) after a barrier.
  * The "_cp" fp16 kernels instead keep 3-4 slices in flight with cp.async (moe_gemm_cp_body).
  */
-#define CB_FILE_ID 2
+#define CB_FILE_ID CB_KFILE_MOE_GEMM
 #include <mma.h>
 
 #include "common.cuh"

@@ -52,7 +52,7 @@
  *
  * All pointers are device pointers owned by the caller; bias and slot_offset may be NULL.
  */
-#define CB_FILE_ID 1
+#define CB_FILE_ID CB_KFILE_ROUTING
 #include "common.cuh"
 #include "routing_logic.h"
 

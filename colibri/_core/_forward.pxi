@@ -1,10 +1,11 @@
-"""The C forward pass over a model description (colibri.arch.ModelDesc)."""
+"""The C forward pass over a model description (colibri.arch.ModelDesc, a CModelDesc of
+_desc.pxi)."""
 
 cimport cython
 
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 import operator
 import os
@@ -41,33 +42,6 @@ def _int_array(values, str what, lo, hi, dtype):
         bad = int(a[(a < lo) | (a >= hi)][0])
         raise ValueError(f"{what} {bad} is out of range [{lo}, {hi})")
     return np.ascontiguousarray(a, dtype=dtype)
-
-
-cdef uintptr_t _addr(object arr, object dtype, str what) except? 0:
-    """Address of a C-contiguous numpy array of dtype (None -> 0)."""
-    if arr is None:
-        return 0
-    if not isinstance(arr, np.ndarray) or arr.dtype != dtype or not arr.flags.c_contiguous:
-        raise ValueError(f"{what}: expected a contiguous {np.dtype(dtype).name} array")
-    if arr.ctypes.data % np.dtype(dtype).itemsize:
-        raise ValueError(f"{what}: misaligned data")
-    return <uintptr_t>arr.ctypes.data
-
-
-cdef int _mat(cb_matrix_t *m, object M, str what) except -1:
-    memset(m, 0, sizeof(cb_matrix_t))
-    if M is None:
-        return 0
-    m.type = M.type
-    m.rows = M.rows
-    m.cols = M.cols
-    m.row_bytes = M.row_bytes
-    m.data = <const void *>_addr(M.data, np.uint8, what) if M.data is not None else NULL
-    return 0
-
-
-cdef inline const float *_vec(object v, str what) except? NULL:
-    return <const float *>_addr(v, np.float32, what)
 
 
 _EXPERT_MODES = {"mapped": CB_EXPERTS_MAPPED, "cache": CB_EXPERTS_CACHE, "mmap": CB_EXPERTS_MMAP}
@@ -506,60 +480,23 @@ cdef class Forward:
         self.max_batch = max_batch
         self.n_vocab = desc.n_vocab
         self.n_embd = desc.n_embd
-        cdef cb_model_desc_t *m = &self.m
-        memset(m, 0, sizeof(cb_model_desc_t))
-        m.n_embd, m.n_layer, m.n_head = desc.n_embd, desc.n_layer, desc.n_head
-        m.n_head_kv, m.head_dim, m.n_vocab = desc.n_head_kv, desc.head_dim, desc.n_vocab
-        m.norm_eps = desc.norm_eps
-        m.act, m.qk_norm, m.rope_mode = desc.act, desc.qk_norm, desc.rope_mode
-        m.rope_n_dims = desc.rope_n_dims
-        m.embd_scale, m.attn_scale = desc.embd_scale, desc.attn_scale
-        m.attn_softcap, m.final_softcap = desc.attn_softcap, desc.final_softcap
-        m.gating, m.expert_renorm, m.expert_scale = desc.gating, int(desc.expert_renorm), desc.expert_scale
-        _mat(&m.tok_embd, desc.tok_embd, "token_embd")
-        _mat(&m.output, desc.output, "output")
-        m.output_norm = _vec(desc.output_norm, "output_norm")
-        n = len(desc.layers)
+        # the structs as the descriptions hold them (filled by name in _desc.pxi)
+        cdef CModelDesc md = desc
+        cdef CLayerDesc ld
+        memcpy(&self.m, md.c, sizeof(cb_model_desc_t))
+        layers = desc.layers
+        n = len(layers)
+        if n != self.m.n_layer:
+            raise ValueError(f"the description has {n} layers for n_layer = {self.m.n_layer}")
         self.layers = <cb_layer_desc_t *>calloc(n + 1, sizeof(cb_layer_desc_t))
         if self.layers == NULL:
             raise MemoryError("no memory for the layer table")
-        cdef cb_layer_desc_t *L
-        for i, D in enumerate(desc.layers):
-            L = &self.layers[i]
-            w = f"layer {i}"
-            L.attn_norm = _vec(D.attn_norm, w)
-            _mat(&L.wq, D.wq, w); _mat(&L.wk, D.wk, w); _mat(&L.wv, D.wv, w); _mat(&L.wo, D.wo, w)
-            L.bq = _vec(D.bq, w); L.bk = _vec(D.bk, w); L.bv = _vec(D.bv, w); L.bo = _vec(D.bo, w)
-            L.q_norm = _vec(D.q_norm, w); L.k_norm = _vec(D.k_norm, w)
-            L.attn_post_norm = _vec(D.attn_post_norm, w)
-            L.sliding_window = D.sliding_window
-            L.rope_base = D.rope_base
-            L.rope_freq_scale = D.rope_freq_scale
-            L.ffn_norm = _vec(D.ffn_norm, w)
-            L.ffn_post_norm = _vec(D.ffn_post_norm, w)
-            _mat(&L.ffn_gate, D.ffn_gate, w); _mat(&L.ffn_up, D.ffn_up, w); _mat(&L.ffn_down, D.ffn_down, w)
-            L.n_expert, L.n_expert_used = D.n_expert, D.n_expert_used
-            _mat(&L.router, D.router, w)
-            L.router_bias = _vec(D.router_bias, w)
-            L.n_ff_exp = D.n_ff_exp
-            if D.experts is not None:
-                _mat(&L.exp_gate, D.experts.gate, w)
-                _mat(&L.exp_up, D.experts.up, w)
-                _mat(&L.exp_down, D.experts.down, w)
-            _mat(&L.sh_gate, D.sh_gate, w); _mat(&L.sh_up, D.sh_up, w); _mat(&L.sh_down, D.sh_down, w)
-            _mat(&L.sh_gate_inp, D.sh_gate_inp, w)
-            L.n_head_kv, L.head_dim, L.rope_n_dims = D.n_head_kv, D.head_dim, D.rope_n_dims
-            L.rope_freqs = _vec(D.rope_freqs, w)
-            L.v_norm, L.v_from_k = int(D.v_norm), int(D.v_from_k)
-            L.out_scale = _vec(D.out_scale, w)
-            L.ffn_post_norm_1 = _vec(D.ffn_post_norm_1, w)
-            L.ffn_pre_norm_2 = _vec(D.ffn_pre_norm_2, w)
-            L.ffn_post_norm_2 = _vec(D.ffn_post_norm_2, w)
-            L.router_in_scale = _vec(D.router_in_scale, w)
-            L.exp_down_scale = _vec(D.exp_down_scale, w)
-        m.layers = self.layers
+        for i, D in enumerate(layers):
+            ld = D
+            memcpy(&self.layers[i], ld.c, sizeof(cb_layer_desc_t))
+        self.m.layers = self.layers
         kv._open()
-        check(cb_forward_new(m, kv._kv, experts.s if experts is not None else NULL,
+        check(cb_forward_new(&self.m, kv._kv, experts.s if experts is not None else NULL,
                              pool.pool if pool is not None else NULL, max_batch, &self.f))
 
     def __dealloc__(self):

@@ -1,19 +1,27 @@
-"""The expert store and the forward pass (include/colibri/experts.h, forward.h): the names that
-_forward.pxi defines in colibri._core._native, the one extension module."""
+"""The model description, the expert store and the forward pass (include/colibri/experts.h,
+forward.h): the names that _desc.pxi and _forward.pxi define in colibri._core._native, the one
+extension module."""
 
 from colibri._core._native import (
     GATING_SIGMOID,
     GATING_SOFTMAX,
     ROUTE_MAX_EXPERTS,
     ROUTE_MAX_K,
+    CLayerDesc,
+    CModelDesc,
     ExpertStore,
     Forward,
     cb_experts_mode,
     cb_experts_policy,
+    cb_kerr,
+    cb_kfile,
     cb_qk_norm,
+    desc_fields,
+    desc_struct_size,
 )
 
 __all__ = [
-    "ExpertStore", "Forward", "GATING_SIGMOID", "GATING_SOFTMAX", "ROUTE_MAX_EXPERTS",
-    "ROUTE_MAX_K", "cb_experts_mode", "cb_experts_policy", "cb_qk_norm",
+    "CLayerDesc", "CModelDesc", "ExpertStore", "Forward", "GATING_SIGMOID", "GATING_SOFTMAX",
+    "ROUTE_MAX_EXPERTS", "ROUTE_MAX_K", "cb_experts_mode", "cb_experts_policy", "cb_kerr",
+    "cb_kfile", "cb_qk_norm", "desc_fields", "desc_struct_size",
 ]

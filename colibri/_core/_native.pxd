@@ -43,6 +43,19 @@ cdef extern from "colibri/ops.h":
         CB_ACT_SILU
         CB_ACT_GELU_TANH
 
+cdef extern from "kernel_abi.h":  # cuda/: shared by the C core and the CUDA kernels
+    cpdef enum cb_kerr:
+        CB_KERR_NONE
+        CB_KERR_ROUTE_ARG
+        CB_KERR_ROUTE_NONFINITE
+        CB_KERR_CAPACITY
+        CB_KERR_NOT_RESIDENT
+        CB_KERR_SHAPE
+        CB_KERR_SMEM
+    cpdef enum cb_kfile:
+        CB_KFILE_ROUTING
+        CB_KFILE_MOE_GEMM
+
 cdef extern from "colibri/forward.h":
     cpdef enum cb_qk_norm:
         CB_QK_NORM_NONE

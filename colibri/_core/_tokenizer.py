@@ -2,6 +2,13 @@
 colibri._core._native, the one extension module."""
 
 from colibri._core._native import (
+    ATTR_BYTE,
+    ATTR_CONTROL,
+    ATTR_NORMAL,
+    ATTR_UNDEFINED,
+    ATTR_UNKNOWN,
+    ATTR_UNUSED,
+    ATTR_USER_DEFINED,
     MODEL_BPE,
     MODEL_SPM,
     PRE_IDS,
@@ -12,6 +19,7 @@ from colibri._core._native import (
 )
 
 __all__ = [
-    "MODEL_SPM", "MODEL_BPE", "PRE_IDS", "utf8_validate", "utf8_sanitize", "CTokenizer",
+    "ATTR_BYTE", "ATTR_CONTROL", "ATTR_NORMAL", "ATTR_UNDEFINED", "ATTR_UNKNOWN", "ATTR_UNUSED",
+    "ATTR_USER_DEFINED", "MODEL_SPM", "MODEL_BPE", "PRE_IDS", "utf8_validate", "utf8_sanitize", "CTokenizer",
     "CStream",
 ]

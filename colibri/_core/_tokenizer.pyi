@@ -1,6 +1,13 @@
 import numpy as np
 import numpy.typing as npt
 
+ATTR_UNDEFINED: int
+ATTR_UNKNOWN: int
+ATTR_UNUSED: int
+ATTR_NORMAL: int
+ATTR_CONTROL: int
+ATTR_USER_DEFINED: int
+ATTR_BYTE: int
 MODEL_SPM: int
 MODEL_BPE: int
 PRE_IDS: dict[str, int]

@@ -17,6 +17,7 @@
 #include "colibri/forward.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,6 +60,22 @@ struct cb_forward {
     void *moe_hook_user;
     int fast;             /* !deterministic: cb_matmul_opts_t.fast */
 };
+
+/* The field tables of the description (forward.h), from the same X-macro lists as the structs. */
+_Static_assert(sizeof(cb_act) == sizeof(int) && sizeof(cb_qk_norm) == sizeof(int) &&
+                   sizeof(cb_rope_mode) == sizeof(int),
+               "CB_DESC_ENUM fields are int-sized");
+#define CB_DESC_ENTRY_(type, kind, name) {#name, offsetof(type, name), CB_DESC_K_##kind},
+#define CB_LAYER_ENTRY_(kind, name) CB_DESC_ENTRY_(cb_layer_desc_t, kind, name)
+#define CB_MODEL_ENTRY_(kind, name) CB_DESC_ENTRY_(cb_model_desc_t, kind, name)
+static const cb_desc_field_t layer_fields[] = {CB_LAYER_DESC_FIELDS(CB_LAYER_ENTRY_)};
+static const cb_desc_field_t model_fields[] = {CB_MODEL_DESC_FIELDS(CB_MODEL_ENTRY_)};
+
+int32_t cb_desc_fields(int layer, const cb_desc_field_t **out) {
+    *out = layer ? layer_fields : model_fields;
+    return layer ? (int32_t)(sizeof layer_fields / sizeof layer_fields[0])
+                 : (int32_t)(sizeof model_fields / sizeof model_fields[0]);
+}
 
 /* Every matmul of the forward: cb_matmul with the batch-invariance choice. */
 static cb_status fmm(const cb_forward_t *f, const cb_matrix_t *w, const float *x, int64_t n,

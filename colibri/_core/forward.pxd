@@ -69,56 +69,25 @@ cdef extern from "colibri/experts.h" nogil:
 
 
 cdef extern from "colibri/forward.h" nogil:
+    # The structs' fields are written once, in forward.h's field tables; Python fills them by
+    # name through cb_desc_fields (_desc.pxi), so only what Forward joins is named here.
     ctypedef struct cb_layer_desc_t:
-        const float *attn_norm
-        cb_matrix_t wq, wk, wv, wo
-        const float *bq
-        const float *bk
-        const float *bv
-        const float *bo
-        const float *q_norm
-        const float *k_norm
-        const float *attn_post_norm
-        int32_t sliding_window
-        float rope_base
-        float rope_freq_scale
-        const float *ffn_norm
-        const float *ffn_post_norm
-        cb_matrix_t ffn_gate, ffn_up, ffn_down
-        int32_t n_expert, n_expert_used
-        cb_matrix_t router
-        const float *router_bias
-        int64_t n_ff_exp
-        cb_matrix_t exp_gate, exp_up, exp_down
-        cb_matrix_t sh_gate, sh_up, sh_down, sh_gate_inp
-        int32_t n_head_kv, head_dim, rope_n_dims
-        const float *rope_freqs
-        int32_t v_norm, v_from_k
-        const float *out_scale
-        const float *ffn_post_norm_1
-        const float *ffn_pre_norm_2
-        const float *ffn_post_norm_2
-        const float *router_in_scale
-        const float *exp_down_scale
-
+        pass
     ctypedef struct cb_model_desc_t:
-        int32_t n_embd, n_layer, n_head, n_head_kv, head_dim, n_vocab
-        float norm_eps
-        int act
-        int qk_norm
-        int rope_mode
-        int32_t rope_n_dims
-        float embd_scale
-        float attn_scale
-        float attn_softcap
-        float final_softcap
-        int32_t gating
-        int32_t expert_renorm
-        float expert_scale
-        cb_matrix_t tok_embd
-        const float *output_norm
-        cb_matrix_t output
+        int32_t n_layer
         const cb_layer_desc_t *layers
+    enum cb_desc_kind:
+        CB_DESC_I32
+        CB_DESC_I64
+        CB_DESC_F32
+        CB_DESC_ENUM
+        CB_DESC_VEC
+        CB_DESC_MAT
+    ctypedef struct cb_desc_field_t:
+        const char *name
+        size_t offset
+        int32_t kind
+    int32_t cb_desc_fields(int layer, const cb_desc_field_t **out)
 
     ctypedef struct cb_forward_t:
         pass

@@ -9,6 +9,15 @@ cdef extern from "colibri/tokenizer.h" nogil:
     cb_status cb_utf8_sanitize(const uint8_t *s, size_t n, uint8_t **out, size_t *out_len,
                                size_t *n_replaced)
 
+    enum:  # #defined bits of cb_tokenizer_params.attrs
+        CB_TOKEN_ATTR_UNDEFINED
+        CB_TOKEN_ATTR_UNKNOWN
+        CB_TOKEN_ATTR_UNUSED
+        CB_TOKEN_ATTR_NORMAL
+        CB_TOKEN_ATTR_CONTROL
+        CB_TOKEN_ATTR_USER_DEFINED
+        CB_TOKEN_ATTR_BYTE
+
     ctypedef enum cb_tokenizer_model:
         CB_TOKENIZER_SPM
         CB_TOKENIZER_BPE

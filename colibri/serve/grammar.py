@@ -96,7 +96,7 @@ class GrammarFactory:
             # llguidance's convention (as its llama.cpp bridge): a control token's bytes start
             # with 0xff, so that grammars match it only as a special token, never as text
             tokens.append(b"\xff" + piece if int(attrs[i]) & ATTR_CONTROL else piece)
-        eos = sorted(stop_token_ids(model)) or ([tok.eos_id] if tok.eos_id is not None else [])
+        eos = sorted(stop_token_ids(model))  # Model.eog_ids, the one end-of-generation rule
         if not eos:
             raise ValueError("structured output needs an end-of-generation token; the model's "
                              "vocabulary names none")

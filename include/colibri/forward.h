@@ -66,68 +66,122 @@ typedef enum cb_qk_norm {
     CB_QK_NORM_FULL = 2, /* RMSNorm over the whole q / k projection (olmoe) */
 } cb_qk_norm;
 
-/* A matrix with no data (type F32, data NULL) means "absent". */
+/* The description is written once, as the two field tables below (X-macros): each X(KIND,
+ * name) line declares one struct member of the C type CB_DESC_T_<KIND>, and the same tables
+ * give cb_desc_fields() its (name, offset, kind) entries, through which Python fills the
+ * structs by name (colibri/_core/_forward.pxi, colibri/arch.py). Adding a field is one line
+ * here plus the reader in colibri/arch.py that sets it. */
+typedef enum cb_desc_kind {
+    CB_DESC_I32 = 0,  /* int32_t (flags are 0 / 1) */
+    CB_DESC_I64 = 1,  /* int64_t */
+    CB_DESC_F32 = 2,  /* float */
+    CB_DESC_ENUM = 3, /* a C enum (cb_act, cb_qk_norm, cb_rope_mode): int-sized */
+    CB_DESC_VEC = 4,  /* const float *: a float32 vector, NULL when absent */
+    CB_DESC_MAT = 5,  /* cb_matrix_t; no data (type F32, data NULL) means "absent" */
+} cb_desc_kind;
+
+#define CB_DESC_T_I32 int32_t
+#define CB_DESC_T_I64 int64_t
+#define CB_DESC_T_F32 float
+#define CB_DESC_T_VEC const float *
+#define CB_DESC_T_MAT cb_matrix_t
+#define CB_DESC_T_ACT cb_act
+#define CB_DESC_T_QKNORM cb_qk_norm
+#define CB_DESC_T_ROPE cb_rope_mode
+#define CB_DESC_K_I32 CB_DESC_I32
+#define CB_DESC_K_I64 CB_DESC_I64
+#define CB_DESC_K_F32 CB_DESC_F32
+#define CB_DESC_K_VEC CB_DESC_VEC
+#define CB_DESC_K_MAT CB_DESC_MAT
+#define CB_DESC_K_ACT CB_DESC_ENUM
+#define CB_DESC_K_QKNORM CB_DESC_ENUM
+#define CB_DESC_K_ROPE CB_DESC_ENUM
+
+/* One layer. */
+#define CB_LAYER_DESC_FIELDS(X)                                                                  \
+    X(VEC, attn_norm)       /* [n_embd] */                                                       \
+    X(MAT, wq)              /* [n_head*head_dim x n_embd] */                                     \
+    X(MAT, wk)              /* [n_kv*head_dim x n_embd] */                                       \
+    X(MAT, wv)              /* [n_kv*head_dim x n_embd] (absent with v_from_k) */                \
+    X(MAT, wo)              /* [n_embd x n_head*head_dim] */                                     \
+    X(VEC, bq) X(VEC, bk) X(VEC, bv) X(VEC, bo) /* biases or NULL */                             \
+    X(VEC, q_norm) X(VEC, k_norm) /* see qk_norm; NULL when NONE */                              \
+    X(VEC, attn_post_norm)  /* [n_embd] or NULL */                                               \
+    X(I32, sliding_window)  /* 0: global attention; else attend to pos-w+1..pos */               \
+    X(F32, rope_base)       /* frequency base of this layer */                                   \
+    X(F32, rope_freq_scale) /* linear scaling: positions multiplied by this (1 = none) */        \
+    X(VEC, ffn_norm)        /* [n_embd] */                                                       \
+    X(VEC, ffn_post_norm)   /* [n_embd] or NULL */                                               \
+    /* dense FFN (n_expert == 0) */                                                              \
+    X(MAT, ffn_gate) X(MAT, ffn_up) X(MAT, ffn_down)                                             \
+    /* MoE (n_expert > 0): experts come from the expert store, layer index = this layer */       \
+    X(I32, n_expert) X(I32, n_expert_used)                                                       \
+    X(MAT, router)          /* [n_expert x n_embd] */                                            \
+    X(VEC, router_bias)     /* [n_expert] selection bias or NULL */                              \
+    X(I64, n_ff_exp)        /* expert FFN width */                                               \
+    /* type, shape and row stride of ONE expert's gate [n_ff_exp x n_embd], up (same) and down   \
+     * [n_embd x n_ff_exp]; data is ignored (the expert store provides it per expert) */         \
+    X(MAT, exp_gate) X(MAT, exp_up) X(MAT, exp_down)                                             \
+    /* shared expert (absent: data NULL) and its optional scalar sigmoid gate [1 x n_embd] */    \
+    X(MAT, sh_gate) X(MAT, sh_up) X(MAT, sh_down) X(MAT, sh_gate_inp)                            \
+    /* Per-layer attention shape (gemma4: sliding and global layers differ). 0 = the model's    \
+     * n_head_kv / head_dim / rope_n_dims. The layer's K/V take 2*n_head_kv*head_dim values     \
+     * per token in the cache, the layers one after another. */                                  \
+    X(I32, n_head_kv) X(I32, head_dim) X(I32, rope_n_dims)                                       \
+    X(VEC, rope_freqs)      /* [rope_n_dims/2] RoPE frequency divisors or NULL */                \
+    X(I32, v_norm)          /* RMSNorm of each V head, no weight (gemma4) */                     \
+    X(I32, v_from_k)        /* wv absent: V = the K projection before its norm */                \
+    X(VEC, out_scale)       /* [1]: the layer's output x is multiplied by it, or NULL */         \
+    /* The MoE block beside the dense FFN (gemma4; n_expert > 0 and ffn_gate present):          \
+     *   f = rmsnorm(dense(rmsnorm(x) * ffn_norm)) * ffn_post_norm_1                             \
+     *     + rmsnorm(moe(rmsnorm(x) * ffn_pre_norm_2)) * ffn_post_norm_2                         \
+     * router input rmsnorm(x) * router_in_scale / sqrt(n_embd) (no weight on the norm);         \
+     * expert e's output is multiplied by exp_down_scale[e]. */                                  \
+    X(VEC, ffn_post_norm_1) X(VEC, ffn_pre_norm_2) X(VEC, ffn_post_norm_2) /* [n_embd] */        \
+    X(VEC, router_in_scale) /* [n_embd] or NULL (router reads the FFN input) */                  \
+    X(VEC, exp_down_scale)  /* [n_expert] or NULL */
+
+/* The model (plus `layers`, the [n_layer] layer table, set by whoever assembles it). */
+#define CB_MODEL_DESC_FIELDS(X)                                                                  \
+    X(I32, n_embd) X(I32, n_layer) X(I32, n_head) X(I32, n_head_kv) X(I32, head_dim)             \
+    X(I32, n_vocab)                                                                              \
+    X(F32, norm_eps)        /* RMSNorm epsilon */                                                \
+    X(ACT, act)             /* FFN activation (ops.h / cuda/kernel_abi.h) */                     \
+    X(QKNORM, qk_norm)                                                                           \
+    X(ROPE, rope_mode)      /* ops.h: CB_ROPE_NORMAL (llama) or CB_ROPE_NEOX (qwen, gemma) */    \
+    X(I32, rope_n_dims)     /* rotated dims per head (<= head_dim); a layer may override */     \
+    X(F32, embd_scale)      /* token embeddings are multiplied by this (gemma: sqrt(n_embd)) */  \
+    X(F32, attn_scale)      /* score scale (1/sqrt(head_dim) usually) */                         \
+    X(F32, attn_softcap)    /* 0 = none */                                                       \
+    X(F32, final_softcap)   /* 0 = none */                                                       \
+    X(I32, gating)          /* CB_GATING_SOFTMAX or CB_GATING_SIGMOID (routing_logic.h) */      \
+    X(I32, expert_renorm)   /* renormalise the top-k weights */                                  \
+    X(F32, expert_scale)    /* weights multiplied by this (1 = none) */                          \
+    X(MAT, tok_embd)        /* [n_vocab x n_embd] */                                             \
+    X(VEC, output_norm)     /* [n_embd] */                                                       \
+    X(MAT, output)          /* [n_vocab x n_embd] (tok_embd when tied) */
+
+#define CB_DESC_MEMBER_(kind, name) CB_DESC_T_##kind name;
+
 typedef struct cb_layer_desc {
-    const float *attn_norm;             /* [n_embd] */
-    cb_matrix_t wq, wk, wv, wo;         /* [n_head*head_dim x n_embd], [n_kv*hd x n_embd] x2,
-                                           [n_embd x n_head*head_dim] */
-    const float *bq, *bk, *bv, *bo;     /* biases or NULL */
-    const float *q_norm, *k_norm;       /* see qk_norm; NULL when NONE */
-    const float *attn_post_norm;        /* [n_embd] or NULL */
-    int32_t sliding_window;             /* 0: global attention; else attend to pos-w+1..pos */
-    float rope_base;                    /* frequency base of this layer */
-    float rope_freq_scale;              /* linear scaling: positions multiplied by this (1 = none) */
-    const float *ffn_norm;              /* [n_embd] */
-    const float *ffn_post_norm;         /* [n_embd] or NULL */
-    /* dense FFN (n_expert == 0) */
-    cb_matrix_t ffn_gate, ffn_up, ffn_down;
-    /* MoE (n_expert > 0): experts come from the expert store, layer index = this layer */
-    int32_t n_expert, n_expert_used;
-    cb_matrix_t router;                 /* [n_expert x n_embd] */
-    const float *router_bias;           /* [n_expert] selection bias or NULL */
-    int64_t n_ff_exp;                   /* expert FFN width */
-    /* type, shape and row stride of ONE expert's gate [n_ff_exp x n_embd], up (same) and down
-     * [n_embd x n_ff_exp]; data is ignored (the expert store provides it per expert) */
-    cb_matrix_t exp_gate, exp_up, exp_down;
-    /* shared expert (absent: data NULL) and its optional scalar sigmoid gate [1 x n_embd] */
-    cb_matrix_t sh_gate, sh_up, sh_down, sh_gate_inp;
-    /* Per-layer attention shape (gemma4: sliding and global layers differ). 0 = the model's
-     * n_head_kv / head_dim / rope_n_dims. The layer's K/V take 2*n_head_kv*head_dim values per
-     * token in the cache, the layers one after another. */
-    int32_t n_head_kv, head_dim, rope_n_dims;
-    const float *rope_freqs;            /* [rope_n_dims/2] RoPE frequency divisors or NULL */
-    int32_t v_norm;                     /* RMSNorm of each V head, no weight (gemma4) */
-    int32_t v_from_k;                   /* wv absent: V = the K projection before its norm */
-    const float *out_scale;             /* [1]: the layer's output x is multiplied by it, or NULL */
-    /* gemma4: the MoE block runs beside the dense FFN (n_expert > 0 and ffn_gate present):
-     *   f = rmsnorm(dense(rmsnorm(x) * ffn_norm)) * ffn_post_norm_1
-     *     + rmsnorm(moe(rmsnorm(x) * ffn_pre_norm_2)) * ffn_post_norm_2
-     * router input rmsnorm(x) * router_in_scale / sqrt(n_embd) (no weight on the norm);
-     * expert e's output is multiplied by exp_down_scale[e]. */
-    const float *ffn_post_norm_1, *ffn_pre_norm_2, *ffn_post_norm_2; /* [n_embd] */
-    const float *router_in_scale;       /* [n_embd] or NULL (router reads the FFN input) */
-    const float *exp_down_scale;        /* [n_expert] or NULL */
+    CB_LAYER_DESC_FIELDS(CB_DESC_MEMBER_)
 } cb_layer_desc_t;
 
 typedef struct cb_model_desc {
-    int32_t n_embd, n_layer, n_head, n_head_kv, head_dim, n_vocab;
-    float norm_eps;          /* RMSNorm epsilon */
-    cb_act act;              /* FFN activation (ops.h): CB_ACT_SILU or CB_ACT_GELU_TANH */
-    cb_qk_norm qk_norm;
-    cb_rope_mode rope_mode;  /* ops.h: CB_ROPE_NORMAL (llama) or CB_ROPE_NEOX (qwen, olmoe, gemma) */
-    int32_t rope_n_dims;     /* rotated dims per head (<= head_dim); a layer may override */
-    float embd_scale;        /* token embeddings are multiplied by this (gemma: sqrt(n_embd)); 1 = none */
-    float attn_scale;        /* score scale (1/sqrt(head_dim) usually) */
-    float attn_softcap;      /* 0 = none */
-    float final_softcap;     /* 0 = none */
-    int32_t gating;          /* CB_GATING_SOFTMAX or CB_GATING_SIGMOID (routing_logic.h) */
-    int32_t expert_renorm;   /* renormalise the top-k weights */
-    float expert_scale;      /* weights multiplied by this (1 = none) */
-    cb_matrix_t tok_embd;    /* [n_vocab x n_embd] */
-    const float *output_norm;/* [n_embd] */
-    cb_matrix_t output;      /* [n_vocab x n_embd] (tok_embd when tied) */
+    CB_MODEL_DESC_FIELDS(CB_DESC_MEMBER_)
     const cb_layer_desc_t *layers; /* [n_layer] */
 } cb_model_desc_t;
+
+/* One entry of a description's field table. */
+typedef struct cb_desc_field {
+    const char *name;
+    size_t offset; /* offsetof in cb_model_desc_t or cb_layer_desc_t */
+    int32_t kind;  /* cb_desc_kind */
+} cb_desc_field_t;
+
+/* The field table of cb_model_desc_t (layer = 0, without `layers`) or of cb_layer_desc_t
+ * (layer != 0), in declaration order: *out points to static storage; returns the count. */
+int32_t cb_desc_fields(int layer, const cb_desc_field_t **out);
 
 typedef struct cb_forward cb_forward_t;
 

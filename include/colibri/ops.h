@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "colibri/status.h"
+#include "kernel_abi.h" /* cuda/: cb_act, shared with the CUDA kernels */
 
 #ifdef __cplusplus
 extern "C" {
@@ -110,10 +111,7 @@ cb_status cb_rope_batch(float *x, int64_t n_tokens, int64_t token_stride, int64_
  * a silent all-zero row). */
 cb_status cb_softmax(float *x, int64_t n);
 
-typedef enum cb_act {
-    CB_ACT_SILU = 0,      /* x * sigmoid(x) */
-    CB_ACT_GELU_TANH = 1, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): gelu_pytorch_tanh */
-} cb_act;
+/* cb_act (CB_ACT_SILU, CB_ACT_GELU_TANH) is shared with the CUDA kernels: cuda/kernel_abi.h. */
 
 /* out = act(x), n floats. */
 cb_status cb_silu(const float *x, int64_t n, float *out);

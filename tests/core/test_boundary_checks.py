@@ -4,7 +4,6 @@ reads out of bounds (route_counts(99) used to segfault)."""
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
 
@@ -69,8 +68,8 @@ def test_a_layer_without_experts_raises_a_clear_error(moe):
     """A store over a description whose layer 1 is dense."""
     desc = moe.desc
     layers = list(desc.layers)
-    layers[1] = dataclasses.replace(layers[1], n_expert=0, n_expert_used=0, experts=None)
-    store = _forward.ExpertStore(dataclasses.replace(desc, layers=layers))
+    layers[1] = layers[1].replace(n_expert=0, n_expert_used=0, experts=None)
+    store = _forward.ExpertStore(desc.replace(layers=layers))
     assert store.route_counts(0).shape == (10,)
     for call in (lambda: store.route_counts(1), lambda: store.acquire(1, [0]),
                  lambda: store.prefetch(1, [0])):
