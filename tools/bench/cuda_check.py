@@ -7,7 +7,7 @@
 Steps on the GPU machine (each timed and printed; a JSON summary goes to $OUT/cuda_check.json
 when $OUT is set):
   1. PyCUDA: imported if present, else built from the carried sdist and wheels in
-     build/pycuda_wheels (tools/fetch_pycuda.sh; carry=["build/pycuda_wheels"]): the
+     build/pycuda_wheels (tools/dev/fetch_pycuda.sh; carry=["build/pycuda_wheels"]): the
      dependencies installed offline into build/pycuda_site, the sdist compiled in place in
      build/pycuda_src (parallel build_ext); the build time is reported.
   2. Kernels compiled for the device's own architecture (colibri.cuda, cubin cache).
@@ -377,7 +377,7 @@ def ensure_pycuda() -> float | None:
     wheels = ROOT / "build" / "pycuda_wheels"
     sdists = sorted(wheels.glob("pycuda-*.tar.gz"))
     if not sdists:
-        raise SystemExit(f"PyCUDA missing and no sdist in {wheels}: run tools/fetch_pycuda.sh "
+        raise SystemExit(f"PyCUDA missing and no sdist in {wheels}: run tools/dev/fetch_pycuda.sh "
                          "and carry build/pycuda_wheels")
     cuda_root = find_cuda_root()
     if cuda_root is None:
