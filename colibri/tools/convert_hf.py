@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Convert a Hugging Face checkpoint (config.json + *.safetensors [+ tokenizer.json]) to GGUF.
 
-    python tools/convert_hf.py MODEL_DIR OUT.gguf [--outtype f32|f16|bf16|q8_0] [--pre NAME]
+    python -m colibri.tools.convert_hf MODEL_DIR OUT.gguf [--outtype f32|f16|bf16|q8_0] [--pre NAME]
+    (from a checkout also: python tools/convert_hf.py ...)
 
 Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, gemma3_text,
 gemma4_text (and gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
