@@ -7,14 +7,9 @@ Kept as a path for scripts; the converter ships in the package (`python -m
 colibri.tools.convert_hf`), where the oracle tests and tools/bench/learned_moe.py import it.
 """
 
-import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:  # the checkout's colibri when it is not installed
-    sys.path.insert(0, ROOT)
-
-from colibri.tools.convert_hf import main  # noqa: E402
+from colibri.tools.convert_hf import main
 
 if __name__ == "__main__":
     sys.exit(main())

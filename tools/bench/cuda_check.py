@@ -12,11 +12,9 @@ run from this checkout: PyCUDA's carried wheels and the cubin cache are under it
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the checkout's colibri when it is not installed
-    sys.path.insert(0, str(ROOT))
+from colibri.tools.cuda_check import main
 
-from colibri.tools.cuda_check import main  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 if __name__ == "__main__":
     sys.exit(main(root=ROOT))
