@@ -1,27 +1,22 @@
 """Tiny random models of every supported family, built with `transformers` (the oracle) and
-converted to GGUF with tools/convert_hf.py. Seeded, small enough for seconds on 2 cores, but
+converted to GGUF with colibri.tools.convert_hf. Seeded, small enough for seconds on 2 cores, but
 with several layers, GQA, more than 8 experts where the family has experts, and a shared
 expert where it has one."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 320
 
 
 def _convert_module():
-    spec = importlib.util.spec_from_file_location("convert_hf", ROOT / "tools" / "convert_hf.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["convert_hf"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    """The converter (colibri/tools/convert_hf.py; tools/convert_hf.py is its command line)."""
+    from colibri.tools import convert_hf
+
+    return convert_hf
 
 
 def _gemma4_multimodal_config(**text):

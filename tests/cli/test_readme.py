@@ -34,8 +34,8 @@ EXEMPT = {
 EXEMPT_IF_CONTAINS = {
     "--device cuda": "needs an NVIDIA GPU",
     "--vs-llama-cpp": "benchmarks against llama.cpp (tools/bench runs it by hand)",
-    "device_check.sh": "runs on a lent GPU machine",
-    "fetch_pycuda.sh": "needs the network",
+    "tools/dev/device_check.sh": "runs on a lent GPU machine",
+    "tools/dev/fetch_pycuda.sh": "needs the network",
     "colibri serve": "a server runs until stopped (the README's Python example and "
                      "tests/serve/test_serve.py run it)",
 }

@@ -18,12 +18,9 @@ import pytest
 
 from colibri import cli
 from colibri.container import ContainerError, ContainerFile, convert, is_container
+from colibri.tools.fuzz.seeds import qwen3moe
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tools", "fuzz"))
-
-from seeds import qwen3moe  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")

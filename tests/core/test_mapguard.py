@@ -17,12 +17,9 @@ import pytest
 
 from colibri._core import _mapguard
 from colibri.gguf import GGUFFile
+from colibri.tools.fuzz.seeds import qwen3moe
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tools", "fuzz"))
-
-from seeds import qwen3moe  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture()

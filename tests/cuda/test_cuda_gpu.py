@@ -181,14 +181,9 @@ def test_staged_model_matches_the_whole_pool(tmp_path, weights):
 
 
 def test_cuda_check_staged_step(rt, tmp_path):
-    """tools/bench/cuda_check.py's staged-path step on the device."""
-    import importlib.util
-    from pathlib import Path
+    """The CUDA check's staged-path step (colibri.tools.cuda_check.staged_check, run by
+    tools/bench/cuda_check.py) on the device."""
+    from colibri.tools.cuda_check.staged import staged_check
 
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("cuda_check", root / "tools" / "bench" / "cuda_check.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    st = mod.staged_check(rt, np.random.default_rng(8), tmp_path)
+    st = staged_check(rt, np.random.default_rng(8), tmp_path)
     assert st["f16"]["misses"] > 0 and st["int4-g128"]["misses"] > 0

@@ -1,8 +1,8 @@
-"""Fuzzing the whole model path (tools/fuzz/model_fuzz.py): a slice of the campaign - mutated
-GGUF files and containers through Model() and a 2-token generation - must give only
-exceptions of the allowed classes raised by colibri with its own message: no crash, no hang, no
-IndexError / KeyError / ZeroDivisionError / OverflowError / TypeError, no numpy-internal
-ValueError. Plus one regression test per bug the fuzzer found, and a test that the harness
+"""Fuzzing the whole model path (colibri/tools/fuzz/, run by tools/fuzz/model_fuzz.py): a slice
+of the campaign - mutated GGUF files and containers through Model() and a 2-token generation -
+must give only exceptions of the allowed classes raised by colibri with its own message: no
+crash, no hang, no IndexError / KeyError / ZeroDivisionError / OverflowError / TypeError, no
+numpy-internal ValueError. Plus one regression test per bug the fuzzer found, and a test that the harness
 itself notices a crash and a hang."""
 
 from __future__ import annotations
@@ -15,35 +15,34 @@ import sys
 import numpy as np
 import pytest
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tools", "fuzz"))
+from colibri.arch import UnsupportedModel
+from colibri.errors import ColibriError
+from colibri.model import Model
+from colibri.sampling import Sampler, SamplingParams
+from colibri.tools.fuzz import gguf_doc as gd
+from colibri.tools.fuzz.harness import drive
+from colibri.tools.fuzz.seeds import write_seeds
 
-import model_fuzz as mf  # noqa: E402
-from seeds import write_seeds  # noqa: E402
-
-from colibri.arch import UnsupportedModel  # noqa: E402
-from colibri.errors import ColibriError  # noqa: E402
-from colibri.model import Model  # noqa: E402
-from colibri.sampling import Sampler, SamplingParams  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
 def docs(tmp_path_factory):
     paths = write_seeds(tmp_path_factory.mktemp("seeds"), containers=False)
-    return {k: mf.load_doc(p) for k, p in paths.items()}
+    return {k: gd.load_doc(p) for k, p in paths.items()}
 
 
 def _write(doc, tmp_path, name="m.gguf") -> str:
     p = str(tmp_path / name)
     with open(p, "wb") as f:
-        f.write(mf.serialize(doc))
+        f.write(gd.serialize(doc))
     return p
 
 
 def _with(docs, base, key, code, value):
     d = copy.deepcopy(docs[base])
-    arch = mf._arch(d)
-    mf._set(d, key.replace("ARCH", arch), code, value)
+    arch = gd._arch(d)
+    gd._set(d, key.replace("ARCH", arch), code, value)
     return d
 
 
@@ -59,37 +58,37 @@ def test_seeds_run(docs, tmp_path):
 @pytest.mark.parametrize("base,key,code,value,match", [
     # NaN / zero / negative / non-number norm epsilon (float(NaN) made every norm NaN; a
     # string gave "could not convert string to float")
-    ("qwen3moe-spm", "ARCH.attention.layer_norm_rms_epsilon", mf.F32, math.nan, "epsilon.*finite"),
-    ("qwen3moe-spm", "ARCH.attention.layer_norm_rms_epsilon", mf.F32, 0.0, "epsilon.*finite"),
-    ("gemma3-spm", "ARCH.attention.layer_norm_rms_epsilon", mf.STR, "linear", "epsilon must be a number"),
-    ("llama-bpe", "ARCH.attention.layer_norm_rms_epsilon", mf.ARR, (mf.U32, np.array([7, 1])),
+    ("qwen3moe-spm", "ARCH.attention.layer_norm_rms_epsilon", gd.F32, math.nan, "epsilon.*finite"),
+    ("qwen3moe-spm", "ARCH.attention.layer_norm_rms_epsilon", gd.F32, 0.0, "epsilon.*finite"),
+    ("gemma3-spm", "ARCH.attention.layer_norm_rms_epsilon", gd.STR, "linear", "epsilon must be a number"),
+    ("llama-bpe", "ARCH.attention.layer_norm_rms_epsilon", gd.ARR, (gd.U32, np.array([7, 1])),
      "epsilon must be a number"),
     # zero sizes (key_length 0 was a ZeroDivisionError in 1/sqrt(head_dim))
-    ("qwen3moe-spm", "ARCH.embedding_length", mf.U32, 0, "embedding_length = 0 is out of range"),
-    ("qwen3moe-spm", "ARCH.attention.head_count", mf.U32, 0, "head_count = 0 is out of range"),
-    ("qwen3moe-spm", "ARCH.attention.head_count_kv", mf.U32, 0, "head_count_kv = 0 is out of range"),
-    ("qwen3moe-spm", "ARCH.attention.key_length", mf.U32, 0, "key_length = 0 is out of range"),
-    ("llama-bpe", "ARCH.embedding_length", mf.U32, 2, "smaller than the 4 attention heads"),
+    ("qwen3moe-spm", "ARCH.embedding_length", gd.U32, 0, "embedding_length = 0 is out of range"),
+    ("qwen3moe-spm", "ARCH.attention.head_count", gd.U32, 0, "head_count = 0 is out of range"),
+    ("qwen3moe-spm", "ARCH.attention.head_count_kv", gd.U32, 0, "head_count_kv = 0 is out of range"),
+    ("qwen3moe-spm", "ARCH.attention.key_length", gd.U32, 0, "key_length = 0 is out of range"),
+    ("llama-bpe", "ARCH.embedding_length", gd.U32, 2, "smaller than the 4 attention heads"),
     # floats where integers belong (inf: OverflowError; '' : invalid literal for int())
-    ("qwen3moe-spm", "ARCH.block_count", mf.F32, math.inf, "block_count must be an integer"),
-    ("qwen3moe-spm", "ARCH.attention.key_length", mf.STR, "", "key_length must be an integer"),
+    ("qwen3moe-spm", "ARCH.block_count", gd.F32, math.inf, "block_count must be an integer"),
+    ("qwen3moe-spm", "ARCH.attention.key_length", gd.STR, "", "key_length must be an integer"),
     # arrays where scalars belong (TypeError / "truth value of an array")
-    ("gemma3-spm", "ARCH.rope.freq_base", mf.ARR, (mf.U32, np.array([255])), "freq_base must be a number"),
-    ("gemma3-spm", "ARCH.rope.scaling.factor", mf.ARR, (mf.U32, np.array([63, 63])), "factor must be a number"),
-    ("gemma3-spm", "ARCH.rope.scaling.type", mf.ARR, (mf.U32, np.array([1, 2])), "scaling.type must be a string"),
-    ("llama-bpe", "ARCH.final_logit_softcapping", mf.ARR, (mf.U32, np.array([15, 31])), "softcapping must be a number"),
-    ("gemma3-spm", "ARCH.attn_logit_softcapping", mf.F32, math.nan, "softcapping.*finite"),
-    ("llama-bpe", "ARCH.attention.sliding_window", mf.ARR, (mf.U32, np.array([255, 7, 255])),
+    ("gemma3-spm", "ARCH.rope.freq_base", gd.ARR, (gd.U32, np.array([255])), "freq_base must be a number"),
+    ("gemma3-spm", "ARCH.rope.scaling.factor", gd.ARR, (gd.U32, np.array([63, 63])), "factor must be a number"),
+    ("gemma3-spm", "ARCH.rope.scaling.type", gd.ARR, (gd.U32, np.array([1, 2])), "scaling.type must be a string"),
+    ("llama-bpe", "ARCH.final_logit_softcapping", gd.ARR, (gd.U32, np.array([15, 31])), "softcapping must be a number"),
+    ("gemma3-spm", "ARCH.attn_logit_softcapping", gd.F32, math.nan, "softcapping.*finite"),
+    ("llama-bpe", "ARCH.attention.sliding_window", gd.ARR, (gd.U32, np.array([255, 7, 255])),
      "per-layer .*sliding_window"),
-    ("qwen3moe-spm", "ARCH.expert_feed_forward_length", mf.ARR, (mf.F32, np.array([63, 1])),
+    ("qwen3moe-spm", "ARCH.expert_feed_forward_length", gd.ARR, (gd.F32, np.array([63, 1])),
      "per-layer .*expert_feed_forward_length"),
     # values C cannot hold (OverflowError in the Cython conversion)
-    ("qwen3moe-spm", "ARCH.expert_used_count", mf.I32, -2**31, "expert_used_count = -2147483648"),
-    ("qwen3moe-spm", "ARCH.expert_used_count", mf.U32, 9, r"expert_used_count 9 must be in \[1"),
-    ("gemma3-spm", "ARCH.rope.dimension_count", mf.U64, 2**40, "rope.dimension_count = 1099511627776"),
-    ("gemma3-spm", "ARCH.rope.dimension_count", mf.U32, 31, "must be even"),
-    ("gemma3-spm", "ARCH.attention.sliding_window", mf.F64, 1e300, r"sliding_window = 1e\+300 is out of range"),
-    ("gemma3-spm", "ARCH.rope.freq_base", mf.F32, -1.0, "freq_base = -1.0 is not a finite number"),
+    ("qwen3moe-spm", "ARCH.expert_used_count", gd.I32, -2**31, "expert_used_count = -2147483648"),
+    ("qwen3moe-spm", "ARCH.expert_used_count", gd.U32, 9, r"expert_used_count 9 must be in \[1"),
+    ("gemma3-spm", "ARCH.rope.dimension_count", gd.U64, 2**40, "rope.dimension_count = 1099511627776"),
+    ("gemma3-spm", "ARCH.rope.dimension_count", gd.U32, 31, "must be even"),
+    ("gemma3-spm", "ARCH.attention.sliding_window", gd.F64, 1e300, r"sliding_window = 1e\+300 is out of range"),
+    ("gemma3-spm", "ARCH.rope.freq_base", gd.F32, -1.0, "freq_base = -1.0 is not a finite number"),
 ])
 def test_bad_metadata_is_refused_naming_the_key(docs, tmp_path, base, key, code, value, match):
     p = _write(_with(docs, base, key, code, value), tmp_path)
@@ -137,7 +136,7 @@ def test_sampler_refuses_non_finite_logits(logits, what):
 # ---- the campaign slice ----
 
 def test_fuzz_slice_no_crash_no_hang_no_unexpected_exception(tmp_path):
-    s = mf.drive(seed=20261201, start=0, cases=800, seconds=None, batch=400, timeout=30.0,
+    s = drive(seed=20261201, start=0, cases=800, seconds=None, batch=400, timeout=30.0,
                  out=str(tmp_path / "out"))
     summary = "\n".join(s.failures[:10])
     assert s.cases == 800, summary
@@ -151,7 +150,7 @@ def test_fuzz_slice_no_crash_no_hang_no_unexpected_exception(tmp_path):
 def test_harness_detects_crashes_and_hangs(tmp_path, monkeypatch, kind):
     monkeypatch.setenv("COLIBRI_FUZZ_SELFTEST", f"{kind}:3")
     out = tmp_path / "out"
-    s = mf.drive(seed=5, start=0, cases=6, seconds=None, batch=6, timeout=3.0, out=str(out))
+    s = drive(seed=5, start=0, cases=6, seconds=None, batch=6, timeout=3.0, out=str(out))
     assert s.cases == 6  # the batch went on after the bad case
     assert (s.crashes, s.hangs) == ((1, 0) if kind == "crash" else (0, 1))
     saved = sorted(os.listdir(out / "failures"))
@@ -166,7 +165,7 @@ def test_atheris_readers_run_for_a_few_seconds(tmp_path):
 
     import atheris  # noqa: F401
 
-    tool = os.path.join(os.path.dirname(HERE), "tools", "fuzz", "atheris_readers.py")
+    tool = os.path.join(ROOT, "tools", "fuzz", "atheris_readers.py")
     r = subprocess.run([sys.executable, tool, "--seconds", "5", "--artifacts", str(tmp_path / "a"),
                         "--corpus", str(tmp_path / "c")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]

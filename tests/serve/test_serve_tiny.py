@@ -186,7 +186,7 @@ def test_missing_extra_names_it(monkeypatch, capsys):
 
 def test_messages_for_templates_with_and_without_tools():
     from colibri.generate import render_template
-    from colibri.serve.app import _template_messages
+    from colibri.serve.chat import _template_messages
     from colibri.serve.protocol import ChatRequest
 
     req = ChatRequest.model_validate_json(json.dumps({"model": "m", "messages": [
@@ -218,7 +218,7 @@ def test_messages_for_templates_with_and_without_tools():
 
 def test_parallel_tool_calls_false_keeps_the_first():
     from colibri.engine import Delta
-    from colibri.serve.app import _Choice
+    from colibri.serve.streaming import _Choice
 
     two = ('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
            '<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>')

@@ -10,7 +10,7 @@ what the next-layer prediction and the usage record achieve on it says little ab
 MoE. This script trains a qwen3_moe-shaped model (transformers, random init, byte-level
 vocabulary of 256 + 3 specials) for --steps CPU steps on text found on every machine (the
 docstrings of Python's standard library, held-out part for evaluation), exports it with
-tools/convert_hf.py, and runs colibri on the held-out bytes with the expert store in cache mode
+colibri.tools.convert_hf, and runs colibri on the held-out bytes with the expert store in cache mode
 at a budget of half the experts and prefetch on, reporting per layer:
 
 - the next-layer prediction's precision and recall (the forward's hint for layer l+1, made from
@@ -27,7 +27,6 @@ checkout: PYTHONPATH=.).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import inspect
 import os
 import pydoc
@@ -38,7 +37,6 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
 BOS, EOS, PAD = 256, 257, 258
 
 
@@ -104,11 +102,9 @@ def train(out: Path, steps: int, layers: int, experts: int, top_k: int, corpus_b
     model.eval()
     hf = out / "learned-moe-hf"
     model.save_pretrained(hf)
-    spec = importlib.util.spec_from_file_location("convert_hf", ROOT / "tools" / "convert_hf.py")
-    assert spec and spec.loader
-    conv = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conv)
-    path = Path(conv.convert(hf, out / "learned-moe.gguf", "f32"))
+    from colibri.tools.convert_hf import convert
+
+    path = Path(convert(hf, out / "learned-moe.gguf", "f32"))
     return path, train_b, held
 
 

@@ -13,7 +13,7 @@ Allowed outcomes: success, or ValueError (GGUFError, ContainerError, Unsupported
 OSError, MemoryError, colibri.errors.ColibriError. Anything else (IndexError, KeyError,
 TypeError, OverflowError, ...) and any crash is a finding: libFuzzer stops and writes the
 input to --artifacts (crash-<sha1>); replay it with `python tools/fuzz/atheris_readers.py
---target T crash-...`. Seed inputs are the tiny models of tools/fuzz/seeds.py (their GGUF
+--target T crash-...`. Seed inputs are the tiny models of colibri/tools/fuzz/seeds.py (their GGUF
 bytes, and a dense model's container), so the fuzzer starts from valid files.
 
 atheris 3.0 installs from PyPI as a wheel for CPython 3.11 on Linux x86-64 (tested here); where
@@ -27,11 +27,9 @@ import os
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-for p in (ROOT, HERE):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:  # the checkout's colibri when it is not installed
+    sys.path.insert(0, ROOT)
 
 try:
     import atheris
@@ -58,7 +56,7 @@ class _State:
 
 def _seed_corpus(corpus: str) -> None:
     """Write the seed inputs (valid GGUFs, a container, texts) into corpus once."""
-    from seeds import gemma3, llama, write_seeds
+    from colibri.tools.fuzz.seeds import gemma3, llama, write_seeds
 
     if os.listdir(corpus):
         return
@@ -82,7 +80,7 @@ def _seed_corpus(corpus: str) -> None:
 
 def _tokenizers() -> list[Tokenizer]:
     if not _State.tokenizers:
-        from seeds import llama, qwen3moe
+        from colibri.tools.fuzz.seeds import llama, qwen3moe
 
         tmp = tempfile.mkdtemp(prefix="colibri-atheris-tok-")
         _State.tokenizers = [Tokenizer.from_gguf(qwen3moe(os.path.join(tmp, "a.gguf"))),
@@ -190,7 +188,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=60, help="time budget (libFuzzer -max_total_time)")
     ap.add_argument("--target", choices=("all",) + TARGETS, default="all")
     ap.add_argument("--corpus", default=None, help="corpus directory (default: a temporary one "
-                    "seeded with tools/fuzz/seeds.py's models)")
+                    "seeded with colibri/tools/fuzz/seeds.py's models)")
     ap.add_argument("--artifacts", default="atheris-artifacts", help="where failing inputs go")
     args, rest = ap.parse_known_args()
     _State.target = args.target

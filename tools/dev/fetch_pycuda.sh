@@ -5,10 +5,10 @@
 # Linux, plus setuptools and wheel for the build, and the gguf wheel (colibri's one runtime
 # dependency the GPU machine's image lacks). Everything lands in build/pycuda_wheels (ignored
 # by git; hand it to the device tool with carry=["build/pycuda_wheels"]).
-# tools/device_check.sh and tools/bench/cuda_check.py install from there offline.
-# Usage: bash tools/fetch_pycuda.sh [dest]
+# tools/dev/device_check.sh and tools/bench/cuda_check.py install from there offline.
+# Usage: bash tools/dev/fetch_pycuda.sh [dest]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 dest=${1:-build/pycuda_wheels}
 mkdir -p "$dest"
 PIP=(python3 -m pip download --disable-pip-version-check -q --no-deps -d "$dest")

@@ -1,6 +1,6 @@
 """Tiny runnable model files for the fuzzers and the converter tests (numpy + gguf only).
 
-    from seeds import write_seeds
+    from colibri.tools.fuzz.seeds import write_seeds
     paths = write_seeds(directory)   # {"qwen3moe-spm": "...gguf", "llama-bpe": ..., ...}
 
 Each seed is a valid GGUF that `colibri.model.Model` loads and generates from: random weights

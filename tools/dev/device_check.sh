@@ -14,12 +14,12 @@
 # cuda_check.log, cuda_check.json, ptxas.txt, pytest_gpu.log), which the device tool brings
 # back (at most 8 files).
 #
-# Here, once: bash tools/fetch_pycuda.sh   (build/pycuda_wheels: PyCUDA sdist, wheels, gguf)
-# Then one device call: command "bash tools/device_check.sh", carry ["build/pycuda_wheels"],
+# Here, once: bash tools/dev/fetch_pycuda.sh   (build/pycuda_wheels: PyCUDA sdist, wheels, gguf)
+# Then one device call: command "bash tools/dev/device_check.sh", carry ["build/pycuda_wheels"],
 # timeout_s 600. DEVICE_CHECK_SECONDS (default 540) is when no new step starts;
 # PYTHON (default python3) the interpreter; extra arguments go to cuda_check.py.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-build/device_out}
 mkdir -p "$OUT"
@@ -46,7 +46,7 @@ mkdir -p "$site"
 export PYTHONPATH="$PWD:$site${PYTHONPATH:+:$PYTHONPATH}"
 if ! "$PY" -c "import gguf" 2>/dev/null; then
     whl=$(ls build/pycuda_wheels/gguf-*.whl 2>/dev/null | tail -1)
-    [ -n "$whl" ] || fail "gguf is not importable and no gguf wheel in build/pycuda_wheels (run tools/fetch_pycuda.sh here and carry build/pycuda_wheels)"
+    [ -n "$whl" ] || fail "gguf is not importable and no gguf wheel in build/pycuda_wheels (run tools/dev/fetch_pycuda.sh here and carry build/pycuda_wheels)"
     PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install -q --disable-pip-version-check --no-index \
         --no-deps --target "$site" "$whl" || fail "installing $whl"
     log "gguf installed from $whl"

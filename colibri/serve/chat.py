@@ -1,0 +1,207 @@
+"""POST /v1/chat/completions: messages rendered with the model's chat template (tool calls and
+results folded into plain turns for a template without tools), tools and tool_choice (a call
+grammar), logprobs, as one JSON answer or server-sent events."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from colibri.errors import ColibriError
+from colibri.serve.handling import (
+    _constraint_factory,
+    _max_tokens,
+    _parse,
+    _read_body,
+    _require_model,
+    _response_format,
+    _sampling,
+    _submit,
+)
+from colibri.serve.protocol import ChatMessage, ChatRequest, NamedToolChoice
+from colibri.serve.state import APIError, ServerState
+from colibri.serve.streaming import (
+    _chat_logprobs,
+    _Choice,
+    _collect,
+    _failed,
+    _merged,
+    _sse,
+    _usage,
+)
+from colibri.serve.tools import ToolStreamParser, call_grammar
+
+
+def _text_of(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p.text for p in content)
+
+
+def _template_messages(msgs: list[ChatMessage], tools_in_template: bool) -> list[dict[str, Any]]:
+    """The request's messages as a chat template takes them. A template that knows no tools
+    (no 'tool' anywhere in it) gets tool calls and results folded into plain turns (assistant:
+    the calls as JSON; tool results: a user turn), consecutive turns of one role merged."""
+    out: list[dict[str, Any]] = []
+    for m in msgs:
+        d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                             "content": _text_of(m.content)}
+        if m.tool_calls:
+            calls = []
+            for c in m.tool_calls:
+                f = dict(c.get("function") or {})
+                if isinstance(f.get("arguments"), str):
+                    try:
+                        f["arguments"] = json.loads(f["arguments"])
+                    except ValueError:
+                        pass
+                calls.append({**c, "function": f})
+            d["tool_calls"] = calls
+        if m.tool_call_id is not None:
+            d["tool_call_id"] = m.tool_call_id
+        if m.name is not None:
+            d["name"] = m.name
+        out.append(d)
+    if tools_in_template:
+        return out
+    folded: list[dict[str, Any]] = []
+    for d in out:
+        role, content = d["role"], d["content"]
+        if d.get("tool_calls"):
+            calls = [{"name": c.get("function", {}).get("name"),
+                      "arguments": c.get("function", {}).get("arguments")}
+                     for c in d["tool_calls"]]
+            content = "\n".join(x for x in [content] + [json.dumps(c) for c in calls] if x)
+        if role == "tool":
+            role = "user"
+            content = f"Tool result{' (' + d['name'] + ')' if d.get('name') else ''}: {content}"
+        if folded and folded[-1]["role"] == role and role != "system":
+            folded[-1]["content"] += "\n\n" + content
+        else:
+            folded.append({"role": role, "content": content})
+    return folded
+
+
+
+async def chat(state: ServerState, request: Request) -> Response:
+    """POST /v1/chat/completions: messages through the chat template, tools, JSON or SSE."""
+    from colibri.generate import chat_template, render_chat
+
+    req: ChatRequest = _parse(ChatRequest, await _read_body(request, state.max_body_bytes))
+    _require_model(state, req.model)
+    m = state.model
+    assert m is not None
+    try:
+        template = chat_template(m)
+    except ColibriError as e:
+        raise APIError(400, str(e), param="messages") from None
+    tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
+    choice = req.tool_choice or ("auto" if tools else "none")
+    if choice != "none" and not tools:
+        raise APIError(400, "tool_choice needs tools", param="tool_choice")
+    use_tools = bool(tools) and choice != "none"
+    names = {t["function"]["name"] for t in tools}
+    ctx: dict[str, Any] = {"tools": tools} if use_tools else {}
+    try:
+        text = render_chat(m, _template_messages(req.messages, "tool" in template), **ctx)
+    except (ColibriError, ValueError, TypeError) as e:
+        raise APIError(400, f"messages: {e}", param="messages") from None
+    ids = m.tokenize(text, add_special=False, parse_special=True)
+    if not ids:
+        raise APIError(400, "the messages render to no tokens", param="messages")
+    asked = req.max_completion_tokens if req.max_completion_tokens is not None \
+        else req.max_tokens
+    kw = _sampling(req, state, _max_tokens(state, len(ids), asked, None, "messages"))
+    constraint: Callable[[], Any] | None
+    if use_tools and (choice == "required" or isinstance(choice, NamedToolChoice)):
+        name = choice.function.name if isinstance(choice, NamedToolChoice) else None
+        if name is not None and name not in names:
+            raise APIError(400, f"tool_choice names {name!r}, which is not among the "
+                           f"tools", param="tool_choice")
+        kind, spec = call_grammar(tools, name, hermes="<tool_call>" in template)
+        constraint = await _constraint_factory(state, kind, spec, param="tools")
+    else:
+        constraint = await _response_format(state, req)
+    parse_tools = use_tools and (req.response_format is None
+                                 or req.response_format.type == "text"
+                                 or choice == "required" or isinstance(choice, NamedToolChoice))
+    top = req.top_logprobs if req.top_logprobs is not None else 0
+    reqs = _submit(state, [ids], req.n, kw, constraint, top if req.logprobs else None)
+    cid = "chatcmpl-" + uuid.uuid4().hex
+    created = int(time.time())
+    choices = [_Choice(index=i, parser=ToolStreamParser(names) if parse_tools else None,
+                       max_calls=1 if req.parallel_tool_calls is False else None)
+               for i in range(len(reqs))]
+
+    if req.stream:
+        usage_wanted = bool(req.stream_options and req.stream_options.include_usage)
+
+        def chunk(i: int, delta: dict[str, Any], finish: str | None = None,
+                  lp: Any = None) -> bytes:
+            c: dict[str, Any] = {
+                "id": cid, "object": "chat.completion.chunk", "created": created,
+                "model": state.model_id, "system_fingerprint": None,
+                "choices": [{"index": i, "delta": delta, "logprobs": lp,
+                             "finish_reason": finish}]}
+            if usage_wanted:
+                c["usage"] = None
+            return _sse(c)
+
+        async def events() -> AsyncIterator[bytes]:
+            for i in range(len(reqs)):
+                yield chunk(i, {"role": "assistant", "content": ""})
+            async for i, d in _merged(state, reqs):
+                ch = choices[i]
+                n_calls = len(ch.calls)
+                content, calls = ch.take(d)
+                if ch.finish_reason == "error":
+                    yield _sse(APIError(500, f"generation failed: {ch.error}",
+                                        type="server_error").body())
+                    continue
+                if ch.finish_reason == "cancelled":
+                    continue
+                lp = None
+                if req.logprobs and d.logprobs:
+                    lp = {"content": _chat_logprobs(state, d.logprobs, top > 0)}
+                if content or lp is not None:
+                    yield chunk(i, {"content": content}, None, lp)
+                for k, call in enumerate(calls):
+                    yield chunk(i, {"tool_calls": [call.openai(n_calls + k)]})
+                if ch.finish_reason is not None:
+                    yield chunk(i, {}, ch.finish_reason)
+            if usage_wanted:
+                yield _sse({"id": cid, "object": "chat.completion.chunk", "created": created,
+                            "model": state.model_id, "system_fingerprint": None,
+                            "choices": [], "usage": _usage(len(ids), choices)})
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    if not await _collect(request, state, reqs, choices):
+        return Response(status_code=499)
+    err = _failed(choices)
+    if err is not None:
+        raise err
+    out = []
+    for ch in choices:
+        content = "".join(ch.text)
+        msg: dict[str, Any] = {"role": "assistant",
+                               "content": content if content or not ch.calls else None}
+        if ch.calls:
+            msg["tool_calls"] = [c.openai() for c in ch.calls]
+        out.append({"index": ch.index, "message": msg,
+                    "logprobs": {"content": _chat_logprobs(state, ch.logprobs, top > 0)}
+                    if req.logprobs else None,
+                    "finish_reason": ch.finish_reason})
+    return JSONResponse({"id": cid, "object": "chat.completion", "created": created,
+                         "model": state.model_id, "system_fingerprint": None,
+                         "choices": out, "usage": _usage(len(ids), choices)})

@@ -1,0 +1,82 @@
+"""The ASGI gate in front of the app: the API key, readiness (503 while loading or shutting
+down), the body-size limit, and the request counts by route and status."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any
+
+from colibri.serve.state import APIError, ServerState
+
+ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics")
+
+
+def _gate(app: Any, state: ServerState) -> Any:
+    key = state.api_key.encode() if state.api_key else None
+
+    async def send_error(send: Any, err: APIError) -> None:
+        body = json.dumps(err.body()).encode()
+        headers = [(b"content-type", b"application/json"),
+                   (b"content-length", str(len(body)).encode())]
+        if err.status == 401:
+            headers.append((b"www-authenticate", b'Bearer realm="colibri"'))
+        await send({"type": "http.response.start", "status": err.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    def check(scope: dict[str, Any]) -> APIError | None:
+        path: str = scope["path"]
+        headers = dict(scope.get("headers") or [])
+        if path.startswith("/v1/"):
+            if key is not None:
+                auth = headers.get(b"authorization", b"")
+                given = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
+                if not hmac.compare_digest(given, key):
+                    return APIError(401, "invalid or missing API key: send the header "
+                                    "'Authorization: Bearer KEY' (colibri serve --api-key)",
+                                    type="invalid_request_error", code="invalid_api_key")
+            if state.draining:
+                return APIError(503, "the server is shutting down", type="server_error",
+                                code="shutting_down")
+            if not state.ready:
+                if state.load_error:
+                    return APIError(503, f"the model failed to load: {state.load_error}",
+                                    type="server_error", code="load_failed")
+                return APIError(503, "the model is loading; retry when GET /health answers 200",
+                                type="server_error", code="loading")
+        cl = headers.get(b"content-length")
+        if cl is not None:
+            try:
+                n = int(cl)
+            except ValueError:
+                return APIError(400, "the Content-Length header is not a number")
+            if n > state.max_body_bytes:
+                return APIError(413, f"the request body has {n} bytes, more than the "
+                                f"{state.max_body_bytes} this server takes (--max-body-bytes)",
+                                code="request_too_large")
+        return None
+
+    async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        path = scope["path"]
+        label = path if path in ROUTES else ("/v1/models" if path.startswith("/v1/models/")
+                                             else "other")
+        status = [500]
+
+        async def counted_send(msg: dict[str, Any]) -> None:
+            if msg["type"] == "http.response.start":
+                status[0] = msg["status"]
+            await send(msg)
+
+        try:
+            err = check(scope)
+            if err is not None:
+                await send_error(counted_send, err)
+            else:
+                await app(scope, receive, counted_send)
+        finally:
+            state.metrics.requests.labels(label, str(status[0])).inc()
+
+    return asgi

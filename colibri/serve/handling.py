@@ -1,0 +1,165 @@
+"""Request handling shared by the endpoints: the body read and validated into the protocol's
+models (OpenAI's 400s), the model name, sampling arguments and the token budget checked, a
+structured-output constraint compiled, and the engine requests submitted (admission: 429)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Request
+from pydantic import ValidationError
+
+from colibri.errors import ColibriError
+from colibri.serve.protocol import _Sampling
+from colibri.serve.state import APIError, ServerState
+
+if TYPE_CHECKING:
+    from colibri.engine import Request as EngineRequest
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    parts: list[bytes] = []
+    n = 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > limit:
+            raise APIError(413, f"the request body is over the {limit} bytes this server takes "
+                           "(--max-body-bytes)", code="request_too_large")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _validation_error(e: ValidationError) -> APIError:
+    errs = e.errors(include_url=False)
+    err = errs[0]
+    if err["type"] == "json_invalid":
+        return APIError(400, f"the request body is not valid JSON: {err.get('ctx', {}).get('error', err['msg'])}")
+    loc = [x for x in err["loc"]]
+    if not loc:
+        return APIError(400, f"the request body must be a JSON object: {err['msg']}")
+    # union members appear in loc as their type names: keep the path of fields and indices
+    names = [str(x) for x in loc if isinstance(x, int) or (isinstance(x, str) and x.isidentifier()
+                                                           and x not in ("str", "int", "float",
+                                                                         "bool", "list", "dict"))]
+    param = ".".join(names) if names else str(loc[0])
+    got = repr(err.get("input"))
+    if len(got) > 80:
+        got = got[:77] + "..."
+    msg = f"{param}: {err['msg']}" + ("" if err["type"] == "missing" else f" (got {got})")
+    return APIError(400, msg, param=param, code="invalid_value")
+
+
+def _parse(cls: type[Any], body: bytes) -> Any:
+    if not body.strip():
+        raise APIError(400, "the request body is empty: a JSON object is expected")
+    try:
+        return cls.model_validate_json(body)
+    except ValidationError as e:
+        raise _validation_error(e) from None
+
+
+def _require_model(state: ServerState, name: str) -> None:
+    if name != state.model_id:
+        raise APIError(404, f"the model {name!r} does not exist: this server serves "
+                       f"{state.model_id!r} (GET /v1/models)", param="model",
+                       code="model_not_found")
+
+
+def _logit_bias(req: _Sampling, n_vocab: int) -> dict[int, float] | None:
+    if not req.logit_bias:
+        return None
+    out: dict[int, float] = {}
+    for k, v in req.logit_bias.items():
+        try:
+            tid = int(k)
+        except ValueError:
+            raise APIError(400, f"logit_bias: the key {k!r} is not a token id", param="logit_bias",
+                           code="invalid_value") from None
+        if not 0 <= tid < n_vocab:
+            raise APIError(400, f"logit_bias: token id {tid} is out of the vocabulary "
+                           f"[0, {n_vocab})", param="logit_bias", code="invalid_value")
+        out[tid] = float(v)
+    return out
+
+
+def _sampling(req: _Sampling, state: ServerState, max_tokens: int) -> dict[str, Any]:
+    assert state.model is not None
+    return dict(max_tokens=max_tokens, temperature=req.temperature, top_k=req.top_k,
+                top_p=req.top_p, min_p=req.min_p, repetition_penalty=req.repetition_penalty,
+                presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                seed=req.seed, stop=req.stop, logit_bias=_logit_bias(req, state.model.n_vocab))
+
+
+def _max_tokens(state: ServerState, n_prompt: int, asked: int | None, default: int | None,
+                what: str) -> int:
+    assert state.model is not None
+    ctx = state.model.ctx
+    if n_prompt + 1 > ctx:
+        raise APIError(400, f"this model's context holds {ctx} tokens and the prompt has "
+                       f"{n_prompt}: shorten it (or serve with a larger --ctx)",
+                       param=what, code="context_length_exceeded")
+    if asked is not None:
+        if n_prompt + asked > ctx:
+            raise APIError(400, f"this model's context holds {ctx} tokens; the request needs "
+                           f"{n_prompt + asked} ({n_prompt} of prompt, {asked} of completion): "
+                           f"ask for fewer tokens", param="max_tokens",
+                           code="context_length_exceeded")
+        return asked
+    return min(default, ctx - n_prompt) if default is not None else ctx - n_prompt
+
+
+async def _constraint_factory(state: ServerState, kind: str, spec: Any,
+                              param: str = "response_format") -> Callable[[], Any]:
+    """A function making one grammar constraint per engine request: the grammar is compiled
+    once, on a worker thread (a large schema can take a while), and copied per request."""
+    if state.grammar is None:
+        raise APIError(400, f"structured output is not available with this model: "
+                       f"{state.grammar_error or 'llguidance is missing'}", param=param)
+    g = state.grammar
+
+    def make() -> Any:
+        return g.json_schema(spec) if kind == "json_schema" else g.lark(spec)
+
+    try:
+        proto = await asyncio.to_thread(make)
+    except ValueError as e:
+        raise APIError(400, str(e), param=param, code="invalid_value") from None
+    return proto.copy
+
+
+async def _response_format(state: ServerState, req: _Sampling) -> Callable[[], Any] | None:
+    rf = req.response_format
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type == "json_object":
+        return await _constraint_factory(state, "json_schema", {"type": "object"})
+    if rf.json_schema is None or rf.json_schema.schema_ is None:
+        raise APIError(400, "response_format json_schema needs json_schema.schema",
+                       param="response_format.json_schema")
+    return await _constraint_factory(state, "json_schema", rf.json_schema.schema_)
+
+
+def _submit(state: ServerState, prompts: list[list[int]], n: int, kw: dict[str, Any],
+            constraint: Callable[[], Any] | None, logprobs: int | None) -> list[EngineRequest]:
+    eng = state.engine
+    assert eng is not None
+    state.admit(len(prompts) * n)
+    reqs: list[EngineRequest] = []
+    try:
+        for ids in prompts:
+            if constraint is None:
+                reqs += eng.submit_n(ids, n, logprobs=logprobs, **kw)
+            else:  # a grammar state per request
+                for i in range(n):
+                    kwi = dict(kw, seed=None if kw["seed"] is None else kw["seed"] + i)
+                    reqs.append(eng.submit(ids, logprobs=logprobs, constraint=constraint(), **kwi))
+    except (ValueError, TypeError, ColibriError) as e:
+        for r in reqs:
+            r.cancel()
+        if isinstance(e, ColibriError):
+            raise APIError(503, str(e), type="server_error", code="shutting_down") from None
+        raise APIError(400, str(e), code="invalid_value") from None
+    finally:
+        state.track(reqs)
+    return reqs

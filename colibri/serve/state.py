@@ -1,0 +1,140 @@
+"""What `colibri serve` serves: `ServerState` (the model loaded on a thread, its engine, the
+grammar factory, admission counts) and `APIError`, an error in OpenAI's shape."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from fastapi.responses import JSONResponse
+
+from colibri.serve.metrics import Metrics
+
+if TYPE_CHECKING:
+    from colibri.engine import Engine
+    from colibri.engine import Request as EngineRequest
+    from colibri.model import Model
+    from colibri.serve.grammar import GrammarFactory
+
+log = logging.getLogger("colibri")
+
+DEFAULT_MAX_BODY = 4 * 2**20
+DEFAULT_MAX_QUEUE = 256
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = \
+            status, message, type, param, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+class ServerState:
+    """What the app serves: the model (loaded by load() on a thread), its engine, the grammar
+    factory, and the admission counters."""
+
+    def __init__(self, load: Callable[[], Model], model_id: str, max_seqs: int = 16,
+                 max_queue: int = DEFAULT_MAX_QUEUE, api_key: str | None = None,
+                 max_body_bytes: int = DEFAULT_MAX_BODY,
+                 engine_kwargs: dict[str, Any] | None = None) -> None:
+        self._load = load
+        self.model_id = model_id
+        self.max_seqs = int(max_seqs)
+        self.max_queue = int(max_queue)
+        self.api_key = api_key
+        self.max_body_bytes = int(max_body_bytes)
+        self.engine_kwargs = dict(engine_kwargs or {})
+        self.model: Model | None = None
+        self.engine: Engine | None = None
+        self.grammar: GrammarFactory | None = None
+        self.grammar_error: str | None = None
+        self.ready = False
+        self.draining = False
+        self.load_error: str | None = None
+        self.outstanding: list[EngineRequest] = []  # submitted, not yet seen finished
+        self.created = int(time.time())
+        self.on_ready: Callable[[], None] | None = None
+        self.on_fatal: Callable[[], None] | None = None
+        self._lock = threading.Lock()
+        self.metrics = Metrics(lambda: (self.engine, self.model,
+                                        self.grammar.stats if self.grammar else None))
+
+    def load(self) -> None:
+        """Load the model, start the engine and describe the vocabulary to llguidance; on
+        failure record the error and call on_fatal (the server exits)."""
+        from colibri.engine import Engine
+
+        try:
+            self.model = self._load()
+            self.engine = Engine(self.model, max_seqs=self.max_seqs, **self.engine_kwargs)
+            self.max_seqs = self.engine.max_seqs
+            try:
+                from colibri.serve.grammar import GrammarFactory
+
+                self.grammar = GrammarFactory(self.model)
+            except Exception as e:  # structured output then answers 400 with the reason
+                self.grammar_error = f"{type(e).__name__}: {e}"
+                log.warning("structured output unavailable: %s", self.grammar_error)
+            self.ready = True
+        except BaseException as e:
+            self.load_error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            log.error("loading the model failed: %s", self.load_error)
+            if self.on_fatal is not None:
+                self.on_fatal()
+            return
+        if self.on_ready is not None:
+            self.on_ready()
+
+    def close(self) -> None:
+        self.ready = False
+        if self.engine is not None:
+            self.engine.close()
+        if self.model is not None:
+            self.model.close()
+
+    def admit(self, n: int) -> None:
+        """Refuse (429) n more engine requests when running + queued would pass max_seqs +
+        max_queue."""
+        if n > self.max_seqs + self.max_queue:
+            raise APIError(400, f"this request asks for {n} completions (prompts x n); the "
+                           f"server holds {self.max_seqs + self.max_queue} at most "
+                           f"(--max-seqs + --max-queue)", param="n", code="invalid_value")
+        with self._lock:
+            self._prune()
+            if len(self.outstanding) + n > self.max_seqs + self.max_queue:
+                raise APIError(429, f"the server is at capacity ({len(self.outstanding)} "
+                               f"requests running or queued, {self.max_seqs} running at most "
+                               f"and --max-queue {self.max_queue} waiting); retry later",
+                               type="rate_limit_error", code="queue_full")
+
+    def track(self, reqs: Sequence[EngineRequest]) -> None:
+        with self._lock:
+            self.outstanding.extend(reqs)
+
+    def prune(self) -> None:
+        with self._lock:
+            self._prune()
+
+    def _prune(self) -> None:
+        """Forget finished requests, their statistics into the metrics."""
+        keep = []
+        for r in self.outstanding:
+            if not r.finished:
+                keep.append(r)
+                continue
+            try:
+                self.metrics.observe(r.stats())
+            except Exception:  # statistics must never fail a request
+                log.exception("metrics")
+        self.outstanding = keep

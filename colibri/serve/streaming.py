@@ -1,0 +1,175 @@
+"""Reading engine requests for a response: their deltas merged as they come (a client gone
+cancels them), each choice's text, tool calls and logprobs accumulated, server-sent events,
+usage, and the error a failed or cancelled choice gives."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Request
+
+from colibri.serve.state import APIError, ServerState
+from colibri.serve.tools import ToolCall, ToolStreamParser
+
+if TYPE_CHECKING:
+    from colibri.engine import Delta
+    from colibri.engine import Request as EngineRequest
+
+async def _merged(state: ServerState, reqs: list[EngineRequest]
+                  ) -> AsyncIterator[tuple[int, Delta]]:
+    """The deltas of every request as they come, tagged with the request's index. Closing
+    the iterator (a client gone) cancels the requests still running."""
+    from colibri.engine import Delta
+
+    q: asyncio.Queue[tuple[int, Delta]] = asyncio.Queue()
+
+    async def pump(i: int, r: EngineRequest) -> None:
+        try:
+            async for d in r:
+                q.put_nowait((i, d))
+        except Exception as e:  # noqa: BLE001 - reported as this request's error
+            q.put_nowait((i, Delta(finish_reason="error", error=str(e))))
+
+    tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(reqs)]
+    left = len(reqs)
+    try:
+        while left:
+            i, d = await q.get()
+            if d.finish_reason is not None:
+                left -= 1
+            yield i, d
+    finally:
+        for r in reqs:
+            if not r.finished:
+                r.cancel()
+        for t in tasks:
+            t.cancel()
+
+
+@dataclass
+class _Choice:
+    """One choice's output as it accumulates (and the tool-call parser, when tools apply)."""
+
+    index: int
+    parser: ToolStreamParser | None = None
+    max_calls: int | None = None  # parallel_tool_calls=false: the first call only
+    text: list[str] = field(default_factory=list)
+    tokens: int = 0
+    logprobs: list[Any] = field(default_factory=list)
+    calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+
+    def take(self, d: Delta) -> tuple[str, list[ToolCall]]:
+        """Add a delta; returns the content and the complete tool calls it releases."""
+        self.tokens += len(d.token_ids)
+        if d.logprobs:
+            self.logprobs += d.logprobs
+        content = d.text
+        calls: list[ToolCall] = []
+        if self.parser is not None:
+            events = self.parser.feed(d.text)
+            if d.finish_reason is not None:
+                events += self.parser.finish()
+            content = "".join(e for e in events if isinstance(e, str))
+            calls = [e for e in events if isinstance(e, ToolCall)]
+            if self.max_calls is not None:
+                calls = calls[: max(0, self.max_calls - len(self.calls))]
+        self.text.append(content)
+        self.calls += calls
+        if d.finish_reason is not None:
+            self.finish_reason = d.finish_reason
+            self.error = d.error
+            if self.calls and d.finish_reason == "stop":
+                self.finish_reason = "tool_calls"
+        return content, calls
+
+
+def _piece(state: ServerState, tid: int) -> bytes:
+    assert state.model is not None
+    return bytes(state.model._tok().token_to_piece(tid, special=True))
+
+
+def _chat_logprobs(state: ServerState, lps: list[Any], top: bool) -> list[dict[str, Any]]:
+    out = []
+    for lp in lps:
+        b = _piece(state, lp.token_id)
+        entry: dict[str, Any] = {"token": b.decode("utf-8", "replace"), "logprob": lp.logprob,
+                                 "bytes": list(b), "top_logprobs": []}
+        if top:
+            for tid, v in lp.top:
+                tb = _piece(state, tid)
+                entry["top_logprobs"].append({"token": tb.decode("utf-8", "replace"),
+                                              "logprob": v, "bytes": list(tb)})
+        out.append(entry)
+    return out
+
+
+def _completion_logprobs(state: ServerState, lps: list[Any], offset: int) -> dict[str, Any]:
+    tokens, token_lps, tops, offsets = [], [], [], []
+    for lp in lps:
+        s = _piece(state, lp.token_id).decode("utf-8", "replace")
+        tokens.append(s)
+        token_lps.append(lp.logprob)
+        top: dict[str, float] = {}
+        for tid, v in lp.top:
+            top.setdefault(_piece(state, tid).decode("utf-8", "replace"), v)
+        tops.append(top)
+        offsets.append(offset)
+        offset += len(s)
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops,
+            "text_offset": offsets}
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+
+async def _until_disconnect(request: Request) -> None:
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+async def _collect(request: Request, state: ServerState, reqs: list[EngineRequest],
+                   choices: list[_Choice]) -> bool:
+    """Read every request to its end (False: the client went away first, and the requests
+    were cancelled)."""
+    async def run() -> None:
+        async for i, d in _merged(state, reqs):
+            choices[i].take(d)
+
+    work = asyncio.ensure_future(run())
+    gone = asyncio.ensure_future(_until_disconnect(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not work.done():
+            work.cancel()  # _merged's cleanup cancels the engine requests
+    if not work.done() or work.cancelled():
+        return False
+    work.result()
+    return True
+
+
+def _usage(prompt_tokens: int, choices: list[_Choice]) -> dict[str, int]:
+    c = sum(ch.tokens for ch in choices)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": c,
+            "total_tokens": prompt_tokens + c}
+
+
+def _failed(choices: list[_Choice]) -> APIError | None:
+    for ch in choices:
+        if ch.finish_reason == "error":
+            return APIError(500, f"generation failed: {ch.error}", type="server_error",
+                            code="generation_error")
+        if ch.finish_reason == "cancelled":
+            return APIError(503, "the request was cancelled: the server is shutting down",
+                            type="server_error", code="shutting_down")
+    return None
