@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import subprocess
@@ -28,10 +27,10 @@ MAX_ARCH_LINES = 450
 
 # A repository-relative path: a known top-level folder, then path characters. Not preceded by a
 # path character, so `~/.cache/colibri/cuda/...` or `/dev/shm` never match; the trailing
-# punctuation of a sentence is dropped. Globs stop at the `*` (`colibri/_core/*.c` checks the
-# folder), so a brace list such as `tests/test_{a,b}.py` fails as it should (no such path).
+# punctuation of a sentence is dropped. A glob (`colibri/_core/tokenizer*.c`) must match a file; a
+# brace list such as `tests/test_{a,b}.py` fails as it should (no such path).
 TOP = ("colibri", "tests", "tools", "cuda", "include", "docs", ".ci")
-PATH = re.compile(r"(?<![\w./~-])((?:%s)/[\w./-]*)" % "|".join(re.escape(t) for t in TOP))
+PATH = re.compile(r"(?<![\w./~-])((?:" + "|".join(map(re.escape, TOP)) + r")/[\w./*-]*)")
 # a script of this checkout and what follows it on the same line, up to a shell separator
 SCRIPT = re.compile(r"(?<![\w./-])(tools/[\w/.-]+\.py)\b([^`\n;|&#]*)")
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
@@ -45,8 +44,14 @@ def repo_paths(text: str) -> set[str]:
     return {m.group(1).rstrip(".-") for m in PATH.finditer(text)}
 
 
+def _exists(path: str, root: Path = ROOT) -> bool:
+    if "*" in path:
+        return next(root.glob(path.rstrip("/")), None) is not None
+    return (root / path).exists()
+
+
 def missing_paths(text: str, root: Path = ROOT) -> list[str]:
-    return sorted(p for p in repo_paths(text) if not (root / p).exists())
+    return sorted(p for p in repo_paths(text) if not _exists(p, root))
 
 
 def _snippets(text: str) -> list[str]:
@@ -61,15 +66,19 @@ def script_commands(text: str) -> list[tuple[str, list[str]]]:
     out = []
     for snippet in _snippets(text):
         for m in SCRIPT.finditer(snippet):
-            args = m.group(2).replace("[", " ").replace("]", " ")
+            # quoted strings are values (`--llama-args "--poll 0"`), brackets mark optional flags
+            args = re.sub(r"\"[^\"]*\"|'[^']*'", " ", m.group(2)).replace("[", " ").replace("]", " ")
             flags = [f.split("=")[0] for f in FLAG.findall(args)]
             out.append((m.group(1), flags))
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def _helps(scripts: tuple[str, ...]) -> dict[str, str]:
-    """`--help` of each script, run all at once (each imports the colibri the tests import)."""
+_HELP: dict[str, str] = {}  # script -> its --help, for the whole session
+
+
+def _helps(scripts: set[str]) -> dict[str, str]:
+    """`--help` of each script, the ones not yet seen run all at once (each imports the colibri
+    the tests import)."""
     import colibri
 
     env = dict(os.environ)
@@ -78,13 +87,12 @@ def _helps(scripts: tuple[str, ...]) -> dict[str, str]:
         + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     procs = {s: subprocess.Popen([sys.executable, str(ROOT / s), "--help"], cwd=ROOT, env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for s in scripts}
-    out = {}
+             for s in sorted(scripts - _HELP.keys())}
     for s, p in procs.items():
         text, _ = p.communicate(timeout=300)
         assert p.returncode == 0, f"{s} --help exited {p.returncode}:\n{text[-2000:]}"
-        out[s] = text
-    return out
+        _HELP[s] = text
+    return {s: _HELP[s] for s in scripts}
 
 
 def help_flags(help_text: str) -> set[str]:
@@ -102,7 +110,7 @@ def help_flags(help_text: str) -> set[str]:
 
 def unknown_flags(text: str) -> list[str]:
     commands = [(s, f) for s, f in script_commands(text) if f]
-    helps = _helps(tuple(sorted({s for s, _ in commands})))
+    helps = _helps({s for s, _ in commands})
     bad = []
     for script, flags in commands:
         known = help_flags(helps[script])
@@ -162,12 +170,14 @@ def test_the_docs_name_paths_at_all():
 def test_path_extractor_catches_a_stale_name():
     text = ("the arena (`colibri/_core/arena.c`), tools/bench/engine.py. and "
             "tests/core/, `colibri/_core/kvcache_gone.c`, tests/test_cuda_{a,b}.py, "
+            "`colibri/_core/tokenizer*.c`, colibri/_core/*.pyx, tools/bench/*.sh, "
             "~/.cache/colibri/cuda/x, /dev/shm, colibri.cuda, tools/dev/device_check.sh")
     assert repo_paths(text) == {
         "colibri/_core/arena.c", "tools/bench/engine.py", "tests/core/",
-        "colibri/_core/kvcache_gone.c", "tests/test_cuda_", "tools/dev/device_check.sh"}
+        "colibri/_core/kvcache_gone.c", "tests/test_cuda_", "tools/dev/device_check.sh",
+        "colibri/_core/tokenizer*.c", "colibri/_core/*.pyx", "tools/bench/*.sh"}
     assert missing_paths(text) == ["colibri/_core/kvcache_gone.c", "tests/test_cuda_",
-                                   "tools/dev/device_check.sh"]
+                                   "tools/bench/*.sh", "tools/dev/device_check.sh"]
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=[d.name for d in DOCS])
@@ -178,10 +188,12 @@ def test_script_flags_exist(doc):
 
 def test_flag_check_catches_an_unknown_flag():
     text = ("`PYTHONPATH=. python tools/bench/engine.py --quick [--streams 1,4] --no-such-flag`\n"
+            "`python tools/bench/serve.py --llama-args \"--poll 0\"`\n"
             "```text\npython tools/bench/kv_capacity.py --ctx=128 -z\n```\n")
     assert script_commands(text) == [("tools/bench/kv_capacity.py", ["--ctx", "-z"]),
                                      ("tools/bench/engine.py",
-                                      ["--quick", "--streams", "--no-such-flag"])]
+                                      ["--quick", "--streams", "--no-such-flag"]),
+                                     ("tools/bench/serve.py", ["--llama-args"])]
     assert unknown_flags(text) == ["tools/bench/kv_capacity.py -z",
                                    "tools/bench/engine.py --no-such-flag"]
 
