@@ -171,13 +171,13 @@ def test_path_extractor_catches_a_stale_name():
     text = ("the arena (`colibri/_core/arena.c`), tools/bench/engine.py. and "
             "tests/core/, `colibri/_core/kvcache_gone.c`, tests/test_cuda_{a,b}.py, "
             "`colibri/_core/tokenizer*.c`, colibri/_core/*.pyx, tools/bench/*.sh, "
-            "~/.cache/colibri/cuda/x, /dev/shm, colibri.cuda, tools/dev/device_check.sh")
+            "~/.cache/colibri/cuda/x, /dev/shm, colibri.cuda, tools/dev/gone_check.sh")
     assert repo_paths(text) == {
         "colibri/_core/arena.c", "tools/bench/engine.py", "tests/core/",
-        "colibri/_core/kvcache_gone.c", "tests/test_cuda_", "tools/dev/device_check.sh",
+        "colibri/_core/kvcache_gone.c", "tests/test_cuda_", "tools/dev/gone_check.sh",
         "colibri/_core/tokenizer*.c", "colibri/_core/*.pyx", "tools/bench/*.sh"}
     assert missing_paths(text) == ["colibri/_core/kvcache_gone.c", "tests/test_cuda_",
-                                   "tools/bench/*.sh", "tools/dev/device_check.sh"]
+                                   "tools/bench/*.sh", "tools/dev/gone_check.sh"]
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=[d.name for d in DOCS])
