@@ -138,6 +138,11 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in [
              "such as `0.5`, or `auto`", default_help="no budget: every expert mapped"),
     Variable("COLIBRI_EXPERT_PREFETCH", "prefetch", "boolean", False, boolean,
              "`1`/`0`: prefetch the next layer's predicted experts"),
+    Variable("COLIBRI_EXPERT_DIRECT_IO", None, "auto | on | off", "auto",
+             choice("auto", "on", "off"),
+             "how the cache store reads misses: `auto` with O_DIRECT (past the page cache) "
+             "where the file system allows it and experts are large enough (~400 KiB+) for "
+             "the 4 KiB alignment to cost little, `on` whatever their size, `off` never"),
     Variable("COLIBRI_EXPERT_USAGE", "expert_usage", "boolean", True, boolean,
              "`1`/`0`: keep a per-model record of expert use (added to at close) and pin the "
              "hottest experts of a budgeted store at load"),

@@ -323,9 +323,11 @@ class Model:
                          "forces the slot pool", nbytes / 2**20, d.expert_bytes() / 2**20)
         if mode != "mapped" and nbytes is None:
             nbytes = d.expert_bytes()
+        direct = {"off": 0, "auto": 1, "on": 2}[config.resolve("COLIBRI_EXPERT_DIRECT_IO", None)]
         store = _fw.ExpertStore(d, mode=mode, path=self.path, budget_bytes=nbytes or 0,
                                 policy=policy, min_slots=min_expert_slots(d, self.max_batch),
-                                mlock=mlock, prefetch=bool(prefetch) and mode != "mapped")
+                                mlock=mlock, prefetch=bool(prefetch) and mode != "mapped",
+                                direct_io=direct)
         if mode == "cache":
             i = store.info()
             log.info("expert cache: %d slots of %.2f MiB, misses read %s", i["n_slots"],

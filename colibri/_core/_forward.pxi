@@ -153,7 +153,7 @@ cdef class ExpertStore:
     """The expert store over a model's stacked expert tensors (owns a cb_experts_t).
 
     ExpertStore(desc, mode="mapped", path=None, budget_bytes=0, policy="lru", min_slots=1,
-    huge_pages=True, mlock=False, prefetch=False). Cache and mmap modes read/advise the file
+    huge_pages=True, mlock=False, prefetch=False, direct_io=1). Cache and mmap modes read/advise the file
     `path`; the ranges come from the description's validated TensorInfo offsets. prefetch
     starts the store's background thread (cache/mmap), fed by the forward pass's hints."""
     cdef cb_experts_t *s
@@ -165,7 +165,8 @@ cdef class ExpertStore:
     cdef object _read_fault  # test only: the _ReadFault plan the read hook points at
 
     def __cinit__(self, desc, str mode="mapped", path=None, budget_bytes=0, str policy="lru",
-                  int min_slots=1, bint huge_pages=True, bint mlock=False, bint prefetch=False):
+                  int min_slots=1, bint huge_pages=True, bint mlock=False, bint prefetch=False,
+                  int direct_io=1):
         self.s = NULL
         self.desc = desc
         if mode not in _EXPERT_MODES:
@@ -176,6 +177,8 @@ cdef class ExpertStore:
             raise ValueError(f"expert mode {mode!r} needs the model path")
         if budget_bytes < 0:
             raise ValueError(f"expert budget {budget_bytes} is negative")
+        if direct_io not in (0, 1, 2):
+            raise ValueError(f"direct_io {direct_io}: expected 0 (never), 1 (auto) or 2 (always)")
         self.mode, self.policy = mode, policy
         n = len(desc.layers)
         self.n_layers = n
@@ -190,6 +193,7 @@ cdef class ExpertStore:
         p.huge_pages = huge_pages
         p.mlock = mlock
         p.prefetch = prefetch and mode != "mapped"
+        p.direct_io = direct_io
         bpath = os.fsencode(path) if path is not None else None
         p.path = <const char *>bpath if bpath is not None else NULL
         cdef cb_experts_layer_t *ls = <cb_experts_layer_t *>calloc(n + 1, sizeof(cb_experts_layer_t))

@@ -28,7 +28,7 @@ cdef extern from "colibri/experts.h" nogil:
         int32_t mode, policy
         const char *path
         uint64_t budget_bytes
-        int32_t min_slots, huge_pages, mlock, prefetch
+        int32_t min_slots, huge_pages, mlock, prefetch, direct_io
     ctypedef struct cb_experts_info_t:
         int32_t mode, policy, n_slots, n_pinned, prefetch, one_read_layers, direct_io
         uint64_t slot_bytes, pool_bytes, expert_bytes

@@ -4,6 +4,8 @@ add up; prefetched experts become hits; bad settings fail clearly."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from oracle_models import build, prompt
@@ -182,6 +184,35 @@ def test_prefetch_option_and_environment(moe, monkeypatch):
     monkeypatch.setenv("COLIBRI_EXPERT_PREFETCH", "maybe")
     with pytest.raises(ValueError, match="COLIBRI_EXPERT_PREFETCH"):
         info(expert_mode="cache")
+
+
+def _takes_o_direct(path):
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+        return True
+    except OSError:  # tmpfs and some others refuse O_DIRECT
+        return False
+
+
+def test_direct_io_setting_and_same_logits(moe, monkeypatch):
+    """COLIBRI_EXPERT_DIRECT_IO: auto leaves these small experts (KiBs: the alignment would cost
+    more than it gains) buffered, on reads them with O_DIRECT where the file system takes it,
+    off never; every setting gives the mapped store's logits bit for bit."""
+    name, paths = moe
+    path = paths["f32"]
+    ref, _, _, m = _logits(path)
+    m.close()
+    for setting, direct in [("auto", False), ("on", _takes_o_direct(path)), ("off", False)]:
+        monkeypatch.setenv("COLIBRI_EXPERT_DIRECT_IO", setting)
+        got, _, info, m = _logits(path, expert_mode="cache", expert_budget=0.4)
+        m.close()
+        assert info["direct_io"] is direct, setting
+        np.testing.assert_array_equal(got, ref)
+    monkeypatch.setenv("COLIBRI_EXPERT_DIRECT_IO", "sometimes")
+    with pytest.raises(ValueError, match="COLIBRI_EXPERT_DIRECT_IO"):
+        _logits(path, expert_mode="cache")
+    with pytest.raises(ValueError, match="direct_io"):
+        _fw.ExpertStore(None, direct_io=3)
 
 
 def test_unknown_names():
