@@ -18,6 +18,10 @@
  * madvise) runs with mu released on a slot that its reader owns (locked or loading), which no
  * one else reads, writes or evicts meanwhile. An acquire claims all its misses' slots first and
  * then reads them on up to CB_EXPERTS_READERS threads at once (cache mode; see cb_read_jobs).
+ * A started acquire (cb_experts_acquire_start / _wait / _finish, what the forward pass uses)
+ * returns after the claims with the reads running on reader threads, so the experts before a
+ * miss compute while it loads; its bookkeeping (acquire_settle) runs at finish, as a plain
+ * acquire's does after its reads.
  * cv_done is broadcast when a prefetch read ends
  * (an acquire waiting for that expert, or for any evictable slot, wakes up); cv_work wakes the
  * prefetch thread. The prefetch queue is the current hint only (a new hint empties it), in
@@ -263,6 +267,11 @@ cb_status cb_experts_new(const cb_experts_params_t *p, const cb_experts_layer_t 
         return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: cannot create a condition variable");
     }
     s->sync_ok = 1;
+    if (pthread_mutex_init(&s->rmu, NULL) != 0 || pthread_cond_init(&s->rcv, NULL) != 0) {
+        cb_experts_free(s);
+        return cb_fail(CB_STATUS_OUT_OF_MEMORY, "experts: cannot create the readers' lock");
+    }
+    s->rsync_ok = 1;
     s->layers = cb_calloc((size_t)n_layers + 1, sizeof *s->layers);
     s->lay = cb_calloc((size_t)n_layers + 1, sizeof *s->lay);
     s->stats = cb_calloc((size_t)n_layers + 1, sizeof *s->stats);
@@ -437,6 +446,11 @@ void cb_experts_free(cb_experts_t *s) {
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->thread, NULL);
     }
+    if (s->pend_active) cb_read_jobs_join(s); /* freed mid-acquire: no reader outlives it */
+    if (s->rsync_ok) {
+        pthread_cond_destroy(&s->rcv);
+        pthread_mutex_destroy(&s->rmu);
+    }
     if (s->sync_ok) {
         pthread_cond_destroy(&s->cv_work);
         pthread_cond_destroy(&s->cv_done);
@@ -555,8 +569,10 @@ static void lock_hit(cb_experts_t *s, int32_t k, cb_experts_layer_stats_t *st) {
     s->slots[k].prefetched = 0;
 }
 
-cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n,
-                             const int32_t *uses, cb_expert_ref_t *out) {
+/* Checks an acquire's arguments; the mapped store's whole acquire (*done set). */
+static cb_status acquire_check_mapped(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n,
+                                     const int32_t *uses, cb_expert_ref_t *out, int *done) {
+    *done = 0;
     if (!s || layer < 0 || layer >= s->n_layers || n < 0 || (n > 0 && (!ids || !out)))
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: bad acquire (layer %d, n %d)",
                        (int)layer, (int)n);
@@ -581,9 +597,17 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
             out[i].down = L->down_base + e * L->down_stride;
         }
         st->hits += (uint64_t)n; /* mapped: resident as far as the store knows */
+        *done = 1;
         return CB_OK;
     }
-    uint64_t t0 = now_ns();
+    return CB_OK;
+}
+
+/* Passes 1-2 of an acquire (cache/mmap): with mu held on return when CB_OK (*nj jobs claimed,
+ * out[] filled: a claimed slot's address is known before its bytes are), released otherwise. */
+static cb_status acquire_claim(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n,
+                               const int32_t *uses, cb_expert_ref_t *out, int32_t *nj_out) {
+    cb_experts_layer_stats_t *st = &s->stats[layer];
     pthread_mutex_lock(&s->mu);
     cb_score_hint(s, layer, ids, n, st);
     for (int32_t i = 0; i < n; i++) {
@@ -647,15 +671,18 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
             s->jobs[nj++] = (read_job_t){.k = k, .g = (int32_t)g, .part = -1};
         }
     }
-    /* pass 3: read the claimed slots, several at once in cache mode */
+    *nj_out = nj;
+    for (int32_t i = 0; i < n; i++) refs_of(s, (int32_t)(base + (size_t)ids[i]), &out[i]);
+    return CB_OK;
+}
+
+/* Pass 3's bookkeeping after the nj jobs were read (mu held on entry, released on return): the
+ * experts read become resident; a failed one's slot goes back, and then the whole acquire
+ * fails with nothing left locked. */
+static cb_status acquire_settle(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n,
+                                int32_t nj, uint64_t t0) {
+    cb_experts_layer_stats_t *st = &s->stats[layer];
     if (nj > 0) {
-        pthread_mutex_unlock(&s->mu);
-        if (s->mode == CB_EXPERTS_CACHE && nj > 1) {
-            cb_read_jobs(s, s->jobs, nj);
-        } else {
-            for (int32_t j = 0; j < nj; j++) s->jobs[j].rs = cb_read_job(s, &s->jobs[j]);
-        }
-        pthread_mutex_lock(&s->mu);
         cb_status first = CB_OK;
         for (int32_t j = 0; j < nj; j++) {
             read_job_t *x = &s->jobs[j];
@@ -680,10 +707,99 @@ cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids,
             return first;
         }
     }
-    for (int32_t i = 0; i < n; i++) refs_of(s, (int32_t)(base + (size_t)ids[i]), &out[i]);
     st->wait_ns += now_ns() - t0;
     pthread_mutex_unlock(&s->mu);
     return CB_OK;
+}
+
+cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n,
+                             const int32_t *uses, cb_expert_ref_t *out) {
+    int done;
+    CHECK_OK(acquire_check_mapped(s, layer, ids, n, uses, out, &done));
+    if (done) return CB_OK;
+    if (s->pend_active)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: acquire while a started acquire "
+                       "(layer %d) is not finished", (int)s->pend_layer);
+    uint64_t t0 = now_ns();
+    int32_t nj;
+    CHECK_OK(acquire_claim(s, layer, ids, n, uses, out, &nj));
+    /* pass 3: read the claimed slots, several at once in cache mode */
+    if (nj > 0) {
+        pthread_mutex_unlock(&s->mu);
+        if (s->mode == CB_EXPERTS_CACHE && nj > 1) {
+            cb_read_jobs(s, s->jobs, nj);
+        } else {
+            for (int32_t j = 0; j < nj; j++) s->jobs[j].rs = cb_read_job(s, &s->jobs[j]);
+        }
+        pthread_mutex_lock(&s->mu);
+    }
+    return acquire_settle(s, layer, ids, n, nj, t0);
+}
+
+cb_status cb_experts_acquire_start(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n,
+                                   const int32_t *uses, cb_expert_ref_t *out) {
+    if (s && s->pend_active)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: acquire_start while a started "
+                       "acquire (layer %d) is not finished", (int)s->pend_layer);
+    int done;
+    CHECK_OK(acquire_check_mapped(s, layer, ids, n, uses, out, &done));
+    s->pend_layer = layer;
+    s->pend_ids = ids;
+    s->pend_n = n;
+    s->pend_nj = 0;
+    if (done) { /* mapped: nothing to read */
+        s->pend_active = 1;
+        return CB_OK;
+    }
+    s->pend_t0 = now_ns();
+    int32_t nj;
+    CHECK_OK(acquire_claim(s, layer, ids, n, uses, out, &nj));
+    s->pend_nj = nj;
+    s->pend_active = 1;
+    pthread_mutex_unlock(&s->mu);
+    s->pend_t0 = now_ns() - s->pend_t0; /* from here: the time the caller waited */
+    if (nj > 0) {
+        if (s->mode == CB_EXPERTS_CACHE) {
+            cb_read_jobs_start(s, s->jobs, nj);
+        } else { /* mmap: madvise hints, done at once */
+            for (int32_t j = 0; j < nj; j++) {
+                s->jobs[j].rs = cb_read_job(s, &s->jobs[j]);
+                s->jobs[j].done = 1;
+            }
+        }
+    }
+    return CB_OK;
+}
+
+cb_status cb_experts_wait(cb_experts_t *s, int32_t i) {
+    if (!s || !s->pend_active || i < 0 || i >= s->pend_n)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: wait for %d outside a started "
+                       "acquire", (int)i);
+    if (s->pend_nj == 0 || s->mode != CB_EXPERTS_CACHE) {
+        for (int32_t j = 0; j < s->pend_nj; j++) /* mmap: the hints' outcome */
+            if (s->jobs[j].rs != CB_OK) return cb_fail(s->jobs[j].rs, "experts: read failed");
+        return CB_OK;
+    }
+    int32_t g = (int32_t)(s->offsets[s->pend_layer] + (size_t)s->pend_ids[i]);
+    uint64_t t0 = now_ns();
+    cb_status rs = CB_OK;
+    for (int32_t j = 0; j < s->pend_nj && rs == CB_OK; j++)
+        if (s->jobs[j].g == g) rs = cb_read_job_wait(s, j);
+    s->pend_t0 += now_ns() - t0;
+    return rs;
+}
+
+cb_status cb_experts_acquire_finish(cb_experts_t *s) {
+    if (!s || !s->pend_active)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: finish without a started acquire");
+    s->pend_active = 0;
+    if (s->mode == CB_EXPERTS_MAPPED) return CB_OK;
+    uint64_t t0 = now_ns();
+    if (s->pend_nj > 0 && s->mode == CB_EXPERTS_CACHE) cb_read_jobs_join(s);
+    pthread_mutex_lock(&s->mu);
+    /* wait_ns: claiming, the waits and this join, not the compute between them */
+    return acquire_settle(s, s->pend_layer, s->pend_ids, s->pend_n, s->pend_nj,
+                          t0 - s->pend_t0);
 }
 
 cb_status cb_experts_release(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n) {

@@ -48,7 +48,24 @@ typedef struct read_job {
     int32_t part; /* -1: the whole expert (read_expert); 0..2: one matrix (three-read layout) */
     cb_status rs;
     uint64_t reads, bytes;
+    int32_t done; /* set (under rmu) when a started acquire's reader finished it */
 } read_job_t;
+
+#define CB_EXPERTS_READERS 8
+
+/* one acquire's reads in flight on reader threads (cb_read_jobs, cb_read_jobs_start) */
+typedef struct read_batch {
+    const cb_experts_t *s;
+    read_job_t *jobs;
+    int32_t n;
+    int32_t next;   /* atomic: the next job to take */
+    int32_t failed; /* atomic: a reader failed; the first one's detail is in err */
+    int32_t async;  /* readers report each job's end (done, rcv) */
+    cb_status rs;
+    char err[512];
+    pthread_t th[CB_EXPERTS_READERS];
+    int32_t n_threads; /* started */
+} read_batch_t;
 
 struct cb_experts {
     int32_t n_layers;
@@ -95,10 +112,24 @@ struct cb_experts {
     uint32_t round;
     int32_t n_loading;                 /* slots the prefetch thread is reading */
     read_job_t *jobs;                  /* [3 n_slots] one acquire's misses, read in parallel */
+    /* a started acquire (cb_experts_acquire_start .. _finish), its reads on reader threads */
+    read_batch_t rb;
+    pthread_mutex_t rmu;               /* guards the jobs' done flags; rcv signals them */
+    pthread_cond_t rcv;
+    int rsync_ok;
+    int32_t pend_active, pend_layer, pend_n, pend_nj;
+    const int32_t *pend_ids;           /* the caller's ids, valid until finish */
+    uint64_t pend_t0;                  /* its start time, then the time its caller waited */
     uint32_t pf_good, pf_bad;          /* recent prefetches used / evicted unused (halved at 64) */
     /* prediction scoring: the hint that named g ([total]) and each layer's pending hint */
     uint32_t *hint_of, *hint_pending, hint_seq;
 };
+
+#define CHECK_OK(expr)                  \
+    do {                                \
+        cb_status rs_ = (expr);         \
+        if (rs_ != CB_OK) return rs_;   \
+    } while (0)
 
 static inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -161,6 +192,13 @@ cb_status cb_read_job(const cb_experts_t *s, read_job_t *x);
 /* reads every job, on up to CB_EXPERTS_READERS threads; a failure's detail is left in the
  * calling thread's cb_last_error() and in each job's rs */
 void cb_read_jobs(const cb_experts_t *s, read_job_t *jobs, int32_t n);
+/* starts reading every job on reader threads (s->rb) and returns (reads them inline when no
+ * thread starts); cb_read_job_wait waits for job j (its rs, with the batch's first error
+ * detail); cb_read_jobs_join waits for all and joins the threads (the detail of a failure in
+ * the calling thread's cb_last_error()) */
+void cb_read_jobs_start(cb_experts_t *s, read_job_t *jobs, int32_t n);
+cb_status cb_read_job_wait(cb_experts_t *s, int32_t j);
+void cb_read_jobs_join(cb_experts_t *s);
 
 /* ---- prefetch and hints (experts_prefetch.c) ---- */
 

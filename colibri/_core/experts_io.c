@@ -151,28 +151,23 @@ cb_status cb_read_job(const cb_experts_t *s, read_job_t *x) {
  * CB_EXPERTS_READERS threads (itself and short-lived helpers), so the disk sees several
  * requests at once: a virtio or NVMe device delivers more bandwidth at a queue depth above
  * one. Each job has its own slot, so the reads share nothing but the file descriptor. */
-#define CB_EXPERTS_READERS 8
-
-typedef struct read_batch {
-    const cb_experts_t *s;
-    read_job_t *jobs;
-    int32_t n;
-    int32_t next;   /* atomic: the next job to take */
-    int32_t failed; /* atomic: a reader failed; the first one's detail is in err */
-    cb_status rs;
-    char err[512];
-} read_batch_t;
-
 static void *read_worker(void *arg) {
     read_batch_t *b = arg;
+    cb_experts_t *s = (cb_experts_t *)b->s;
     for (;;) {
         int32_t j = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
         if (j >= b->n) break;
         read_job_t *x = &b->jobs[j];
         x->rs = cb_read_job(b->s, x);
+        if (b->async) pthread_mutex_lock(&s->rmu); /* err is read under it by the waiters */
         if (x->rs != CB_OK && __atomic_exchange_n(&b->failed, 1, __ATOMIC_ACQ_REL) == 0) {
             b->rs = x->rs; /* the detail is thread-local: hand it to the caller */
             snprintf(b->err, sizeof b->err, "%s", cb_last_error());
+        }
+        if (b->async) {
+            x->done = 1;
+            pthread_cond_broadcast(&s->rcv);
+            pthread_mutex_unlock(&s->rmu);
         }
     }
     return NULL;
@@ -182,15 +177,55 @@ static void *read_worker(void *arg) {
  * A failure's detail is left in the calling thread's cb_last_error(). */
 void cb_read_jobs(const cb_experts_t *s, read_job_t *jobs, int32_t n) {
     read_batch_t b = {.s = s, .jobs = jobs, .n = n, .next = 0, .failed = 0, .rs = CB_OK};
-    pthread_t th[CB_EXPERTS_READERS - 1];
     int started[CB_EXPERTS_READERS - 1] = {0};
     int32_t helpers = n - 1 < CB_EXPERTS_READERS - 1 ? n - 1 : CB_EXPERTS_READERS - 1;
     for (int32_t i = 0; i < helpers; i++)
-        started[i] = cb_thread_create(&th[i], read_worker, &b) == 0;
+        started[i] = cb_thread_create(&b.th[i], read_worker, &b) == 0;
     read_worker(&b);
     for (int32_t i = 0; i < helpers; i++)
-        if (started[i]) pthread_join(th[i], NULL);
+        if (started[i]) pthread_join(b.th[i], NULL);
     if (b.failed) (void)cb_fail(b.rs, "%s", b.err);
+}
+
+/* Overlapped reads (cb_experts_acquire_start): the caller computes while reader threads read,
+ * in job order (the acquire's experts in the order asked), each job marked done under rmu. */
+void cb_read_jobs_start(cb_experts_t *s, read_job_t *jobs, int32_t n) {
+    read_batch_t *b = &s->rb;
+    b->s = s;
+    b->jobs = jobs;
+    b->n = n;
+    b->next = 0;
+    b->failed = 0;
+    b->rs = CB_OK;
+    b->err[0] = 0;
+    b->async = 1;
+    b->n_threads = 0;
+    for (int32_t j = 0; j < n; j++) jobs[j].done = 0;
+    int32_t want = n < CB_EXPERTS_READERS ? n : CB_EXPERTS_READERS;
+    for (int32_t i = 0; i < want; i++) {
+        if (cb_thread_create(&b->th[b->n_threads], read_worker, b) != 0) break;
+        b->n_threads++;
+    }
+    if (b->n_threads == 0) read_worker(b); /* no thread: read them now */
+}
+
+cb_status cb_read_job_wait(cb_experts_t *s, int32_t j) {
+    read_job_t *x = &s->rb.jobs[j];
+    char err[sizeof s->rb.err];
+    pthread_mutex_lock(&s->rmu);
+    while (!x->done) pthread_cond_wait(&s->rcv, &s->rmu);
+    if (x->rs != CB_OK) memcpy(err, s->rb.err, sizeof err);
+    pthread_mutex_unlock(&s->rmu);
+    if (x->rs != CB_OK) return cb_fail(x->rs, "%s", err);
+    return CB_OK;
+}
+
+void cb_read_jobs_join(cb_experts_t *s) {
+    read_batch_t *b = &s->rb;
+    for (int32_t i = 0; i < b->n_threads; i++) pthread_join(b->th[i], NULL);
+    b->n_threads = 0;
+    b->async = 0;
+    if (b->failed) (void)cb_fail(b->rs, "%s", b->err);
 }
 
 void cb_experts_set_read_hook(cb_experts_t *s, cb_experts_read_fn fn, void *user) {

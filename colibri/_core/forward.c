@@ -548,11 +548,15 @@ static cb_status moe_ffn(cb_forward_t *f, int l, int64_t n) {
             lw[at] = f->rw[t * K + i];
         }
     for (int32_t i = 0; i < n_used; i++) f->fill[i] = f->cnt[f->used[i]]; /* tokens per expert */
-    CHECK_OK(cb_experts_acquire(f->experts, l, f->used, n_used, f->fill, f->refs));
+    /* the misses are read while the experts before them compute: expert i waits for its own
+     * bytes only; the order of the sums, and so the logits, is the one of a plain acquire */
+    CHECK_OK(cb_experts_acquire_start(f->experts, l, f->used, n_used, f->fill, f->refs));
     if (cb_experts_prefetching(f->experts)) prefetch_next(f, l, n); /* hint the next layer */
     memset(f->o, 0, (size_t)n * E * sizeof(float));
     cb_status st = CB_OK;
     for (int32_t i = 0; i < n_used && st == CB_OK; i++) {
+        st = cb_experts_wait(f->experts, i);
+        if (st != CB_OK) break;
         int32_t e = f->used[i];
         int32_t ne = f->cnt[e];
         const int32_t *ids = f->lists + f->start[e];
@@ -576,6 +580,8 @@ static cb_status moe_ffn(cb_forward_t *f, int l, int64_t n) {
         od.token_scale = lw + f->start[e];
         st = cb_matmul_ex(&wd, f->g, ne, ff, f->o, E, &od, f->pool);
     }
+    cb_status fs = cb_experts_acquire_finish(f->experts); /* every read ended */
+    if (fs != CB_OK) return st != CB_OK ? st : fs; /* a failed read: nothing stays acquired */
     cb_status rs = cb_experts_release(f->experts, l, f->used, n_used);
     if (st != CB_OK) return st;
     CHECK_OK(rs);

@@ -183,6 +183,22 @@ void cb_experts_free(cb_experts_t *s);
 cb_status cb_experts_acquire(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n,
                              const int32_t *uses, cb_expert_ref_t *out);
 
+/* The same acquire in three steps, so that compute overlaps the misses' reads:
+ * cb_experts_acquire_start claims the slots and starts the reads (cache store: on reader
+ * threads) and fills out[] at once; out[i]'s bytes may be used only after
+ * cb_experts_wait(s, i) returned CB_OK (in any order; waiting for expert i does not wait for
+ * the others); cb_experts_acquire_finish must follow every successful start (after the last
+ * wait or instead of it): it waits for every read still running and does the bookkeeping. On
+ * CB_OK from finish the experts are acquired (cb_experts_release gives them back); on an error
+ * (a read failed: the detail names the file, layer, expert and range, and wait returned it
+ * for that expert) nothing stays acquired, as after a failed cb_experts_acquire. One started
+ * acquire per store at a time (INVALID_ARGUMENT otherwise). Mapped and mmap stores read
+ * nothing asynchronously: their waits return at once. */
+cb_status cb_experts_acquire_start(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n,
+                                   const int32_t *uses, cb_expert_ref_t *out);
+cb_status cb_experts_wait(cb_experts_t *s, int32_t i);
+cb_status cb_experts_acquire_finish(cb_experts_t *s);
+
 /* Gives back what acquire handed out for the same layer and ids. */
 cb_status cb_experts_release(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n);
 

@@ -638,6 +638,38 @@ static void run_all(void) {
         CHECK(cb_experts_new(&p, ls, NL, &s) == CB_STATUS_INVALID_ARGUMENT && !s);
     }
 
+    /* a started acquire (compute overlapping the reads): the same bytes as acquire, waits in
+     * any order, one started acquire at a time, and the calls in the wrong order refused */
+    for (int mode = CB_EXPERTS_MAPPED; mode <= CB_EXPERTS_MMAP; mode++) {
+        cb_experts_t *s = make(mode, CB_EXPERTS_LRU, path, 1, 4, ls);
+        int ids[4] = {3, 0, 5, 1};
+        cb_expert_ref_t r[4], b[4];
+        for (int round = 0; round < 3; round++) { /* misses, then hits, then another layer's */
+            int layer = round == 2;
+            CHECK(cb_experts_acquire_start(s, layer, ids, 4, NULL, r) == CB_OK);
+            CHECK(cb_experts_acquire_start(s, layer, ids, 4, NULL, r) ==
+                  CB_STATUS_INVALID_ARGUMENT);
+            CHECK(cb_experts_acquire(s, layer, ids, 4, NULL, r) == (mode == CB_EXPERTS_MAPPED
+                                                                       ? CB_OK
+                                                                       : CB_STATUS_INVALID_ARGUMENT));
+            CHECK(cb_experts_wait(s, 4) == CB_STATUS_INVALID_ARGUMENT);
+            for (int i = 3; i >= 0; i--) CHECK(cb_experts_wait(s, i) == CB_OK);
+            CHECK(cb_experts_acquire(ref, layer, ids, 4, NULL, b) == CB_OK);
+            for (int i = 0; i < 4; i++) CHECK(same_bytes(&r[i], &b[i]));
+            CHECK(cb_experts_acquire_finish(s) == CB_OK);
+            for (int i = 0; i < 4; i++) CHECK(same_bytes(&r[i], &b[i])); /* unchanged */
+            CHECK(cb_experts_acquire_finish(s) == CB_STATUS_INVALID_ARGUMENT);
+            CHECK(cb_experts_wait(s, 0) == CB_STATUS_INVALID_ARGUMENT);
+            CHECK(cb_experts_release(s, layer, ids, 4) == CB_OK);
+        }
+        cb_experts_layer_stats_t st;
+        CHECK(cb_experts_stats(s, 0, &st) == CB_OK);
+        if (mode != CB_EXPERTS_MAPPED) CHECK(st.misses == 4 && st.hits == 4);
+        /* freed with a started acquire: its readers are joined, nothing leaks */
+        CHECK(cb_experts_acquire_start(s, 1, ids, 4, NULL, r) == CB_OK);
+        cb_experts_free(s);
+    }
+
     test_pool_pinning(path, ls);
     cb_experts_free(ref);
     free(bytes);

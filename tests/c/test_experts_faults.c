@@ -215,6 +215,16 @@ static void test_hard(int kind) {
                 CHECK(resident(s) == 2); /* the two good experts, not the failed one */
                 n_cases++;
             }
+            /* the same through a started acquire: the faulty expert's wait and the finish
+             * fail naming it, the good ones' waits succeed, and nothing stays locked */
+            cb_clear_error();
+            CHECK(cb_experts_acquire_start(s, l, ids, 3, NULL, r) == CB_OK);
+            CHECK(cb_experts_wait(s, 2) == CB_OK);
+            CHECK(cb_experts_wait(s, 1) == CB_STATUS_IO);
+            CHECK(cb_experts_acquire_finish(s) == CB_STATUS_IO);
+            check_detail(l, e);
+            CHECK(resident(s) == 2);
+            n_cases++;
             /* the good experts alone are fine meanwhile */
             int32_t good[2] = {ids[0], ids[2]};
             CHECK(cb_experts_acquire(s, l, good, 2, NULL, r) == CB_OK);

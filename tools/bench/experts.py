@@ -111,9 +111,11 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
             toks.append(last())
         stats: dict[str, Any] = {}
         digest = ""
+        direct = None
     else:
         from colibri.model import Model
 
+        os.environ["COLIBRI_EXPERT_DIRECT_IO"] = cfg.get("direct_io", "auto")
         kw: dict[str, Any] = {}
         if cfg["mode"] != "mapped":
             kw = dict(expert_mode=cfg["mode"], expert_budget=cfg["budget"],
@@ -143,6 +145,7 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
             m.experts.prefetch_sync()
         stats = m.expert_stats()
         stats["one_read_layers"] = m.expert_info().get("one_read_layers", 0)
+        direct = m.expert_info().get("direct_io")
         stats["distinct"] = int(sum((m.route_counts(layer) > 0).sum() for layer in range(
             m.desc.n_layer)))
         # the next-layer prediction (prefetch hints), per layer: precision, recall
@@ -153,6 +156,7 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
             for x in [m.expert_stats(layer)] if x.get("predicted") and x["predicted_acquired"]]
         digest = h.hexdigest()
     return {"tokens": toks, "digest": digest, "decode_tps": 1.0 / float(np.median(lat)),
+            "direct_io": direct,
             "mean_tps": len(lat) / sum(lat), "load_s": load,
             "peak_rss": peak_rss_bytes(), "stats": stats}
 
@@ -253,6 +257,9 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=TIMEOUT,
                     help="seconds one run may take; a slower run is reported as an upper bound "
                          "on its speed")
+    ap.add_argument("--direct-io", default="auto",
+                    help="COLIBRI_EXPERT_DIRECT_IO settings to run the cache store with: "
+                         "auto,on,off (default auto)")
     ap.add_argument("--disk-seconds", type=float, default=1.0,
                     help="seconds per (mode, queue depth) cell of the disk measurement "
                          "(tools/bench/disk.py) behind the disk bound; 0 skips it")
@@ -333,6 +340,8 @@ def main() -> int:
             elif peer.get("timeout"):  # llama.cpp slower than gen / timeout: a lower bound
                 vs = f"{'>' + format(r['decode_tps'] / peer['decode_tps_max'], '.1f'):>8}"
         note = ""
+        if r["engine"] == "colibri" and r.get("direct_io") is not None:
+            note = "O_DIRECT" if r["direct_io"] else "buffered"
         if r["engine"] == "llama.cpp":
             same = sum(x == y for x, y in zip(r["tokens"], ref["tokens"], strict=True))
             note = f"top-1 equal to colibri's: {same}/{len(ref['tokens'])}"
@@ -372,13 +381,14 @@ def main() -> int:
         for mode in a.modes.split(","):
             for pol in a.policies.split(","):
                 for pf in a.prefetch.split(","):
-                    r = run({**base, "engine": "colibri", "mode": mode, "policy": pol, "budget": b,
-                             "prefetch": pf == "on"}, limit)
-                    if "error" not in r and r["digest"] != ref["digest"]:
-                        r["error"] = "logits differ from the mapped store"
-                        bad += 1
-                    add({"engine": "colibri", "mode": mode, "policy": pol, "budget": b,
-                         "prefetch": pf, **r})
+                    for dio in (a.direct_io.split(",") if mode == "cache" else ["auto"]):
+                        r = run({**base, "engine": "colibri", "mode": mode, "policy": pol,
+                                 "budget": b, "prefetch": pf == "on", "direct_io": dio}, limit)
+                        if "error" not in r and r["digest"] != ref["digest"]:
+                            r["error"] = "logits differ from the mapped store"
+                            bad += 1
+                        add({"engine": "colibri", "mode": mode, "policy": pol, "budget": b,
+                             "prefetch": pf, **r})
         if container is not None:
             for pf in a.prefetch.split(","):
                 r = run({**base, "path": container, "engine": "colibri", "mode": "cache",
