@@ -1,8 +1,7 @@
 """`colibri.Model`: a GGUF model loaded for inference on the CPU.
 
-A Model owns: the validated GGUF file (mapped), its description (colibri.arch), the tokenizer,
-a KV arena + cache sized for `ctx` tokens, the expert store, a thread pool and the C forward
-context. Everything heavy runs in C with the GIL released.
+A Model owns the validated GGUF file (mapped), its description (colibri.arch), the tokenizer, a
+KV arena + cache for `ctx` tokens, the expert store, a thread pool and the C forward context.
 """
 
 from __future__ import annotations
@@ -328,11 +327,9 @@ class Model:
                                 policy=policy, min_slots=min_expert_slots(d, self.max_batch),
                                 mlock=mlock, prefetch=bool(prefetch) and mode != "mapped",
                                 direct_io=direct)
-        if mode == "cache":
-            i = store.info()
-            log.info("expert cache: %d slots of %.2f MiB, misses read %s", i["n_slots"],
-                     i["slot_bytes"] / 2**20, "with O_DIRECT (past the page cache)"
-                     if i["direct_io"] else "through the page cache (no O_DIRECT here)")
+        if mode == "cache" and (i := store.info()):
+            log.info("expert cache: %d slots of %.2f MiB, %s reads", i["n_slots"],
+                     i["slot_bytes"] / 2**20, "O_DIRECT" if i["direct_io"] else "buffered")
         for layer, expert in pin or ():
             if not 0 <= int(layer) < d.n_layer or d.layers[int(layer)].n_expert == 0:
                 raise ValueError(f"pin: layer {layer} has no experts")
@@ -671,8 +668,7 @@ class Model:
     @_requires_open
     def expert_info(self) -> dict[str, Any]:
         """The expert store: mode, policy, n_slots, n_pinned, prefetch, one_read_layers,
-        direct_io (misses read with O_DIRECT), slot_bytes, pool_bytes, expert_bytes. {} for a
-        dense model."""
+        direct_io (O_DIRECT reads), slot_bytes, pool_bytes, expert_bytes. {} if dense."""
         if self.experts is None:
             return {}
         return dict(self.experts.info())
