@@ -6,49 +6,17 @@ routing kernel writes besides ids and weights) against an independent formulatio
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
+from backend_ops_cuda import routing_lib
 
 from colibri._cuda_ref import group_reference, route_reference, routing_capacity
 
-ROOT = Path(__file__).resolve().parents[2]
-WRAPPER = r"""
-#include "routing_logic.h"
-int route_rows(const float *logits, int n_tokens, int n_experts, int k, int gating,
-               const float *bias, int renorm, float scale, int *ids, float *weights) {
-    int bad = 0;
-    for (int t = 0; t < n_tokens; t++)
-        if (cb_route_token(logits + (long)t * n_experts, n_experts, k, gating, bias, renorm,
-                           scale, ids + (long)t * k, weights + (long)t * k) != CB_ROUTE_OK)
-            bad++;
-    return bad;
-}
-"""
-
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    cc = shutil.which("gcc") or shutil.which("cc")
-    assert cc, "a C compiler is needed to build the routing logic test library"
-    d = tmp_path_factory.mktemp("routing_logic")
-    (d / "wrap.c").write_text(WRAPPER)
-    so = d / "librouting.so"
-    subprocess.run(
-        [cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-         f"-I{ROOT / 'cuda'}", "-o", str(so), str(d / "wrap.c"), "-lm"],
-        check=True,
-    )
-    lib = ctypes.CDLL(str(so))
-    fp = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
-    ip = np.ctypeslib.ndpointer(np.int32, flags="C_CONTIGUOUS")
-    lib.route_rows.argtypes = [fp, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                               ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ip, fp]
-    lib.route_rows.restype = ctypes.c_int
-    return lib
+def lib() -> ctypes.CDLL:
+    return routing_lib()  # cuda/routing_logic.h built with gcc (the op table's CPU router)
 
 
 def c_route(lib, logits, k, gating, bias, renorm, scale):
