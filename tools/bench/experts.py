@@ -116,6 +116,11 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
         from colibri.model import Model
 
         os.environ["COLIBRI_EXPERT_DIRECT_IO"] = cfg.get("direct_io", "auto")
+        # the usage record pins the hottest experts of earlier runs: off unless --usage, and
+        # then in this benchmark's own folder (not the user's record)
+        os.environ["COLIBRI_EXPERT_USAGE"] = "1" if cfg.get("usage_dir") else "0"
+        if cfg.get("usage_dir"):
+            os.environ["COLIBRI_USAGE_DIR"] = cfg["usage_dir"]
         kw: dict[str, Any] = {}
         if cfg["mode"] != "mapped":
             kw = dict(expert_mode=cfg["mode"], expert_budget=cfg["budget"],
@@ -260,6 +265,10 @@ def main() -> int:
     ap.add_argument("--direct-io", default="auto",
                     help="COLIBRI_EXPERT_DIRECT_IO settings to run the cache store with: "
                          "auto,on,off (default auto)")
+    ap.add_argument("--usage", action="store_true",
+                    help="let colibri's expert usage record pin the hottest experts (kept in a "
+                         "folder of this benchmark's, filled by its earlier runs); default: off, "
+                         "every run starts from an empty cache")
     ap.add_argument("--disk-seconds", type=float, default=1.0,
                     help="seconds per (mode, queue depth) cell of the disk measurement "
                          "(tools/bench/disk.py) behind the disk bound; 0 skips it")
@@ -286,6 +295,9 @@ def main() -> int:
     if not 0 <= a.warmup < a.gen:
         ap.error("--warmup must be in [0, --gen)")
     base = dict(path=path, threads=a.threads, gen=a.gen, warmup=a.warmup)
+    usage_tmp = tempfile.TemporaryDirectory() if a.usage else None
+    if usage_tmp is not None:
+        base["usage_dir"] = usage_tmp.name
     container = None
     if a.container and (ROOT / "tools" / "convert_gguf.py").exists():
         container = os.path.splitext(path)[0] + ".colibri"
