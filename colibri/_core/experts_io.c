@@ -2,8 +2,10 @@
  * reads one range (short reads continued, EINTR retried, errors named with the file, layer,
  * expert and range), cb_read_expert one expert (one read when its matrices are adjacent in the
  * file, else three; the mmap store only hints the kernel with MADV_WILLNEED), read_part one
- * matrix, and cb_read_jobs an acquire's misses on up to CB_EXPERTS_READERS threads at once.
- * cb_experts_set_read_hook swaps pread for a test's function.
+ * matrix, and cb_read_jobs an acquire's misses on up to CB_EXPERTS_READERS threads at once;
+ * cb_read_jobs_start / cb_read_job_wait / cb_read_jobs_join do the same for a started acquire,
+ * the reads running while the caller computes. cb_experts_set_read_hook swaps pread for a
+ * test's function.
  *
  * Invariant: a reader runs with mu RELEASED on a slot its caller owns (locked by an acquire or
  * loading for the prefetch thread): it reads only immutable tables and writes only that slot's
@@ -30,15 +32,16 @@
 
 static const char *const part_name[3] = {"gate", "up", "down"};
 
-/* Reads matrix `part` of expert g (-1: its whole one-read span), len bytes at file offset off,
- * into dst: short reads continue, EINTR is retried, a read error or the end of the file fails
- * with CB_STATUS_IO naming the file, the layer, the expert and the range (mu may be released:
- * touches only dst and the fd; the detail goes to the calling thread's buffer). */
+/* one pread (or the test hook) on fd */
 static int64_t read_some(const cb_experts_t *s, int fd, uint8_t *dst, size_t len, uint64_t off) {
     return s->read_fn ? s->read_fn(s->read_user, fd, dst, len, off)
                       : (int64_t)pread(fd, dst, len, (off_t)off);
 }
 
+/* Reads matrix `part` of expert g (-1: its whole one-read span), len bytes at file offset off,
+ * into dst: short reads continue, EINTR is retried, a read error or the end of the file fails
+ * with CB_STATUS_IO naming the file, the layer, the expert and the range (mu may be released:
+ * touches only dst and the fd; the detail goes to the calling thread's buffer). */
 static cb_status pread_all(const cb_experts_t *s, int32_t g, int part, uint8_t *dst, size_t len,
                            uint64_t off) {
     const uint64_t off0 = off;
