@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from oracle_models import build  # needs torch + transformers (test extras): fails if missing
 
 from colibri import KVArena, KVCache
 from colibri._core import _forward
@@ -18,10 +19,6 @@ from colibri.arch import FAMILIES, Family, LayerDesc, Mat, ModelDesc
 from colibri.gguf import GGUFFile
 from colibri.model import Model
 from colibri.tokenizer import Tokenizer, VocabInfo, eog_ids
-
-pytest.importorskip("torch", reason="tiny models are built with torch + transformers")
-
-from oracle_models import build  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = {"i32": 4, "i64": 8, "f32": 4, "enum": 4, "vec": 8}
@@ -162,7 +159,8 @@ def test_every_entry_point_reads_the_same_eog_ids(tiny, model, monkeypatch):
         assert bare.eog_ids == ids
     with Engine(model) as eng:
         assert eng._eog == set(ids)
-    llguidance = pytest.importorskip("llguidance")
+    import llguidance  # the serve grammar's engine (test extras)
+
     from colibri.serve.grammar import GrammarFactory
 
     seen = {}
