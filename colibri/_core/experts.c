@@ -569,18 +569,28 @@ static void lock_hit(cb_experts_t *s, int32_t k, cb_experts_layer_stats_t *st) {
     s->slots[k].prefetched = 0;
 }
 
-/* Checks an acquire's arguments; the mapped store's whole acquire (*done set). */
-static cb_status acquire_check_mapped(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n,
-                                     const int32_t *uses, cb_expert_ref_t *out, int *done) {
-    *done = 0;
-    if (!s || layer < 0 || layer >= s->n_layers || n < 0 || (n > 0 && (!ids || !out)))
-        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: bad acquire (layer %d, n %d)",
+cb_status cb_check_layer_ids(const cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n,
+                             const char *what) {
+    if (!s || layer < 0 || layer >= s->n_layers || n < 0 || (n > 0 && !ids))
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: bad %s (layer %d, n %d)", what,
                        (int)layer, (int)n);
     const cb_experts_layer_t *L = &s->layers[layer];
     for (int32_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= L->n_expert)
             return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: layer %d has no expert %d",
                            (int)layer, (int)ids[i]);
+    return CB_OK;
+}
+
+/* Checks an acquire's arguments; the mapped store's whole acquire (*done set). */
+static cb_status acquire_check_mapped(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n,
+                                     const int32_t *uses, cb_expert_ref_t *out, int *done) {
+    *done = 0;
+    if (n > 0 && !out)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: bad acquire (layer %d, n %d)",
+                       (int)layer, (int)n);
+    CHECK_OK(cb_check_layer_ids(s, layer, ids, n, "acquire"));
+    const cb_experts_layer_t *L = &s->layers[layer];
     cb_experts_layer_stats_t *st = &s->stats[layer];
     if (s->mode == CB_EXPERTS_MAPPED) { /* no thread, no slots: no lock needed */
         cb_score_hint(s, layer, ids, n, st);

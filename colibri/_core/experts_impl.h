@@ -172,6 +172,11 @@ static inline void prefetch_outcome(cb_experts_t *s, int good) {
     }
 }
 
+/* the arguments of an acquire or a prefetch (`what`): a layer of the store and n expert ids of
+ * it (INVALID_ARGUMENT naming the first one wrong) */
+cb_status cb_check_layer_ids(const cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n,
+                             const char *what);
+
 /* ---- slot bookkeeping (experts.c; mu held) ---- */
 
 /* a claimed slot whose read failed or never ran goes back to the free stack */

@@ -111,14 +111,7 @@ static void record_hint(cb_experts_t *s, int32_t layer, const int32_t *ids, int3
 /* ---- prefetch ---- */
 
 cb_status cb_experts_prefetch(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n) {
-    if (!s || layer < 0 || layer >= s->n_layers || n < 0 || (n > 0 && !ids))
-        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: bad prefetch (layer %d, n %d)",
-                       (int)layer, (int)n);
-    const cb_experts_layer_t *L = &s->layers[layer];
-    for (int32_t i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= L->n_expert)
-            return cb_fail(CB_STATUS_INVALID_ARGUMENT, "experts: layer %d has no expert %d",
-                           (int)layer, (int)ids[i]);
+    CHECK_OK(cb_check_layer_ids(s, layer, ids, n, "prefetch"));
     pthread_mutex_lock(&s->mu);
     record_hint(s, layer, ids, n);
     if (!s->thread_started) {
