@@ -9,14 +9,12 @@ import sys
 
 import numpy as np
 import pytest
+import torch  # noqa: F401  tiny models are built with torch + transformers (test extras)
+from oracle_models import build_moe  # noqa: E402
 
 from colibri._core import _forward, _quant
 from colibri.kv import KVArena, KVCache
 from colibri.model import Model
-
-pytest.importorskip("torch", reason="tiny models are built with torch + transformers")
-
-from oracle_models import build_moe  # noqa: E402
 
 
 @pytest.fixture(scope="module")

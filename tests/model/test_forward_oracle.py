@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-pytest.importorskip("torch", reason="the oracle tests need torch + transformers (test extras)")
-pytest.importorskip("transformers", reason="the oracle tests need transformers (test extras)")
-
+import torch  # noqa: F401  the oracle: torch + transformers (test extras)
+import transformers  # noqa: F401
 from oracle_models import FAMILIES, build, hf_greedy, hf_logits, prompt  # noqa: E402
 
 from colibri.model import Model  # noqa: E402

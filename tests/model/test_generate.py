@@ -8,15 +8,13 @@ import sys
 
 import numpy as np
 import pytest
+import torch  # noqa: F401  tiny models are built with torch + transformers (test extras)
+from oracle_models import build, prompt  # noqa: E402
 
 from colibri.errors import ColibriError
 from colibri.generate import BUILTIN_TEMPLATES, _StopMatcher
 from colibri.model import Model
 from colibri.sampling import Sampler, SamplingParams
-
-pytest.importorskip("torch", reason="tiny models are built with torch + transformers")
-
-from oracle_models import build, prompt  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,12 @@ import shutil
 
 import numpy as np
 import pytest
+import torch  # noqa: F401  tiny models are built with torch + transformers (test extras)
+from oracle_models import build_moe  # noqa: E402
 
 from colibri.errors import ColibriError
 from colibri.gguf import GGUFFile
 from colibri.model import Model
-
-pytest.importorskip("torch", reason="tiny models are built with torch + transformers")
-
-from oracle_models import build_moe  # noqa: E402
 
 
 @pytest.fixture(scope="module")

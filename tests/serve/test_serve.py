@@ -11,15 +11,13 @@ import asyncio
 import json
 import time
 
+import fastapi  # noqa: F401  the serve extra and its test clients (test extras)
 import httpx
+import jsonschema  # noqa: E402
+import llguidance  # noqa: F401
 import numpy as np
+import openai  # noqa: E402
 import pytest
-
-pytest.importorskip("fastapi")
-pytest.importorskip("llguidance")
-openai = pytest.importorskip("openai")
-jsonschema = pytest.importorskip("jsonschema")
-
 from serve_util import metric, start  # noqa: E402
 
 import colibri  # noqa: E402

@@ -11,12 +11,10 @@ import sys
 import threading
 import time
 
+import fastapi  # noqa: F401  the serve extra (test extras)
 import httpx
+import llguidance  # noqa: F401
 import pytest
-
-pytest.importorskip("fastapi")
-pytest.importorskip("llguidance")
-
 from serve_util import REPO, metric, start  # noqa: E402
 
 from colibri.serve.tools import ToolStreamParser, call_schema, parse_tool_calls  # noqa: E402
