@@ -786,17 +786,25 @@ static void mm_store(const mm_ctx *c, int64_t r0, int nr, int64_t t0, int nt, co
     }
 }
 
+#define MM_CHUNK 16
+#ifndef MM_TASKS_PER_THREAD
+#define MM_TASKS_PER_THREAD 16
+#endif
+
 static void mm_task(void *vctx, int task, int thread) {
     (void)thread;
     const mm_ctx *c = vctx;
     int64_t r_begin = (int64_t)task * c->rows_per_task;
     int64_t r_end = r_begin + c->rows_per_task < c->rows ? r_begin + c->rows_per_task : c->rows;
     float out[CB_TILE_R * CB_TILE_T];
+    /* chunks of MM_CHUNK rows meet every token while in cache */
+    for (int64_t c0 = r_begin; c0 < r_end; c0 += MM_CHUNK) {
+    int64_t c1 = c0 + MM_CHUNK < r_end ? c0 + MM_CHUNK : r_end;
     for (int64_t t0 = 0; t0 < c->n_tokens; t0 += CB_TILE_T) {
         int nt = c->n_tokens - t0 < CB_TILE_T ? (int)(c->n_tokens - t0) : CB_TILE_T;
         const uint8_t *x = c->xa + t0 * c->xa_stride;
-        for (int64_t r0 = r_begin; r0 < r_end; r0 += CB_TILE_R) {
-            int nr = r_end - r0 < CB_TILE_R ? (int)(r_end - r0) : CB_TILE_R;
+        for (int64_t r0 = c0; r0 < c1; r0 += CB_TILE_R) {
+            int nr = c1 - r0 < CB_TILE_R ? (int)(c1 - r0) : CB_TILE_R;
             const uint8_t *w = c->w + r0 * c->w_stride;
             if (c->tile) {
                 c->tile(c->kn, w, c->w_stride, nr, x, c->xa_stride, nt, out);
@@ -808,6 +816,7 @@ static void mm_task(void *vctx, int task, int thread) {
             }
             mm_store(c, r0, nr, t0, nt, out);
         }
+    }
     }
 }
 
@@ -973,14 +982,8 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
     if (s == CB_OK) {
         /* Rows per task: a multiple of the tile height; enough tasks to balance threads, few
          * enough that a task's weight rows are reused across all tokens while in cache. */
-        int64_t rpt;
-        if (n_tokens == 1) {
-            rpt = w->rows / ((int64_t)n_threads * 16);
-            rpt = rpt < 4 ? 4 : (rpt > 64 ? 64 : rpt);
-        } else {
-            rpt = w->rows / ((int64_t)n_threads * 4);
-            rpt = rpt < 4 ? 4 : (rpt > 16 ? 16 : rpt);
-        }
+        int64_t rpt = w->rows / ((int64_t)n_threads * MM_TASKS_PER_THREAD);
+        rpt = rpt < 4 ? 4 : rpt;
         rpt = (rpt + CB_TILE_R - 1) / CB_TILE_R * CB_TILE_R;
         if (c.rp) rpt = (rpt + 7) / 8 * 8;
         c.rows_per_task = rpt;

@@ -192,7 +192,7 @@ INL void tile32(int type, int INV, int NR, int NT, int64_t nb, const uint8_t *w,
         float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
-            if (NT == 1) __builtin_prefetch(w + (size_t)(r + NR * CB_DEC_PF) * ws + (size_t)b * bb, 0, 3);
+            __builtin_prefetch(w + (size_t)(r + NR * CB_DEC_PF) * ws + (size_t)b * bb, 0, 3);
             wq[r] = unpack32(type, w + (size_t)r * ws + (size_t)b * bb, &dv[r], &m[r]);
             aw[r] = unsig ? wq[r] : _mm256_sign_epi8(wq[r], wq[r]);
         }
@@ -530,7 +530,7 @@ INL void tile_i4(int unused, int INV, int NR, int NT, int64_t nb, const uint8_t 
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)(b >> 2) * 66;
-            if (NT == 1 && (b & 3) == 0) prefetch_span(blk + (size_t)NR * CB_DEC_PF * ws, 66);
+            if ((b & 3) == 0) prefetch_span(blk + (size_t)NR * CB_DEC_PF * ws, 66);
             __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2 + 16 * (b & 3)));
             __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             __m256i a = _mm256_unpacklo_epi8(lo, hi), c = _mm256_unpackhi_epi8(lo, hi);

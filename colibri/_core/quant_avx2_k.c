@@ -34,7 +34,7 @@ INL void tile_q4k(int q5, int INV, int NR, int NT, int64_t nb, const uint8_t *w,
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)b * bb;
-            if (NT == 1) prefetch_span(blk + (size_t)NR * CB_DEC_PF * ws, bb);
+            prefetch_span(blk + (size_t)NR * CB_DEC_PF * ws, bb);
             const uint8_t *qs = blk + (q5 ? 48 : 16);
             float d = f16(blk), dmin = f16(blk + 2);
             uint32_t u[4];
@@ -124,7 +124,7 @@ INL void tile_q6k(int unused, int INV, int NR, int NT, int64_t nb, const uint8_t
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)b * 210;
-            if (NT == 1) prefetch_span(blk + (size_t)NR * CB_DEC_PF * ws, 210);
+            prefetch_span(blk + (size_t)NR * CB_DEC_PF * ws, 210);
             const int8_t *sc = (const int8_t *)(blk + 192);
             float d = f16(blk + 208);
             /* scales as int16: lo = groups 0..7, hi = groups 8..15, each in both lanes */

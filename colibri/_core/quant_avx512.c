@@ -203,7 +203,7 @@ INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *p0 = w + (size_t)r * ws + (size_t)b * bb, *p1 = two ? p0 + bb : NULL;
-            if (NT == 1) prefetch_span(p0 + (size_t)NR * ws, two ? 2 * bb : bb);
+            prefetch_span(p0 + (size_t)NR * ws, two ? 2 * bb : bb);
             wq[r] = unpack64(type, p0, p1);
             aw[r] = unsig ? wq[r] : _mm512_abs_epi8(wq[r]);
             dv[r] = join_ps(_mm256_set1_ps(scale32(type, p0)),
@@ -261,7 +261,7 @@ INL void tile_i4(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size_
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)(b >> 2) * 66;
-            if (NT == 1 && (b & 3) == 0) prefetch_span(blk + (size_t)NR * ws, 66);
+            if ((b & 3) == 0) prefetch_span(blk + (size_t)NR * ws, 66);
             __m256i v = loadu256(blk + 2 + 16 * (b & 3));
             __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             /* byte i -> values 2i (low nibble), 2i+1 (high): per 128-bit lane, then lanes in order */

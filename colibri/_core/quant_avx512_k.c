@@ -30,7 +30,7 @@ INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)b * bb;
-            if (NT == 1) prefetch_span(blk + (size_t)NR * ws, bb);
+            prefetch_span(blk + (size_t)NR * ws, bb);
             const uint8_t *qs = blk + (q5 ? 48 : 16);
             float d = CB_F16(blk), dmin = CB_F16(blk + 2);
             uint32_t u[4];
@@ -106,7 +106,7 @@ INL void tile_q6k(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)b * 210;
-            if (NT == 1) prefetch_span(blk + (size_t)NR * ws, 210);
+            prefetch_span(blk + (size_t)NR * ws, 210);
             float d = CB_F16(blk + 208);
             const __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 192)));
             const __m512i sc512 = zext_si(scw);
