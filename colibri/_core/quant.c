@@ -681,6 +681,37 @@ cb_dot_fn cb_scalar_dot(int type) { return dot_for(type); }
 void cb_scalar_quantize_q8a(const float *x, int64_t n, void *dst) { quantize_q8a_scalar(x, n, dst); }
 void cb_scalar_quantize_q8k(const float *x, int64_t n, void *dst) { quantize_q8k_scalar(x, n, dst); }
 
+/* ---------------------------------------------------------------- packed-row kernels */
+
+static size_t rp_k_none(int type, int64_t cols) {
+    (void)type;
+    (void)cols;
+    return 0;
+}
+
+cb_rp_kernel_t cb_rp_kernel(int type, int simd_level) {
+    cb_rp_kernel_t k = {0, 0, rp_k_none, NULL, NULL};
+    if (simd_level < CB_SIMD_AVX2 || !cb_avx2_rp_supported(type)) return k;
+    const int kquant = type == CB_TYPE_Q4_K || type == CB_TYPE_Q5_K || type == CB_TYPE_Q6_K;
+    if (simd_level >= CB_SIMD_AVX512_VNNI && !kquant) {
+        /* 16 rows per group: see quant_avx512.c rpv16_tile */
+        k.rows = 16;
+        k.tokens = 4;
+        k.group_bytes = cb_avx2_rp16_group_bytes;
+        k.pack = cb_avx2_rp16_pack;
+        k.tile = cb_avx512_rp16_tile_vnni;
+        return k;
+    }
+    k.rows = 8;
+    k.tokens = 4;
+    k.group_bytes = cb_avx2_rp_group_bytes;
+    k.pack = cb_avx2_rp_pack;
+    k.tile = simd_level >= CB_SIMD_AVX512_VNNI ? cb_avx512_rp_tile_vnni
+             : simd_level >= CB_SIMD_AVX512    ? cb_avx512_rp_tile
+                                               : cb_avx2_rp_tile;
+    return k;
+}
+
 /* ---------------------------------------------------------------- drivers */
 
 /* Batches from this many tokens take the packed-row path where there is one. Packing costs
@@ -739,7 +770,7 @@ typedef struct {
      * avx512: its AVX-512 activation quantizer and tile, quant_avx512.c) */
     int rp;
     int avx512;
-    int vnni;        /* packed tiles: cb_avx512_rp_tile_vnni */
+    cb_rp_kernel_t rk; /* the packed-row kernels */
     int type;
     uint8_t *pack; /* per-thread group buffers, pack_stride bytes apart */
     size_t pack_stride;
@@ -827,24 +858,24 @@ static void mm_task_rp(void *vctx, int task, int thread) {
     int64_t r_begin = (int64_t)task * c->rows_per_task;
     int64_t r_end = r_begin + c->rows_per_task < c->rows ? r_begin + c->rows_per_task : c->rows;
     uint8_t *pk = c->pack + (size_t)thread * c->pack_stride;
-    float out[8 * 4];
-    for (int64_t r0 = r_begin; r0 < r_end; r0 += 8) {
-        int nr = r_end - r0 < 8 ? (int)(r_end - r0) : 8;
-        cb_avx2_rp_pack(c->type, c->w + r0 * c->w_stride, c->w_stride, nr, c->cols, pk);
+    float out[CB_RP_MAX_ROWS * CB_RP_MAX_TOKENS];
+    const int G = c->rk.rows, T = c->rk.tokens;
+    for (int64_t r0 = r_begin; r0 < r_end; r0 += G) {
+        int nr = r_end - r0 < G ? (int)(r_end - r0) : G;
+        c->rk.pack(c->type, c->w + r0 * c->w_stride, c->w_stride, nr, c->cols, pk);
         /* the next group's rows (contiguous) into L2 while this group meets the tokens, so the
          * next pack does not wait on memory; spread over the token tiles (a burst of prefetches
          * stalls on the fill buffers) */
-        const uint8_t *nx = c->w + (r0 + 8) * c->w_stride;
-        int64_t nn = r0 + 8 < c->rows ? (c->rows - (r0 + 8) < 8 ? c->rows - (r0 + 8) : 8) : 0;
+        const uint8_t *nx = c->w + (r0 + G) * c->w_stride;
+        int64_t nn = r0 + G < c->rows ? (c->rows - (r0 + G) < G ? c->rows - (r0 + G) : G) : 0;
         size_t pf_bytes = (size_t)nn * c->w_stride, pf_at = 0;
-        const int64_t n_tiles = (c->n_tokens + 3) / 4;
+        const int64_t n_tiles = (c->n_tokens + T - 1) / T;
         const size_t pf_step = (pf_bytes / (size_t)n_tiles + 63) / 64 * 64;
-        for (int64_t t0 = 0; t0 < c->n_tokens; t0 += 4) {
-            int nt = c->n_tokens - t0 < 4 ? (int)(c->n_tokens - t0) : 4;
-            size_t pf_end = t0 + 4 >= c->n_tokens ? pf_bytes : pf_at + pf_step;
+        for (int64_t t0 = 0; t0 < c->n_tokens; t0 += T) {
+            int nt = c->n_tokens - t0 < T ? (int)(c->n_tokens - t0) : T;
+            size_t pf_end = t0 + T >= c->n_tokens ? pf_bytes : pf_at + pf_step;
             for (; pf_at < pf_end && pf_at < pf_bytes; pf_at += 64) __builtin_prefetch(nx + pf_at, 0, 2);
-            (c->vnni ? cb_avx512_rp_tile_vnni : c->avx512 ? cb_avx512_rp_tile : cb_avx2_rp_tile)(
-                c->type, pk, c->kn, c->xa + t0 * c->xa_stride, c->xa_stride, nt, out);
+            c->rk.tile(c->type, pk, c->kn, c->xa + t0 * c->xa_stride, c->xa_stride, nt, out);
             mm_store(c, r0, nr, t0, nt, out);
         }
     }
@@ -900,7 +931,6 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
      * order (the AVX-512 packed tile sums as the AVX2 one); the AVX-512 direct tiles (lanes of
      * partial sums) only when asked to be fast */
     c.avx512 = level >= CB_SIMD_AVX512;
-    c.vnni = level >= CB_SIMD_AVX512_VNNI;
     c.tile = c.avx512 && o.fast ? cb_avx512_tile(w->type) : NULL;
     if (!c.tile && level >= CB_SIMD_AVX2)
         c.tile = o.fast ? cb_avx2_tile_fast(w->type) : cb_avx2_tile(w->type);
@@ -914,7 +944,8 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
     c.x_stride = x_stride;
     c.cols = w->cols;
     c.type = w->type;
-    c.rp = level >= CB_SIMD_AVX2 && cb_avx2_rp_supported(w->type) &&
+    c.rk = cb_rp_kernel(w->type, level);
+    c.rp = c.rk.rows > 0 &&
            (o.packed > 0 || (o.packed == 0 && n_tokens >= rp_min_tokens(w->type, level)));
 
     size_t need = 0;
@@ -946,7 +977,7 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
     size_t act_need = (need + 63) / 64 * 64; /* the packing buffers start 64-byte aligned */
     if (act_need < need) return cb_fail(CB_STATUS_OUT_OF_MEMORY, "matmul: buffer size overflows");
     if (c.rp) {
-        c.pack_stride = (cb_avx2_rp_group_bytes(w->type, w->cols) + 63) / 64 * 64;
+        c.pack_stride = (c.rk.group_bytes(w->type, w->cols) + 63) / 64 * 64;
         size_t extra = c.pack_stride * (size_t)n_threads;
         if (c.pack_stride == 0 || extra / (size_t)n_threads != c.pack_stride ||
             act_need > SIZE_MAX - extra)
@@ -985,7 +1016,7 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
         int64_t rpt = w->rows / ((int64_t)n_threads * MM_TASKS_PER_THREAD);
         rpt = rpt < 4 ? 4 : rpt;
         rpt = (rpt + CB_TILE_R - 1) / CB_TILE_R * CB_TILE_R;
-        if (c.rp) rpt = (rpt + 7) / 8 * 8;
+        if (c.rp) rpt = (rpt + c.rk.rows - 1) / c.rk.rows * c.rk.rows;
         c.rows_per_task = rpt;
         int64_t n_tasks = (w->rows + rpt - 1) / rpt;
         if (n_tasks > INT32_MAX) {

@@ -392,6 +392,59 @@ INL void rp_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, ui
     }
 }
 
+/* 16-row groups for the AVX512-VNNI packed tile (quant_avx512.c rpv16_tile): per block of 32
+ * values, 8 vectors of 64 bytes (step s: word s of rows 0..7 in the low 32 bytes, of rows 8..15
+ * in the high 32), then d[16] (float) and, for Q4_1/Q5_1, m[16]. Values as in the 8-row groups,
+ * but Q8_0's as w + 128 (unsigned, what vpdpbusd multiplies; the activations' z*isum with z = 128
+ * takes the 128*sum(x) out again). Rows past nr are zeros with d = 0. */
+INL size_t rp16_bstride(int type) { return 512 + 64 + (rp_has_m(type) ? 64 : 0); }
+
+size_t cb_avx2_rp16_group_bytes(int type, int64_t cols) {
+    return (size_t)(cols / CB_QK) * rp16_bstride(type);
+}
+
+INL void rp16_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst) {
+    const int64_t nb = cols / CB_QK;
+    const size_t bst = rp16_bstride(type);
+    const __m256i flip = _mm256_set1_epi8(type == CB_TYPE_Q8_0 ? (char)0x80 : 0);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *o = dst + (size_t)b * bst;
+        float d[16], m[16];
+        #pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256i v[8], t[8];
+            #pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) {
+                const int row = 8 * h + r;
+                d[row] = 0.0f;
+                m[row] = 0.0f;
+                v[r] = row < nr ? rp_unpack(type, w + (size_t)row * ws, b, &d[row], &m[row])
+                                : _mm256_setzero_si256();
+            }
+            transpose8(v, t);
+            #pragma GCC unroll 8
+            for (int s = 0; s < 8; s++)
+                _mm256_store_si256((__m256i *)(void *)(o + 64 * s + 32 * h),
+                                   _mm256_xor_si256(t[s], flip));
+        }
+        memcpy(o + 512, d, 64);
+        if (rp_has_m(type)) memcpy(o + 576, m, 64);
+    }
+}
+
+void cb_avx2_rp16_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst) {
+    switch (type) { /* one instance per type: rp_unpack's switch folds away */
+    case CB_TYPE_Q4_0: rp16_pack(CB_TYPE_Q4_0, w, ws, nr, cols, dst); break;
+    case CB_TYPE_Q4_1: rp16_pack(CB_TYPE_Q4_1, w, ws, nr, cols, dst); break;
+    case CB_TYPE_Q5_0: rp16_pack(CB_TYPE_Q5_0, w, ws, nr, cols, dst); break;
+    case CB_TYPE_Q5_1: rp16_pack(CB_TYPE_Q5_1, w, ws, nr, cols, dst); break;
+    case CB_TYPE_Q8_0: rp16_pack(CB_TYPE_Q8_0, w, ws, nr, cols, dst); break;
+    case CB_TYPE_MXFP4: rp16_pack(CB_TYPE_MXFP4, w, ws, nr, cols, dst); break;
+    case CB_TYPE_I4_G128: rp16_pack(CB_TYPE_I4_G128, w, ws, nr, cols, dst); break;
+    default: break;
+    }
+}
+
 INL void rp_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
                  float *out) {
     const int G = rp_steps(type), z = rp_z(type), hm = rp_has_m(type);
@@ -719,5 +772,12 @@ void cb_avx2_rp_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols
 void cb_avx2_rp_tile(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
                      int nt, float *out) {
     (void)type; (void)pk; (void)nb; (void)xa; (void)xs; (void)nt; (void)out;
+}
+size_t cb_avx2_rp16_group_bytes(int type, int64_t cols) {
+    (void)type;
+    return (size_t)cols;
+}
+void cb_avx2_rp16_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst) {
+    (void)type; (void)w; (void)ws; (void)nr; (void)cols; (void)dst;
 }
 #endif

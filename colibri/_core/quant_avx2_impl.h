@@ -86,8 +86,8 @@ INL int32_t rd_i32(const uint8_t *p) {
     return v;
 }
 
-/* 8x8 transpose of 32-bit words: o[32*s ..] = word s of v[0..7] (o 32-byte aligned). */
-INL void transpose_store8(const __m256i *v, uint8_t *o) {
+/* 8x8 transpose of 32-bit words: o[s] = word s of v[0..7]. */
+INL void transpose8(const __m256i *v, __m256i *o) {
     __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
     __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
     __m256i t4 = _mm256_unpacklo_epi32(v[4], v[5]), t5 = _mm256_unpackhi_epi32(v[4], v[5]);
@@ -96,15 +96,23 @@ INL void transpose_store8(const __m256i *v, uint8_t *o) {
     __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
     __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
     __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+    o[0] = _mm256_permute2x128_si256(u0, u4, 0x20);
+    o[1] = _mm256_permute2x128_si256(u1, u5, 0x20);
+    o[2] = _mm256_permute2x128_si256(u2, u6, 0x20);
+    o[3] = _mm256_permute2x128_si256(u3, u7, 0x20);
+    o[4] = _mm256_permute2x128_si256(u0, u4, 0x31);
+    o[5] = _mm256_permute2x128_si256(u1, u5, 0x31);
+    o[6] = _mm256_permute2x128_si256(u2, u6, 0x31);
+    o[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
+}
+
+/* transpose8 stored: o[32*s ..] = word s of v[0..7] (o 32-byte aligned). */
+INL void transpose_store8(const __m256i *v, uint8_t *o) {
+    __m256i t[8];
+    transpose8(v, t);
     __m256i *ov = (__m256i *)(void *)o;
-    _mm256_store_si256(ov + 0, _mm256_permute2x128_si256(u0, u4, 0x20));
-    _mm256_store_si256(ov + 1, _mm256_permute2x128_si256(u1, u5, 0x20));
-    _mm256_store_si256(ov + 2, _mm256_permute2x128_si256(u2, u6, 0x20));
-    _mm256_store_si256(ov + 3, _mm256_permute2x128_si256(u3, u7, 0x20));
-    _mm256_store_si256(ov + 4, _mm256_permute2x128_si256(u0, u4, 0x31));
-    _mm256_store_si256(ov + 5, _mm256_permute2x128_si256(u1, u5, 0x31));
-    _mm256_store_si256(ov + 6, _mm256_permute2x128_si256(u2, u6, 0x31));
-    _mm256_store_si256(ov + 7, _mm256_permute2x128_si256(u3, u7, 0x31));
+    #pragma GCC unroll 8
+    for (int s = 0; s < 8; s++) _mm256_store_si256(ov + s, t[s]);
 }
 
 /* The rows-in-pairs dispatch: a cb_tile_fn NAME running the tile body BODY(TYPE, INV, NR, NT,

@@ -530,6 +530,84 @@ INLV void rpv_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_
     }
 }
 
+/* The VNNI tile on 16-row groups (cb_avx2_rp16_pack, quant_avx2.c): a 512-bit vector holds one
+ * step (4 values) of 16 rows, so a token's 4 activation bytes are one broadcast load and each
+ * vpdpbusd serves 16 rows x 4 values with no permute, and no fold of halves afterwards (the
+ * 8-row tile above: a vpermd per token and pair of steps, then the halves added). Per lane (row)
+ * the block sum is the same exact integer and the float operations are the same, in the same
+ * order: bit-identical to the 8-row tiles. out[r * NT + t], r < 16 (rows past nr: 0). */
+INLV void rpv16_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                     size_t xs, float *out) {
+    const int hm = rp_has_m(type), sgn = type == CB_TYPE_Q8_0;
+    const int z = sgn ? 128 : rp_z(type);
+    const size_t bst = 512 + 64 + (hm ? 64 : 0);
+    const int64_t cols = nb * CB_QK;
+    const uint8_t *xq[8];
+    const float *dx[8], *sx[8];
+    const int32_t *zi[8];
+    __m512 facc[8];
+    #pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) {
+        xq[t] = xa + (size_t)t * xs;
+        dx[t] = (const float *)(const void *)(xq[t] + cols);
+        zi[t] = (const int32_t *)(const void *)(dx[t] + nb);
+        sx[t] = (const float *)(const void *)(zi[t] + nb);
+        facc[t] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = pk + (size_t)b * bst;
+        __m512i iacc[8];
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) iacc[t] = _mm512_setzero_si512();
+        #pragma GCC unroll 8
+        for (int s = 0; s < 8; s++) {
+            __m512i wv = loadu512(q + 64 * s);
+            #pragma GCC unroll 8
+            for (int t = 0; t < NT; t++)
+                iacc[t] = _mm512_dpbusd_epi32(iacc[t], wv,
+                                              _mm512_set1_epi32(rd_i32(xq[t] + 32 * b + 4 * s)));
+        }
+        const __m512 dv = _mm512_loadu_ps((const float *)(const void *)(q + 512));
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            __m512i p = z ? _mm512_sub_epi32(iacc[t], _mm512_set1_epi32(zi[t][b])) : iacc[t];
+            facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
+                                      _mm512_mul_ps(dv, _mm512_set1_ps(dx[t][b])), facc[t]);
+            if (hm)
+                facc[t] = _mm512_fmadd_ps(_mm512_loadu_ps((const float *)(const void *)(q + 576)),
+                                          _mm512_set1_ps(sx[t][b]), facc[t]);
+        }
+    }
+    #pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) {
+        float tmp[16];
+        _mm512_storeu_ps(tmp, facc[t]);
+        for (int r = 0; r < 16; r++) out[r * NT + t] = tmp[r];
+    }
+}
+
+#define CB_DEFINE_RPV16(NAME, TYPE)                                                             \
+    CB_AVX512_VNNI_TARGET static void NAME(const uint8_t *pk, int64_t nb, const uint8_t *xa,   \
+                                           size_t xs, int nt, float *out) {                    \
+        switch (nt) {                                                                           \
+        case 1: rpv16_tile(TYPE, 1, pk, nb, xa, xs, out); break;                                \
+        case 2: rpv16_tile(TYPE, 2, pk, nb, xa, xs, out); break;                                \
+        case 3: rpv16_tile(TYPE, 3, pk, nb, xa, xs, out); break;                                \
+        case 4: rpv16_tile(TYPE, 4, pk, nb, xa, xs, out); break;                                \
+        case 5: rpv16_tile(TYPE, 5, pk, nb, xa, xs, out); break;                                \
+        case 6: rpv16_tile(TYPE, 6, pk, nb, xa, xs, out); break;                                \
+        case 7: rpv16_tile(TYPE, 7, pk, nb, xa, xs, out); break;                                \
+        default: rpv16_tile(TYPE, 8, pk, nb, xa, xs, out); break;                               \
+        }                                                                                       \
+    }
+CB_DEFINE_RPV16(rpv16_q4_0, CB_TYPE_Q4_0)
+CB_DEFINE_RPV16(rpv16_q4_1, CB_TYPE_Q4_1)
+CB_DEFINE_RPV16(rpv16_q5_0, CB_TYPE_Q5_0)
+CB_DEFINE_RPV16(rpv16_q5_1, CB_TYPE_Q5_1)
+CB_DEFINE_RPV16(rpv16_q8_0, CB_TYPE_Q8_0)
+CB_DEFINE_RPV16(rpv16_mxfp4, CB_TYPE_MXFP4)
+CB_DEFINE_RPV16(rpv16_i4g128, CB_TYPE_I4_G128)
+
 /* CB_DEFINE_RP and CB_DEFINE_RPV: quant_avx512_impl.h */
 CB_DEFINE_RPV(rpv512_q4_0, rpv_tile, CB_TYPE_Q4_0)
 CB_DEFINE_RPV(rpv512_q4_1, rpv_tile, CB_TYPE_Q4_1)
@@ -581,6 +659,20 @@ void CB_AVX512_FN(rp_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const u
     }
 }
 
+void CB_AVX512_FN(rp16_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                                  size_t xs, int nt, float *out) {
+    switch (type) {
+    case CB_TYPE_Q4_0: rpv16_q4_0(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q4_1: rpv16_q4_1(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q5_0: rpv16_q5_0(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q5_1: rpv16_q5_1(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q8_0: rpv16_q8_0(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_MXFP4: rpv16_mxfp4(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_I4_G128: rpv16_i4g128(pk, nb, xa, xs, nt, out); break;
+    default: break;
+    }
+}
+
 #else
 /* Not x86-64 GCC/Clang: no AVX-512 kernels (cb_cpu_level() is scalar there). */
 cb_tile_fn CB_AVX512_FN(tile)(int type) {
@@ -598,6 +690,10 @@ void CB_AVX512_FN(rp_tile)(int type, const uint8_t *pk, int64_t nb, const uint8_
 }
 void CB_AVX512_FN(rp_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
                            int nt, float *out) {
+    (void)type; (void)pk; (void)nb; (void)xa; (void)xs; (void)nt; (void)out;
+}
+void CB_AVX512_FN(rp16_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                                  size_t xs, int nt, float *out) {
     (void)type; (void)pk; (void)nb; (void)xa; (void)xs; (void)nt; (void)out;
 }
 #endif

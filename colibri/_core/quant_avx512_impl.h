@@ -205,6 +205,11 @@ INL __m512i pair_idx(int p) {
         }                                                                                       \
     }
 
+#if defined(CB_AVX512_EMULATE)
+void CB_AVX512_FN(rp16_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                                  size_t xs, int nt, float *out);
+#endif
+
 /* The K-quant kernels (quant_avx512_k.c) for the dispatch in quant_avx512.c: the tile of
  * Q4_K/Q5_K/Q6_K (NULL for another type), and their packed-row tiles, without and with VNNI. */
 cb_tile_fn CB_AVX512_FN(k_tile)(int type);

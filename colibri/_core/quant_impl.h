@@ -86,6 +86,31 @@ void cb_avx512_rp_tile(int type, const uint8_t *pk, int64_t nb, const uint8_t *x
 void cb_avx512_rp_tile_vnni(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
                             int nt, float *out);
 
+/* 16-row groups for the AVX512-VNNI packed tile of the 32-block types (quant_avx2.c): the
+ * 8-row layout with 64-byte steps (rows 0..7 low, 8..15 high), d[16] (m[16]), Q8_0 as w + 128. */
+size_t cb_avx2_rp16_group_bytes(int type, int64_t cols);
+void cb_avx2_rp16_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst);
+/* Its tile (quant_avx512.c): 16 rows x nt <= 8 tokens, out[r*nt + t]; bit-identical to the
+ * 8-row tiles. */
+void cb_avx512_rp16_tile_vnni(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                              size_t xs, int nt, float *out);
+
+/* The packed-row path of a type at a SIMD level (cb_rp_kernel, quant.c; rows == 0: none): groups
+ * of `rows` weight rows are packed once by `pack` into group_bytes(type, cols) bytes (64-byte
+ * aligned), then `tile` computes a group against nt <= `tokens` activation rows (laid out by
+ * cb_avx2_rp_quantize for the 32-block types, as cb_q8k_t for the K-quants): out[r*nt + t],
+ * r < rows (rows past the packed nr come out 0). */
+typedef struct {
+    int rows, tokens;
+    size_t (*group_bytes)(int type, int64_t cols);
+    void (*pack)(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst);
+    void (*tile)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs, int nt,
+                 float *out);
+} cb_rp_kernel_t;
+cb_rp_kernel_t cb_rp_kernel(int type, int simd_level);
+#define CB_RP_MAX_ROWS 16
+#define CB_RP_MAX_TOKENS 8
+
 /* The packed-row activations' per-block z*isum multiplier: the packed weights' zero point (8
  * for Q4_0/I4_G128, 16 for Q5_0, 12 for MXFP4), 128 for Q8_0 (the VNNI tile's w + 128; the
  * other Q8_0 tiles do not read it), else 0. */

@@ -382,6 +382,70 @@ static void check_rp_same(const kernels *a, const kernels *b) {
     }
 }
 
+/* The 16-row VNNI tile (cb_avx2_rp16_pack groups) against the 8-row VNNI tile on the same rows
+ * (two 8-row groups), every 32-block type, 1..16 rows, 1..8 tokens: bit-equal outputs, and 0
+ * for the rows past nr. Extreme weights too (all Q8_0 bytes -128 or 127, activations +-127). */
+typedef void (*rp16_tile_fn)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                             size_t xs, int nt, float *out);
+static void check_rp16(const kernels *k8, rp16_tile_fn tile16, const char *name) {
+    for (int i = 0; i < N_TYPES; i++) {
+        int type = TYPES[i];
+        if (!cb_avx2_rp_supported(type) || kind_of(type) != 1) continue;
+        int ok = 1;
+        for (int rep = 0; rep < 60 && ok; rep++) {
+            int64_t cols = random_cols(type), nb = cols / CB_QK;
+            int nr = rndi(1, 16), nt = rndi(1, 8);
+            size_t rb;
+            CHECK(cb_type_row_bytes(type, cols, &rb) == CB_OK);
+            size_t ws = rb + (size_t)rndi(0, 2) * 7, xs = cb_avx2_rp_act_stride(cols);
+            uint8_t *w = malloc(ws * 16), *xa = aligned(xs * 8);
+            uint8_t *pk16 = aligned(cb_avx2_rp16_group_bytes(type, cols));
+            uint8_t *pk8 = aligned(cb_avx2_rp_group_bytes(type, cols));
+            float *x = malloc(sizeof(float) * (size_t)(cols * 8));
+            float o16[16 * 8], o8[8 * 4];
+            for (int r = 0; r < 16; r++) fill_weights(type, w + (size_t)r * ws, ws, 0);
+            if (type == CB_TYPE_Q8_0 && (rep & 1))
+                for (int r = 0; r < 16; r++)
+                    for (int64_t k = 0; k < nb; k++)
+                        memset(w + (size_t)r * ws + (size_t)k * 34 + 2, (rep & 2) ? 0x80 : 0x7f, 32);
+            for (int64_t j = 0; j < cols * nt; j++)
+                x[j] = (rep & 1) ? ((j & 1) ? 127.0f : -127.0f) : 4.0f * rndf();
+            for (int t = 0; t < nt; t++) k8->rp_quantize(type, x + t * cols, cols, xa + (size_t)t * xs);
+            cb_avx2_rp16_pack(type, w, ws, nr, cols, pk16);
+            for (int j = 0; j < 16 * 8; j++) o16[j] = -1.0f;
+            tile16(type, pk16, nb, xa, xs, nt, o16);
+            for (int h = 0; h < 2 && ok; h++) {
+                int nr8 = nr - 8 * h < 0 ? 0 : (nr - 8 * h > 8 ? 8 : nr - 8 * h);
+                for (int t0 = 0; t0 < nt && ok; t0 += 4) {
+                    int nt8 = nt - t0 < 4 ? nt - t0 : 4;
+                    if (nr8 > 0) {
+                        cb_avx2_rp_pack(type, w + (size_t)(8 * h) * ws, ws, nr8, cols, pk8);
+                        k8->rp_tile(type, pk8, nb, xa + (size_t)t0 * xs, xs, nt8, o8);
+                    }
+                    for (int r = 0; r < 8; r++)
+                        for (int t = 0; t < nt8; t++) {
+                            float want = r < nr8 ? o8[r * nt8 + t] : 0.0f;
+                            float got = o16[(8 * h + r) * nt + t0 + t];
+                            if (memcmp(&want, &got, 4) != 0) {
+                                fprintf(stderr, "%s %s cols=%lld nr=%d nt=%d: [%d,%d] = %.9g, "
+                                        "8-row tile %.9g\n", name, cb_type_name(type),
+                                        (long long)cols, nr, nt, 8 * h + r, t0 + t, (double)got,
+                                        (double)want);
+                                ok = 0;
+                            }
+                        }
+                }
+            }
+            free(w);
+            free(xa);
+            free(pk16);
+            free(pk8);
+            free(x);
+        }
+        CHECK(ok);
+    }
+}
+
 /* quantizers on their own: random blocks, an all-zero block and rounding ties */
 static void check_quantizers(const kernels *k) {
     float x[3 * CB_QKK];
@@ -432,6 +496,7 @@ int main(void) {
     if (with_rp) {
         run(&EMULATED_VNNI, with_rp);
         check_rp_same(&EMULATED, &EMULATED_VNNI);
+        check_rp16(&EMULATED_VNNI, cb_avx512emu_rp16_tile_vnni, "emulated vnni 16 rows");
     }
     if (cpu >= CB_SIMD_AVX512) {
         printf("test_quant_avx512: this CPU has AVX-512: checking the native kernels too\n");
@@ -440,6 +505,7 @@ int main(void) {
             printf("test_quant_avx512: this CPU has AVX512-VNNI: checking its packed tile\n");
             run(&NATIVE_VNNI, with_rp);
             check_rp_same(&NATIVE, &NATIVE_VNNI);
+            check_rp16(&NATIVE_VNNI, cb_avx512_rp16_tile_vnni, "native vnni 16 rows");
         }
     } else {
         printf("test_quant_avx512: no AVX-512 here: emulated kernels only\n");
