@@ -692,9 +692,8 @@ static size_t rp_k_none(int type, int64_t cols) {
 cb_rp_kernel_t cb_rp_kernel(int type, int simd_level) {
     cb_rp_kernel_t k = {0, 0, rp_k_none, NULL, NULL};
     if (simd_level < CB_SIMD_AVX2 || !cb_avx2_rp_supported(type)) return k;
-    const int kquant = type == CB_TYPE_Q4_K || type == CB_TYPE_Q5_K || type == CB_TYPE_Q6_K;
-    if (simd_level >= CB_SIMD_AVX512_VNNI && !kquant) {
-        /* 16 rows per group: see quant_avx512.c rpv16_tile */
+    if (simd_level >= CB_SIMD_AVX512_VNNI) {
+        /* 16 rows per group: quant_avx512.c rpv16_tile, quant_avx512_k.c rpkv16_tile */
         k.rows = 16;
         k.tokens = 4;
         k.group_bytes = cb_avx2_rp16_group_bytes;

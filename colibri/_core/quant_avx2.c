@@ -400,6 +400,8 @@ INL void rp_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, ui
 INL size_t rp16_bstride(int type) { return 512 + 64 + (rp_has_m(type) ? 64 : 0); }
 
 size_t cb_avx2_rp16_group_bytes(int type, int64_t cols) {
+    if (type == CB_TYPE_Q4_K || type == CB_TYPE_Q5_K || type == CB_TYPE_Q6_K)
+        return cb_avx2_k_rp16_group_bytes(type, cols);
     return (size_t)(cols / CB_QK) * rp16_bstride(type);
 }
 
@@ -441,6 +443,9 @@ void cb_avx2_rp16_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t co
     case CB_TYPE_Q8_0: rp16_pack(CB_TYPE_Q8_0, w, ws, nr, cols, dst); break;
     case CB_TYPE_MXFP4: rp16_pack(CB_TYPE_MXFP4, w, ws, nr, cols, dst); break;
     case CB_TYPE_I4_G128: rp16_pack(CB_TYPE_I4_G128, w, ws, nr, cols, dst); break;
+    case CB_TYPE_Q4_K:
+    case CB_TYPE_Q5_K:
+    case CB_TYPE_Q6_K: cb_avx2_k_rp16_pack(type, w, ws, nr, cols, dst); break;
     default: break;
     }
 }

@@ -152,5 +152,9 @@ size_t cb_avx2_k_rp_group_bytes(int type, int64_t cols);
 void cb_avx2_k_rp_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst);
 void cb_avx2_k_rp_tile(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
                        int nt, float *out);
+/* cb_avx2_rp16_group_bytes and cb_avx2_rp16_pack for the K-quants. */
+size_t cb_avx2_k_rp16_group_bytes(int type, int64_t cols);
+void cb_avx2_k_rp16_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols,
+                         uint8_t *dst);
 
 #endif

@@ -218,7 +218,10 @@ INL size_t rpk_bstride(int type) {
     return 2048 + (size_t)(type == CB_TYPE_Q6_K ? 16 : 8) * 32 + 256 + 64;
 }
 
-INL void rpk_unpack(int type, const uint8_t *blk, __m256i *ch, int16_t *sc, int16_t *mn,
+/* One super-block of one row: ch[c] = values 32c..32c+31 (unsigned q), sc[0] / sc[1] = the
+ * int32 scales of sub-blocks 0..7 / 8..15 (Q6_K's signed), *mn = 8 int32 words, word k the int16
+ * pair (mn_2k, mn_2k+1) of the min terms (Q4_K/Q5_K: (m_k, m_k); Q6_K: (32 sc_2k, 32 sc_2k+1)). */
+INL void rpk_unpack(int type, const uint8_t *blk, __m256i *ch, __m256i *sc, __m256i *mn,
                     float *d, float *dmin) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     if (type == CB_TYPE_Q6_K) {
@@ -237,12 +240,10 @@ INL void rpk_unpack(int type, const uint8_t *blk, __m256i *ch, int16_t *sc, int1
             ch[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), m4),
                                             _mm256_and_si256(_mm256_srli_epi16(hv, 2), m30));
         }
-        const int8_t *s8 = (const int8_t *)(blk + 192);
-        for (int g = 0; g < 16; g++) sc[g] = s8[g];
-        for (int k = 0; k < 8; k++) {
-            mn[2 * k] = (int16_t)(32 * s8[2 * k]);
-            mn[2 * k + 1] = (int16_t)(32 * s8[2 * k + 1]);
-        }
+        const __m128i s8 = _mm_loadu_si128((const __m128i *)(const void *)(blk + 192));
+        sc[0] = _mm256_cvtepi8_epi32(s8);
+        sc[1] = _mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8));
+        *mn = _mm256_slli_epi16(_mm256_cvtepi8_epi16(s8), 5);
         *d = f16(blk + 208);
         *dmin = *d;
         return;
@@ -266,52 +267,106 @@ INL void rpk_unpack(int type, const uint8_t *blk, __m256i *ch, int16_t *sc, int1
         ch[2 * c2] = lo;
         ch[2 * c2 + 1] = hi;
     }
-    for (int j = 0; j < 8; j++) {
-        uint8_t s_, m_;
-        cb_scale_min_k4(j, blk + 4, &s_, &m_);
-        sc[j] = s_;
-        mn[2 * j] = m_;
-        mn[2 * j + 1] = m_;
-    }
+    uint32_t u[4];
+    cb_k4_scale_words(blk + 4, u); /* bytes sc[0..7] (u[0..1]) and m[0..7] (u[2..3]) */
+    sc[0] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)u));
+    sc[1] = _mm256_setzero_si256();
+    __m256i m32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(u + 2)));
+    *mn = _mm256_or_si256(m32, _mm256_slli_epi32(m32, 16));
     *d = f16(blk);
     *dmin = f16(blk + 2);
 }
 
+/* Unpacks rows r0..r0+7 of a group (zeros past nr) and transposes them: q[8*c + i] = word i of
+ * chunk c (values 32c+4i..+3) of the 8 rows; s[j] = sub-block j's int32 scale of the 8 rows
+ * (j < 16); m[k] = the 8 rows' min pairs k; d, dmin per row. */
+INL void rpk_unpack8(int type, const uint8_t *w, size_t ws, int r0, int nr, int64_t b,
+                     __m256i *q, __m256i *s, __m256i *m, float *d, float *dmin) {
+    const size_t bb = cb_type_block_bytes(type);
+    __m256i ch[8][8], sc[2][8], mn[8];
+    for (int r = 0; r < 8; r++) {
+        if (r0 + r < nr) {
+            __m256i scr[2];
+            rpk_unpack(type, w + (size_t)(r0 + r) * ws + (size_t)b * bb, ch[r], scr, &mn[r], &d[r],
+                       &dmin[r]);
+            sc[0][r] = scr[0];
+            sc[1][r] = scr[1];
+        } else {
+            for (int c = 0; c < 8; c++) ch[r][c] = _mm256_setzero_si256();
+            sc[0][r] = sc[1][r] = mn[r] = _mm256_setzero_si256();
+            d[r] = dmin[r] = 0.0f;
+        }
+    }
+    for (int c = 0; c < 8; c++) {
+        __m256i v[8];
+        for (int r = 0; r < 8; r++) v[r] = ch[r][c];
+        transpose8(v, q + 8 * c);
+    }
+    transpose8(sc[0], s);
+    transpose8(sc[1], s + 8);
+    transpose8(mn, m);
+}
+
 INL void rpk_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst) {
     const int64_t nb = cols / CB_QKK;
-    const size_t bst = rpk_bstride(type), bb = cb_type_block_bytes(type);
+    const size_t bst = rpk_bstride(type);
     const int ns = rpk_ns(type);
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *o = dst + (size_t)b * bst;
-        __m256i ch[8][8]; /* [row][chunk of 32 values] */
-        int16_t sc[8][16], mn[8][16];
+        __m256i q[64], s[16], m[8];
         float d[8], dmin[8];
-        for (int r = 0; r < 8; r++) {
-            if (r < nr) {
-                rpk_unpack(type, w + (size_t)r * ws + (size_t)b * bb, ch[r], sc[r], mn[r], &d[r],
-                           &dmin[r]);
-            } else {
-                for (int c = 0; c < 8; c++) ch[r][c] = _mm256_setzero_si256();
-                memset(sc[r], 0, sizeof sc[r]);
-                memset(mn[r], 0, sizeof mn[r]);
-                d[r] = dmin[r] = 0.0f;
-            }
-        }
-        for (int c = 0; c < 8; c++) {
-            __m256i v[8];
-            for (int r = 0; r < 8; r++) v[r] = ch[r][c];
-            transpose_store8(v, o + 256 * c);
-        }
-        int16_t *sv = (int16_t *)(void *)(o + 2048), *mv = sv + 16 * ns;
-        for (int j = 0; j < ns; j++)
-            for (int r = 0; r < 8; r++) sv[16 * j + 2 * r] = sv[16 * j + 2 * r + 1] = sc[r][j];
-        for (int k = 0; k < 8; k++)
-            for (int r = 0; r < 8; r++) {
-                mv[16 * k + 2 * r] = mn[r][2 * k];
-                mv[16 * k + 2 * r + 1] = mn[r][2 * k + 1];
-            }
+        rpk_unpack8(type, w, ws, 0, nr, b, q, s, m, d, dmin);
+        __m256i *ov = (__m256i *)(void *)o;
+        for (int i = 0; i < 64; i++) _mm256_store_si256(ov + i, q[i]);
+        for (int j = 0; j < ns; j++) /* the scale as the int16 pair (sc, sc) */
+            _mm256_store_si256(ov + 64 + j, _mm256_or_si256(
+                _mm256_and_si256(s[j], _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(s[j], 16)));
+        for (int k = 0; k < 8; k++) _mm256_store_si256(ov + 64 + ns + k, m[k]);
         memcpy(o + 2048 + 32 * ns + 256, d, 32);
         memcpy(o + 2048 + 32 * ns + 288, dmin, 32);
+    }
+}
+
+/* 16-row groups for the AVX512-VNNI K-quant tile (quant_avx512_k.c rpkv16_tile): per
+ * super-block, 64 steps of 64 bytes (step s: word s of rows 0..7 in the low 32 bytes, of rows
+ * 8..15 in the high 32), then NS scale vectors of 16 int32 (sub-block j's scale per row), 8 min
+ * vectors of 16 int16 pairs (row lane (mn_2k, mn_2k+1), as in the 8-row groups), then d[16] and
+ * dmin[16] (Q6_K: d again). Rows past nr are zeros. */
+INL size_t rpk16_bstride(int type) { return 4096 + (size_t)rpk_ns(type) * 64 + 512 + 128; }
+
+INL void rpk16_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst) {
+    const int64_t nb = cols / CB_QKK;
+    const size_t bst = rpk16_bstride(type);
+    const int ns = rpk_ns(type);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *o = dst + (size_t)b * bst;
+        float d[16], dmin[16];
+        for (int h = 0; h < 2; h++) { /* rows 8h..8h+7: the low / high 32 bytes of each vector */
+            __m256i q[64], s[16], m[8];
+            rpk_unpack8(type, w, ws, 8 * h, nr, b, q, s, m, d + 8 * h, dmin + 8 * h);
+            for (int i = 0; i < 64; i++)
+                _mm256_store_si256((__m256i *)(void *)(o + 64 * i + 32 * h), q[i]);
+            for (int j = 0; j < ns; j++)
+                _mm256_store_si256((__m256i *)(void *)(o + 4096 + 64 * j + 32 * h), s[j]);
+            for (int k = 0; k < 8; k++)
+                _mm256_store_si256((__m256i *)(void *)(o + 4096 + 64 * ns + 64 * k + 32 * h), m[k]);
+        }
+        memcpy(o + 4096 + 64 * ns + 512, d, 64);
+        memcpy(o + 4096 + 64 * ns + 576, dmin, 64);
+    }
+}
+
+size_t cb_avx2_k_rp16_group_bytes(int type, int64_t cols) {
+    return (size_t)(cols / CB_QKK) * rpk16_bstride(type);
+}
+
+void cb_avx2_k_rp16_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols,
+                         uint8_t *dst) {
+    switch (type) { /* one instance per type */
+    case CB_TYPE_Q4_K: rpk16_pack(CB_TYPE_Q4_K, w, ws, nr, cols, dst); break;
+    case CB_TYPE_Q5_K: rpk16_pack(CB_TYPE_Q5_K, w, ws, nr, cols, dst); break;
+    case CB_TYPE_Q6_K: rpk16_pack(CB_TYPE_Q6_K, w, ws, nr, cols, dst); break;
+    default: break;
     }
 }
 

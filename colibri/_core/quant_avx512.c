@@ -669,6 +669,9 @@ void CB_AVX512_FN(rp16_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const
     case CB_TYPE_Q8_0: rpv16_q8_0(pk, nb, xa, xs, nt, out); break;
     case CB_TYPE_MXFP4: rpv16_mxfp4(pk, nb, xa, xs, nt, out); break;
     case CB_TYPE_I4_G128: rpv16_i4g128(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q4_K:
+    case CB_TYPE_Q5_K:
+    case CB_TYPE_Q6_K: CB_AVX512_FN(k_rp16_tile_vnni)(type, pk, nb, xa, xs, nt, out); break;
     default: break;
     }
 }

@@ -215,6 +215,8 @@ void CB_AVX512_FN(rp16_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const
 cb_tile_fn CB_AVX512_FN(k_tile)(int type);
 void CB_AVX512_FN(k_rp_tile)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
                              int nt, float *out);
+void CB_AVX512_FN(k_rp16_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                                    size_t xs, int nt, float *out);
 void CB_AVX512_FN(k_rp_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
                                   size_t xs, int nt, float *out);
 

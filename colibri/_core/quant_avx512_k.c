@@ -318,6 +318,78 @@ INLV void rpkv_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8
     }
 }
 
+/* The VNNI K-quant tile on 16-row groups (cb_avx2_rp16_pack, quant_avx2_k.c): one vpdpbusd per
+ * token and step serves 16 rows x 4 values against a broadcast activation word (no permutes),
+ * the sub-block's int32 sums are multiplied by the rows' int32 scales, the mins are 8 madds
+ * against broadcast bsums pairs. The same exact integers per row, then the same float
+ * operations as rpk_tile / rpkv_tile: bit-identical. out[r * NT + t], r < 16. */
+INLV void rpkv16_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                      size_t xs, float *out) {
+    const int ns = rpk_ns(type), SB = 64 / ns; /* steps per sub-block */
+    const size_t bst = 4096 + (size_t)ns * 64 + 512 + 128;
+    __m512 facc[4];
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) facc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = pk + (size_t)b * bst, *scv = q + 4096, *mnv = scv + 64 * ns;
+        const uint8_t *xq[4];
+        __m512i isum[4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(xa + (size_t)t * xs) + b;
+            xq[t] = (const uint8_t *)a->qs;
+            isum[t] = _mm512_setzero_si512();
+        }
+        #pragma GCC unroll 1
+        for (int j = 0; j < ns; j++) {
+            const __m512i sc = loadu512(scv + 64 * j);
+            __m512i a32[4];
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) a32[t] = _mm512_setzero_si512();
+            #pragma GCC unroll 8
+            for (int i = 0; i < SB; i++) {
+                const int s = j * SB + i;
+                __m512i wv = loadu512(q + 64 * s);
+                #pragma GCC unroll 4
+                for (int t = 0; t < NT; t++)
+                    a32[t] = _mm512_dpbusd_epi32(a32[t], wv, _mm512_set1_epi32(rd_i32(xq[t] + 4 * s)));
+            }
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++)
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(a32[t], sc));
+        }
+        const __m512 dv = _mm512_loadu_ps((const float *)(const void *)(mnv + 512));
+        const __m512 dmv = _mm512_loadu_ps((const float *)(const void *)(mnv + 576));
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(xa + (size_t)t * xs) + b;
+            __m512i ms = _mm512_setzero_si512();
+            #pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                ms = _mm512_add_epi32(ms, _mm512_madd_epi16(loadu512(mnv + 64 * k),
+                                                            _mm512_set1_epi32(rd_i32((const uint8_t *)a->bsums + 4 * k))));
+            const __m512 dxv = _mm512_set1_ps(a->d);
+            if (type == CB_TYPE_Q6_K) { /* zero point in the integers: the AVX2 tiles' rule */
+                facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(isum[t], ms)),
+                                          _mm512_mul_ps(dv, dxv), facc[t]);
+                continue;
+            }
+            facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dv, dxv), facc[t]);
+            facc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dmv, dxv), facc[t]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        float tmp[16];
+        _mm512_storeu_ps(tmp, facc[t]);
+        for (int r = 0; r < 16; r++) out[r * NT + t] = tmp[r];
+    }
+}
+
+CB_DEFINE_RPV(rpv16_q4_k, rpkv16_tile, CB_TYPE_Q4_K)
+CB_DEFINE_RPV(rpv16_q5_k, rpkv16_tile, CB_TYPE_Q5_K)
+CB_DEFINE_RPV(rpv16_q6_k, rpkv16_tile, CB_TYPE_Q6_K)
+
 CB_DEFINE_RPV(rpv512_q4_k, rpkv_tile, CB_TYPE_Q4_K)
 CB_DEFINE_RPV(rpv512_q5_k, rpkv_tile, CB_TYPE_Q5_K)
 CB_DEFINE_RPV(rpv512_q6_k, rpkv_tile, CB_TYPE_Q6_K)
@@ -341,6 +413,16 @@ void CB_AVX512_FN(k_rp_tile)(int type, const uint8_t *pk, int64_t nb, const uint
     case CB_TYPE_Q4_K: rp512_q4_k(pk, nb, xa, xs, nt, out); break;
     case CB_TYPE_Q5_K: rp512_q5_k(pk, nb, xa, xs, nt, out); break;
     case CB_TYPE_Q6_K: rp512_q6_k(pk, nb, xa, xs, nt, out); break;
+    default: break;
+    }
+}
+
+void CB_AVX512_FN(k_rp16_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                                    size_t xs, int nt, float *out) {
+    switch (type) {
+    case CB_TYPE_Q4_K: rpv16_q4_k(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q5_K: rpv16_q5_k(pk, nb, xa, xs, nt, out); break;
+    case CB_TYPE_Q6_K: rpv16_q6_k(pk, nb, xa, xs, nt, out); break;
     default: break;
     }
 }

@@ -383,21 +383,24 @@ static void check_rp_same(const kernels *a, const kernels *b) {
 }
 
 /* The 16-row VNNI tile (cb_avx2_rp16_pack groups) against the 8-row VNNI tile on the same rows
- * (two 8-row groups), every 32-block type, 1..16 rows, 1..8 tokens: bit-equal outputs, and 0
- * for the rows past nr. Extreme weights too (all Q8_0 bytes -128 or 127, activations +-127). */
+ * (two 8-row groups), every packed type, 1..16 rows, 1..8 tokens (K-quants 1..4): bit-equal
+ * outputs, and 0 for the rows past nr. Extreme weights too (all Q8_0 bytes -128 or 127,
+ * activations +-127). */
 typedef void (*rp16_tile_fn)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
                              size_t xs, int nt, float *out);
 static void check_rp16(const kernels *k8, rp16_tile_fn tile16, const char *name) {
     for (int i = 0; i < N_TYPES; i++) {
         int type = TYPES[i];
-        if (!cb_avx2_rp_supported(type) || kind_of(type) != 1) continue;
+        if (!cb_avx2_rp_supported(type)) continue;
+        const int kq = kind_of(type) == 2;
         int ok = 1;
         for (int rep = 0; rep < 60 && ok; rep++) {
-            int64_t cols = random_cols(type), nb = cols / CB_QK;
-            int nr = rndi(1, 16), nt = rndi(1, 8);
+            int64_t cols = random_cols(type), nb = cols / (kq ? CB_QKK : CB_QK);
+            int nr = rndi(1, 16), nt = rndi(1, kq ? 4 : 8);
             size_t rb;
             CHECK(cb_type_row_bytes(type, cols, &rb) == CB_OK);
-            size_t ws = rb + (size_t)rndi(0, 2) * 7, xs = cb_avx2_rp_act_stride(cols);
+            size_t ws = rb + (size_t)rndi(0, 2) * 7;
+            size_t xs = kq ? act_stride(type, cols) : cb_avx2_rp_act_stride(cols);
             uint8_t *w = malloc(ws * 16), *xa = aligned(xs * 8);
             uint8_t *pk16 = aligned(cb_avx2_rp16_group_bytes(type, cols));
             uint8_t *pk8 = aligned(cb_avx2_rp_group_bytes(type, cols));
@@ -410,7 +413,10 @@ static void check_rp16(const kernels *k8, rp16_tile_fn tile16, const char *name)
                         memset(w + (size_t)r * ws + (size_t)k * 34 + 2, (rep & 2) ? 0x80 : 0x7f, 32);
             for (int64_t j = 0; j < cols * nt; j++)
                 x[j] = (rep & 1) ? ((j & 1) ? 127.0f : -127.0f) : 4.0f * rndf();
-            for (int t = 0; t < nt; t++) k8->rp_quantize(type, x + t * cols, cols, xa + (size_t)t * xs);
+            for (int t = 0; t < nt; t++) {
+                if (kq) k8->q8k(x + t * cols, cols, xa + (size_t)t * xs);
+                else k8->rp_quantize(type, x + t * cols, cols, xa + (size_t)t * xs);
+            }
             cb_avx2_rp16_pack(type, w, ws, nr, cols, pk16);
             for (int j = 0; j < 16 * 8; j++) o16[j] = -1.0f;
             tile16(type, pk16, nb, xa, xs, nt, o16);
