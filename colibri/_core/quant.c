@@ -722,14 +722,16 @@ cb_rp_kernel_t cb_rp_kernel(int type, int simd_level) {
  * 32-block types' vpdpbusd one) while the invariant direct tiles stay AVX2, so packing wins
  * much earlier (2-core AVX-512 VNNI EPYC, 2026-12-01, time ratio packed / direct at 1-32
  * tokens): Q4_K and Q5_K from 5 tokens (0.86-0.94 at 5, 0.54-0.59 at 16), Q6_K from 3-4 (0.87-
- * 0.90 at 4), Q8_0 and Q4_0/Q5_0 from 2 (0.77-0.86 at 2, 0.57-0.66 at 3). MoE prefill lives
+ * 0.90 at 4), Q8_0 and Q4_0/Q5_0 from 2 (0.77-0.86 at 2, 0.57-0.66 at 3). With the 16-row VNNI
+ * tiles (same machine, loaded, 1 thread): Q4_K 0.82-0.86 at 4 tokens, Q6_K 0.89-0.90 at 4, Q8_0
+ * 0.79-0.84 at 2, Q5_0 0.69-0.70 at 2. MoE prefill lives
  * in this range: 64 prompt tokens over 128 experts, top-8, give 4 tokens per expert call;
  * 256 give 16. The results do not depend on the path (batch invariance). */
 static int rp_min_tokens(int type, cb_simd_level level) {
     if (level >= CB_SIMD_AVX512) {
         switch (type) {
         case CB_TYPE_Q4_K:
-        case CB_TYPE_Q5_K: return 5;
+        case CB_TYPE_Q5_K: return level >= CB_SIMD_AVX512_VNNI ? 4 : 5;
         case CB_TYPE_Q6_K: return 4;
         default: return level >= CB_SIMD_AVX512_VNNI ? 2 : (type == CB_TYPE_Q8_0 ? 5 : 4);
         }
