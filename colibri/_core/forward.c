@@ -55,7 +55,7 @@ struct cb_forward {
     uint8_t **seq_base;   /* per token: its sequence's position 0 */
     cb_expert_ref_t *refs;
     float **scores;       /* per thread */
-    size_t scores_cap;    /* floats per thread buffer */
+    size_t scores_cap;    /* positions per head: each thread holds CB_ATTN_MAX_HPT heads */
     cb_moe_hook_fn moe_hook; /* routed experts elsewhere (a GPU), or NULL */
     void *moe_hook_user;
     int fast;             /* !deterministic: cb_matmul_opts_t.fast */
@@ -336,8 +336,22 @@ typedef struct attn_ctx {
     int layer;
     int32_t window;
     int32_t hd, n_kv;     /* this layer's head_dim and KV heads */
+    int32_t hpt;          /* query heads per task: a divisor of n_head / n_kv */
     cb_status status;
 } attn_ctx;
+
+/* Query heads per attention task: the whole group sharing a K/V head (its K and V rows are then
+ * read once for all of them; at long contexts they do not stay in cache between heads), halved
+ * while that leaves fewer than two tasks per thread; at most CB_ATTN_MAX_HPT (the scores'
+ * scratch). Every head's numbers are the same whatever the grouping. */
+#define CB_ATTN_MAX_HPT 8
+static int32_t attn_heads_per_task(int64_t n_tokens, int n_head, int n_kv, int n_threads) {
+    int32_t g = n_head / n_kv, hpt = g;
+    while (hpt > CB_ATTN_MAX_HPT || (hpt % 2 == 0 && n_tokens * (n_head / hpt) < 2 * n_threads))
+        if (hpt % 2 == 0) hpt /= 2;
+        else { hpt = 1; break; }
+    return hpt;
+}
 
 static inline float kv_load(const uint8_t *p, size_t elt, int64_t i) {
     if (elt == 4) return ((const float *)p)[i];
@@ -348,23 +362,25 @@ static void attn_task(void *vctx, int task, int thread) {
     attn_ctx *c = vctx;
     cb_forward_t *f = c->f;
     const cb_model_desc_t *m = f->m;
-    const int t = task / m->n_head, hq = task % m->n_head;
-    const int hk = hq / (m->n_head / c->n_kv);
+    const int groups = m->n_head / c->hpt, G = c->hpt;
+    const int t = task / groups, hq0 = (task % groups) * G;
+    const int hk = hq0 / (m->n_head / c->n_kv);
     const int64_t hd = c->hd;
     const int64_t p = c->b->pos[t];
     int64_t lo = 0;
     if (c->window > 0 && p - c->window + 1 > 0) lo = p - c->window + 1;
     const int64_t n = p - lo + 1;
-    const float *q = f->q + (size_t)t * m->n_head * hd + (size_t)hq * hd;
-    float *out = f->att + (size_t)t * m->n_head * hd + (size_t)hq * hd;
-    float *sc = f->scores[thread];
+    const float *q0 = f->q + (size_t)t * m->n_head * hd + (size_t)hq0 * hd;
+    float *out0 = f->att + (size_t)t * m->n_head * hd + (size_t)hq0 * hd;
+    float *sc0 = f->scores[thread];
+    const int64_t sst = (int64_t)f->scores_cap; /* head h's scores at sc0 + h * sst */
     const size_t elt = f->kv_elt, stride = f->token_stride;
     const size_t koff = (f->kv_off[c->layer] + (size_t)hk * hd) * elt;
     const size_t voff = koff + (size_t)c->n_kv * hd * elt;
     const uint8_t *base = f->seq_base[t];
     if (elt == 4) {
-        cb_status s = cb_dot_rows_f32(q, (const float *)(base + lo * stride + koff), n,
-                                      (int64_t)(stride / 4), hd, m->attn_scale, sc);
+        cb_status s = cb_dot_rows_multi_f32(q0, hd, G, (const float *)(base + lo * stride + koff),
+                                            n, (int64_t)(stride / 4), hd, m->attn_scale, sc0, sst);
         if (s != CB_OK) {
             c->status = s;
             return;
@@ -372,24 +388,33 @@ static void attn_task(void *vctx, int task, int thread) {
     } else {
         /* f16 cache: like llama.cpp, the query is rounded to f16 for the K products and the
          * probabilities to f16 for the V sum (so an f16 cache reproduces llama.cpp's numerics) */
-        float qh[CB_FORWARD_MAX_HEAD_DIM];
-        for (int64_t d = 0; d < hd; d++) qh[d] = cb_f16_to_f32(cb_f32_to_f16(q[d]));
-        for (int64_t j = 0; j < n; j++) {
-            const uint8_t *kp = base + (lo + j) * stride + koff;
-            float acc = 0.0f;
-            for (int64_t d = 0; d < hd; d++) acc += qh[d] * kv_load(kp, elt, d);
-            sc[j] = acc * m->attn_scale;
+        for (int h = 0; h < G; h++) {
+            float qh[CB_FORWARD_MAX_HEAD_DIM];
+            for (int64_t d = 0; d < hd; d++) qh[d] = cb_f16_to_f32(cb_f32_to_f16(q0[h * hd + d]));
+            for (int64_t j = 0; j < n; j++) {
+                const uint8_t *kp = base + (lo + j) * stride + koff;
+                float acc = 0.0f;
+                for (int64_t d = 0; d < hd; d++) acc += qh[d] * kv_load(kp, elt, d);
+                sc0[h * sst + j] = acc * m->attn_scale;
+            }
         }
     }
-    if (m->attn_softcap > 0) cb_softcap(sc, n, m->attn_softcap);
-    cb_softmax(sc, n);
-    memset(out, 0, (size_t)hd * sizeof(float));
-    for (int64_t j = 0; j < n; j++) {
-        const uint8_t *vp = base + (lo + j) * stride + voff;
-        if (elt == 4) {
-            cb_axpy(sc[j], (const float *)vp, hd, out);
-        } else {
-            const float w = cb_f16_to_f32(cb_f32_to_f16(sc[j]));
+    for (int h = 0; h < G; h++) {
+        if (m->attn_softcap > 0) cb_softcap(sc0 + h * sst, n, m->attn_softcap);
+        cb_softmax(sc0 + h * sst, n);
+    }
+    memset(out0, 0, (size_t)G * (size_t)hd * sizeof(float));
+    if (elt == 4) {
+        cb_status s = cb_axpy_rows_multi_f32(sc0, sst, G, (const float *)(base + lo * stride + voff),
+                                             n, (int64_t)(stride / 4), hd, out0, hd);
+        if (s != CB_OK) c->status = s;
+        return;
+    }
+    for (int h = 0; h < G; h++) {
+        float *out = out0 + h * hd;
+        for (int64_t j = 0; j < n; j++) {
+            const uint8_t *vp = base + (lo + j) * stride + voff;
+            const float w = cb_f16_to_f32(cb_f32_to_f16(sc0[h * sst + j]));
             for (int64_t d = 0; d < hd; d++) out[d] += w * kv_load(vp, elt, d);
         }
     }
@@ -444,8 +469,9 @@ static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
         kv_store(slot, f->k + t * nkv, nkv, f->kv_elt);
         kv_store(slot + (size_t)nkv * f->kv_elt, f->v + t * nkv, nkv, f->kv_elt);
     }
-    attn_ctx c = {f, b, l, L->sliding_window, (int32_t)hd, (int32_t)n_kv, CB_OK};
-    CHECK_OK(cb_threadpool_run(f->pool, attn_task, &c, (int)(n * m->n_head)));
+    const int32_t hpt = attn_heads_per_task(n, m->n_head, (int)n_kv, f->n_threads);
+    attn_ctx c = {f, b, l, L->sliding_window, (int32_t)hd, (int32_t)n_kv, hpt, CB_OK};
+    CHECK_OK(cb_threadpool_run(f->pool, attn_task, &c, (int)(n * (m->n_head / hpt))));
     if (c.status != CB_OK) return c.status;
     CHECK_OK(fmm(f, &L->wo, f->att, n, nq, f->o, E));
     for (int64_t t = 0; t < n; t++) {
@@ -725,7 +751,7 @@ static cb_status ensure_scores(cb_forward_t *f, int64_t max_ctx) {
     size_t cap = f->scores_cap ? f->scores_cap : 256;
     while (cap < (size_t)max_ctx) cap *= 2;
     for (int t = 0; t < f->n_threads; t++) {
-        float *p = cb_realloc(f->scores[t], cap * sizeof(float));
+        float *p = cb_realloc(f->scores[t], cap * CB_ATTN_MAX_HPT * sizeof(float));
         if (!p) return cb_fail(CB_STATUS_OUT_OF_MEMORY, "forward: no memory for %zu scores", cap);
         f->scores[t] = p;
     }

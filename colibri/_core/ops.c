@@ -708,6 +708,56 @@ cb_status cb_dot_rows_f32(const float *q, const float *k, int64_t n_rows, int64_
     if (n_rows == 0) return CB_OK;
     if (!out || (n > 0 && (!q || !k)))
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "cb_dot_rows_f32: NULL pointer");
-    for (int64_t j = 0; j < n_rows; j++) out[j] = n ? scale * dot_any(q, k + j * k_stride, n) : 0.0f;
+    return cb_dot_rows_multi_f32(q, n, 1, k, n_rows, k_stride, n, scale, out, n_rows);
+}
+
+cb_status cb_dot_rows_multi_f32(const float *q, int64_t q_stride, int n_q, const float *k,
+                                int64_t n_rows, int64_t k_stride, int64_t n, float scale,
+                                float *out, int64_t o_stride) {
+    CHECK_N(n, "cb_dot_rows_multi_f32");
+    if (n_q < 0 || n_rows < 0 || (n_rows > 1 && k_stride < n) || (n_q > 1 && q_stride < n) ||
+        (n_q > 1 && o_stride < n_rows))
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                       "cb_dot_rows_multi_f32: bad shape (n_q %d, n_rows %lld, n %lld, strides "
+                       "q %lld k %lld out %lld)",
+                       n_q, (long long)n_rows, (long long)n, (long long)q_stride,
+                       (long long)k_stride, (long long)o_stride);
+    if (n_rows == 0 || n_q == 0) return CB_OK;
+    if (!out || (n > 0 && (!q || !k)))
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "cb_dot_rows_multi_f32: NULL pointer");
+    for (int64_t j = 0; j < n_rows; j++)
+        for (int h = 0; h < n_q; h++)
+            out[h * o_stride + j] = n ? scale * dot_any(q + h * q_stride, k + j * k_stride, n) : 0.0f;
+    return CB_OK;
+}
+
+cb_status cb_axpy_rows_multi_f32(const float *p, int64_t p_stride, int n_q, const float *v,
+                                 int64_t n_rows, int64_t v_stride, int64_t n, float *y,
+                                 int64_t y_stride) {
+    CHECK_N(n, "cb_axpy_rows_multi_f32");
+    if (n_q < 0 || n_rows < 0 || (n_rows > 1 && v_stride < n) || (n_q > 1 && y_stride < n) ||
+        (n_q > 1 && p_stride < n_rows))
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                       "cb_axpy_rows_multi_f32: bad shape (n_q %d, n_rows %lld, n %lld, strides "
+                       "p %lld v %lld y %lld)",
+                       n_q, (long long)n_rows, (long long)n, (long long)p_stride,
+                       (long long)v_stride, (long long)y_stride);
+    if (n_rows == 0 || n_q == 0 || n == 0) return CB_OK;
+    if (!p || !v || !y) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "cb_axpy_rows_multi_f32: NULL pointer");
+#if CB_OPS_X86
+    const int avx2 = use_avx2();
+#endif
+    for (int64_t j = 0; j < n_rows; j++)
+        for (int h = 0; h < n_q; h++) {
+            const float a = p[h * p_stride + j], *x = v + j * v_stride;
+            float *yh = y + h * y_stride;
+#if CB_OPS_X86
+            if (avx2) {
+                axpy_avx2(a, x, n, yh);
+                continue;
+            }
+#endif
+            for (int64_t i = 0; i < n; i++) yh[i] += a * x[i];
+        }
     return CB_OK;
 }

@@ -141,6 +141,20 @@ cb_status cb_dot_f32(const float *a, const float *b, int64_t n, float *out);
 cb_status cb_dot_rows_f32(const float *q, const float *k, int64_t n_rows, int64_t k_stride,
                           int64_t n, float scale, float *out);
 
+/* Attention of n_q query heads sharing one K/V head: out[h*o_stride + j] = scale * dot(q +
+ * h*q_stride, k + j*k_stride) for h < n_q, j < n_rows; each K row is read once for all heads and
+ * each dot is the one of cb_dot_rows_f32 (the same sums). out must not overlap q or k. */
+cb_status cb_dot_rows_multi_f32(const float *q, int64_t q_stride, int n_q, const float *k,
+                                int64_t n_rows, int64_t k_stride, int64_t n, float scale,
+                                float *out, int64_t o_stride);
+
+/* The probability-weighted V sum of n_q heads: y[h*y_stride + i] += p[h*p_stride + j] *
+ * v[j*v_stride + i] for h < n_q, j < n_rows (in j order, each step as cb_axpy), i < n; each V
+ * row is read once for all heads. y must not overlap p or v. */
+cb_status cb_axpy_rows_multi_f32(const float *p, int64_t p_stride, int n_q, const float *v,
+                                 int64_t n_rows, int64_t v_stride, int64_t n, float *y,
+                                 int64_t y_stride);
+
 #ifdef __cplusplus
 }
 #endif

@@ -145,6 +145,38 @@ static void check_rope_paths(void) {
         ok &= close_to(out[t], 0.25 * d, 1e-6, 1e-6);
     }
     CHECK(ok);
+    /* the multi-head forms: bit-identical to one head at a time (dot_rows, then axpy row by
+     * row), with padded strides; 3 heads over the NT rows of x */
+    enum { NQ = 3, QS = HD + 5, OS = NT + 3 };
+    float qm[NQ * QS], sm[NQ * OS], s1[NT], ym[NQ * QS], y1[HD];
+    for (int i = 0; i < NQ * QS; i++) qm[i] = frand();
+    for (int i = 0; i < NQ * OS; i++) sm[i] = -7.0f;
+    CHECK(cb_dot_rows_multi_f32(qm, QS, NQ, x, NT, TS, HD, 0.125f, sm, OS) == CB_OK);
+    for (int i = 0; i < NQ * QS; i++) ym[i] = 0.5f * frand();
+    float ym0[NQ * QS];
+    memcpy(ym0, ym, sizeof ym);
+    CHECK(cb_axpy_rows_multi_f32(sm, OS, NQ, x, NT, TS, HD, ym, QS) == CB_OK);
+    int same_dot = 1, same_v = 1, pad = 1;
+    for (int h = 0; h < NQ; h++) {
+        CHECK(cb_dot_rows_f32(qm + h * QS, x, NT, TS, HD, 0.125f, s1) == CB_OK);
+        same_dot &= memcmp(s1, sm + h * OS, sizeof s1) == 0;
+        for (int j = NT; j < OS; j++) pad &= sm[h * OS + j] == -7.0f;
+        memcpy(y1, ym0 + h * QS, sizeof y1);
+        for (int t = 0; t < NT; t++) CHECK(cb_axpy(sm[h * OS + t], x + t * TS, HD, y1) == CB_OK);
+        same_v &= memcmp(y1, ym + h * QS, sizeof y1) == 0;
+        for (int i = HD; i < QS; i++) pad &= ym[h * QS + i] == ym0[h * QS + i];
+    }
+    CHECK(same_dot);
+    CHECK(same_v);
+    CHECK(pad);
+    CHECK(cb_dot_rows_multi_f32(qm, HD - 1, 2, x, NT, TS, HD, 1.0f, sm, OS) ==
+          CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_dot_rows_multi_f32(qm, QS, 2, x, NT, TS, HD, 1.0f, sm, NT - 1) ==
+          CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_axpy_rows_multi_f32(sm, OS, 2, x, NT, TS, HD, ym, HD - 1) ==
+          CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_axpy_rows_multi_f32(sm, OS, -1, x, NT, TS, HD, ym, QS) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_axpy_rows_multi_f32(NULL, OS, 2, x, NT, TS, HD, ym, QS) == CB_STATUS_INVALID_ARGUMENT);
 }
 
 int main(void) {
