@@ -9,9 +9,8 @@ the first requests would otherwise fault in under load (`colibri serve --no-pref
 - the KV arena: every free block allocated, one byte per page written, freed again. The
   arena never gives pages back, so its whole capacity stays resident from then on. Only
   before the engine starts: the arena must hold no live sequence but the cache's own;
-- the forward pass's scratch: one batch of max_batch tokens (spread over the vocabulary, so
-  that a MoE model routes them to many experts) run in a scratch sequence and dropped, with
-  logits for as many rows as the engine decodes at once.
+- the forward pass's scratch: one batch of max_batch tokens run in a scratch sequence and
+  dropped, with logits for as many rows as the engine decodes at once (prefault_forward).
 
 `tune_malloc()` (the serve process, at its start): glibc's malloc raises its mmap threshold
 to the largest block freed so far (up to 32 MiB), after which the engine's per-step arrays
@@ -102,18 +101,28 @@ def prefault_arena(arena: KVArena) -> int:
 
 def prefault_forward(model: Model, rows: int) -> int:
     """One forward batch of max_batch tokens (at most the context) in a scratch sequence, the
-    last `rows` of them with logits; the tokens run."""
+    last `rows` of them with logits; the tokens run. The batch is one token repeated: a MoE
+    model routes it to the same few experts in every layer (little expert I/O, the largest
+    per-expert batch), and its route counts are kept out of the expert usage record."""
     n = min(int(model.max_batch), int(model.ctx))
     if n <= 0:
         return 0
-    tokens = (np.arange(n, dtype=np.int64) * 7919 + 17) % int(model.n_vocab)
+    ids = model.tokenize("The", add_special=False)
     want = np.zeros(n, dtype=bool)
     want[n - max(1, min(rows, n)):] = True
+    moe = [i for i, L in enumerate(model.desc.layers) if L.n_expert] if model.desc.is_moe else []
+    before = {i: np.asarray(model.route_counts(i), dtype=np.uint64).copy() for i in moe}
     seq = model.new_sequence()
     try:
-        model.eval([seq], tokens=tokens.tolist(), logits=want)
+        model.eval([seq], tokens=[ids[0] if ids else 0] * n, logits=want)
     finally:
         model.free_sequence(seq)
+    # Model.save_expert_usage records the counts above its baseline: the warm-up's counts
+    # join the baseline, as if already recorded
+    base = model._usage_base
+    for i in moe:
+        added = np.asarray(model.route_counts(i), dtype=np.uint64) - before[i]
+        base[i] = base.get(i, np.zeros_like(added)) + added
     return n
 
 

@@ -68,9 +68,13 @@ def test_dense_model_weights_arena_and_forward():
         m.free_sequence(seq)
 
 
-def test_streamed_experts_prefault_dense_weights_and_the_pool(tiny_path):
+def test_streamed_experts_prefault_dense_weights_and_the_pool(tiny_path, tmp_path,
+                                                              monkeypatch):
+    from colibri.usage import load_usage
+
+    monkeypatch.setenv("COLIBRI_USAGE_DIR", str(tmp_path / "usage"))
     with colibri.Model(tiny_path, ctx=512, threads=2, verbose=False, expert_mode="cache",
-                       expert_budget=0.5) as m:
+                       expert_budget=0.5, expert_usage=True) as m:
         dense = prefault_weights(m)
         assert 0 < dense < m.prefault()  # the routed experts are left to the store
         assert abs(dense - m.desc.dense_bytes()) < 0.02 * dense
@@ -78,6 +82,16 @@ def test_streamed_experts_prefault_dense_weights_and_the_pool(tiny_path):
         assert pool in (0, m.experts.pool()["bytes"])  # 0: a kernel without POPULATE_WRITE
         n = prefault_forward(m, rows=4)
         assert n == min(m.max_batch, m.ctx) and m.expert_stats()["acquired"] > 0
+        shape = m._usage_shape()
+        m.save_expert_usage()  # the warm-up's routes are not the model's use
+        assert load_usage(tiny_path, shape) is None
+        seq = m.new_sequence()
+        m.eval([seq], tokens=[5, 6, 7])
+        m.save_expert_usage()  # real use is recorded, without the warm-up's
+        rec = load_usage(tiny_path, shape)
+        k = m.desc.layers[-1].n_expert_used
+        assert rec is not None and int(rec.sum()) == 3 * k * sum(
+            1 for L in m.desc.layers if L.n_expert)
     with colibri.Model(tiny_path, ctx=512, threads=2, verbose=False) as m:  # mapped experts
         assert prefault_weights(m) == m.prefault() and prefault_pool(m) == 0
 
