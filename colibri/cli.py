@@ -154,6 +154,9 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="most prompt tokens per engine step (default 64)")
     sv.add_argument("--no-prefix-cache", action="store_true",
                     help="do not reuse the KV of shared prompt prefixes")
+    sv.add_argument("--no-prefault", action="store_true",
+                    help="do not touch the weights and the KV arena at start (memory then "
+                         "grows under the first requests instead)")
 
     b = sub.add_parser("bench", help="prefill/decode speed, latency and memory (vs llama.cpp)")
     b.add_argument("-m", "--model", help="GGUF file (default: Gemma 3 270M)")

@@ -43,6 +43,9 @@ def run(args: Any, load: Any) -> int:
     import uvicorn
 
     from colibri.serve.app import ServerState, create_app
+    from colibri.serve.prefault import tune_malloc
+
+    tune_malloc()  # before the model: every later block follows it
 
     model_id = args.model_name or (os.path.basename(args.model) if args.model
                                    else "gemma-3-270m-q4_k_m")
@@ -51,7 +54,7 @@ def run(args: Any, load: Any) -> int:
         engine_kwargs["prefill_chunk"] = args.prefill_chunk
     state = ServerState(load, model_id, max_seqs=args.max_seqs, max_queue=args.max_queue,
                         api_key=args.api_key, max_body_bytes=args.max_body_bytes,
-                        engine_kwargs=engine_kwargs)
+                        engine_kwargs=engine_kwargs, prefault=not args.no_prefault)
     app = create_app(state)
     config = uvicorn.Config(app, host=args.host, port=args.port, lifespan="on",
                             log_level="info" if args.verbose else "warning",
@@ -76,7 +79,14 @@ def run(args: Any, load: Any) -> int:
     url = f"http://{args.host if ':' not in args.host else '[' + args.host + ']'}:{args.port}"
 
     def ready() -> None:
-        print(f"colibri serve: {model_id} ready on {url} (OpenAI API at {url}/v1)",
+        touched = ""
+        if state.prefaulted:  # what --no-prefault would leave to the first requests
+            p = dict(state.prefaulted)
+            n = p.pop("forward_tokens", 0)
+            touched = "; memory touched at start: " + ", ".join(
+                f"{k.replace('_', ' ')} {v / 2**20:.0f} MiB" for k, v in p.items() if v) + \
+                (f", a forward pass of {n} tokens" if n else "")
+        print(f"colibri serve: {model_id} ready on {url} (OpenAI API at {url}/v1){touched}",
               file=sys.stderr, flush=True)
 
     def fatal() -> None:

@@ -160,8 +160,7 @@ async def chat(state: ServerState, request: Request) -> Response:
                 yield chunk(i, {"role": "assistant", "content": ""})
             async for i, d in _merged(state, reqs):
                 ch = choices[i]
-                n_calls = len(ch.calls)
-                content, calls = ch.take(d)
+                out = ch.take(d)
                 if ch.finish_reason == "error":
                     yield _sse(APIError(500, f"generation failed: {ch.error}",
                                         type="server_error").body())
@@ -171,10 +170,17 @@ async def chat(state: ServerState, request: Request) -> Response:
                 lp = None
                 if req.logprobs and d.logprobs:
                     lp = {"content": _chat_logprobs(state, d.logprobs, top > 0)}
-                if content or lp is not None:
-                    yield chunk(i, {"content": content}, None, lp)
-                for k, call in enumerate(calls):
-                    yield chunk(i, {"tool_calls": [call.openai(n_calls + k)]})
+                # content and tool-call pieces in the order the model wrote them; this
+                # step's logprobs ride on its first content chunk (an empty one if none)
+                if lp is not None and (not out or not isinstance(out[0], str)):
+                    yield chunk(i, {"content": ""}, None, lp)
+                    lp = None
+                for e in out:
+                    if isinstance(e, str):
+                        yield chunk(i, {"content": e}, None, lp)
+                        lp = None
+                    else:
+                        yield chunk(i, {"tool_calls": [e.openai()]})
                 if ch.finish_reason is not None:
                     yield chunk(i, {}, ch.finish_reason)
             if usage_wanted:

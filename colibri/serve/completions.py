@@ -26,6 +26,7 @@ from colibri.serve.streaming import (
     _Choice,
     _collect,
     _completion_logprobs,
+    _content,
     _failed,
     _merged,
     _sse,
@@ -95,7 +96,7 @@ async def completions(state: ServerState, request: Request) -> Response:
                                      "finish_reason": None}]})
             async for i, d in _merged(state, reqs):
                 ch = choices[i]
-                content, _ = ch.take(d)
+                content = _content(ch.take(d))
                 if ch.finish_reason == "error":
                     yield _sse(APIError(500, f"generation failed: {ch.error}",
                                         type="server_error").body())

@@ -47,7 +47,7 @@ class ServerState:
     def __init__(self, load: Callable[[], Model], model_id: str, max_seqs: int = 16,
                  max_queue: int = DEFAULT_MAX_QUEUE, api_key: str | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY,
-                 engine_kwargs: dict[str, Any] | None = None) -> None:
+                 engine_kwargs: dict[str, Any] | None = None, prefault: bool = True) -> None:
         self._load = load
         self.model_id = model_id
         self.max_seqs = int(max_seqs)
@@ -55,6 +55,8 @@ class ServerState:
         self.api_key = api_key
         self.max_body_bytes = int(max_body_bytes)
         self.engine_kwargs = dict(engine_kwargs or {})
+        self.prefault = prefault
+        self.prefaulted: dict[str, int] = {}  # touched at the start: bytes by part, tokens
         self.model: Model | None = None
         self.engine: Engine | None = None
         self.grammar: GrammarFactory | None = None
@@ -71,12 +73,17 @@ class ServerState:
                                         self.grammar.stats if self.grammar else None))
 
     def load(self) -> None:
-        """Load the model, start the engine and describe the vocabulary to llguidance; on
-        failure record the error and call on_fatal (the server exits)."""
+        """Load the model, touch its memory (prefault: weights, expert pool, KV arena; see
+        colibri.serve.prefault), start the engine and describe the vocabulary to llguidance;
+        on failure record the error and call on_fatal (the server exits)."""
         from colibri.engine import Engine
 
         try:
             self.model = self._load()
+            if self.prefault:
+                from colibri.serve.prefault import prefault
+
+                self.prefaulted = prefault(self.model, self.max_seqs)
             self.engine = Engine(self.model, max_seqs=self.max_seqs, **self.engine_kwargs)
             self.max_seqs = self.engine.max_seqs
             try:

@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 
 from colibri.serve.state import APIError, ServerState
-from colibri.serve.tools import ToolCall, ToolStreamParser
+from colibri.serve.tool_parse import (
+    Event,
+    ToolCall,
+    ToolStreamParser,
+    apply_delta,
+    merge_events,
+)
 
 if TYPE_CHECKING:
     from colibri.engine import Delta
@@ -64,29 +70,38 @@ class _Choice:
     finish_reason: str | None = None
     error: str | None = None
 
-    def take(self, d: Delta) -> tuple[str, list[ToolCall]]:
-        """Add a delta; returns the content and the complete tool calls it releases."""
+    def take(self, d: Delta) -> list[Event]:
+        """Add a delta; returns what it releases, in order: content text and the pieces of
+        tool calls (ToolCallDelta)."""
         self.tokens += len(d.token_ids)
         if d.logprobs:
             self.logprobs += d.logprobs
-        content = d.text
-        calls: list[ToolCall] = []
-        if self.parser is not None:
+        events: list[Event]
+        if self.parser is None:
+            events = [d.text] if d.text else []
+        else:
             events = self.parser.feed(d.text)
             if d.finish_reason is not None:
                 events += self.parser.finish()
-            content = "".join(e for e in events if isinstance(e, str))
-            calls = [e for e in events if isinstance(e, ToolCall)]
             if self.max_calls is not None:
-                calls = calls[: max(0, self.max_calls - len(self.calls))]
-        self.text.append(content)
-        self.calls += calls
+                events = [e for e in events
+                          if isinstance(e, str) or e.index < self.max_calls]
+            events = merge_events(events)
+        for e in events:
+            if isinstance(e, str):
+                self.text.append(e)
+            else:
+                apply_delta(self.calls, e)
         if d.finish_reason is not None:
             self.finish_reason = d.finish_reason
             self.error = d.error
             if self.calls and d.finish_reason == "stop":
                 self.finish_reason = "tool_calls"
-        return content, calls
+        return events
+
+
+def _content(events: list[Event]) -> str:
+    return "".join(e for e in events if isinstance(e, str))
 
 
 def _piece(state: ServerState, tid: int) -> bytes:

@@ -242,7 +242,8 @@ def test_tool_call_round_trip(client):
     assert call.type == "function" and call.function.name == "get_weather" and call.id
     args = json.loads(call.function.arguments)
     jsonschema.validate(args, WEATHER["function"]["parameters"])
-    # the same call streamed ("required": any of the tools)
+    # the same call streamed ("required": any of the tools): OpenAI's delta shape, the name
+    # first (id, type, arguments ""), then the arguments in pieces as the tokens come
     calls: dict[int, dict] = {}
     finish = None
     for c in client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=40,
@@ -251,20 +252,44 @@ def test_tool_call_round_trip(client):
         if not c.choices:
             continue
         for tc in c.choices[0].delta.tool_calls or []:
-            d = calls.setdefault(tc.index, {"name": "", "arguments": ""})
-            d["name"] += tc.function.name or ""
-            d["arguments"] += tc.function.arguments or ""
+            if tc.index not in calls:
+                assert tc.id and tc.type == "function" and tc.function.arguments == ""
+                calls[tc.index] = {"name": tc.function.name, "arguments": "", "pieces": 0}
+            else:
+                assert tc.id is None and tc.function.name is None and tc.function.arguments
+                calls[tc.index]["arguments"] += tc.function.arguments
+                calls[tc.index]["pieces"] += 1
         finish = c.choices[0].finish_reason or finish
     assert finish == "tool_calls" and list(calls) == [0]
-    assert calls[0]["name"] == "get_weather"
+    assert calls[0]["name"] == "get_weather" and calls[0]["pieces"] > 1, calls
     jsonschema.validate(json.loads(calls[0]["arguments"]), WEATHER["function"]["parameters"])
+    assert calls[0]["arguments"] == call.function.arguments  # greedy: the same call
+    # the openai client's own stream accumulation (named function)
+    with client.chat.completions.stream(
+            model=MODEL, messages=msgs, max_tokens=40, temperature=0, tools=[WEATHER],
+            tool_choice={"type": "function", "function": {"name": "get_weather"}}) as stream:
+        pieces = [e for e in stream if e.type == "tool_calls.function.arguments.delta"]
+        final = stream.get_final_completion()
+    (acc,) = final.choices[0].message.tool_calls
+    assert final.choices[0].finish_reason == "tool_calls" and len(pieces) > 1
+    assert acc.function.name == "get_weather" and acc.id
+    assert acc.function.arguments == "".join(e.arguments_delta for e in pieces)
+    jsonschema.validate(json.loads(acc.function.arguments), WEATHER["function"]["parameters"])
     # the tool's result goes back; the model answers in text
     msgs += [ch.message.model_dump(exclude_none=True),
              {"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"}]
     r2 = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12,
-                                        temperature=0, tools=[WEATHER])
+                                        temperature=0, tools=[WEATHER], tool_choice="none")
     assert r2.choices[0].finish_reason in ("stop", "length")
-    assert r2.choices[0].message.content
+    assert r2.choices[0].message.content and not r2.choices[0].message.tool_calls
+    # "auto": this small model answers by calling again (its output begins a JSON call, cut by
+    # max_tokens): the call is streamed as written, finish_reason "length"
+    r3 = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12,
+                                        temperature=0, tools=[WEATHER])
+    m3 = r3.choices[0].message
+    assert r3.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert m3.content or m3.tool_calls
+    assert all(tc.function.name == "get_weather" for tc in m3.tool_calls or [])
 
 
 def test_concurrent_streams_equal_sequential(client, server):

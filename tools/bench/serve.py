@@ -4,7 +4,7 @@
     python tools/bench/serve.py [-m MODEL] [--clients 1,4,16,64] [--threads 2]
                                 [--max-tokens 64] [--requests 2] [--quick]
                                 [--llama-server PATH | --build-llama-server | --no-llama]
-                                [--soak MINUTES] [--json OUT]
+                                [--soak MINUTES [--no-prefault]] [--json OUT]
 
 For each client count N, each server is started fresh on the same GGUF with the same threads:
 `colibri serve --max-seqs N` and `llama-server -np N` (N parallel slots, continuous batching;
@@ -25,9 +25,10 @@ alone.
 
 --soak MINUTES: colibri only, 64 clients for MINUTES: streams of random length, a tenth of them
 dropped mid-stream, a tenth malformed (bad JSON or values: they must get 400); reports the
-server's RSS at the start (after a warm-up of the same load for a quarter of MINUTES, at most
-a minute, in which the KV arena and the prefix cache fill) and the end, and the well-formed
-requests that failed (the target: RSS flat within 5%, none failed).
+server's RSS at the start (when the first request is sent, right after /health turned ready:
+`colibri serve` touches its weights and KV arena before that) and at the end, and the
+well-formed requests that failed (the target: RSS flat within 5%, none failed).
+--no-prefault passes the same flag to colibri serve (memory then grows under the load).
 
 --quick: 32 generated tokens, 1 request per client.
 Like every tool here it runs the installed colibri (from a checkout: PYTHONPATH=.).
@@ -166,11 +167,12 @@ class Proc:
         self.logf.close()
 
 
-def start_colibri(model: str, threads: int, n: int, logdir: str) -> Proc:
+def start_colibri(model: str, threads: int, n: int, logdir: str,
+                  extra: tuple[str, ...] = ()) -> Proc:
     port = free_port()
     argv = [sys.executable, "-m", "colibri", "serve", "-m", model, "--port", str(port),
             "--threads", str(threads), "--ctx", str(CTX_PER_REQUEST * n), "--max-seqs", str(n),
-            "--max-queue", str(4 * n + 64), "--model-name", "bench"]
+            "--max-queue", str(4 * n + 64), "--model-name", "bench", *extra]
     pr = Proc("colibri", argv, f"http://127.0.0.1:{port}", os.path.join(logdir, f"colibri-{n}.log"))
     pr.wait_ready()
     return pr
@@ -310,10 +312,9 @@ def mask_cost(url: str) -> dict[str, Any]:
 
 # ---- soak ----
 
-async def soak(url: str, minutes: float, bias: dict[str, float], proc: Proc,
-               warmup_s: float) -> dict[str, Any]:
-    """The mixed load for warmup_s (the KV arena and the prefix cache fill up; not counted),
-    RSS; then for `minutes`, counted; RSS again."""
+async def soak(url: str, minutes: float, bias: dict[str, float], proc: Proc) -> dict[str, Any]:
+    """The mixed load for `minutes`, counted; the server's RSS when the first request is sent
+    and at the end."""
     import httpx
 
     rng = random.Random(0)
@@ -321,7 +322,7 @@ async def soak(url: str, minutes: float, bias: dict[str, float], proc: Proc,
     failures: list[str] = []
     limits = httpx.Limits(max_connections=80, max_keepalive_connections=80)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        async def worker(c: int, until: float, count: bool) -> None:
+        async def worker(c: int, until: float) -> None:
             k = 0
             while time.monotonic() < until:
                 k += 1
@@ -334,8 +335,7 @@ async def soak(url: str, minutes: float, bias: dict[str, float], proc: Proc,
                                       json.dumps({**body, "max_tokens": -3}).encode(),
                                       json.dumps({"prompt": 5}).encode()])
                     r = await client.post(url + "/v1/completions", content=bad)
-                    if count:
-                        stats["malformed_ok" if r.status_code == 400 else "malformed_wrong"] += 1
+                    stats["malformed_ok" if r.status_code == 400 else "malformed_wrong"] += 1
                 elif roll < 0.2:  # dropped mid-stream
                     try:
                         async with client.stream("POST", url + "/v1/completions", json=body) as r:
@@ -347,12 +347,9 @@ async def soak(url: str, minutes: float, bias: dict[str, float], proc: Proc,
                                         break
                     except Exception:  # noqa: BLE001 - dropping is the point
                         pass
-                    if count:
-                        stats["dropped"] += 1
+                    stats["dropped"] += 1
                 else:
                     res = await stream_one(client, url, body)
-                    if not count:
-                        continue
                     if "error" in res:
                         stats["failed"] += 1
                         failures.append(res["error"])
@@ -374,16 +371,14 @@ async def soak(url: str, minutes: float, bias: dict[str, float], proc: Proc,
                 samples.append((time.monotonic() - t_start, proc.rss() / 2**20, kv))
                 await asyncio.sleep(15)
 
-        sampling = asyncio.create_task(sampler())
-        until = time.monotonic() + warmup_s
-        await asyncio.gather(*(worker(c, until, False) for c in range(64)))
         rss_start = proc.rss()
+        sampling = asyncio.create_task(sampler())
         until = time.monotonic() + minutes * 60
-        await asyncio.gather(*(worker(c + 64, until, True) for c in range(64)))
+        await asyncio.gather(*(worker(c, until) for c in range(64)))
         sampling.cancel()
     await asyncio.sleep(1.0)
     rss_end = proc.rss()
-    return {**stats, "minutes": minutes, "warmup_s": warmup_s,
+    return {**stats, "minutes": minutes,
             "rss_start_mib": rss_start / 2**20, "rss_end_mib": rss_end / 2**20,
             "rss_change_pct": (rss_end / rss_start - 1) * 100, "first_failures": failures[:3],
             "samples_s_rss_kv_mib": samples}
@@ -405,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-args", default="", help="more llama-server arguments, one "
                     "string (e.g. '--poll 0': no busy-waiting threads on a shared machine)")
     ap.add_argument("--soak", type=float, default=None, metavar="MINUTES")
+    ap.add_argument("--no-prefault", action="store_true",
+                    help="--soak: start colibri serve with --no-prefault")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if a.quick:
@@ -419,15 +416,18 @@ def main(argv: list[str] | None = None) -> int:
                               "max_tokens": a.max_tokens, "requests_per_client": a.requests,
                               "runs": []}
     if a.soak is not None:
-        pr = start_colibri(model, a.threads, 64, logdir)
+        pr = start_colibri(model, a.threads, 64, logdir,
+                           ("--no-prefault",) if a.no_prefault else ())
         try:
-            res = asyncio.run(soak(pr.url, a.soak, bias, pr, warmup_s=min(60.0, a.soak * 15)))
+            res = asyncio.run(soak(pr.url, a.soak, bias, pr))
         finally:
             pr.stop()
         report["soak"] = res
-        print(f"soak {a.soak:g} min (after {res['warmup_s']:.0f} s of warm-up), 64 clients: {res['ok']} streams ok, {res['failed']} failed, "
+        res["prefault"] = not a.no_prefault
+        print(f"soak {a.soak:g} min, 64 clients{' (--no-prefault)' if a.no_prefault else ''}: "
+              f"{res['ok']} streams ok, {res['failed']} failed, "
               f"{res['dropped']} dropped mid-stream, {res['malformed_ok']} malformed -> 400 "
-              f"({res['malformed_wrong']} otherwise); RSS {res['rss_start_mib']:.0f} -> "
+              f"({res['malformed_wrong']} otherwise); RSS at the first request {res['rss_start_mib']:.0f} -> "
               f"{res['rss_end_mib']:.0f} MiB ({res['rss_change_pct']:+.1f}%)")
         print("  (s, RSS MiB, KV arena used MiB) every 15 s: " + ", ".join(
             f"({t:.0f}, {r:.0f}, {k:.0f})" for t, r, k in res["samples_s_rss_kv_mib"]))

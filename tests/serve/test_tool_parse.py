@@ -1,0 +1,221 @@
+"""The streaming tool-call parser (colibri.serve.tool_parse): generated outputs in the Hermes /
+Qwen `<tool_call>` form and Llama 3's JSON form, fed whole, a character at a time and split at
+random boundaries (hypothesis); the pieces must rebuild the calls exactly, as OpenAI's streaming
+shape has them (first piece: index, id, name, arguments ""; then arguments text only)."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from colibri.serve.tool_parse import (
+    CLOSE,
+    OPEN,
+    PYTHON_TAG,
+    ToolCallDelta,
+    ToolStreamParser,
+    parse_tool_calls,
+)
+
+NAMES = {"get_weather", "add", "search_web"}
+TRICKY = ["}", "{", '"', "\\", "</tool", "</tool_call", "<tool_call>", "]", ",", ":", "é",
+          "😀", "\n", "\t", "\u2028", "<|python_tag|>", "'"]
+
+texts = st.one_of(st.text(max_size=12), st.sampled_from(TRICKY),
+                  st.lists(st.sampled_from(TRICKY), max_size=4).map("".join))
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6),
+                    st.floats(allow_nan=False, allow_infinity=False), texts)
+values = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(texts, inner, max_size=3)), max_leaves=8)
+arguments = st.dictionaries(texts, values, max_size=4)
+dump_styles = st.sampled_from([{}, {"ensure_ascii": False}, {"separators": (",", ":")},
+                               {"indent": 1}, {"ensure_ascii": False, "separators": (",", ": ")}])
+
+
+def run(text: str, cuts: list[int]) -> tuple[ToolStreamParser, list]:
+    """Feed text split at cuts (sorted positions), then finish; the parser and its events."""
+    p = ToolStreamParser(NAMES)
+    events: list = []
+    last = 0
+    for c in [*cuts, len(text)]:
+        events += p.feed(text[last:c])
+        last = c
+    events += p.finish()
+    return p, events
+
+
+def rebuild(events: list) -> tuple[str, list[dict]]:
+    """Content and calls from the events, checking OpenAI's streaming shape on the way."""
+    content, calls = "", []
+    for e in events:
+        if isinstance(e, str):
+            content += e
+            continue
+        assert isinstance(e, ToolCallDelta)
+        oa = e.openai()
+        assert oa["index"] == e.index
+        if e.id is not None:  # a call's first piece: index, id, type, name, no arguments yet
+            assert e.index == len(calls), "calls get indices 0, 1, ... in order"
+            assert oa["type"] == "function" and oa["id"].startswith("call_")
+            assert oa["function"] == {"name": e.name, "arguments": ""}
+            calls.append({"id": e.id, "name": e.name, "arguments": "", "pieces": 0})
+        else:
+            assert set(oa) == {"index", "function"} and set(oa["function"]) == {"arguments"}
+            assert e.index == len(calls) - 1, "a call's pieces come before the next call"
+            calls[e.index]["arguments"] += e.arguments
+            calls[e.index]["pieces"] += 1
+    assert len({c["id"] for c in calls}) == len(calls)
+    return content, calls
+
+
+def check(text: str, cuts: list[int], want_content: str | None, want: list[tuple[str, dict]]):
+    p, events = run(text, cuts)
+    content, calls = rebuild(events)
+    assert content == (want_content or ""), (text, cuts)
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == want, (text, cuts)
+    # the pieces concatenate to the final arguments exactly, as the whole-output parse has them
+    assert [c["arguments"] for c in calls] == [c.arguments for c in p.calls]
+    whole_content, whole = parse_tool_calls(text, NAMES)
+    assert whole_content == want_content
+    assert [(c.name, c.arguments) for c in whole] == [(c["name"], c["arguments"]) for c in calls]
+    return calls
+
+
+def hermes(calls: list[tuple[str, dict]], style: dict, pre: str, gap: str) -> str:
+    return pre + gap.join(f"{OPEN}\n{json.dumps({'name': n, 'arguments': a}, **style)}\n{CLOSE}"
+                          for n, a in calls)
+
+
+calls_st = st.lists(st.tuples(st.sampled_from(sorted(NAMES)), arguments), min_size=1,
+                    max_size=3)
+# content around calls: never the opening tag itself, not starting like the JSON form
+content_st = texts.filter(lambda t: OPEN not in t).map(lambda t: "x" + t)
+SETTINGS = settings(max_examples=150, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(calls_st, dump_styles, content_st, st.sampled_from(["", "\n", " and "]), st.data())
+def test_hermes_calls_split_anywhere(calls, style, pre, gap, data):
+    text = hermes(calls, style, pre, gap)
+    want_content = pre + gap * (len(calls) - 1)
+    cuts = sorted(data.draw(st.sets(st.integers(0, len(text)), max_size=len(text) // 3 + 1)))
+    got = check(text, cuts, want_content, calls)
+    # a character at a time: every call's arguments come in pieces, about one per character
+    # (fewer only where something could have been </tool_call>)
+    got = check(text, list(range(1, len(text))), want_content, calls)
+    for g in got:
+        held = sum(g["arguments"].count(t) for t in ("</", "<"))
+        assert g["pieces"] >= len(g["arguments"]) - 11 * held
+
+
+@SETTINGS
+@given(calls_st, dump_styles, st.sampled_from(["", " ", "\n", PYTHON_TAG, PYTHON_TAG + " "]),
+       st.sampled_from(["parameters", "arguments"]), st.sampled_from(["list", "one", ";"]),
+       st.data())
+def test_llama3_json_calls_split_anywhere(calls, style, pre, key, shape, data):
+    objs = [json.dumps({"name": n, key: a}, **style) for n, a in calls]
+    if shape == "one":
+        calls = calls[:1]
+        text = pre + objs[0]
+    elif shape == "list":
+        text = pre + "[" + ", ".join(objs) + "]"
+    else:
+        text = pre + "; ".join(objs)
+    cuts = sorted(data.draw(st.sets(st.integers(0, len(text)), max_size=len(text) // 3 + 1)))
+    check(text, cuts, None, calls)
+    check(text, list(range(1, len(text))), None, calls)
+
+
+def test_the_name_comes_first_and_arguments_as_they_arrive():
+    text = f'Sure.{OPEN}{{"name": "add", "arguments": {{"a": 12, "b": "x}}y"}}}}{CLOSE}'
+    p = ToolStreamParser(NAMES)
+    seen: list = []
+    for i, ch in enumerate(text):
+        seen.append((i, p.feed(ch)))
+    name_at = text.index('"arguments"') - 2  # the comma after the name completes it
+    first = next((i, ev) for i, ev in seen if any(isinstance(e, ToolCallDelta) for e in ev))
+    assert first[0] == name_at and first[1][0].name == "add"
+    args = "".join(e.arguments for _, ev in seen for e in ev if isinstance(e, ToolCallDelta))
+    # everything of the arguments shown before </tool_call> arrives: nothing held that could
+    # not be the closing tag
+    assert args == '{"a": 12, "b": "x}y"}'
+    assert p.finish() == [] and p.calls[0].arguments == args
+
+
+def test_only_a_possible_closing_tag_is_held_back():
+    p = ToolStreamParser(NAMES)
+    p.feed(OPEN + '{"name": "add", "arguments": ')
+    assert [e.arguments for e in p.feed('{"s": "a</to')] == ['{"s": "a']  # maybe </tool_call>
+    assert [e.arguments for e in p.feed("y")] == ["</toy"]                 # it was not
+    # a call the model never closes ends at </tool_call>, its arguments as written
+    assert [e.arguments for e in p.feed("b" + CLOSE + "after")[:1]] == ["b"]
+    assert p.finish() == [] and p.calls[0].arguments == '{"s": "a</toyb'
+
+
+def test_arguments_written_as_a_string_are_decoded_as_they_arrive():
+    inner = {"q": "caf\u00e9 \U0001f600 \"quoted\" \\ back"}
+    obj = json.dumps({"name": "search_web", "arguments": json.dumps(inner)})
+    for cuts in ([], list(range(1, len(obj)))):
+        p, events = run(obj, cuts)
+        content, calls = rebuild(events)
+        assert content == "" and json.loads(calls[0]["arguments"]) == inner
+        assert calls[0]["arguments"] == json.dumps(inner)
+    # decoded a piece at a time, an escape never cut
+    _, events = run(obj, list(range(1, len(obj))))
+    assert sum(1 for e in events if isinstance(e, ToolCallDelta) and e.id is None) > 10
+
+
+def test_the_name_after_the_arguments():
+    text = OPEN + '{"arguments": {"a": [1, 2]}, "name": "add"}' + CLOSE
+    for cuts in ([], list(range(1, len(text)))):
+        _, events = run(text, cuts)
+        content, calls = rebuild(events)
+        assert content == "" and [(c["name"], c["arguments"]) for c in calls] == \
+            [("add", '{"a": [1, 2]}')]
+
+
+def test_calls_without_arguments_and_cut_short():
+    for text, args in ((OPEN + '{"name": "add"}' + CLOSE, "{}"), ('{"name": "add"}', "{}"),
+                       (OPEN + '{"name": "add", "arguments": {"a": 1', '{"a": 1'),
+                       ('{"name": "add", "parameters": {"a": "b', '{"a": "b'),
+                       (OPEN + '{"name": "add", "arguments": {"a": 1}', '{"a": 1}')):
+        for cuts in ([], list(range(1, len(text)))):
+            _, events = run(text, cuts)
+            content, calls = rebuild(events)
+            assert content == "" and [c["arguments"] for c in calls] == [args], text
+
+
+def test_what_is_not_a_call_stays_content():
+    for t in ('{"name": "rm", "parameters": {}}', OPEN + '{"name": "add"', "just text",
+              '{"a": 1}', OPEN + "{oops}" + CLOSE, "[]", "[", "{", ' {"name": 5}',
+              OPEN + '{"name": "rm", "arguments": {}}' + CLOSE + " after",
+              '[{"a": 1}]', PYTHON_TAG + "print(1)", "<|python", "< tool_call>"):
+        for cuts in ([], list(range(1, len(t)))):
+            _, events = run(t, cuts)
+            content, calls = rebuild(events)
+            assert calls == [] and content == t, (t, cuts)
+    # text after a Llama 3 call is content; whitespace after it is dropped
+    _, events = run('{"name": "add", "parameters": {}}\n\n', [])
+    assert rebuild(events)[0] == ""
+    _, events = run('{"name": "add", "parameters": {}} and then', [5])
+    content, calls = rebuild(events)
+    assert content == " and then" and len(calls) == 1
+    # a second <tool_call> naming no tool is content between the calls' indices
+    text = (OPEN + '{"name": "add", "arguments": {}}' + CLOSE + OPEN + '{"name": "x"}' + CLOSE
+            + OPEN + '{"name": "add", "arguments": {"b": 2}}' + CLOSE)
+    _, events = run(text, list(range(1, len(text))))
+    content, calls = rebuild(events)
+    assert content == OPEN + '{"name": "x"}' + CLOSE
+    assert [c["arguments"] for c in calls] == ["{}", '{"b": 2}']
+
+
+def test_plain_text_streams_as_it_comes():
+    p = ToolStreamParser(NAMES)
+    assert p.feed("Hello there") == ["Hello there"]
+    assert p.feed(" <tool") == [" "]  # a possible tag is held back
+    assert p.feed("kit>") == ["<toolkit>"]
+    p = ToolStreamParser(NAMES)
+    assert p.feed("  ") == [] and p.feed("Hi") == ["  Hi"]
