@@ -526,6 +526,9 @@ static void prefetch_next(cb_forward_t *f, int l, int64_t n) {
     (void)cb_experts_prefetch(f->experts, l2, ids, n_ids);
 }
 
+/* cb_moe_run_t.wait: the started acquire's wait (moe.c calls it one at a time) */
+static cb_status expert_wait(void *store, int32_t i) { return cb_experts_wait(store, i); }
+
 static cb_status moe_ffn(cb_forward_t *f, int l, int64_t n) {
     const cb_model_desc_t *m = f->m;
     const cb_layer_desc_t *L = &m->layers[l];
@@ -573,19 +576,16 @@ static cb_status moe_ffn(cb_forward_t *f, int l, int64_t n) {
             lw[at] = f->rw[t * K + i];
         }
     for (int32_t i = 0; i < n_used; i++) f->fill[i] = f->cnt[f->used[i]]; /* tokens per expert */
-    /* the misses are read while the router of the next layer is applied (the prefetch hint);
-     * the experts compute once all of the layer's bytes are in, in four dispatches (moe.c) */
+    /* the misses are read while the experts before them compute (moe.c, four dispatches):
+     * expert i's first task waits for its own bytes only; the order of the sums, and so the
+     * logits, is the one of a plain acquire */
     CHECK_OK(cb_experts_acquire_start(f->experts, l, f->used, n_used, f->fill, f->refs));
     if (cb_experts_prefetching(f->experts)) prefetch_next(f, l, n); /* hint the next layer */
     memset(f->o, 0, (size_t)n * E * sizeof(float));
-    cb_status st = CB_OK;
-    for (int32_t i = 0; i < n_used && st == CB_OK; i++) st = cb_experts_wait(f->experts, i);
-    if (st == CB_OK) {
-        cb_moe_run_t r = {&L->exp_gate, &L->exp_up, &L->exp_down, m->act, f->fast, f->h, n,
-                          (int32_t)K, n_used, f->fill, f->refs, f->lists, lw, f->ent, f->o,
-                          f->moe_ws, f->moe_ws_bytes};
-        st = cb_moe_run(&r, f->pool);
-    }
+    cb_moe_run_t r = {&L->exp_gate, &L->exp_up, &L->exp_down, m->act, f->fast, f->h, n,
+                      (int32_t)K, n_used, f->fill, f->refs, f->lists, lw, f->ent, f->o,
+                      f->moe_ws, f->moe_ws_bytes, expert_wait, f->experts};
+    cb_status st = cb_moe_run(&r, f->pool);
     cb_status fs = cb_experts_acquire_finish(f->experts); /* every read ended */
     if (fs != CB_OK) return st != CB_OK ? st : fs; /* a failed read: nothing stays acquired */
     cb_status rs = cb_experts_release(f->experts, l, f->used, n_used);

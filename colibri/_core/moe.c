@@ -11,6 +11,8 @@
  */
 #include "moe_impl.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "matmul_impl.h"
@@ -26,7 +28,7 @@ typedef struct {
 /* Byte offsets of the workspace's parts for n entries and n_used experts; the total, or
  * SIZE_MAX on overflow. */
 typedef struct {
-    size_t g, u, xg, xu, xd, pack, eexp, ex, total;
+    size_t g, u, xg, xu, xd, pack, eexp, ex, ready, total;
     size_t sg, su, sd, pack_stride; /* row strides of xg, xu, xd; one thread's pack buffer */
 } moe_layout;
 
@@ -60,6 +62,7 @@ static moe_layout layout(const cb_matrix_t *gate, const cb_matrix_t *up, const c
     o.pack = add_part(&at, (size_t)n_threads, o.pack_stride);
     o.eexp = add_part(&at, ne, sizeof(int32_t));
     o.ex = add_part(&at, (size_t)n_used, sizeof(moe_exp));
+    o.ready = add_part(&at, (size_t)n_used, 1);
     o.total = at;
     return o;
 }
@@ -82,8 +85,44 @@ typedef struct {
     moe_layout lo;
     int64_t ff, n_embd, n_entries;
     int64_t tok_per_task, ent_per_task, gu_rows, gu_chunks, dn_rows;
-    int status;                 /* a failed task's cb_status (atomic) */
+    uint8_t *ready;             /* [n_used] 1 once r->wait(i) returned CB_OK (atomic) */
+    pthread_mutex_t mu;         /* serializes r->wait and the first failure's record */
+    int status;                 /* the first failed task's cb_status (atomic) */
+    char err[256];              /* and its detail (a task's cb_last_error is its thread's) */
 } moe_ctx;
+
+/* The first failure of a task is the run's: its status and detail (mu held). */
+static void record_locked(moe_ctx *c, cb_status s) {
+    if (c->status != CB_OK) return;
+    snprintf(c->err, sizeof c->err, "%s", cb_last_error());
+    __atomic_store_n(&c->status, (int)s, __ATOMIC_RELEASE);
+}
+
+static void task_fail(moe_ctx *c, cb_status s) {
+    pthread_mutex_lock(&c->mu);
+    record_locked(c, s);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Whether expert i's weights are readable: at once without r->wait; else its first task waits
+ * for them (one wait at a time, in about the order of the tasks, so of the experts); 0 after a
+ * failure (this wait's or an earlier task's). */
+static int expert_ready(moe_ctx *c, int32_t i) {
+    if (!c->r->wait || __atomic_load_n(&c->ready[i], __ATOMIC_ACQUIRE)) return 1;
+    pthread_mutex_lock(&c->mu);
+    int ok = c->status == CB_OK;
+    if (ok && !c->ready[i]) {
+        cb_status s = c->r->wait(c->r->wait_user, i);
+        if (s == CB_OK) {
+            __atomic_store_n(&c->ready[i], 1, __ATOMIC_RELEASE);
+        } else {
+            record_locked(c, s);
+            ok = 0;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return ok;
+}
 
 /* 1: token rows of h prepared for gate (and up when its type differs), copied to entries */
 static void prep_h_task(void *vctx, int task, int thread) {
@@ -134,6 +173,7 @@ static void gate_up_task(void *vctx, int task, int thread) {
     const int32_t i = (int32_t)(task / c->gu_chunks);
     const int64_t r0 = (task % c->gu_chunks) * c->gu_rows;
     const int64_t r1 = r0 + c->gu_rows < c->ff ? r0 + c->gu_rows : c->ff;
+    if (__atomic_load_n(&c->status, __ATOMIC_ACQUIRE) != CB_OK || !expert_ready(c, i)) return;
     const moe_exp *x = &c->ex[i];
     const int32_t n = r->n_tok[i];
     uint8_t *pack = (uint8_t *)r->ws + c->lo.pack;
@@ -152,7 +192,7 @@ static void gate_up_task(void *vctx, int task, int thread) {
     for (int64_t e = x->first; e < x->first + n; e++) {
         float *g = c->gb + e * c->ff + r0;
         cb_status s = cb_glu(r->act, g, c->ub + e * c->ff + r0, r1 - r0, g);
-        if (s != CB_OK) __atomic_store_n(&c->status, (int)s, __ATOMIC_RELAXED);
+        if (s != CB_OK) task_fail(c, s);
     }
 }
 
@@ -219,6 +259,8 @@ cb_status cb_moe_run(const cb_moe_run_t *r, cb_threadpool_t *pool) {
     c.xd = ws + c.lo.xd;
     c.eexp = (int32_t *)(ws + c.lo.eexp);
     c.ex = (moe_exp *)(ws + c.lo.ex);
+    c.ready = ws + c.lo.ready;
+    memset(c.ready, 0, (size_t)r->n_used);
     c.ff = r->gate->rows;
     c.n_embd = r->down->rows;
     c.n_entries = n_entries;
@@ -251,16 +293,22 @@ cb_status cb_moe_run(const cb_moe_run_t *r, cb_threadpool_t *pool) {
     const int64_t n_gu = c.gu_chunks * r->n_used, n_dn = (c.n_embd + c.dn_rows - 1) / c.dn_rows;
     if (n_gu > INT32_MAX || n_dn > INT32_MAX)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "moe: too many tasks");
+    if (pthread_mutex_init(&c.mu, NULL) != 0)
+        return cb_fail(CB_STATUS_INTERNAL, "moe: pthread_mutex_init failed");
     cb_status s = cb_threadpool_lock(pool);
-    if (s != CB_OK) return s;
+    if (s != CB_OK) {
+        pthread_mutex_destroy(&c.mu);
+        return s;
+    }
     s = cb_threadpool_run_locked(pool, prep_h_task, &c,
                                  (int)((r->n_tokens + c.tok_per_task - 1) / c.tok_per_task));
     if (s == CB_OK) s = cb_threadpool_run_locked(pool, gate_up_task, &c, (int)n_gu);
-    if (s == CB_OK && c.status != CB_OK) s = (cb_status)c.status;
+    if (s == CB_OK && c.status != CB_OK) s = cb_fail((cb_status)c.status, "%s", c.err);
     if (s == CB_OK)
         s = cb_threadpool_run_locked(pool, prep_g_task, &c,
                                      (int)((n_entries + c.ent_per_task - 1) / c.ent_per_task));
     if (s == CB_OK) s = cb_threadpool_run_locked(pool, down_task, &c, (int)n_dn);
     cb_threadpool_unlock(pool);
+    pthread_mutex_destroy(&c.mu);
     return s;
 }

@@ -4,7 +4,9 @@
  *   1. each token's activation row h quantized once per layout its experts' kernels read and
  *      copied to its entries (an entry = one (token, expert) routing);
  *   2. tasks of (expert, rows of n_ff): those rows of gate and up for the expert's entries,
- *      then act(gate) * up (cb_glu) on them, into the entries' rows of g;
+ *      then act(gate) * up (cb_glu) on them, into the entries' rows of g; an expert's first
+ *      task waits for its weights (cb_moe_run_t.wait: the expert store's started acquire), so
+ *      the experts read late compute after the others, as with one matmul per expert;
  *   3. the entries' g rows quantized for the down weights;
  *   4. tasks of rows of n_embd: for every expert in ascending id, those rows of down for its
  *      entries, out[token] += weight * down(g) (the matmul's own accumulate).
@@ -42,6 +44,11 @@ typedef struct cb_moe_run {
     float *out;                   /* [n_tokens x n_embd]: += the experts' weighted sum */
     void *ws;                     /* workspace, 64-byte aligned */
     size_t ws_bytes;
+    /* NULL (every expert's weights readable), or called before expert i's weights are first
+     * read: once per i, one call at a time, from any thread of the pool (cb_experts_wait). A
+     * failure stops the run (the tasks still queued skip their work) and is its result. */
+    cb_status (*wait)(void *user, int32_t i);
+    void *wait_user;
 } cb_moe_run_t;
 
 /* Workspace bytes for up to max_entries entries and max_used experts of these shapes on a pool

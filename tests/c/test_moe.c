@@ -4,7 +4,9 @@
  * bit-identical outputs for weight types with and without packed rows, gate and up of different
  * types, token counts on both sides of the packed-row thresholds, every SIMD level of the machine
  * down to scalar, and 1-3 threads; each token's row alone equals its row in the batch; a
- * workspace too small fails cleanly. */
+ * workspace too small fails cleanly. The wait hook (the expert store's started acquire): each
+ * expert waited for once, before its weights are read (they arrive in the hook here); a failed
+ * wait is the run's result, with its detail, however many threads. */
 #include <string.h>
 
 #include "colibri/cpu.h"
@@ -151,14 +153,59 @@ static void reference(const layer_t *L, int t0, int n, cb_threadpool_t *pool, fl
     free(ub);
 }
 
-static cb_status fused(const layer_t *L, int t0, int n, cb_threadpool_t *pool, void *ws,
-                       size_t ws_bytes, float *out) {
+/* The wait hook's state: the weights of used expert i are copied into late[i] (zeroed before)
+ * when it is waited for; fail_at fails that wait. */
+typedef struct {
+    const groups_t *g;
+    size_t bytes[3];
+    uint8_t *late[NE][3];
+    int calls[NE];
+    int32_t fail_at;
+} waiter_t;
+
+static cb_status wait_hook(void *user, int32_t i) {
+    waiter_t *w = user;
+    w->calls[i]++;
+    if (i == w->fail_at) return cb_fail(CB_STATUS_IO, "test read of expert %d failed", i);
+    memcpy(w->late[i][0], w->g->refs[i].gate, w->bytes[0]);
+    memcpy(w->late[i][1], w->g->refs[i].up, w->bytes[1]);
+    memcpy(w->late[i][2], w->g->refs[i].down, w->bytes[2]);
+    return CB_OK;
+}
+
+static cb_status fused_w(const layer_t *L, int t0, int n, cb_threadpool_t *pool, void *ws,
+                         size_t ws_bytes, float *out, waiter_t *w) {
     groups_t g;
     group(L, t0, n, &g);
     memset(out, 0, sizeof(float) * (size_t)n * E);
     cb_moe_run_t r = {&L->gate, &L->up, &L->down, CB_ACT_SILU, 0, L->h + (size_t)t0 * E, n, K,
-                      g.n_used, g.n_tok, g.refs, g.lists, g.lw, g.ent, out, ws, ws_bytes};
-    return cb_moe_run(&r, pool);
+                      g.n_used, g.n_tok, g.refs, g.lists, g.lw, g.ent, out, ws, ws_bytes,
+                      NULL, NULL};
+    cb_expert_ref_t late[NE];
+    if (w) {
+        w->g = &g;
+        w->bytes[0] = L->gate.row_bytes * FF;
+        w->bytes[1] = L->up.row_bytes * FF;
+        w->bytes[2] = L->down.row_bytes * E;
+        for (int32_t i = 0; i < g.n_used; i++) {
+            for (int p = 0; p < 3; p++) memset(w->late[i][p], 0, w->bytes[p]);
+            late[i] = (cb_expert_ref_t){w->late[i][0], w->late[i][1], w->late[i][2]};
+            w->calls[i] = 0;
+        }
+        r.refs = late;
+        r.wait = wait_hook;
+        r.wait_user = w;
+    }
+    cb_status s = cb_moe_run(&r, pool);
+    if (w) /* every expert waited for once at most; all of them on success */
+        for (int32_t i = 0; i < g.n_used; i++)
+            CHECK(w->calls[i] == (s == CB_OK) || (s != CB_OK && w->calls[i] <= 1));
+    return s;
+}
+
+static cb_status fused(const layer_t *L, int t0, int n, cb_threadpool_t *pool, void *ws,
+                       size_t ws_bytes, float *out) {
+    return fused_w(L, t0, n, pool, ws, ws_bytes, out, NULL);
 }
 
 static int n_checked = 0;
@@ -197,6 +244,25 @@ static void check_layer(int tg, int tu, int td, cb_threadpool_t *pools[3]) {
         }
     }
     cb_cpu_set_max_level(top);
+    /* the weights arrive in the wait hook: the same results; a failed wait fails the run */
+    waiter_t *w = calloc(1, sizeof *w);
+    for (int e = 0; e < NE; e++)
+        for (int p = 0; p < 3; p++)
+            w->late[e][p] = malloc(p < 2 ? (p ? L->up.row_bytes : L->gate.row_bytes) * FF
+                                         : L->down.row_bytes * E);
+    for (int p = 0; p < 3; p++) {
+        w->fail_at = -1;
+        reference(L, 0, MAXN, pools[p], want);
+        CHECK(fused_w(L, 0, MAXN, pools[p], ws, ws_bytes, got, w) == CB_OK);
+        CHECK(memcmp(got, want, sizeof(float) * MAXN * E) == 0);
+        w->fail_at = 2 + p;
+        CHECK(fused_w(L, 0, MAXN, pools[p], ws, ws_bytes, got, w) == CB_STATUS_IO);
+        CHECK(strstr(cb_last_error(), "test read of expert") != NULL);
+        CHECK(w->calls[2 + p] == 1);
+    }
+    for (int e = 0; e < NE; e++)
+        for (int p = 0; p < 3; p++) free(w->late[e][p]);
+    free(w);
     /* a workspace short of one byte is refused before anything is computed */
     groups_t g;
     group(L, 0, MAXN, &g);
