@@ -14,30 +14,35 @@
 #include "moe_impl.h"
 #include "testutil.h"
 
-static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+/* splitmix64 */
+static uint64_t seed = 42;
 static uint32_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
+    uint64_t z = (seed += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (uint32_t)((z ^ (z >> 31)) >> 32);
 }
-static float rndf(void) { return (float)(rnd() % 20001) / 10000.0f - 1.0f; }
+static float rndf(void) { return (float)(rnd() >> 8) / 8388608.0f - 1.0f; } /* [-1, 1) */
 
-/* random valid blocks with small finite scales (as test_quant.c) */
-static void fill(int type, uint8_t *raw, size_t bytes) {
-    for (size_t i = 0; i < bytes; i++) raw[i] = (uint8_t)rnd();
-    size_t bb = cb_type_block_bytes(type);
-    for (size_t b = 0; b < bytes / bb; b++) {
-        uint8_t *p = raw + b * bb;
-        uint16_t h1 = cb_f32_to_f16(0.01f + 0.02f * (float)(rnd() % 100) / 100.0f);
-        uint16_t h2 = cb_f32_to_f16(0.005f);
+/* Random weights: random block bytes whose scale fields are then made small and finite (the
+ * f16 d at byte 0, and the f16 min / dmin at byte 2 where the type has one; Q6_K's d at 208;
+ * MXFP4's e8m0 exponent), or random values in [-1, 1) for the float types. */
+static void random_weights(int type, uint8_t *raw, size_t bytes) {
+    const size_t bb = cb_type_block_bytes(type);
+    for (uint8_t *p = raw; p + bb <= raw + bytes; p += bb) {
+        for (size_t i = 0; i < bb; i++) p[i] = (uint8_t)rnd();
+        uint16_t d = cb_f32_to_f16(0.004f + 0.03f * (float)(rnd() % 64) / 64.0f);
+        float v = rndf();
         switch (type) {
-        case CB_TYPE_F32: { float f = rndf(); memcpy(p, &f, 4); break; }
-        case CB_TYPE_F16: { uint16_t h = cb_f32_to_f16(rndf()); memcpy(p, &h, 2); break; }
+        case CB_TYPE_F32: memcpy(p, &v, 4); break;
+        case CB_TYPE_F16: d = cb_f32_to_f16(v); memcpy(p, &d, 2); break;
+        case CB_TYPE_MXFP4: p[0] = (uint8_t)(118 + rnd() % 10); break;
+        case CB_TYPE_Q6_K: memcpy(p + 208, &d, 2); break;
         case CB_TYPE_Q4_1: case CB_TYPE_Q5_1: case CB_TYPE_Q4_K: case CB_TYPE_Q5_K:
-            memcpy(p, &h1, 2); memcpy(p + 2, &h2, 2); break;
-        case CB_TYPE_Q6_K: memcpy(p + 208, &h1, 2); break;
-        default: memcpy(p, &h1, 2); break;
+            memcpy(p + 2, &d, 2);
+            memcpy(p, &d, 2);
+            break;
+        default: memcpy(p, &d, 2); break;
         }
     }
 }
@@ -63,9 +68,9 @@ static void make_layer(layer_t *L, int tg, int tu, int td) {
         L->wg[e] = malloc(rg * FF);
         L->wu[e] = malloc(ru * FF);
         L->wd[e] = malloc(rd * E);
-        fill(tg, L->wg[e], rg * FF);
-        fill(tu, L->wu[e], ru * FF);
-        fill(td, L->wd[e], rd * E);
+        random_weights(tg, L->wg[e], rg * FF);
+        random_weights(tu, L->wu[e], ru * FF);
+        random_weights(td, L->wd[e], rd * E);
     }
     for (int i = 0; i < MAXN * E; i++) L->h[i] = rndf() * 2.0f;
     /* routing: K distinct experts per token, skewed so that a few experts get many tokens
