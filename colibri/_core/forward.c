@@ -5,8 +5,9 @@
  * thread pool; the MoE block routes every token (routing_logic.h, the code the CUDA router
  * shares), groups the tokens by expert with a counting sort (deterministic: experts in
  * ascending id, tokens in batch order), acquires the chosen experts from the expert store once
- * per batch, and runs each expert's gate/up/down as gathered matmuls whose down projection
- * accumulates w * expert(h) straight into the output rows.
+ * per batch, and runs all of them in four thread-pool dispatches (moe.c: activations
+ * quantized once, gate/up/act per (expert, rows) task, down accumulating w * expert(h) into the
+ * output rows in ascending expert id).
  *
  * Invariants: scratch is sized at creation for max_batch tokens, the attention score buffers
  * grow (only) when a longer sequence appears; K/V of the batch are written for a layer before
@@ -22,6 +23,7 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "moe_impl.h"
 #include "routing_logic.h"
 
 #define CB_FORWARD_MAX_HEAD_DIM 1024
@@ -46,7 +48,7 @@ struct cb_forward {
     int32_t max_expert, max_used;
     /* scratch, [max_batch x ...] */
     float *x, *h, *q, *k, *v, *att, *o, *o2, *g, *u, *rlog, *rw, *shg, *lrows;
-    int32_t *rid, *lists, *cnt, *start, *used, *fill;
+    int32_t *rid, *lists, *cnt, *start, *used, *fill, *ent;
     int64_t *pos64;
     uint32_t *seqs;       /* distinct sequences of the batch */
     size_t *seq_len0;     /* their lengths before the batch */
@@ -54,6 +56,8 @@ struct cb_forward {
     uint8_t **tok_slot;   /* per token: its KV slot (token position) */
     uint8_t **seq_base;   /* per token: its sequence's position 0 */
     cb_expert_ref_t *refs;
+    void *moe_ws;         /* the routed experts' workspace (moe_impl.h), 64-byte aligned */
+    size_t moe_ws_bytes;
     float **scores;       /* per thread */
     size_t scores_cap;    /* positions per head: each thread holds CB_ATTN_MAX_HPT heads */
     cb_moe_hook_fn moe_hook; /* routed experts elsewhere (a GPU), or NULL */
@@ -234,7 +238,7 @@ void cb_forward_free(cb_forward_t *f) {
                     f->o,     f->o2,    f->kv_off, f->g,      f->u,      f->rlog, f->rw, f->shg,
                     f->lrows, f->rid,   f->lists, f->cnt,     f->start,  f->used,
                     f->fill,  f->pos64, f->seqs, f->seq_len0, f->seq_n,  f->tok_slot,
-                    f->seq_base, f->refs};
+                    f->seq_base, f->refs, f->ent, f->moe_ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     if (f->scores)
         for (int t = 0; t < f->n_threads; t++) free(f->scores[t]);
@@ -313,11 +317,31 @@ cb_status cb_forward_new(const cb_model_desc_t *m, cb_kvcache_t *kv, cb_experts_
     f->tok_slot = zalloc(B, sizeof(uint8_t *), &fail);
     f->seq_base = zalloc(B, sizeof(uint8_t *), &fail);
     f->refs = zalloc(NE, sizeof(cb_expert_ref_t), &fail);
+    f->ent = zalloc(B * K, sizeof(int32_t), &fail);
     f->scores = zalloc((size_t)f->n_threads, sizeof(float *), &fail);
     if (fail) {
         cb_forward_free(f);
         return cb_fail(CB_STATUS_OUT_OF_MEMORY,
                        "forward: no memory for the scratch of a %d-token batch", (int)max_batch);
+    }
+    for (int l = 0; l < m->n_layer; l++) {
+        const cb_layer_desc_t *L = &m->layers[l];
+        if (L->n_expert == 0) continue;
+        size_t ws = cb_moe_workspace_bytes(&L->exp_gate, &L->exp_up, &L->exp_down,
+                                           (int64_t)max_batch * L->n_expert_used, L->n_expert,
+                                           f->n_threads);
+        if (ws == SIZE_MAX) {
+            cb_forward_free(f);
+            return cb_fail(CB_STATUS_OUT_OF_MEMORY, "forward: layer %d: the experts' workspace "
+                           "for a %d-token batch overflows", l, (int)max_batch);
+        }
+        if (ws > f->moe_ws_bytes) f->moe_ws_bytes = ws;
+    }
+    if (f->moe_ws_bytes > 0 && cb_posix_memalign(&f->moe_ws, 64, f->moe_ws_bytes) != 0) {
+        f->moe_ws = NULL;
+        cb_forward_free(f);
+        return cb_fail(CB_STATUS_OUT_OF_MEMORY, "forward: no memory for the experts' workspace "
+                       "of a %d-token batch", (int)max_batch);
     }
     size_t off = 0;
     for (int l = 0; l < m->n_layer; l++) {
@@ -499,7 +523,7 @@ static cb_status dense_ffn(cb_forward_t *f, const cb_matrix_t *gate, const cb_ma
  * the next MoE layer's router is applied to layer l's expert input f->h (the cheapest stand-in
  * for that layer's own input: no extra norm) for up to PREFETCH_TOKENS tokens (decode-sized
  * batches; a bigger batch uses most experts anyway), and the union of the top-k is hinted to the
- * store. Scratch: f->u (overwritten by the expert matmuls right after) and f->rid/f->rw (free
+ * store. Scratch: f->u (unused by the routed experts) and f->rid/f->rw (free
  * once the lists are built). A hint never changes the tokens; failures are ignored. */
 #define PREFETCH_TOKENS 16
 static void prefetch_next(cb_forward_t *f, int l, int64_t n) {
@@ -528,10 +552,13 @@ static void prefetch_next(cb_forward_t *f, int l, int64_t n) {
     (void)cb_experts_prefetch(f->experts, l2, ids, n_ids);
 }
 
+/* cb_moe_run_t.wait: the started acquire's wait (moe.c calls it one at a time) */
+static cb_status expert_wait(void *store, int32_t i) { return cb_experts_wait(store, i); }
+
 static cb_status moe_ffn(cb_forward_t *f, int l, int64_t n) {
     const cb_model_desc_t *m = f->m;
     const cb_layer_desc_t *L = &m->layers[l];
-    const int64_t E = m->n_embd, NE = L->n_expert, K = L->n_expert_used, ff = L->n_ff_exp;
+    const int64_t E = m->n_embd, NE = L->n_expert, K = L->n_expert_used;
     CHECK_OK(fmm(f, &L->router, f->h, n, E, f->rlog, NE));
     if (L->ffn_pre_norm_2) /* gemma4: the router read its own input; the experts read this */
         CHECK_OK(cb_rmsnorm_rows(f->x, E, n, E, L->ffn_pre_norm_2, m->norm_eps, 0, f->h, E));
@@ -571,41 +598,20 @@ static cb_status moe_ffn(cb_forward_t *f, int l, int64_t n) {
             int32_t e = f->rid[t * K + i];
             int32_t at = f->fill[e]++;
             f->lists[at] = (int32_t)t;
+            f->ent[t * K + i] = at;
             lw[at] = f->rw[t * K + i];
         }
     for (int32_t i = 0; i < n_used; i++) f->fill[i] = f->cnt[f->used[i]]; /* tokens per expert */
-    /* the misses are read while the experts before them compute: expert i waits for its own
-     * bytes only; the order of the sums, and so the logits, is the one of a plain acquire */
+    /* the misses are read while the experts before them compute (moe.c, four dispatches):
+     * expert i's first task waits for its own bytes only; the order of the sums, and so the
+     * logits, is the one of a plain acquire */
     CHECK_OK(cb_experts_acquire_start(f->experts, l, f->used, n_used, f->fill, f->refs));
     if (cb_experts_prefetching(f->experts)) prefetch_next(f, l, n); /* hint the next layer */
     memset(f->o, 0, (size_t)n * E * sizeof(float));
-    cb_status st = CB_OK;
-    for (int32_t i = 0; i < n_used && st == CB_OK; i++) {
-        st = cb_experts_wait(f->experts, i);
-        if (st != CB_OK) break;
-        int32_t e = f->used[i];
-        int32_t ne = f->cnt[e];
-        const int32_t *ids = f->lists + f->start[e];
-        cb_matrix_t wg = L->exp_gate, wu = L->exp_up, wd = L->exp_down;
-        wg.data = f->refs[i].gate;
-        wu.data = f->refs[i].up;
-        wd.data = f->refs[i].down;
-        cb_matmul_opts_t op = cb_matmul_default_opts();
-        op.token_ids = ids;
-        op.n_rows_xy = n;
-        op.fast = f->fast;
-        st = cb_matmul_ex(&wg, f->h, ne, E, f->g, ff, &op, f->pool);
-        if (st == CB_OK) st = cb_matmul_ex(&wu, f->h, ne, E, f->u, ff, &op, f->pool);
-        if (st != CB_OK) break;
-        for (int32_t j = 0; j < ne && st == CB_OK; j++)
-            st = cb_glu(m->act, f->g + (size_t)ids[j] * ff, f->u + (size_t)ids[j] * ff, ff,
-                        f->g + (size_t)ids[j] * ff);
-        if (st != CB_OK) break;
-        cb_matmul_opts_t od = op;
-        od.accumulate = 1;
-        od.token_scale = lw + f->start[e];
-        st = cb_matmul_ex(&wd, f->g, ne, ff, f->o, E, &od, f->pool);
-    }
+    cb_moe_run_t r = {&L->exp_gate, &L->exp_up, &L->exp_down, m->act, f->fast, f->h, n,
+                      (int32_t)K, n_used, f->fill, f->refs, f->lists, lw, f->ent, f->o,
+                      f->moe_ws, f->moe_ws_bytes, expert_wait, f->experts};
+    cb_status st = cb_moe_run(&r, f->pool);
     cb_status fs = cb_experts_acquire_finish(f->experts); /* every read ended */
     if (fs != CB_OK) return st != CB_OK ? st : fs; /* a failed read: nothing stays acquired */
     cb_status rs = cb_experts_release(f->experts, l, f->used, n_used);

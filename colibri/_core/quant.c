@@ -10,7 +10,7 @@
  * Ownership: every pointer is borrowed for one call; cb_matmul's activation buffer is the
  * pool's scratch (or one malloc per call without a pool).
  */
-#include "quant_impl.h"
+#include "matmul_impl.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -745,64 +745,79 @@ static int rp_min_tokens(int type, cb_simd_level level) {
     }
 }
 
-typedef struct {
-    const uint8_t *w;
-    size_t w_stride;
-    int64_t rows;
-    cb_tile_fn tile;
-    dot_fn dot;      /* scalar path when tile is NULL */
-    int64_t kn;      /* the n of the tile / dot functions */
-    const uint8_t *xa; /* activation rows (quantized or float) */
-    size_t xa_stride;
-    int64_t n_tokens;
-    float *y;
-    int64_t y_stride;
-    int accumulate;
-    const float *token_scale;
-    const int32_t *token_ids;
-    int64_t rows_per_task;
-    /* activation quantization phase */
-    const float *x;
-    int64_t x_stride, cols;
-    cb_act_fn act;
-    int64_t tokens_per_task;
-    uint8_t *xa_out;
-    /* packed-row path (AVX2 packing, 32-block types with a batch of tokens, see quant_avx2.c;
-     * avx512: its AVX-512 activation quantizer and tile, quant_avx512.c) */
-    int rp;
-    int avx512;
-    cb_rp_kernel_t rk; /* the packed-row kernels */
-    int type;
-    uint8_t *pack; /* per-thread group buffers, pack_stride bytes apart */
-    size_t pack_stride;
-} mm_ctx;
+int cb_mm_packed(int type, int64_t n_tokens, int packed) {
+    cb_simd_level level = cb_cpu_level();
+    return cb_rp_kernel(type, level).rows > 0 &&
+           (packed > 0 || (packed == 0 && n_tokens >= rp_min_tokens(type, level)));
+}
 
-static void mm_quantize_task(void *vctx, int task, int thread) {
-    (void)thread;
-    mm_ctx *c = vctx;
-    int64_t t0 = (int64_t)task * c->tokens_per_task;
-    int64_t t1 = t0 + c->tokens_per_task < c->n_tokens ? t0 + c->tokens_per_task : c->n_tokens;
-    for (int64_t t = t0; t < t1; t++) {
-        int64_t src = c->token_ids ? c->token_ids[t] : t;
-        if (c->rp && c->act == NULL)
-            (c->avx512 ? cb_avx512_rp_quantize : cb_avx2_rp_quantize)(
-                c->type, c->x + src * c->x_stride, c->cols, c->xa_out + t * c->xa_stride);
-        else
-            c->act(c->x + src * c->x_stride, c->cols, c->xa_out + t * c->xa_stride);
+void cb_mm_plan(cb_mm_ctx *c, const cb_matrix_t *w, int fast, int rp) {
+    cb_simd_level level = cb_cpu_level();
+    memset(c, 0, sizeof *c);
+    c->w = w->data;
+    c->w_stride = w->row_bytes;
+    c->rows = w->rows;
+    c->cols = w->cols;
+    c->type = w->type;
+    c->dot = dot_for(w->type);
+    /* batch invariance (fast == 0): the AVX2 direct tiles, which sum in the packed tiles'
+     * order (the AVX-512 packed tile sums as the AVX2 one); the AVX-512 direct tiles (lanes of
+     * partial sums) only when asked to be fast */
+    c->avx512 = level >= CB_SIMD_AVX512;
+    c->tile = c->avx512 && fast ? cb_avx512_tile(w->type) : NULL;
+    if (!c->tile && level >= CB_SIMD_AVX2)
+        c->tile = fast ? cb_avx2_tile_fast(w->type) : cb_avx2_tile(w->type);
+    c->rk = cb_rp_kernel(w->type, level);
+    c->rp = rp && c->rk.rows > 0;
+    cb_act_kind ak = act_for(w->type);
+    if (ak == CB_ACT_F32) {
+        c->kn = w->cols;
+        c->act_stride = (size_t)w->cols * 4;
+    } else if (ak == CB_ACT_Q8A) {
+        c->kn = w->cols / CB_QK;
+        c->act_stride = (size_t)c->kn * sizeof(cb_q8a_t);
+        c->act = c->avx512 ? cb_avx512_quantize_q8a
+                 : (level >= CB_SIMD_AVX2 ? cb_avx2_quantize_q8a : quantize_q8a_scalar);
+        if (c->rp) {
+            c->act_stride = cb_avx2_rp_act_stride(w->cols);
+            c->act = NULL; /* planar activations: cb_avx2_rp_quantize */
+        }
+    } else {
+        c->kn = w->cols / CB_QKK;
+        c->act_stride = (size_t)c->kn * sizeof(cb_q8k_t);
+        c->act = c->avx512 ? cb_avx512_quantize_q8k
+                 : (level >= CB_SIMD_AVX2 ? cb_avx2_quantize_q8k : quantize_q8k_scalar);
     }
+    if (c->rp) c->pack_stride = (c->rk.group_bytes(w->type, w->cols) + 63) / 64 * 64;
 }
 
-static void mm_copy_task(void *vctx, int task, int thread) {
-    (void)thread;
-    mm_ctx *c = vctx;
-    int64_t t0 = (int64_t)task * c->tokens_per_task;
-    int64_t t1 = t0 + c->tokens_per_task < c->n_tokens ? t0 + c->tokens_per_task : c->n_tokens;
-    for (int64_t t = t0; t < t1; t++)
-        memcpy(c->xa_out + t * c->xa_stride, c->x + c->token_ids[t] * c->x_stride,
-               (size_t)c->cols * 4);
+size_t cb_mm_act_bound(int type, int64_t cols) {
+    cb_act_kind ak = act_for(type);
+    size_t b = ak == CB_ACT_F32   ? (size_t)cols * 4
+               : ak == CB_ACT_Q8A ? (size_t)(cols / CB_QK) * sizeof(cb_q8a_t)
+                                  : (size_t)(cols / CB_QKK) * sizeof(cb_q8k_t);
+    if (cb_avx2_rp_supported(type) && cb_avx2_rp_act_stride(cols) > b)
+        b = cb_avx2_rp_act_stride(cols);
+    return (b + 63) / 64 * 64;
 }
 
-static void mm_store(const mm_ctx *c, int64_t r0, int nr, int64_t t0, int nt, const float *out) {
+size_t cb_mm_pack_bound(int type, int64_t cols) {
+    if (!cb_avx2_rp_supported(type)) return 0;
+    size_t b8 = cb_avx2_rp_group_bytes(type, cols), b16 = cb_avx2_rp16_group_bytes(type, cols);
+    return ((b8 > b16 ? b8 : b16) + 63) / 64 * 64; /* 8- or 16-row groups (cb_rp_kernel) */
+}
+
+void cb_mm_prep_row(const cb_mm_ctx *c, const float *x, uint8_t *dst) {
+    if (c->act)
+        c->act(x, c->cols, dst);
+    else if (c->rp)
+        (c->avx512 ? cb_avx512_rp_quantize : cb_avx2_rp_quantize)(c->type, x, c->cols, dst);
+    else
+        memcpy(dst, x, (size_t)c->cols * 4);
+}
+
+static void mm_store(const cb_mm_ctx *c, int64_t r0, int nr, int64_t t0, int nt,
+                     const float *out) {
     for (int t = 0; t < nt; t++) {
         int64_t tt = t0 + t;
         int64_t yrow = c->token_ids ? c->token_ids[tt] : tt;
@@ -823,13 +838,9 @@ static void mm_store(const mm_ctx *c, int64_t r0, int nr, int64_t t0, int nt, co
 #define MM_TASKS_PER_THREAD 16
 #endif
 
-static void mm_task(void *vctx, int task, int thread) {
-    (void)thread;
-    const mm_ctx *c = vctx;
-    int64_t r_begin = (int64_t)task * c->rows_per_task;
-    int64_t r_end = r_begin + c->rows_per_task < c->rows ? r_begin + c->rows_per_task : c->rows;
+/* Direct tiles: chunks of MM_CHUNK rows meet every token while in cache. */
+static void mm_rows_direct(const cb_mm_ctx *c, int64_t r_begin, int64_t r_end) {
     float out[CB_TILE_R * CB_TILE_T];
-    /* chunks of MM_CHUNK rows meet every token while in cache */
     for (int64_t c0 = r_begin; c0 < r_end; c0 += MM_CHUNK) {
     int64_t c1 = c0 + MM_CHUNK < r_end ? c0 + MM_CHUNK : r_end;
     for (int64_t t0 = 0; t0 < c->n_tokens; t0 += CB_TILE_T) {
@@ -852,12 +863,9 @@ static void mm_task(void *vctx, int task, int thread) {
     }
 }
 
-/* Packed-row path: each group of 8 rows is unpacked once into this thread's buffer, then meets
- * every token, 4 at a time. */
-static void mm_task_rp(void *vctx, int task, int thread) {
-    const mm_ctx *c = vctx;
-    int64_t r_begin = (int64_t)task * c->rows_per_task;
-    int64_t r_end = r_begin + c->rows_per_task < c->rows ? r_begin + c->rows_per_task : c->rows;
+/* Packed-row path: each group of rows (c->rk.rows) is unpacked once into this thread's buffer,
+ * then meets every token, c->rk.tokens at a time. */
+static void mm_rows_rp(const cb_mm_ctx *c, int64_t r_begin, int64_t r_end, int thread) {
     uint8_t *pk = c->pack + (size_t)thread * c->pack_stride;
     float out[CB_RP_MAX_ROWS * CB_RP_MAX_TOKENS];
     const int G = c->rk.rows, T = c->rk.tokens;
@@ -880,6 +888,43 @@ static void mm_task_rp(void *vctx, int task, int thread) {
             mm_store(c, r0, nr, t0, nt, out);
         }
     }
+}
+
+void cb_mm_rows(const cb_mm_ctx *c, int64_t r0, int64_t r1, int thread) {
+    if (c->rp)
+        mm_rows_rp(c, r0, r1, thread);
+    else
+        mm_rows_direct(c, r0, r1);
+}
+
+/* cb_matmul_ex's two phases: its activation rows prepared (gathered through token_ids), then
+ * tasks of rows_per_task output rows. */
+typedef struct {
+    cb_mm_ctx mm;
+    const float *x;
+    int64_t x_stride;
+    int64_t tokens_per_task, rows_per_task;
+    uint8_t *xa_out;
+} mm_job;
+
+static void mm_prep_task(void *vctx, int task, int thread) {
+    (void)thread;
+    const mm_job *j = vctx;
+    const cb_mm_ctx *c = &j->mm;
+    int64_t t0 = (int64_t)task * j->tokens_per_task;
+    int64_t t1 = t0 + j->tokens_per_task < c->n_tokens ? t0 + j->tokens_per_task : c->n_tokens;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t src = c->token_ids ? c->token_ids[t] : t;
+        cb_mm_prep_row(c, j->x + src * j->x_stride, j->xa_out + t * c->xa_stride);
+    }
+}
+
+static void mm_task(void *vctx, int task, int thread) {
+    const mm_job *j = vctx;
+    int64_t r_begin = (int64_t)task * j->rows_per_task;
+    int64_t r_end = r_begin + j->rows_per_task < j->mm.rows ? r_begin + j->rows_per_task
+                                                            : j->mm.rows;
+    cb_mm_rows(&j->mm, r_begin, r_end, thread);
 }
 
 cb_matmul_opts_t cb_matmul_default_opts(void) {
@@ -920,67 +965,31 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
                                (int)o.token_ids[t], (long long)t, (long long)o.n_rows_xy);
     }
 
-    cb_simd_level level = cb_cpu_level();
-    cb_act_kind ak = act_for(w->type);
-    mm_ctx c;
-    memset(&c, 0, sizeof c);
-    c.w = w->data;
-    c.w_stride = w->row_bytes;
-    c.rows = w->rows;
-    c.dot = dot_for(w->type);
-    /* batch invariance (o.fast == 0): the AVX2 direct tiles, which sum in the packed tiles'
-     * order (the AVX-512 packed tile sums as the AVX2 one); the AVX-512 direct tiles (lanes of
-     * partial sums) only when asked to be fast */
-    c.avx512 = level >= CB_SIMD_AVX512;
-    c.tile = c.avx512 && o.fast ? cb_avx512_tile(w->type) : NULL;
-    if (!c.tile && level >= CB_SIMD_AVX2)
-        c.tile = o.fast ? cb_avx2_tile_fast(w->type) : cb_avx2_tile(w->type);
-    c.n_tokens = n_tokens;
-    c.y = y;
-    c.y_stride = y_stride;
-    c.accumulate = o.accumulate;
-    c.token_scale = o.token_scale;
-    c.token_ids = o.token_ids;
-    c.x = x;
-    c.x_stride = x_stride;
-    c.cols = w->cols;
-    c.type = w->type;
-    c.rk = cb_rp_kernel(w->type, level);
-    c.rp = c.rk.rows > 0 &&
-           (o.packed > 0 || (o.packed == 0 && n_tokens >= rp_min_tokens(w->type, level)));
-
-    size_t need = 0;
-    if (ak == CB_ACT_F32) {
-        c.kn = w->cols;
-        c.xa_stride = (size_t)w->cols * 4;
-        if (o.token_ids) need = c.xa_stride * (size_t)n_tokens;
-    } else if (ak == CB_ACT_Q8A) {
-        c.kn = w->cols / CB_QK;
-        c.xa_stride = (size_t)c.kn * sizeof(cb_q8a_t);
-        c.act = c.avx512 ? cb_avx512_quantize_q8a
-                : (level >= CB_SIMD_AVX2 ? cb_avx2_quantize_q8a : quantize_q8a_scalar);
-        if (c.rp) {
-            c.xa_stride = cb_avx2_rp_act_stride(w->cols);
-            c.act = NULL; /* planar activations: cb_avx2_rp_quantize */
-        }
-        need = c.xa_stride * (size_t)n_tokens;
-    } else {
-        c.kn = w->cols / CB_QKK;
-        c.xa_stride = (size_t)c.kn * sizeof(cb_q8k_t);
-        c.act = c.avx512 ? cb_avx512_quantize_q8k
-                : (level >= CB_SIMD_AVX2 ? cb_avx2_quantize_q8k : quantize_q8k_scalar);
-        need = c.xa_stride * (size_t)n_tokens;
-    }
-    if (need > 0 && need / (size_t)n_tokens != c.xa_stride)
+    mm_job j;
+    memset(&j, 0, sizeof j);
+    cb_mm_ctx *c = &j.mm;
+    cb_mm_plan(c, w, o.fast, cb_mm_packed(w->type, n_tokens, o.packed));
+    c->n_tokens = n_tokens;
+    c->y = y;
+    c->y_stride = y_stride;
+    c->accumulate = o.accumulate;
+    c->token_scale = o.token_scale;
+    c->token_ids = o.token_ids;
+    j.x = x;
+    j.x_stride = x_stride;
+    /* float weights read x in place unless gathered; the others read prepared rows */
+    c->xa_stride = c->act_stride;
+    size_t need = act_for(w->type) != CB_ACT_F32 || o.token_ids ? c->xa_stride * (size_t)n_tokens
+                                                                : 0;
+    if (need > 0 && need / (size_t)n_tokens != c->xa_stride)
         return cb_fail(CB_STATUS_OUT_OF_MEMORY, "matmul: activation buffer size overflows");
 
     int n_threads = cb_threadpool_n_threads(pool);
     size_t act_need = (need + 63) / 64 * 64; /* the packing buffers start 64-byte aligned */
     if (act_need < need) return cb_fail(CB_STATUS_OUT_OF_MEMORY, "matmul: buffer size overflows");
-    if (c.rp) {
-        c.pack_stride = (c.rk.group_bytes(w->type, w->cols) + 63) / 64 * 64;
-        size_t extra = c.pack_stride * (size_t)n_threads;
-        if (c.pack_stride == 0 || extra / (size_t)n_threads != c.pack_stride ||
+    if (c->rp) {
+        size_t extra = c->pack_stride * (size_t)n_threads;
+        if (c->pack_stride == 0 || extra / (size_t)n_threads != c->pack_stride ||
             act_need > SIZE_MAX - extra)
             return cb_fail(CB_STATUS_OUT_OF_MEMORY, "matmul: packing buffer size overflows");
         need = act_need + extra;
@@ -998,18 +1007,17 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
             buf = owned;
         }
     }
-    if (s == CB_OK && need > 0) {
-        c.xa_out = buf;
-        if (c.rp) c.pack = (uint8_t *)buf + act_need;
-        c.tokens_per_task = (n_tokens + 4 * n_threads - 1) / (4 * n_threads);
-        if (c.tokens_per_task < 1) c.tokens_per_task = 1;
-        int n_tasks = (int)((n_tokens + c.tokens_per_task - 1) / c.tokens_per_task);
-        s = cb_threadpool_run_locked(pool, ak == CB_ACT_F32 ? mm_copy_task : mm_quantize_task,
-                                     &c, n_tasks);
-        c.xa = buf;
+    if (s == CB_OK && act_need > 0) {
+        j.xa_out = buf;
+        if (c->rp) c->pack = (uint8_t *)buf + act_need;
+        j.tokens_per_task = (n_tokens + 4 * n_threads - 1) / (4 * n_threads);
+        if (j.tokens_per_task < 1) j.tokens_per_task = 1;
+        int n_tasks = (int)((n_tokens + j.tokens_per_task - 1) / j.tokens_per_task);
+        s = cb_threadpool_run_locked(pool, mm_prep_task, &j, n_tasks);
+        c->xa = buf;
     } else if (s == CB_OK) {
-        c.xa = (const uint8_t *)x;
-        c.xa_stride = (size_t)x_stride * 4;
+        c->xa = (const uint8_t *)x;
+        c->xa_stride = (size_t)x_stride * 4;
     }
     if (s == CB_OK) {
         /* Rows per task: a multiple of the tile height; enough tasks to balance threads, few
@@ -1017,14 +1025,14 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
         int64_t rpt = w->rows / ((int64_t)n_threads * MM_TASKS_PER_THREAD);
         rpt = rpt < 4 ? 4 : rpt;
         rpt = (rpt + CB_TILE_R - 1) / CB_TILE_R * CB_TILE_R;
-        if (c.rp) rpt = (rpt + c.rk.rows - 1) / c.rk.rows * c.rk.rows;
-        c.rows_per_task = rpt;
+        if (c->rp) rpt = (rpt + c->rk.rows - 1) / c->rk.rows * c->rk.rows;
+        j.rows_per_task = rpt;
         int64_t n_tasks = (w->rows + rpt - 1) / rpt;
         if (n_tasks > INT32_MAX) {
             s = cb_fail(CB_STATUS_INVALID_ARGUMENT, "matmul: %lld rows is too many",
                         (long long)w->rows);
         } else {
-            s = cb_threadpool_run_locked(pool, c.rp ? mm_task_rp : mm_task, &c, (int)n_tasks);
+            s = cb_threadpool_run_locked(pool, mm_task, &j, (int)n_tasks);
         }
     }
     cb_threadpool_unlock(pool);

@@ -3,6 +3,7 @@
 
     PYTHONPATH=. python tools/bench/batched_step.py [-m MODEL] [--tokens 16] [--threads 1]
                                                    [--rounds 5] [--levels avx512,avx512vnni]
+                                                   [--prefill 64,256]
 
 N sequences (--tokens) each hold a 44-token prompt; one step = one Model.eval of one token per
 sequence (logits for all, as colibri.Engine asks). For each round and each SIMD level
@@ -10,7 +11,9 @@ sequence (logits for all, as colibri.Engine asks). For each round and each SIMD 
 the whole step, the output head's matmul alone (the same N tokens, the model's own weight
 through colibri.quant.matmul on a pool of --threads), and from those the rest (layers,
 attention, Python); then the Sampler over the N logits rows (greedy and the default
-temperature/top-k/top-p/min-p). CPU time (all threads of the process) is printed beside wall
+temperature/top-k/top-p/min-p). With --prefill, each round also times the prefill of an N-token
+prompt in a fresh sequence (one Model.eval, the last token's logits; the MoE layers' experts
+then see many tokens each). CPU time (all threads of the process) is printed beside wall
 time: on a shared machine CPU time moves less. Prints per-level medians over the rounds.
 Like every tool here it imports the installed colibri (from a checkout: PYTHONPATH=.).
 """
@@ -44,6 +47,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--levels", default=None, help="comma-separated SIMD caps (default: detected)")
+    ap.add_argument("--prefill", default="", help="comma-separated prompt lengths to time too")
     a = ap.parse_args()
 
     import colibri
@@ -52,9 +56,11 @@ def main() -> None:
 
     path = a.model or colibri.default_model_path()
     levels = a.levels.split(",") if a.levels else [simd.detected()]
+    prefill = [int(n) for n in a.prefill.split(",") if n]
     n_steps = 2 + a.rounds * len(levels) * 8  # every sequence grows by one token per step
-    m = colibri.Model(path, threads=a.threads, ctx=a.tokens * (44 + n_steps + 16),
-                      max_batch=max(64, a.tokens), tokenizer=False)
+    m = colibri.Model(path, threads=a.threads,
+                      ctx=a.tokens * (44 + n_steps + 16) + max(prefill, default=0),
+                      max_batch=max([64, a.tokens] + prefill), tokenizer=False)
     m.prefault()
     seqs = [m.new_sequence() for _ in range(a.tokens)]
     for i, s in enumerate(seqs):
@@ -68,6 +74,14 @@ def main() -> None:
     pool = quant.ThreadPool(a.threads)
     x = np.random.default_rng(0).standard_normal((a.tokens, head[3])).astype(np.float32)
     y = np.empty((a.tokens, head[2]), np.float32)
+
+    def prefill_eval(n: int) -> None:
+        s = m.new_sequence()
+        try:
+            m.eval([s] * n, tokens=[(1000 + 7 * i) % 30000 for i in range(n)],
+                   logits=[False] * (n - 1) + [True])
+        finally:
+            m.free_sequence(s)
 
     def head_mm() -> None:
         quant.matmul(head[0], head[1], head[2], head[3], x, pool=pool, out=y)
@@ -84,6 +98,11 @@ def main() -> None:
             for k, v in (("step_wall", sw), ("step_cpu", sc), ("head_wall", hw),
                          ("head_cpu", hc), ("rest_cpu", sc - hc)):
                 r.setdefault(k, []).append(v * 1e3)
+            for n in prefill:
+                with simd.max_simd(lv):
+                    pw, pc = timed(lambda n=n: prefill_eval(n), reps=3)
+                r.setdefault(f"prefill{n}_wall", []).append(pw * 1e3)
+                r.setdefault(f"prefill{n}_cpu", []).append(pc * 1e3)
     greedy = Sampler(SamplingParams(temperature=0))
     dflt = Sampler(SamplingParams(seed=1))
     hist = list(range(64))
