@@ -139,6 +139,10 @@ cb_status cb_experts_prefetch(cb_experts_t *s, int32_t layer, const int32_t *ids
 
 int32_t cb_experts_prefetching(const cb_experts_t *s) { return s && s->thread_started; }
 
+int32_t cb_experts_reads_pending(const cb_experts_t *s) {
+    return s && s->pend_active ? s->pend_nj : 0;
+}
+
 void cb_experts_prefetch_sync(cb_experts_t *s) {
     if (!s || !s->thread_started) return;
     pthread_mutex_lock(&s->mu);

@@ -555,6 +555,41 @@ static void prefetch_next(cb_forward_t *f, int l, int64_t n) {
 /* cb_moe_run_t.wait: the started acquire's wait (moe.c calls it one at a time) */
 static cb_status expert_wait(void *store, int32_t i) { return cb_experts_wait(store, i); }
 
+/* The routed experts one after the other, three matmuls each (moe.c's dispatches give the same
+ * bits): used while the started acquire reads misses, so that every expert computes as soon as
+ * its own bytes are in, down projection included (moe.c starts the downs after the last read). */
+static cb_status moe_each(cb_forward_t *f, int l, int64_t n, int32_t n_used, const float *lw) {
+    const cb_model_desc_t *m = f->m;
+    const cb_layer_desc_t *L = &m->layers[l];
+    const int64_t E = m->n_embd, ff = L->n_ff_exp;
+    cb_status st = CB_OK;
+    for (int32_t i = 0; i < n_used && st == CB_OK; i++) {
+        st = cb_experts_wait(f->experts, i);
+        if (st != CB_OK) break;
+        int32_t e = f->used[i], ne = f->cnt[e];
+        const int32_t *ids = f->lists + f->start[e];
+        cb_matrix_t wg = L->exp_gate, wu = L->exp_up, wd = L->exp_down;
+        wg.data = f->refs[i].gate;
+        wu.data = f->refs[i].up;
+        wd.data = f->refs[i].down;
+        cb_matmul_opts_t op = cb_matmul_default_opts();
+        op.token_ids = ids;
+        op.n_rows_xy = n;
+        op.fast = f->fast;
+        st = cb_matmul_ex(&wg, f->h, ne, E, f->g, ff, &op, f->pool);
+        if (st == CB_OK) st = cb_matmul_ex(&wu, f->h, ne, E, f->u, ff, &op, f->pool);
+        for (int32_t j = 0; j < ne && st == CB_OK; j++)
+            st = cb_glu(m->act, f->g + (size_t)ids[j] * ff, f->u + (size_t)ids[j] * ff, ff,
+                        f->g + (size_t)ids[j] * ff);
+        if (st != CB_OK) break;
+        cb_matmul_opts_t od = op;
+        od.accumulate = 1;
+        od.token_scale = lw + f->start[e];
+        st = cb_matmul_ex(&wd, f->g, ne, ff, f->o, E, &od, f->pool);
+    }
+    return st;
+}
+
 static cb_status moe_ffn(cb_forward_t *f, int l, int64_t n) {
     const cb_model_desc_t *m = f->m;
     const cb_layer_desc_t *L = &m->layers[l];
@@ -608,10 +643,15 @@ static cb_status moe_ffn(cb_forward_t *f, int l, int64_t n) {
     CHECK_OK(cb_experts_acquire_start(f->experts, l, f->used, n_used, f->fill, f->refs));
     if (cb_experts_prefetching(f->experts)) prefetch_next(f, l, n); /* hint the next layer */
     memset(f->o, 0, (size_t)n * E * sizeof(float));
-    cb_moe_run_t r = {&L->exp_gate, &L->exp_up, &L->exp_down, m->act, f->fast, f->h, n,
-                      (int32_t)K, n_used, f->fill, f->refs, f->lists, lw, f->ent, f->o,
-                      f->moe_ws, f->moe_ws_bytes, expert_wait, f->experts};
-    cb_status st = cb_moe_run(&r, f->pool);
+    cb_status st;
+    if (cb_experts_reads_pending(f->experts) > 0) {
+        st = moe_each(f, l, n, n_used, lw); /* each expert's down overlaps the later reads */
+    } else {
+        cb_moe_run_t r = {&L->exp_gate, &L->exp_up, &L->exp_down, m->act, f->fast, f->h, n,
+                          (int32_t)K, n_used, f->fill, f->refs, f->lists, lw, f->ent, f->o,
+                          f->moe_ws, f->moe_ws_bytes, expert_wait, f->experts};
+        st = cb_moe_run(&r, f->pool);
+    }
     cb_status fs = cb_experts_acquire_finish(f->experts); /* every read ended */
     if (fs != CB_OK) return st != CB_OK ? st : fs; /* a failed read: nothing stays acquired */
     cb_status rs = cb_experts_release(f->experts, l, f->used, n_used);

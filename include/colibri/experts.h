@@ -208,6 +208,10 @@ cb_status cb_experts_release(cb_experts_t *s, int32_t layer, const int32_t *ids,
  * INVALID_ARGUMENT for a bad layer or expert id. */
 cb_status cb_experts_prefetch(cb_experts_t *s, int32_t layer, const int32_t *ids, int32_t n);
 
+/* The number of reads the started acquire in progress runs (0: none, all its experts were
+ * resident, or no started acquire). NULL: 0. */
+int32_t cb_experts_reads_pending(const cb_experts_t *s);
+
 /* 1 when the store runs a prefetch thread (hints are worth computing), else 0. NULL: 0. */
 int32_t cb_experts_prefetching(const cb_experts_t *s);
 
