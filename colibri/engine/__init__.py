@@ -40,10 +40,13 @@ from colibri.engine.request import Delta, Request, TokenLogprob
 from colibri.engine.scheduler import (
     CHUNK_STEP_RATIO,
     DEFAULT_PREFILL_CHUNK,
+    KV_GROW_AHEAD,
+    KV_GROW_FRACTION,
     MIN_PREFILL_CHUNK,
     SOLO_PREFILL_CHUNK,
 )
 
-__all__ = ["CHUNK_STEP_RATIO", "DEFAULT_PREFILL_CHUNK", "FINISHED_KEEP", "MIN_PREFILL_CHUNK",
+__all__ = ["CHUNK_STEP_RATIO", "DEFAULT_PREFILL_CHUNK", "FINISHED_KEEP", "KV_GROW_AHEAD",
+           "KV_GROW_FRACTION", "MIN_PREFILL_CHUNK",
            "PREFIX_BLOCK", "PREFIX_CACHE_MAX", "SOLO_PREFILL_CHUNK", "Delta", "Engine", "Request",
            "TokenLogprob"]
