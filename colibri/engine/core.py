@@ -15,7 +15,7 @@ import numpy as np
 
 from colibri.engine.prefix import _Cached
 from colibri.engine.request import Delta, Request, _Seq
-from colibri.engine.scheduler import DEFAULT_PREFILL_CHUNK, _Scheduler
+from colibri.engine.scheduler import DEFAULT_PREFILL_CHUNK, _Scheduler, _StepTime
 from colibri.errors import ColibriError
 from colibri.generate import _StopMatcher, render_chat, stop_token_ids
 from colibri.sampling import Sampler, SamplingParams
@@ -57,10 +57,12 @@ class Engine(_Scheduler):
     - max_seqs: most requests admitted (holding KV) at once, at most max_batch; more wait in
       a queue.
     - max_batch: tokens per step (default: model.max_batch).
-    - prefill_chunk: most prompt tokens per step; None (default): adaptive, sized from the
-      measured step times so a step with a chunk costs at most CHUNK_STEP_RATIO decode-only
-      steps while requests decode (that ratio times 1 + waiting / decoding requests;
-      MIN_PREFILL_CHUNK..max_batch), SOLO_PREFILL_CHUNK when nothing decodes.
+    - prefill_chunk: most prompt tokens per step; None (default): adaptive, sized from a fit
+      of the measured step times so a step with a chunk costs at most CHUNK_STEP_RATIO
+      decode-only steps while requests decode (that ratio times 1 + waiting / decoding
+      requests; MIN_PREFILL_CHUNK..max_batch); a burst (nothing decoding, or more requests
+      waiting for their prompt than decoding since before they came) is read in whole
+      steps of up to SOLO_PREFILL_CHUNK tokens.
     - prefix_cache: reuse the KV of prompt prefixes that running or finished requests hold,
       and keep finished requests' KV while the arena has room (False: free it at once).
     - prefault_kv: touch every free page of the model's KV arena once, here (what llama.cpp
@@ -121,10 +123,8 @@ class Engine(_Scheduler):
         self._pc_tokens_saved = 0
         self._pc_evictions = 0
         self._pc_tokens = 0  # tokens held by cached sequences
-        # step-time model for the adaptive chunk (engine thread): decode-only step seconds and
-        # the marginal seconds per prompt token, exponential moving averages (None: unmeasured)
-        self._t_decode: float | None = None
-        self._t_prompt_tok: float | None = None
+        # step-time model for the adaptive chunk (engine thread)
+        self._steptime = _StepTime()
         self._last_chunk = self.prefill_chunk  # the chunk limit of the latest step (stats)
         if prefault_kv:
             prefault_arena(model.arena)

@@ -102,3 +102,25 @@ def test_a_full_cache_preempts_and_outputs_still_equal_single_runs(tiny_path, mo
             m.free_sequence(ballast)
         assert texts == refs
         assert st["preemptions"] > 0  # the cache really was full
+
+
+def test_a_burst_is_read_in_whole_steps_in_arrival_order(tiny):
+    """16 prompts of 100 tokens submitted at once: read in whole steps of SOLO_PREFILL_CHUNK
+    (the waiting outnumber the decoding), not in small chunks behind the first ones; the
+    first tokens come in arrival order; outputs equal the single runs."""
+    from colibri.engine import SOLO_PREFILL_CHUNK
+
+    rng = np.random.default_rng(5)
+    prompts = [[int(x) for x in rng.integers(3, tiny.n_vocab, 100)] for _ in range(16)]
+    refs = [greedy(tiny, p, 4) for p in prompts]
+    with Engine(tiny, max_seqs=16, max_batch=SOLO_PREFILL_CHUNK, prefix_cache=False) as eng:
+        with eng._cv:  # submitted together: the engine thread sees them all at its next step
+            reqs = [eng.submit(p, max_tokens=4, temperature=0) for p in prompts]
+        firsts = [next(iter(r)) for r in reqs]
+        steps = eng.stats()["steps"]
+        texts = [f.text + r.text() for f, r in zip(firsts, reqs, strict=True)]
+    assert texts == refs
+    # 1600 prompt tokens in steps of 512 less the decode tokens riding along: 4 steps
+    assert steps <= -(-1600 // (SOLO_PREFILL_CHUNK - 16)), steps
+    ttft = [r.stats()["ttft_s"] + r.t_submit for r in reqs]
+    assert ttft == sorted(ttft)
