@@ -31,7 +31,7 @@ log = logging.getLogger("colibri")
 # SOLO_PREFILL_CHUNK tokens (what llama.cpp's server does with a burst; the decode tokens
 # still ride in every step): the waiting requests' time to first token is then the prefill's
 # time and a few decode tokens, not that of many small chunks behind the decoding ones. A
-# prompt whose rest exceeds the chunk by at most a quarter of it is read whole.
+# prompt whose rest exceeds the chunk by at most an eighth of it is read whole.
 DEFAULT_PREFILL_CHUNK = 64
 MIN_PREFILL_CHUNK = 16
 SOLO_PREFILL_CHUNK = 512
@@ -318,12 +318,12 @@ class _Scheduler(_Output):
     @staticmethod
     def _take(s: _Seq, chunk: int, limit: int, room: int) -> int:
         """Prompt tokens of s to read this step: at most chunk (what is left of the step's
-        limit), or all the rest when that exceeds chunk by at most a quarter of limit and the
+        limit), or all the rest when that exceeds chunk by at most an eighth of limit and the
         step has room (no small last chunk a step later)."""
         rest = s.n_tokens() - s.n_kv
         if rest <= chunk:
             return rest
-        return rest if rest - chunk <= limit // 4 and rest <= room else chunk
+        return rest if rest - chunk <= limit // 8 and rest <= room else chunk
 
     def _reserve_ahead(self, s: _Seq, n_tokens: int) -> bool:
         """Reserve room for n_tokens tokens in s's block ahead of need, while KV_GROW_FREE of

@@ -124,3 +124,17 @@ def test_a_burst_is_read_in_whole_steps_in_arrival_order(tiny):
     assert steps <= -(-1600 // (SOLO_PREFILL_CHUNK - 16)), steps
     ttft = [r.stats()["ttft_s"] + r.t_submit for r in reqs]
     assert ttft == sorted(ttft)
+
+
+def test_a_prompt_just_over_the_chunk_is_read_whole():
+    from types import SimpleNamespace
+
+    def take(rest: int, chunk: int, limit: int, room: int) -> int:
+        s = SimpleNamespace(n_kv=7, n_tokens=lambda: 7 + rest)
+        return _Scheduler._take(s, chunk, limit, room)  # type: ignore[arg-type]
+
+    assert take(30, 40, 64, 500) == 30
+    assert take(100, 40, 64, 500) == 40       # 60 over: a chunk now, the rest later
+    assert take(48, 40, 64, 500) == 48        # 8 over (an eighth of the limit): all of it
+    assert take(49, 40, 64, 500) == 40
+    assert take(48, 40, 64, 47) == 40         # ... only when the step has room for it
