@@ -24,18 +24,22 @@ log = logging.getLogger("colibri")
 # requests' inter-token latency grows by at most that factor while a prompt is read), the ratio
 # multiplied by 1 + waiting / decoding requests. On Gemma 3 270M (2 threads, a loaded machine)
 # a step of 16 decode tokens took 88 ms and each prompt token added 1.5 ms (4 decode tokens:
-# 54 ms; linear to 256 prompt tokens). DEFAULT_PREFILL_CHUNK is the chunk before the first
-# measurements; MIN_PREFILL_CHUNK the least (a prompt always progresses). A burst - nothing
-# decoding, or more requests waiting for their prompt than decoding since before the oldest
-# of them arrived (those that arrived with it do not count) - is read in whole steps of up to
-# SOLO_PREFILL_CHUNK tokens (what llama.cpp's server does with a burst; the decode tokens
-# still ride in every step): the waiting requests' time to first token is then the prefill's
-# time and a few decode tokens, not that of many small chunks behind the decoding ones. A
-# prompt whose rest exceeds the chunk by at most an eighth of it is read whole.
+# 54 ms; linear to 256 prompt tokens); small chunks cost ~15% more a token than the big steps
+# of a burst the fit may have seen first, and a chunk step at the ratio 1.6 (1.7 with one
+# arrival) measured 1.9-2x a decode step on a quiet machine: 1.4 leaves room for that and for
+# noise under the target p99 <= 2x p50 while prompts arrive. DEFAULT_PREFILL_CHUNK is the chunk
+# before the first measurements of prompt tokens; MIN_PREFILL_CHUNK the least (a prompt always
+# progresses). A burst - nothing decoding, or more requests waiting for their prompt than
+# decoding since before the oldest of them arrived (those that arrived with it do not count) -
+# is read in whole steps of up to SOLO_PREFILL_CHUNK tokens (what llama.cpp's server does with
+# a burst; the decode tokens still ride in every step): the waiting requests' time to first
+# token is then the prefill's time and a few decode tokens, not that of many small chunks
+# behind the decoding ones. A prompt whose rest exceeds the chunk by at most an eighth of it is
+# read whole.
 DEFAULT_PREFILL_CHUNK = 64
 MIN_PREFILL_CHUNK = 16
 SOLO_PREFILL_CHUNK = 512
-CHUNK_STEP_RATIO = 1.6
+CHUNK_STEP_RATIO = 1.4
 STEP_FIT_DECAY = 0.9  # _StepTime: each step's weight in the fit, per later step
 
 # KV growth. A sequence's KV is one arena block; growing it past its capacity usually moves it
@@ -71,7 +75,7 @@ class _StepTime:
         self._xty = np.zeros(3)
         self._coef: np.ndarray | None = None
         self.seen_decode = False  # a step with decode tokens
-        self.seen_mixed = False   # a step with decode and prompt tokens
+        self.seen_prompt = False  # a step with prompt tokens
 
     def add(self, n_decode: int, n_prompt: int, seconds: float) -> None:
         x = np.array([1.0, n_decode / 64.0, n_prompt / 64.0])  # columns of like scale
@@ -79,7 +83,7 @@ class _StepTime:
         self._xty = STEP_FIT_DECAY * self._xty + seconds * x
         self._coef = np.linalg.lstsq(self._xtx, self._xty, rcond=1e-9)[0]
         self.seen_decode = self.seen_decode or n_decode > 0
-        self.seen_mixed = self.seen_mixed or (n_decode > 0 and n_prompt > 0)
+        self.seen_prompt = self.seen_prompt or n_prompt > 0
 
     def decode_s(self, n_decode: int) -> float:
         """Seconds of a decode-only step of n_decode tokens (at least 1 us)."""
@@ -371,11 +375,11 @@ class _Scheduler(_Output):
         if n_decode == 0 or n_pending > settled:  # a burst: whole steps
             return min(SOLO_PREFILL_CHUNK, self.max_batch)
         st = self._steptime
-        if not (st.seen_decode and st.seen_mixed):
+        if not (st.seen_decode and st.seen_prompt):
             return DEFAULT_PREFILL_CHUNK
         # the extra step time is paid by the n_decode running requests, the prefill is for
         # the n_pending waiting ones: the allowed ratio grows with waiting / decoding (one
-        # arrival among 16 decoding: 1.7 decode steps); a prompt token is taken to cost at
+        # arrival among 16 decoding: 1.5 decode steps); a prompt token is taken to cost at
         # least 5% of the decode step over 64 (a noisy fit never asks for unbounded chunks)
         t_dec = st.decode_s(n_decode)
         per = max(st.prompt_token_s(), 0.05 * t_dec / 64)

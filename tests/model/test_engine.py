@@ -161,7 +161,7 @@ def test_tiny_concurrent_greedy_equals_single_runs(tiny):
 def test_adaptive_chunk_follows_the_step_time_rule(tiny):
     # the chunk's model, fed synthetic step times (a timed test would be flaky) of a linear
     # law: 10 ms + 5 ms a decode token + 1.25 ms a prompt token; 16 decode tokens: 90 ms, so a
-    # chunk costing (CHUNK_STEP_RATIO - 1) of that step is 0.6 * 90 / 1.25 = 43 tokens
+    # chunk costing (CHUNK_STEP_RATIO - 1) of that step is 0.4 * 90 / 1.25 = 28 tokens
     from colibri.engine import (
         CHUNK_STEP_RATIO,
         DEFAULT_PREFILL_CHUNK,
@@ -187,8 +187,9 @@ def test_adaptive_chunk_follows_the_step_time_rule(tiny):
         assert eng._chunk(16, 1, 0) == SOLO_PREFILL_CHUNK == eng._chunk(16, 4, 3)
         for d, p in [(16, 0), (16, 48), (8, 0), (8, 100), (0, 512), (12, 30)] * 5:
             eng._observe(law(d, p), n_decode=d, n_tokens=d + p)
-        assert want(16, 0) == 43 and want(16, 1) == 50  # one arrival: ~1.7 decode steps
-        assert want(8, 1) == 32 and want(4, 3) == 43 and want(2, 1) == 22
+        assert CHUNK_STEP_RATIO == 1.4
+        assert want(16, 0) == 28 and want(16, 1) == 35  # one arrival: ~1.5 decode steps
+        assert want(8, 1) == 23 and want(4, 3) == 34 and want(2, 1) == 17
         for d, p in [(16, 0), (16, 1), (16, 8), (8, 1), (4, 3), (2, 1), (40, 30)]:
             assert abs(eng._chunk(d, p) - want(d, p)) <= 1, (d, p)
             assert eng._chunk(d, p, d) == eng._chunk(d, p)
@@ -200,7 +201,7 @@ def test_adaptive_chunk_follows_the_step_time_rule(tiny):
         for _ in range(200):  # and free: a prompt token is taken to cost at least 5% of the
             eng._observe(law(16, 0), n_decode=16, n_tokens=16 + 64)  # decode step over 64
             eng._observe(law(16, 0), n_decode=16, n_tokens=16)
-        assert abs(eng._chunk(16, 0) - int(0.6 / 0.05 * 64)) <= 1
+        assert abs(eng._chunk(16, 0) - int((CHUNK_STEP_RATIO - 1) / 0.05 * 64)) <= 1
     with Engine(tiny, prefill_chunk=24) as eng:  # a fixed chunk stays fixed
         eng._observe(0.1, n_decode=4, n_tokens=4)
         eng._observe(0.1, n_decode=4, n_tokens=68)
