@@ -13,6 +13,12 @@ state). Older requests are never failed for memory and the oldest always progres
 engine cannot deadlock: a sequence alone always fits (prompts longer than the context fail at
 submission, and a sequence stops at the context).
 
+Latency: the Engine touches the KV arena's free pages once when it starts (`prefault_kv`), and
+grows sequences' KV blocks ahead of need, one sequence a step, while the arena has room
+(scheduler.py, KV_GROW_*): a block that moves is copied into resident pages, and sequences
+decoding in step do not all move their blocks in the same step. The prefill chunk follows a
+fit of the measured step times; a burst of prompts is read in whole steps (scheduler.py).
+
 Prefix reuse: the KV of running and finished requests is indexed by chained hashes of
 PREFIX_BLOCK-token blocks of their tokens; finished requests' KV stays in the arena as a cache
 (least recently used first out) while nothing else needs the room. A new request whose tokens
@@ -40,10 +46,13 @@ from colibri.engine.request import Delta, Request, TokenLogprob
 from colibri.engine.scheduler import (
     CHUNK_STEP_RATIO,
     DEFAULT_PREFILL_CHUNK,
+    KV_GROW_AHEAD,
+    KV_GROW_FRACTION,
     MIN_PREFILL_CHUNK,
     SOLO_PREFILL_CHUNK,
 )
 
-__all__ = ["CHUNK_STEP_RATIO", "DEFAULT_PREFILL_CHUNK", "FINISHED_KEEP", "MIN_PREFILL_CHUNK",
+__all__ = ["CHUNK_STEP_RATIO", "DEFAULT_PREFILL_CHUNK", "FINISHED_KEEP", "KV_GROW_AHEAD",
+           "KV_GROW_FRACTION", "MIN_PREFILL_CHUNK",
            "PREFIX_BLOCK", "PREFIX_CACHE_MAX", "SOLO_PREFILL_CHUNK", "Delta", "Engine", "Request",
            "TokenLogprob"]

@@ -8,6 +8,8 @@ import bisect
 import logging
 import time
 
+import numpy as np
+
 from colibri.engine.output import _Output
 from colibri.engine.prefix import _Cached
 from colibri.engine.request import Delta, _Seq
@@ -16,19 +18,81 @@ from colibri.errors import ColibriError
 log = logging.getLogger("colibri")
 
 # Prompt tokens per step (prefill_chunk=None: adaptive). While sequences decode, the chunk is
-# sized from the engine's own step timings so that a step with a chunk costs at most
-# CHUNK_STEP_RATIO times a decode-only step (the running requests' inter-token latency grows
-# by at most that factor while a prompt is read): on Gemma 3 270M (2 threads) a step of 16
-# decode tokens took 145 ms; with a 32-token chunk 1.6x that, 64: 2.0x, 128: 3.0x (medians of
-# 9 interleaved runs; docs/ARCHITECTURE.md, "Engine"). DEFAULT_PREFILL_CHUNK is the chunk
-# before the first measurements; MIN_PREFILL_CHUNK the least (a prompt always progresses);
-# with nothing decoding, prompts take up to SOLO_PREFILL_CHUNK tokens a step (nobody waits).
-# The ratio is multiplied by 1 + waiting / decoding requests (a burst of arrivals is not read
-# in many small chunks behind a few running requests).
+# sized from the engine's own step timings (_StepTime: a least-squares fit of step seconds =
+# a + b_d * decode tokens + b_p * prompt tokens over recent steps) so that a step with a chunk
+# costs at most CHUNK_STEP_RATIO times a decode-only step of as many decode tokens (the running
+# requests' inter-token latency grows by at most that factor while a prompt is read), the ratio
+# multiplied by 1 + waiting / decoding requests. On Gemma 3 270M (2 threads, a loaded machine)
+# a step of 16 decode tokens took 88 ms and each prompt token added 1.5 ms (4 decode tokens:
+# 54 ms; linear to 256 prompt tokens); small chunks cost ~15% more a token than the big steps
+# of a burst the fit may have seen first, and a chunk step at the ratio 1.6 (1.7 with one
+# arrival) measured 1.9-2x a decode step on a quiet machine: 1.4 leaves room for that and for
+# noise under the target p99 <= 2x p50 while prompts arrive. DEFAULT_PREFILL_CHUNK is the chunk
+# before the first measurements of prompt tokens; MIN_PREFILL_CHUNK the least (a prompt always
+# progresses). A burst - nothing decoding, or more requests waiting for their prompt than
+# decoding since before the oldest of them arrived (those that arrived with it do not count) -
+# is read in whole steps of up to SOLO_PREFILL_CHUNK tokens (what llama.cpp's server does with
+# a burst; the decode tokens still ride in every step): the waiting requests' time to first
+# token is then the prefill's time and a few decode tokens, not that of many small chunks
+# behind the decoding ones. A prompt whose rest exceeds the chunk by at most an eighth of it is
+# read whole.
 DEFAULT_PREFILL_CHUNK = 64
 MIN_PREFILL_CHUNK = 16
 SOLO_PREFILL_CHUNK = 512
-CHUNK_STEP_RATIO = 1.6
+CHUNK_STEP_RATIO = 1.4
+STEP_FIT_DECAY = 0.9  # _StepTime: each step's weight in the fit, per later step
+
+# KV growth. A sequence's KV is one arena block; growing it past its capacity usually moves it
+# (a copy of the whole sequence), and sequences that decode in step (the same prompt length,
+# or lengths equal modulo the KV's 16-token growth step) all outgrow their blocks in the same
+# step: on Gemma 3 270M, 16 sequences of ~200 tokens added 40-165 ms to a step whose forward
+# takes 30 ms, mostly first-touch faults of the arena pages they moved into (Engine's
+# prefault_kv removes those; the copies themselves run at ~20 GB/s, 1.7 ms for a 1000-token
+# sequence). So the engine grows blocks ahead of need, at most one per step: the decoding
+# sequence with the least room left, once that room is under one token per decoding sequence
+# plus KV_GROW_AHEAD, gets that much room or 1/KV_GROW_FRACTION of its length, whichever is
+# more (moves spread over the steps, their bytes growing geometrically rather than a copy
+# every 16 tokens); an admitted prompt's block is reserved whole (not chunk by chunk). Only
+# while a quarter of the arena is free (KV_GROW_FREE) and its largest free run holds
+# KV_GROW_SPARE times the grown block: a fuller arena grows on demand as before, so the room
+# held ahead is consumed by its sequences within a few dozen steps and a reserve ahead never
+# preempts or evicts anything.
+KV_GROW_AHEAD = 16
+KV_GROW_FRACTION = 8
+KV_GROW_FREE = 0.25
+KV_GROW_SPARE = 2
+
+
+class _StepTime:
+    """Step seconds ~ a + b_d * decode tokens + b_p * prompt tokens: a least-squares fit over
+    the engine's steps, each step's weight multiplied by STEP_FIT_DECAY at every later step
+    (the fit follows the machine's load and the contexts' growth). Where the steps seen do not
+    separate two terms (e.g. every step had 16 decode tokens), the minimum-norm fit still
+    predicts the steps like those seen."""
+
+    def __init__(self) -> None:
+        self._xtx = np.zeros((3, 3))
+        self._xty = np.zeros(3)
+        self._coef: np.ndarray | None = None
+        self.seen_decode = False  # a step with decode tokens
+        self.seen_prompt = False  # a step with prompt tokens
+
+    def add(self, n_decode: int, n_prompt: int, seconds: float) -> None:
+        x = np.array([1.0, n_decode / 64.0, n_prompt / 64.0])  # columns of like scale
+        self._xtx = STEP_FIT_DECAY * self._xtx + np.outer(x, x)
+        self._xty = STEP_FIT_DECAY * self._xty + seconds * x
+        self._coef = np.linalg.lstsq(self._xtx, self._xty, rcond=1e-9)[0]
+        self.seen_decode = self.seen_decode or n_decode > 0
+        self.seen_prompt = self.seen_prompt or n_prompt > 0
+
+    def decode_s(self, n_decode: int) -> float:
+        """Seconds of a decode-only step of n_decode tokens (at least 1 us)."""
+        assert self._coef is not None
+        return max(float(self._coef[0] + self._coef[1] * n_decode / 64.0), 1e-6)
+
+    def prompt_token_s(self) -> float:
+        """Seconds a prompt token adds to a step (not fitted: 0)."""
+        return 0.0 if self._coef is None else float(self._coef[2]) / 64.0
 
 
 class _Scheduler(_Output):
@@ -45,8 +109,7 @@ class _Scheduler(_Output):
     _n_step_tokens: int
     _last_step_tokens: int
     _last_step_s: float
-    _t_decode: float | None
-    _t_prompt_tok: float | None
+    _steptime: _StepTime
     _last_chunk: int
 
     def _loop(self) -> None:
@@ -161,18 +224,31 @@ class _Scheduler(_Output):
             else:
                 self._preempt(s)
         n_decode = len(plan)
-        n_pending = len(self._waiting) + sum(1 for s in self._running if s.order not in plan)
-        chunk = min(self._chunk(n_decode, n_pending), budget)
+        decoding = [s for s in self._running if s.order in plan]
+        self._grow_ahead(decoding)
+        # waiting for their prompt: the admitted ones still prefilling, and as many of the
+        # waiting ones as there are free places; the decoding ones that already had their
+        # first token when the oldest of those arrived are the settled ones (the others came
+        # with it, in the same burst)
+        pending = [s for s in self._running if s.order not in plan] + \
+            self._waiting[:max(0, self.max_seqs - len(self._running))]
+        n_pending = len(pending)
+        t_oldest = min((s.req.t_submit for s in pending), default=0.0)
+        n_settled = sum(1 for s in decoding if s.req.ttft_s is not None
+                        and s.req.t_submit + s.req.ttft_s < t_oldest)
+        chunk = limit = min(self._chunk(n_decode, n_pending, n_settled), budget)
+        room = budget  # tokens left in the step
         self._last_chunk = chunk
         for s in list(self._running):   # admitted, still prefilling
             if chunk == 0:
                 break
             if s.seq is None or s.decoding() or s.order in plan:
                 continue
-            n = min(chunk, s.n_tokens() - s.n_kv)
+            n = self._take(s, chunk, limit, room)
             if self._reserve(s, n, plan):
                 plan[s.order] = n
-                chunk -= n
+                chunk = max(0, chunk - n)
+                room -= n
         for s in list(self._waiting):
             if chunk == 0 or len(self._running) >= self.max_seqs:
                 break
@@ -181,7 +257,8 @@ class _Scheduler(_Output):
             if not self._admit(s):
                 break
             self._waiting.remove(s)
-            n = min(chunk, s.n_tokens() - s.n_kv)
+            self._reserve_ahead(s, s.n_tokens() + KV_GROW_AHEAD)
+            n = self._take(s, chunk, limit, room)
             if not self._reserve(s, n, plan):  # the youngest, and it does not fit: not yet
                 if s.req.cached_tokens:  # its copied prefix is freed with it: no hit
                     with self._cv:
@@ -192,7 +269,8 @@ class _Scheduler(_Output):
                 bisect.insort(self._waiting, s, key=lambda x: x.order)
                 break
             plan[s.order] = n
-            chunk -= n
+            chunk = max(0, chunk - n)
+            room -= n
         batch = [s for s in self._running if s.order in plan]
         if not batch:
             # work, but none runnable now: only when KV held outside the engine (another user
@@ -241,34 +319,74 @@ class _Scheduler(_Output):
                 self._finish(s, Delta(finish_reason="error", error=f"{type(e).__name__}: {e}"))
             row += 1
 
-    def _chunk(self, n_decode: int, n_pending: int) -> int:
+    @staticmethod
+    def _take(s: _Seq, chunk: int, limit: int, room: int) -> int:
+        """Prompt tokens of s to read this step: at most chunk (what is left of the step's
+        limit), or all the rest when that exceeds chunk by at most an eighth of limit and the
+        step has room (no small last chunk a step later)."""
+        rest = s.n_tokens() - s.n_kv
+        if rest <= chunk:
+            return rest
+        return rest if rest - chunk <= limit // 8 and rest <= room else chunk
+
+    def _reserve_ahead(self, s: _Seq, n_tokens: int) -> bool:
+        """Reserve room for n_tokens tokens in s's block ahead of need, while KV_GROW_FREE of
+        the arena is free and its largest free run holds KV_GROW_SPARE times that block (else
+        nothing: the reserve on demand preempts or evicts as needed). True when it did."""
+        assert s.seq is not None
+        kv = self.model.kv
+        if kv.capacity(s.seq) >= n_tokens:
+            return False
+        a = self.model.arena.stats()
+        if a["free"] < KV_GROW_FREE * a["capacity"] or \
+                a["largest_free"] < KV_GROW_SPARE * n_tokens * self._stride:
+            return False
+        try:
+            kv.reserve(s.seq, n_tokens)
+        except MemoryError:
+            return False
+        return True
+
+    def _grow_ahead(self, decoding: list[_Seq]) -> None:
+        """Grow the block of at most one of the decoding sequences ahead of need (KV_GROW_*):
+        the one with the least room, when that is under len(decoding) + KV_GROW_AHEAD tokens
+        (each step adds one; staggered this way every block has grown before it is full)."""
+        if not decoding:
+            return
+        kv = self.model.kv
+        ahead = len(decoding) + KV_GROW_AHEAD
+        best: _Seq | None = None
+        room = ahead
+        for s in decoding:
+            assert s.seq is not None
+            r = kv.capacity(s.seq) - (s.n_kv + 1)
+            if r < room:
+                best, room = s, r
+        if best is not None:
+            self._reserve_ahead(best, best.n_kv + 1 + max(ahead, best.n_kv // KV_GROW_FRACTION))
+
+    def _chunk(self, n_decode: int, n_pending: int, n_settled: int | None = None) -> int:
         """Prompt tokens this step may take (before max_batch's limit), with n_decode
-        sequences decoding and n_pending waiting for their prompt to be read."""
+        sequences decoding, n_settled of them (default: all) decoding since before the oldest
+        of the n_pending admissible requests waiting for their prompt arrived."""
         if not self.adaptive_chunk:
             return self.prefill_chunk
-        if n_decode == 0:
-            return max(DEFAULT_PREFILL_CHUNK, SOLO_PREFILL_CHUNK)
-        if self._t_decode is None or self._t_prompt_tok is None:
+        settled = n_decode if n_settled is None else n_settled
+        if n_decode == 0 or n_pending > settled:  # a burst: whole steps
+            return min(SOLO_PREFILL_CHUNK, self.max_batch)
+        st = self._steptime
+        if not (st.seen_decode and st.seen_prompt):
             return DEFAULT_PREFILL_CHUNK
         # the extra step time is paid by the n_decode running requests, the prefill is for
-        # the n_pending waiting ones: the allowed ratio grows with waiting / decoding, so a
-        # burst's last request does not wait for many small chunks behind a few running
-        # ones (one arrival among 16 decoding: 1.7 decode steps)
+        # the n_pending waiting ones: the allowed ratio grows with waiting / decoding (one
+        # arrival among 16 decoding: 1.5 decode steps); a prompt token is taken to cost at
+        # least 5% of the decode step over 64 (a noisy fit never asks for unbounded chunks)
+        t_dec = st.decode_s(n_decode)
+        per = max(st.prompt_token_s(), 0.05 * t_dec / 64)
         ratio = CHUNK_STEP_RATIO * (1.0 + n_pending / n_decode)
-        c = int((ratio - 1.0) * self._t_decode / self._t_prompt_tok)
+        c = int((ratio - 1.0) * t_dec / per)
         return max(MIN_PREFILL_CHUNK, min(c, self.max_batch))
 
     def _observe(self, dt: float, n_decode: int, n_tokens: int) -> None:
-        """Fold a step's time into the adaptive chunk's model: a decode-only step updates the
-        decode-step time; a step with n_decode > 0 decode tokens and prompt tokens updates the
-        marginal time per prompt token (its time beyond a decode-only step)."""
-        a = 0.3
-        n_prompt = n_tokens - n_decode
-        if n_decode == 0:
-            return
-        if n_prompt == 0:
-            self._t_decode = dt if self._t_decode is None else (1 - a) * self._t_decode + a * dt
-        elif self._t_decode is not None:
-            per = max(dt - self._t_decode, 0.05 * self._t_decode) / n_prompt
-            self._t_prompt_tok = per if self._t_prompt_tok is None else \
-                (1 - a) * self._t_prompt_tok + a * per
+        """Fold a step's time into the adaptive chunk's step-time fit."""
+        self._steptime.add(n_decode, n_tokens - n_decode, dt)

@@ -159,40 +159,49 @@ def test_tiny_concurrent_greedy_equals_single_runs(tiny):
 
 
 def test_adaptive_chunk_follows_the_step_time_rule(tiny):
-    # the chunk's model, fed synthetic step times (a timed test would be flaky): decode-only
-    # steps of 100 ms, a step with 64 prompt tokens 200 ms -> 100/64 ms per prompt token, so a
-    # chunk costing (CHUNK_STEP_RATIO - 1) decode steps is 0.6 * 64 = 38 tokens
+    # the chunk's model, fed synthetic step times (a timed test would be flaky) of a linear
+    # law: 10 ms + 5 ms a decode token + 1.25 ms a prompt token; 16 decode tokens: 90 ms, so a
+    # chunk costing (CHUNK_STEP_RATIO - 1) of that step is 0.4 * 90 / 1.25 = 28 tokens
     from colibri.engine import (
         CHUNK_STEP_RATIO,
         DEFAULT_PREFILL_CHUNK,
         MIN_PREFILL_CHUNK,
         SOLO_PREFILL_CHUNK,
     )
-    def want(n_decode: int, n_pending: int) -> int:  # the rule, restated
-        return int((CHUNK_STEP_RATIO * (1 + n_pending / n_decode) - 1) * 64 + 1e-6)
+    from colibri.engine.scheduler import _StepTime
+
+    def law(d: int, p: int) -> float:
+        return 0.010 + 0.005 * d + 0.00125 * p
+
+    def want(d: int, p: int) -> int:  # the rule, restated
+        return int((CHUNK_STEP_RATIO * (1 + p / d) - 1) * law(d, 0) / 0.00125 + 1e-6)
 
     with Engine(tiny, max_batch=1024) as eng:
-        eng._t_decode = eng._t_prompt_tok = None
+        eng._steptime = _StepTime()
         assert eng._chunk(16, 1) == DEFAULT_PREFILL_CHUNK  # nothing measured yet
         assert eng._chunk(0, 5) == SOLO_PREFILL_CHUNK  # nobody decodes: nobody waits
-        for _ in range(30):
-            eng._observe(0.100, n_decode=16, n_tokens=16)
-            eng._observe(0.200, n_decode=16, n_tokens=16 + 64)
-        # (the averages converge to 100 ms and 100/64 ms up to rounding: +-1 token)
-        assert abs(eng._chunk(16, 0) - want(16, 0)) <= 1 and want(16, 0) == 38
-        assert abs(eng._chunk(16, 1) - want(16, 1)) <= 1 and want(16, 1) == 44  # ~1.7 steps
-        assert abs(eng._chunk(16, 16) - want(16, 16)) <= 1
-        # a burst: 4x more waiting than decoding -> the step may cost (1 + 4) * 1.6 decode steps
-        assert abs(eng._chunk(4, 16) - want(4, 16)) <= 1
-        assert eng._chunk(1, 100) == 1024  # capped at max_batch
-        eng._observe(0.5, n_decode=0, n_tokens=64)  # a prefill-only step: no information
-        assert abs(eng._chunk(16, 1) - want(16, 1)) <= 1
-        for _ in range(30):  # prompt tokens turn expensive: the chunk shrinks to its floor
-            eng._observe(1.0, n_decode=16, n_tokens=16 + 64)
+        # a burst: more waiting for their prompt than decoding: whole steps
+        assert eng._chunk(4, 5) == SOLO_PREFILL_CHUNK == eng._chunk(1, 50)
+        # ... counting only the decoding requests that had their first token before the
+        # waiting ones came (not those that came with them)
+        assert eng._chunk(16, 1, 0) == SOLO_PREFILL_CHUNK == eng._chunk(16, 4, 3)
+        for d, p in [(16, 0), (16, 48), (8, 0), (8, 100), (0, 512), (12, 30)] * 5:
+            eng._observe(law(d, p), n_decode=d, n_tokens=d + p)
+        assert CHUNK_STEP_RATIO == 1.4
+        assert want(16, 0) == 28 and want(16, 1) == 35  # one arrival: ~1.5 decode steps
+        assert want(8, 1) == 23 and want(4, 3) == 34 and want(2, 1) == 17
+        for d, p in [(16, 0), (16, 1), (16, 8), (8, 1), (4, 3), (2, 1), (40, 30)]:
+            assert abs(eng._chunk(d, p) - want(d, p)) <= 1, (d, p)
+            assert eng._chunk(d, p, d) == eng._chunk(d, p)
+        assert eng._chunk(300, 299) == 1024  # capped at max_batch
+        for _ in range(60):  # prompt tokens turn expensive: the chunk shrinks to its floor
+            eng._observe(law(16, 0) + 64 * 0.05, n_decode=16, n_tokens=16 + 64)
+            eng._observe(law(16, 0), n_decode=16, n_tokens=16)
         assert eng._chunk(16, 0) == MIN_PREFILL_CHUNK
-        for _ in range(60):  # and free: a prompt token is taken to cost at least 5% of a
-            eng._observe(0.100, n_decode=16, n_tokens=16 + 64)  # decode step over 64
-        assert 700 < eng._chunk(16, 0) <= int(0.6 / 0.05 * 64)
+        for _ in range(200):  # and free: a prompt token is taken to cost at least 5% of the
+            eng._observe(law(16, 0), n_decode=16, n_tokens=16 + 64)  # decode step over 64
+            eng._observe(law(16, 0), n_decode=16, n_tokens=16)
+        assert abs(eng._chunk(16, 0) - int((CHUNK_STEP_RATIO - 1) / 0.05 * 64)) <= 1
     with Engine(tiny, prefill_chunk=24) as eng:  # a fixed chunk stays fixed
         eng._observe(0.1, n_decode=4, n_tokens=4)
         eng._observe(0.1, n_decode=4, n_tokens=68)

@@ -40,7 +40,7 @@ from hypothesis.stateful import (
 )
 
 import colibri
-from colibri.engine import Delta, Engine, Request
+from colibri.engine import KV_GROW_AHEAD, KV_GROW_FRACTION, Delta, Engine, Request
 
 CTX = 128  # the arena holds 640 tokens of this model (ctx + 1 MiB), less a ballast
 READ_TIMEOUT_S = 60.0  # a read that takes longer means the engine stalled
@@ -200,9 +200,13 @@ class EngineMachine(RuleBasedStateMachine):
             assert st_["running"] == 0 and st_["waiting"] == 0
             pc = st_["prefix_cache"]
             held = self.engine_free - st_["kv"]["free"]
-            # a cached sequence holds its tokens rounded up to the KV's 16-token growth steps
-            assert pc["cached_tokens"] * self.stride <= held \
-                <= (pc["cached_tokens"] + 16 * pc["cached_sequences"]) * self.stride, (held, pc)
+            # a cached sequence holds its tokens rounded up to the KV's 16-token growth steps,
+            # plus what the engine reserved ahead and it did not use (the scheduler's
+            # KV_GROW_*: one token per running sequence and KV_GROW_AHEAD, or an eighth of it)
+            ahead = 16 + self.max_seqs + KV_GROW_AHEAD
+            most = pc["cached_tokens"] + pc["cached_tokens"] // KV_GROW_FRACTION \
+                + (16 + ahead) * pc["cached_sequences"]
+            assert pc["cached_tokens"] * self.stride <= held <= most * self.stride, (held, pc)
 
     # ---- the end ----
 

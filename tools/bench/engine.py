@@ -12,8 +12,9 @@ directory):
 - **Concurrency.** For each stream count N: N requests of distinct random prompts submitted at
   once, greedy, the end-of-generation tokens banned so every stream generates --gen-tokens.
   Aggregate decode tokens/s (tokens after each stream's first, over the time from the first
-  stream's first token to the last token), p50/p99 time to first token and p50/p99
-  inter-token latency (every gap between two tokens of a stream). llama.cpp (llama-cpp-python's
+  stream's first token to the last token), the burst's p50/p99 time to first token (the N
+  prompts arrive at once: how fast a burst is read) and p50/p99 inter-token latency (every
+  gap between two tokens of a stream). llama.cpp (llama-cpp-python's
   low-level batch API: one context with n_seq_max = N, the same file and threads) runs the same
   work: every prompt prefilled in n_batch-token batches, then one batch per step holding each
   stream's next token. Without llama_cpp importable it says how to get it and runs colibri
@@ -298,7 +299,7 @@ def llama_streams(path: str, threads: int, n: int, prompt_tokens: int,
 
 def row(r: dict[str, Any]) -> str:
     return (f"  {r['engine']:9s} {r['streams']:3d} streams: decode {r['decode_tps']:7.1f} tok/s "
-            f"(all {r['total_tps']:6.1f}), TTFT p50 {r['ttft_p50_s']:6.2f} s p99 "
+            f"(all {r['total_tps']:6.1f}), burst TTFT p50 {r['ttft_p50_s']:6.2f} s p99 "
             f"{r['ttft_p99_s']:6.2f} s, ITL p50 {r['itl_p50_ms']:6.1f} ms p99 "
             f"{r['itl_p99_ms']:6.1f} ms")
 
