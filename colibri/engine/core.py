@@ -42,7 +42,10 @@ def prefault_arena(arena: Any) -> int:
             except MemoryError:  # taken meanwhile by another user of the model
                 break
             blocks.append(off)
-            np.frombuffer(arena.view(off, n), dtype=np.uint8)[::PAGE] = 0
+            view = np.frombuffer(arena.view(off, n), dtype=np.uint8)
+            view[::PAGE] = 0
+            view[-1] = 0  # a block need not end on a page boundary
+            del view
             total += n
     finally:
         for off in blocks:

@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from colibri.engine.core import prefault_arena
+
 if TYPE_CHECKING:
-    from colibri.kv import KVArena
     from colibri.model import Model
 
 log = logging.getLogger("colibri")
@@ -74,29 +75,6 @@ def prefault_pool(model: Model) -> int:
                  "(madvise(MADV_POPULATE_WRITE): errno %d)", ctypes.get_errno())
         return 0
     return int(p["bytes"])
-
-
-def prefault_arena(arena: KVArena) -> int:
-    """Allocate every free block of the arena, write a byte in each of its pages, free them;
-    the bytes touched."""
-    blocks: list[int] = []
-    total = 0
-    try:
-        while True:
-            n = int(arena.stats()["largest_free"])
-            if n <= 0:
-                break
-            off = arena.alloc(n)
-            blocks.append(off)
-            view = np.frombuffer(arena.view(off, n), dtype=np.uint8)
-            view[::PAGE] = 0
-            view[-1] = 0
-            del view
-            total += n
-    finally:
-        for off in blocks:
-            arena.free(off)
-    return total
 
 
 def prefault_forward(model: Model, rows: int) -> int:

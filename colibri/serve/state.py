@@ -84,7 +84,8 @@ class ServerState:
                 from colibri.serve.prefault import prefault
 
                 self.prefaulted = prefault(self.model, self.max_seqs)
-            self.engine = Engine(self.model, max_seqs=self.max_seqs, **self.engine_kwargs)
+            self.engine = Engine(self.model, max_seqs=self.max_seqs, prefault_kv=self.prefault,
+                                 **self.engine_kwargs)
             self.max_seqs = self.engine.max_seqs
             try:
                 from colibri.serve.grammar import GrammarFactory
