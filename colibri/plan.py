@@ -115,6 +115,11 @@ def plan_for(path: str, d: ModelDesc, ctx: int, max_batch: int, kv_dtype: str,
     ff = max([L.n_ff_exp for L in d.layers] + [L.ffn_gate.rows for L in d.layers
                                                  if L.ffn_gate is not None] + [1])
     scratch = max_batch * 4 * (4 * d.n_embd + 3 * ff + d.n_vocab) + (64 << 20)
+    # the fused MoE layer's workspace (moe.c): per (token, expert) entry the gate/up rows in
+    # float and the quantized activation rows
+    k_ff = max([L.n_expert_used * L.n_ff_exp for L in d.layers if L.n_expert] + [0])
+    k_e = max([L.n_expert_used for L in d.layers if L.n_expert] + [0]) * d.n_embd
+    scratch += max_batch * (10 * k_ff + 2 * k_e)
     per_expert = experts // max(1, sum(L.n_expert for L in d.layers))
     min_budget = min_expert_slots(d, max_batch) * per_expert if experts else 0
     room = int(available * HEADROOM) - dense - kv - scratch if available else experts
