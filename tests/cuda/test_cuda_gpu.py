@@ -187,3 +187,12 @@ def test_cuda_check_staged_step(rt, tmp_path):
 
     st = staged_check(rt, np.random.default_rng(8), tmp_path)
     assert st["f16"]["misses"] > 0 and st["int4-g128"]["misses"] > 0
+
+
+@pytest.mark.parametrize("fmt", ["f16", "int4-g128"])
+def test_expert_rows_do_not_depend_on_tile_or_batch(rt, fmt):
+    """Batch invariance on the hardware: both GEMM tiles, and a token alone against the same
+    token in a batch, give the same bits (the emulated twin: test_cuda_invariance_emulated.py)."""
+    from colibri.tools.cuda_check.reference import check_batch_invariance
+
+    check_batch_invariance(rt, fmt)

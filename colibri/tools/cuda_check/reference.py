@@ -183,6 +183,30 @@ FFN_CASES_CPU = [  # smaller: the emulation is NumPy
 ]
 
 
+def check_batch_invariance(rt: Any, fmt: str, n_tokens: int = 70) -> None:
+    """The grouped expert GEMM on runtime rt: the 16- and 64-row tiles, and a token alone against
+    the same token among n_tokens, must give the same bits (an output row is one token's experts,
+    multiplied in the same slice order and combined in a fixed order: batch invariance).
+    Raises AssertionError naming what differs."""
+    rng = np.random.default_rng(5)
+    d, f, n_exp, k = 128, 256, 6, 2
+    lay = ExpertLayout(d, f, fmt)
+    experts = [(rng.normal(0, d**-0.5, (f, d)), rng.normal(0, d**-0.5, (f, d)),
+                rng.normal(0, f**-0.5, (d, f))) for _ in range(n_exp)]
+    pool, offsets = ref.build_pool(experts, lay)
+    dp = rt.upload_pool(pool, offsets, lay)
+    x = rng.normal(size=(n_tokens, d)).astype(np.float16)
+    lg = separated_logits(rng, n_tokens, n_exp)
+    outs = {tile: rt.moe_ffn(x, dp, rt.route(lg, k, tile=tile), "silu") for tile in (16, 64)}
+    assert np.isfinite(outs[16]).all(), "non-finite expert outputs"
+    assert np.array_equal(outs[16].view(np.uint32), outs[64].view(np.uint32)), \
+        f"{fmt}: the 16- and 64-row tiles differ"
+    for i in (0, n_tokens // 2, n_tokens - 1):
+        alone = rt.moe_ffn(x[i:i + 1], dp, rt.route(lg[i:i + 1], k, tile=16), "silu")
+        assert np.array_equal(alone[0].view(np.uint32), outs[64][i].view(np.uint32)), \
+            f"{fmt}: token {i} alone differs from the same token in a batch of {n_tokens}"
+
+
 def cpu_only(results: dict[str, Any]) -> int:
     """Steps 3-4 on the NumPy emulation of the kernels (no GPU); fills results["ffn"]."""
     rng = np.random.default_rng(int(time.time()))
