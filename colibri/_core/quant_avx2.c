@@ -397,17 +397,16 @@ INL void rp_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, ui
  * in the high 32), then d[16] (float) and, for Q4_1/Q5_1, m[16]. Values as in the 8-row groups,
  * but Q8_0's as w + 128 (unsigned, what vpdpbusd multiplies; the activations' z*isum with z = 128
  * takes the 128*sum(x) out again). Rows past nr are zeros with d = 0. */
-INL size_t rp16_bstride(int type) { return 512 + 64 + (rp_has_m(type) ? 64 : 0); }
 
 size_t cb_avx2_rp16_group_bytes(int type, int64_t cols) {
     if (type == CB_TYPE_Q4_K || type == CB_TYPE_Q5_K || type == CB_TYPE_Q6_K)
         return cb_avx2_k_rp16_group_bytes(type, cols);
-    return (size_t)(cols / CB_QK) * rp16_bstride(type);
+    return (size_t)(cols / CB_QK) * cb_rp16_bstride(type);
 }
 
 INL void rp16_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst) {
     const int64_t nb = cols / CB_QK;
-    const size_t bst = rp16_bstride(type);
+    const size_t bst = cb_rp16_bstride(type);
     const __m256i flip = _mm256_set1_epi8(type == CB_TYPE_Q8_0 ? (char)0x80 : 0);
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *o = dst + (size_t)b * bst;

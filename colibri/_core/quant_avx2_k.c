@@ -332,11 +332,10 @@ INL void rpk_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, u
  * 8..15 in the high 32), then NS scale vectors of 16 int32 (sub-block j's scale per row), 8 min
  * vectors of 16 int16 pairs (row lane (mn_2k, mn_2k+1), as in the 8-row groups), then d[16] and
  * dmin[16] (Q6_K: d again). Rows past nr are zeros. */
-INL size_t rpk16_bstride(int type) { return 4096 + (size_t)rpk_ns(type) * 64 + 512 + 128; }
 
 INL void rpk16_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst) {
     const int64_t nb = cols / CB_QKK;
-    const size_t bst = rpk16_bstride(type);
+    const size_t bst = cb_rp16_bstride(type);
     const int ns = rpk_ns(type);
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *o = dst + (size_t)b * bst;
@@ -357,7 +356,7 @@ INL void rpk16_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols,
 }
 
 size_t cb_avx2_k_rp16_group_bytes(int type, int64_t cols) {
-    return (size_t)(cols / CB_QKK) * rpk16_bstride(type);
+    return (size_t)(cols / CB_QKK) * cb_rp16_bstride(type);
 }
 
 void cb_avx2_k_rp16_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols,

@@ -540,7 +540,7 @@ INLV void rpv16_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint
                      size_t xs, float *out) {
     const int hm = rp_has_m(type), sgn = type == CB_TYPE_Q8_0;
     const int z = sgn ? 128 : rp_z(type);
-    const size_t bst = 512 + 64 + (hm ? 64 : 0);
+    const size_t bst = cb_rp16_bstride(type);
     const int64_t cols = nb * CB_QK;
     const uint8_t *xq[8];
     const float *dx[8], *sx[8];

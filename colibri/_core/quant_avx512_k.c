@@ -326,7 +326,7 @@ INLV void rpkv_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8
 INLV void rpkv16_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa,
                       size_t xs, float *out) {
     const int ns = rpk_ns(type), SB = 64 / ns; /* steps per sub-block */
-    const size_t bst = 4096 + (size_t)ns * 64 + 512 + 128;
+    const size_t bst = cb_rp16_bstride(type);
     __m512 facc[4];
     #pragma GCC unroll 4
     for (int t = 0; t < NT; t++) facc[t] = _mm512_setzero_ps();

@@ -92,6 +92,21 @@ size_t cb_avx2_rp16_group_bytes(int type, int64_t cols);
 void cb_avx2_rp16_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst);
 /* Its tile (quant_avx512.c): 16 rows x nt <= 8 tokens, out[r*nt + t]; bit-identical to the
  * 8-row tiles. */
+
+/* Bytes per block of a 16-row group (the packing and the tiles read this one definition): the
+ * 32-block types 8 steps of 64 bytes, d[16] (and m[16] for Q4_1/Q5_1); the K-quants per
+ * super-block 64 steps of 64 bytes, NS = 16 (Q6_K) or 8 scale vectors of 16 int32, 8 min vectors
+ * of 16 int16 pairs, d[16] and dmin[16]. */
+static inline size_t cb_rp16_bstride(int type) {
+    switch (type) {
+    case CB_TYPE_Q4_K:
+    case CB_TYPE_Q5_K: return 4096 + 8 * 64 + 512 + 128;
+    case CB_TYPE_Q6_K: return 4096 + 16 * 64 + 512 + 128;
+    case CB_TYPE_Q4_1:
+    case CB_TYPE_Q5_1: return 512 + 64 + 64;
+    default: return 512 + 64;
+    }
+}
 void cb_avx512_rp16_tile_vnni(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
                               size_t xs, int nt, float *out);
 

@@ -28,14 +28,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from colibri.engine.core import prefault_arena
+from colibri.engine.core import PAGE, prefault_arena
 
 if TYPE_CHECKING:
     from colibri.model import Model
 
 log = logging.getLogger("colibri")
 
-PAGE = 4096
 MADV_POPULATE_WRITE = 23  # Linux 5.14
 M_MMAP_THRESHOLD = -3     # mallopt
 MMAP_THRESHOLD = 4 << 20
