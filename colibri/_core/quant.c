@@ -760,11 +760,13 @@ void cb_mm_plan(cb_mm_ctx *c, const cb_matrix_t *w, int fast, int rp) {
     c->cols = w->cols;
     c->type = w->type;
     c->dot = dot_for(w->type);
-    /* batch invariance (fast == 0): the AVX2 direct tiles, which sum in the packed tiles'
-     * order (the AVX-512 packed tile sums as the AVX2 one); the AVX-512 direct tiles (lanes of
-     * partial sums) only when asked to be fast */
+    /* batch invariance (fast == 0): the direct tiles that sum in the packed tiles' order: the
+     * AVX2 ones, and the AVX-512 ones of the K-quants (quant_avx512_k.c: the same integers and
+     * float order); the other AVX-512 direct tiles (lanes of partial sums) only when asked to
+     * be fast */
     c->avx512 = level >= CB_SIMD_AVX512;
-    c->tile = c->avx512 && fast ? cb_avx512_tile(w->type) : NULL;
+    int k_quant = w->type == CB_TYPE_Q4_K || w->type == CB_TYPE_Q5_K || w->type == CB_TYPE_Q6_K;
+    c->tile = c->avx512 && (fast || k_quant) ? cb_avx512_tile(w->type) : NULL;
     if (!c->tile && level >= CB_SIMD_AVX2)
         c->tile = fast ? cb_avx2_tile_fast(w->type) : cb_avx2_tile(w->type);
     c->rk = cb_rp_kernel(w->type, level);

@@ -145,8 +145,11 @@ INL __m512i sign_by(__m512i x, __m512i w) {
 
 /* ------------------------------------------------------------ tiles and packed rows */
 
-/* Decode streams each weight row once; prefetch the next tile's rows at the same offset
- * (as quant_avx2.c). */
+/* Decode streams each weight row once; the tiles prefetch the rows some tiles ahead at the same
+ * offset (as quant_avx2.c; the K-quant tiles CB_DEC_PF512 tiles ahead). */
+#ifndef CB_DEC_PF512
+#define CB_DEC_PF512 4
+#endif
 INL void prefetch_span(const uint8_t *p, size_t bytes) {
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
     __builtin_prefetch(p + bytes - 1, 0, 3);

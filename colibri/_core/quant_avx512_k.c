@@ -15,72 +15,117 @@
 
 /* ------------------------------------------------------------ K-quants with cb_q8k_t */
 
-/* Q4_K/Q5_K: per super-block, chunk c of 32 qs bytes holds sub-blocks 2c (low nibbles) and 2c+1
- * (high): one vector [low, high] meets activations 64c..64c+63 with int16 scales sc_2c | sc_2c+1. */
+/* The direct tiles of the K-quants, batch invariant: per super-block and (row, token) the exact
+ * int32 sum of sc_j * q * x (and of the mins against the bsums), then, in float, the AVX2
+ * invariant tiles' order (quant_avx2_k.c): acc = fma(isum, d*dx, acc), acc = fnmadd(mins,
+ * dmin*dx, acc) (Q6_K: the zero point 32 in the integers), one float lane per (row, token). The
+ * integers are the same whatever the SIMD width, so the outputs are those of the AVX2 invariant
+ * tile and of the packed tiles bit for bit; 512 bits only halve the instructions that make the
+ * integers (Q4_K 768x2048, 1 token, 1 thread: see the commit). */
+
+/* Lane k (k < K <= 8) = the sum of the 8 int32 lanes of v[k]; lanes past K: anything. */
+INL __m256i reduce8_epi32(const __m256i *v, int K) {
+    __m256i h01 = _mm256_hadd_epi32(v[0], K > 1 ? v[1] : v[0]);
+    __m256i h23 = _mm256_hadd_epi32(K > 2 ? v[2] : v[0], K > 3 ? v[3] : v[0]);
+    __m256i h03 = _mm256_hadd_epi32(h01, h23); /* [v0..v3 low halves | v0..v3 high halves] */
+    if (K <= 4) {
+        __m128i r = _mm_add_epi32(_mm256_castsi256_si128(h03), _mm256_extracti128_si256(h03, 1));
+        return _mm256_set_m128i(r, r);
+    }
+    __m256i h45 = _mm256_hadd_epi32(v[4], K > 5 ? v[5] : v[4]);
+    __m256i h67 = _mm256_hadd_epi32(K > 6 ? v[6] : v[4], K > 7 ? v[7] : v[4]);
+    __m256i h47 = _mm256_hadd_epi32(h45, h67);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(h03, h47, 0x20),
+                            _mm256_permute2x128_si256(h03, h47, 0x31));
+}
+
+/* 8 floats from an array the unrolled tiles keep in registers */
+INL __m256 set8_ps(const float *a) { return _mm256_setr_ps(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]); }
+
+/* Word index of vector k's int16 scales in tile_q4k: [sub-block lo(k) x 16 | hi(k) x 16], the
+ * sub-blocks of [low nibbles of chunk 2(k/2) | of chunk 2(k/2)+1] (k even) or the high nibbles. */
+INL __m512i q4k_sidx(int k) {
+    int lo = 4 * (k / 2) + (k & 1);
+    return join_si(_mm256_set1_epi16((short)lo), _mm256_set1_epi16((short)(lo + 2)));
+}
+
+/* Q4_K/Q5_K: the 128 qs bytes as two 64-byte vectors Z0, Z1 (chunks 0|1, 2|3 of 32 bytes; chunk
+ * c holds sub-block 2c in its low nibbles, 2c+1 in its high): W0 = low nibbles of Z0 =
+ * sub-blocks [0 | 2], W1 = its high nibbles = [1 | 3], W2 = [4 | 6], W3 = [5 | 7]. The
+ * activations meet them as [x 0..31 | x 64..95] etc.: one 128-bit-lane shuffle per vector,
+ * made once per token and block for all rows of the tile. */
 INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
                   const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
     const size_t bb = q5 ? 176 : 144;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc[2][4];
-    #pragma GCC unroll 8
-    for (int r = 0; r < NR; r++)
-        #pragma GCC unroll 8
-        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m256 vacc = _mm256_setzero_ps(); /* lanes k = r * NT + t */
     for (int64_t b = 0; b < nb; b++) {
-        #pragma GCC unroll 8
+        __m512i xa[4][4];
+        float dx[4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
+            dx[t] = a->d;
+            __m512i x0 = loadu512(a->qs), x1 = loadu512(a->qs + 64);
+            __m512i x2 = loadu512(a->qs + 128), x3 = loadu512(a->qs + 192);
+            xa[t][0] = _mm512_shuffle_i64x2(x0, x1, 0x44); /* x 0..31 | 64..95 */
+            xa[t][1] = _mm512_shuffle_i64x2(x0, x1, 0xEE); /* x 32..63 | 96..127 */
+            xa[t][2] = _mm512_shuffle_i64x2(x2, x3, 0x44);
+            xa[t][3] = _mm512_shuffle_i64x2(x2, x3, 0xEE);
+        }
+        __m256i pv[8], mv[8];
+        float scd[8] = {0}, smn[8] = {0};
+        #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)b * bb;
-            prefetch_span(blk + (size_t)NR * ws, bb);
+            prefetch_span(blk + (size_t)NR * CB_DEC_PF512 * ws, bb);
             const uint8_t *qs = blk + (q5 ? 48 : 16);
             float d = CB_F16(blk), dmin = CB_F16(blk + 2);
             uint32_t u[4];
             cb_k4_scale_words(blk + 4, u);
-            uint8_t scm[16];
-            memcpy(scm, u, 16);
-            const __m512i qh = q5 ? _mm512_broadcast_i64x4(loadu256(blk + 16)) : _mm512_setzero_si512();
-            __m512i isum[4];
-            #pragma GCC unroll 8
-            for (int t = 0; t < NT; t++) isum[t] = _mm512_setzero_si512();
-            #pragma GCC unroll 1
-            for (int c = 0; c < 4; c++) {
-                __m256i qb = loadu256(qs + 32 * c);
-                __m512i wv = join_si(_mm256_and_si256(qb, m4),
-                                     _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4));
-                if (q5) {
-                    /* bit 2c of qh[l] for the low half, bit 2c+1 for the high half */
-                    __m512i bit = join_si(_mm256_set1_epi8((char)(1 << (2 * c))),
-                                          _mm256_set1_epi8((char)(1 << (2 * c + 1))));
-                    wv = _mm512_or_si512(wv, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(qh, bit),
-                                                                    _mm512_set1_epi8(0x10)));
-                }
-                __m512i sc = join_si(_mm256_set1_epi16(scm[2 * c]), _mm256_set1_epi16(scm[2 * c + 1]));
-                #pragma GCC unroll 8
-                for (int t = 0; t < NT; t++) {
-                    const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
-                    __m512i xv = loadu512(a->qs + 64 * c);
-                    isum[t] = _mm512_add_epi32(isum[t],
-                                               _mm512_madd_epi16(_mm512_maddubs_epi16(wv, xv), sc));
+            const __m128i scm = _mm_loadu_si128((const __m128i *)(const void *)u);
+            const __m512i sc16 = zext_si(_mm256_cvtepu8_epi16(scm)); /* words 0..7 scales */
+            __m512i z0 = loadu512(qs), z1 = loadu512(qs + 64);
+            __m512i wv[4] = {_mm512_and_si512(z0, m4), _mm512_and_si512(_mm512_srli_epi16(z0, 4), m4),
+                             _mm512_and_si512(z1, m4), _mm512_and_si512(_mm512_srli_epi16(z1, 4), m4)};
+            if (q5) {
+                /* bit j of qh[l] is the fifth bit of sub-block j's value l */
+                const __m512i qh = _mm512_broadcast_i64x4(loadu256(blk + 16));
+                #pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    int lo = 4 * (k / 2) + (k & 1);
+                    __m512i bit = join_si(_mm256_set1_epi8((char)(1 << lo)),
+                                          _mm256_set1_epi8((char)(1 << (lo + 2))));
+                    wv[k] = _mm512_or_si512(wv[k], _mm512_maskz_mov_epi8(
+                        _mm512_test_epi8_mask(qh, bit), _mm512_set1_epi8(0x10)));
                 }
             }
-            /* mins as int16 pairs (m_k, m_k) against the bsums pairs (2k, 2k+1) */
-            __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
-                _mm_loadu_si128((const __m128i *)(const void *)scm),
-                _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
-            #pragma GCC unroll 8
+            __m512i sv[4];
+            #pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) sv[k] = _mm512_permutexvar_epi16(q4k_sidx(k), sc16);
+            const __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+                scm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
+            #pragma GCC unroll 4
             for (int t = 0; t < NT; t++) {
                 const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
-                __m256i mm = _mm256_madd_epi16(loadu256(a->bsums), mins);
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_epi32(isum[t])),
-                                            _mm256_set1_ps(d * a->d), acc[r][t]);
-                acc[r][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mm), _mm256_set1_ps(dmin * a->d),
-                                             acc[r][t]);
+                __m512i s = _mm512_madd_epi16(_mm512_maddubs_epi16(wv[0], xa[t][0]), sv[0]);
+                #pragma GCC unroll 4
+                for (int k = 1; k < 4; k++)
+                    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(wv[k], xa[t][k]),
+                                                              sv[k]));
+                pv[r * NT + t] = fold_epi32(s);
+                mv[r * NT + t] = _mm256_madd_epi16(loadu256(a->bsums), mins);
+                scd[r * NT + t] = d * dx[t];
+                smn[r * NT + t] = dmin * dx[t];
             }
         }
+        vacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8_epi32(pv, NR * NT)), set8_ps(scd), vacc);
+        vacc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(reduce8_epi32(mv, NR * NT)), set8_ps(smn), vacc);
     }
-    #pragma GCC unroll 8
+    float tmp[8];
+    _mm256_storeu_ps(tmp, vacc);
     for (int r = 0; r < NR; r++)
-        #pragma GCC unroll 8
-        for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum256_ps(acc[r][t]);
+        for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = tmp[r * NT + t];
 }
 
 /* word w of the Q6_K scale index vectors: group w/8 of the four in a vector */
@@ -88,7 +133,8 @@ static const int16_t q6_group_idx[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 
                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
 
 /* Q6_K: per half h (128 values), [ql 0..31 | ql 32..63] and the qh bytes twice give values
- * 128h+0..63 and 128h+64..127 as two vectors (4 groups of 16 each). */
+ * 128h+0..63 and 128h+64..127 as two vectors (4 groups of 16 each), against the activations as
+ * they lie. */
 INL void tile_q6k(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
                   const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
     (void)unused;
@@ -97,64 +143,83 @@ INL void tile_q6k(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size
     const __m512i shl = join_si(_mm256_set1_epi16(4), _mm256_set1_epi16(2));
     const __m512i shr = join_si(_mm256_setzero_si256(), _mm256_set1_epi16(2));
     const __m512i gidx = loadu512(q6_group_idx);
-    __m256 acc[2][4];
-    #pragma GCC unroll 8
-    for (int r = 0; r < NR; r++)
-        #pragma GCC unroll 8
-        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    __m256 vacc = _mm256_setzero_ps(); /* lanes k = r * NT + t */
     for (int64_t b = 0; b < nb; b++) {
-        #pragma GCC unroll 8
+        __m256i pv[8];
+        float scd[8] = {0};
+        #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)b * 210;
-            prefetch_span(blk + (size_t)NR * ws, 210);
+            prefetch_span(blk + (size_t)NR * CB_DEC_PF512 * ws, 210);
             float d = CB_F16(blk + 208);
             const __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 192)));
             const __m512i sc512 = zext_si(scw);
-            __m512i isum[4];
-            #pragma GCC unroll 8
-            for (int t = 0; t < NT; t++) isum[t] = _mm512_setzero_si512();
-            #pragma GCC unroll 1
+            __m512i q[4], s[4];
+            #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
                 __m512i ql = loadu512(blk + 64 * h);
                 __m512i hv = _mm512_broadcast_i64x4(loadu256(blk + 128 + 32 * h));
-                __m512i q01 = _mm512_or_si512(_mm512_and_si512(ql, m4),
-                                              _mm512_and_si512(_mm512_sllv_epi16(hv, shl), m30));
-                __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                                              _mm512_and_si512(_mm512_srlv_epi16(hv, shr), m30));
-                __m512i s01 = _mm512_permutexvar_epi16(
+                q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4),
+                                           _mm512_and_si512(_mm512_sllv_epi16(hv, shl), m30));
+                q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                               _mm512_and_si512(_mm512_srlv_epi16(hv, shr), m30));
+                s[2 * h] = _mm512_permutexvar_epi16(
                     _mm512_add_epi16(gidx, _mm512_set1_epi16((short)(8 * h))), sc512);
-                __m512i s23 = _mm512_permutexvar_epi16(
+                s[2 * h + 1] = _mm512_permutexvar_epi16(
                     _mm512_add_epi16(gidx, _mm512_set1_epi16((short)(8 * h + 4))), sc512);
-                #pragma GCC unroll 8
-                for (int t = 0; t < NT; t++) {
-                    const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
-                    __m512i x01 = loadu512(a->qs + 128 * h), x23 = loadu512(a->qs + 128 * h + 64);
-                    isum[t] = _mm512_add_epi32(
-                        isum[t], _mm512_add_epi32(
-                                     _mm512_madd_epi16(_mm512_maddubs_epi16(q01, x01), s01),
-                                     _mm512_madd_epi16(_mm512_maddubs_epi16(q23, x23), s23)));
-                }
             }
-            #pragma GCC unroll 8
+            #pragma GCC unroll 4
             for (int t = 0; t < NT; t++) {
                 const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
+                __m512i acc = _mm512_madd_epi16(_mm512_maddubs_epi16(q[0], loadu512(a->qs)), s[0]);
+                #pragma GCC unroll 4
+                for (int k = 1; k < 4; k++)
+                    acc = _mm512_add_epi32(acc, _mm512_madd_epi16(
+                        _mm512_maddubs_epi16(q[k], loadu512(a->qs + 64 * k)), s[k]));
                 /* the zero point 32: 32 * sum_g sc_g * bsums_g */
                 __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(loadu256(a->bsums), scw), 5);
-                acc[r][t] = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(_mm256_sub_epi32(fold_epi32(isum[t]), corr)),
-                    _mm256_set1_ps(d * a->d), acc[r][t]);
+                pv[r * NT + t] = _mm256_sub_epi32(fold_epi32(acc), corr);
+                scd[r * NT + t] = d * a->d;
             }
         }
+        vacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8_epi32(pv, NR * NT)), set8_ps(scd), vacc);
     }
-    #pragma GCC unroll 8
+    float tmp[8];
+    _mm256_storeu_ps(tmp, vacc);
     for (int r = 0; r < NR; r++)
-        #pragma GCC unroll 8
-        for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum256_ps(acc[r][t]);
+        for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = tmp[r * NT + t];
 }
 
-CB_DEFINE_TILE(tile512_q4_k, tile_q4k, 0)
-CB_DEFINE_TILE(tile512_q5_k, tile_q4k, 1)
-CB_DEFINE_TILE(tile512_q6_k, tile_q6k, 0)
+/* nr rows: four at a time for one token (one reduction serves them), else two, nt <= 4. */
+#define CB_DEFINE_KTILE(NAME, BODY, TYPE)                                                       \
+    CB_AVX512_TARGET static void NAME(int64_t n, const uint8_t *w, size_t ws, int nr,          \
+                                      const uint8_t *x, size_t xs, int nt, float *out) {       \
+        for (int r = 0; r < nr; r += 2) {                                                      \
+            const uint8_t *wr = w + (size_t)r * ws;                                            \
+            if (nt == 1 && nr - r >= 4) {                                                      \
+                BODY(TYPE, 4, 1, n, wr, ws, x, xs, out, nt, r);                                \
+                r += 2;                                                                        \
+            } else if (nr - r >= 2) {                                                          \
+                switch (nt) {                                                                  \
+                case 1: BODY(TYPE, 2, 1, n, wr, ws, x, xs, out, nt, r); break;                 \
+                case 2: BODY(TYPE, 2, 2, n, wr, ws, x, xs, out, nt, r); break;                 \
+                case 3: BODY(TYPE, 2, 3, n, wr, ws, x, xs, out, nt, r); break;                 \
+                default: BODY(TYPE, 2, 4, n, wr, ws, x, xs, out, nt, r); break;                \
+                }                                                                              \
+            } else {                                                                           \
+                switch (nt) {                                                                  \
+                case 1: BODY(TYPE, 1, 1, n, wr, ws, x, xs, out, nt, r); break;                 \
+                case 2: BODY(TYPE, 1, 2, n, wr, ws, x, xs, out, nt, r); break;                 \
+                case 3: BODY(TYPE, 1, 3, n, wr, ws, x, xs, out, nt, r); break;                 \
+                default: BODY(TYPE, 1, 4, n, wr, ws, x, xs, out, nt, r); break;                \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+    }
+
+CB_DEFINE_KTILE(tile512_q4_k, tile_q4k, 0)
+CB_DEFINE_KTILE(tile512_q5_k, tile_q4k, 1)
+CB_DEFINE_KTILE(tile512_q6_k, tile_q6k, 0)
 
 /* K-quants (cb_avx2_rp_pack's layout for Q4_K/Q5_K/Q6_K, see quant_avx2.c): 64 steps of 32
  * bytes, then ns scale vectors, 8 min vectors, d[8], dmin[8]. Pairs of steps as above; one

@@ -452,6 +452,42 @@ static void check_rp16(const kernels *k8, rp16_tile_fn tile16, const char *name)
     }
 }
 
+/* The K-quants' direct tiles are batch invariant (quant_avx512_k.c): on random data (where a
+ * different float order shows) every (row, token) is bit-equal to the AVX2 invariant tile's, at
+ * 1..4 rows (the 4-row decode tile included) and 1..4 tokens. */
+static void check_k_tile_invariant(const kernels *k) {
+    const int ktypes[] = {CB_TYPE_Q4_K, CB_TYPE_Q5_K, CB_TYPE_Q6_K};
+    for (int i = 0; i < 3; i++) {
+        int type = ktypes[i], ok = 1;
+        cb_tile_fn t512 = k->tile(type), t2 = cb_avx2_tile(type);
+        CHECK(t512 != NULL && t2 != NULL);
+        for (int rep = 0; rep < 80 && ok && t512 && t2; rep++) {
+            int64_t cols = random_cols(type), nb = cols / CB_QKK;
+            int nr = rndi(1, CB_TILE_R), nt = rndi(1, CB_TILE_T);
+            size_t rb;
+            CHECK(cb_type_row_bytes(type, cols, &rb) == CB_OK);
+            size_t ws = rb + (size_t)rndi(0, 3) * 7, xs = act_stride(type, cols);
+            uint8_t *w = malloc(ws * (size_t)nr), *xa = malloc(xs * (size_t)nt);
+            float *x = malloc(sizeof(float) * (size_t)(cols * nt));
+            float o512[CB_TILE_R * CB_TILE_T], o2[CB_TILE_R * CB_TILE_T];
+            for (int r = 0; r < nr; r++) fill_weights(type, w + (size_t)r * ws, ws, 0);
+            fill_x(type, x, cols * nt, 0);
+            for (int t = 0; t < nt; t++) cb_scalar_quantize_q8k(x + t * cols, cols, xa + (size_t)t * xs);
+            t512(nb, w, ws, nr, xa, xs, nt, o512);
+            t2(nb, w, ws, nr, xa, xs, nt, o2);
+            if (memcmp(o512, o2, sizeof(float) * (size_t)(nr * nt)) != 0) {
+                fprintf(stderr, "%s tile %s cols=%lld nr=%d nt=%d: not bit-equal to the AVX2 "
+                        "invariant tile\n", k->name, cb_type_name(type), (long long)cols, nr, nt);
+                ok = 0;
+            }
+            free(w);
+            free(xa);
+            free(x);
+        }
+        CHECK(ok);
+    }
+}
+
 /* quantizers on their own: random blocks, an all-zero block and rounding ties */
 static void check_quantizers(const kernels *k) {
     float x[3 * CB_QKK];
@@ -499,7 +535,8 @@ int main(void) {
         printf("test_quant_avx512: no AVX2 here: the packed-row tile is not checked "
                "(it reads cb_avx2_rp_pack's groups)\n");
     run(&EMULATED, with_rp);
-    if (with_rp) {
+    if (with_rp) { /* cb_avx2_tile runs natively: the CPU must have AVX2 */
+        check_k_tile_invariant(&EMULATED);
         run(&EMULATED_VNNI, with_rp);
         check_rp_same(&EMULATED, &EMULATED_VNNI);
         check_rp16(&EMULATED_VNNI, cb_avx512emu_rp16_tile_vnni, "emulated vnni 16 rows");
@@ -507,6 +544,7 @@ int main(void) {
     if (cpu >= CB_SIMD_AVX512) {
         printf("test_quant_avx512: this CPU has AVX-512: checking the native kernels too\n");
         run(&NATIVE, with_rp);
+        check_k_tile_invariant(&NATIVE);
         if (cpu >= CB_SIMD_AVX512_VNNI) {
             printf("test_quant_avx512: this CPU has AVX512-VNNI: checking its packed tile\n");
             run(&NATIVE_VNNI, with_rp);
