@@ -31,6 +31,7 @@ from colibri.arch_read import (
     _show,
     gemma4_layer_attn,
 )
+from colibri.dense import MODES, DenseCopies
 from colibri.gguf import GGUFError, GGUFFile
 
 __all__ = ["FAMILIES", "ExpertTensors", "Family", "LayerDesc", "Mat", "ModelDesc",
@@ -124,10 +125,12 @@ class ModelDesc(_forward.CModelDesc):
     arch: str
     n_ctx_train: int
     layers: list[LayerDesc]
-    _keep: list[Any]  # arrays describe() made (dequantized vectors)
+    _keep: list[Any]  # arrays describe() made (dequantized vectors, dense copies)
+    dense_copied: set[str]  # tensors read from copies on huge pages (colibri.dense), not the file
 
     def __init__(self, **fields: Any) -> None:
         self.arch, self.n_ctx_train, self.layers = "", 0, []
+        self.dense_copied = set()
         self.expert_scale = 1.0
         for name, value in fields.items():
             _set_known(self, name, value)
@@ -198,11 +201,14 @@ def _set_known(d: Any, name: str, value: Any) -> None:
     setattr(d, name, value)
 
 
-def describe(gf: GGUFFile, dequantize: bool = False) -> ModelDesc:
+def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mapped") -> ModelDesc:
     """Build the model description of a GGUF file, or raise UnsupportedModel naming what is
     missing or not supported. dequantize=True expands every matrix to float32 at load (4 bytes
     per weight; exact products, used to compare implementations without the rounding of 8-bit
-    activations)."""
+    activations). dense_weights="copy" copies the dense matrices to huge pages (colibri.dense;
+    `desc.dense_copied` names them), "mapped" reads them through the file mapping."""
+    if dense_weights not in MODES:
+        raise ValueError(f"dense_weights must be one of {', '.join(MODES)}, got {dense_weights!r}")
     arch = gf.architecture
     if arch is None:
         raise UnsupportedModel(f"{gf.path}: no general.architecture key: not a model file")
@@ -212,7 +218,8 @@ def describe(gf: GGUFFile, dequantize: bool = False) -> ModelDesc:
             f"{gf.path}: architecture {arch!r} is not supported; supported: "
             f"{', '.join(sorted(FAMILIES))}"
         )
-    r = _Reader(gf, arch, dequantize)
+    r = _Reader(gf, arch, dequantize,
+                DenseCopies() if dense_weights == "copy" and not dequantize else None)
     p = gf.path
     n_embd = r.int_key("embedding_length", required=True, lo=1)
     n_layer = r.int_key("block_count", required=True, lo=1, hi=MAX_LAYERS)
@@ -253,9 +260,13 @@ def describe(gf: GGUFFile, dequantize: bool = False) -> ModelDesc:
 
     tok = r.info("token_embd.weight")
     n_vocab = tok.shape[1] if len(tok.shape) == 2 else 0
-    tok_embd = r.mat("token_embd.weight", n_vocab, n_embd)
-    assert tok_embd is not None
-    output = r.mat("output.weight", n_vocab, n_embd, required=False) or tok_embd
+    # the embedding is read a row per token: not copied, unless it is also the head (tied),
+    # which streams it whole every token
+    tok_embd = r.mat("token_embd.weight", n_vocab, n_embd, copy=False)
+    output = r.mat("output.weight", n_vocab, n_embd, required=False)
+    if output is None:
+        output = tok_embd = r.mat("token_embd.weight", n_vocab, n_embd)
+    assert tok_embd is not None and output is not None
     output_norm = r.vec("output_norm.weight", n_embd)
     assert output_norm is not None
 
@@ -372,6 +383,7 @@ def describe(gf: GGUFFile, dequantize: bool = False) -> ModelDesc:
         tok_embd=tok_embd, output_norm=output_norm, output=output, layers=layers,
     )
     desc._keep = r.keep
+    desc.dense_copied = r.dense.names if r.dense is not None else set()
     return desc
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from colibri._core import _quant
+from colibri.dense import DenseCopies
 from colibri.gguf import GGUFFile, TensorInfo
 
 F32 = int(_quant.cb_type.CB_TYPE_F32)
@@ -78,12 +79,14 @@ def _expert_span(gf: GGUFFile, name: str, t: TensorInfo, n_expert: int) -> tuple
 
 
 class _Reader:
-    def __init__(self, gf: GGUFFile, arch: str, dequantize: bool = False):
+    def __init__(self, gf: GGUFFile, arch: str, dequantize: bool = False,
+                 dense: DenseCopies | None = None):
         self.gf = gf
         self.arch = arch
         self.dequantize = dequantize
+        self.dense = dense  # matrices copied to huge pages (colibri.dense), or None: mapped
         self.md = gf.metadata
-        self.keep: list[Any] = []  # arrays made here (dequantized vectors)
+        self.keep: list[Any] = [dense] if dense is not None else []  # what arrays here live in
 
     def key(self, name: str, default: Any = None, required: bool = False) -> Any:
         full = f"{self.arch}.{name}"
@@ -159,7 +162,10 @@ class _Reader:
         self.keep.append(arr)
         return arr
 
-    def mat(self, name: str, rows: int, cols: int, required: bool = True) -> Mat | None:
+    def mat(self, name: str, rows: int, cols: int, required: bool = True,
+            copy: bool = True) -> Mat | None:
+        """A dense matrix: its bytes in the mapping, or (with a DenseCopies and copy=True) in
+        anonymous huge-page memory, the mapping's pages of it dropped."""
         if not self.has(name):
             if required:
                 raise UnsupportedModel(f"{self.gf.path}: required tensor {name!r} is missing")
@@ -174,7 +180,13 @@ class _Reader:
             data = _dequantized(self.gf.data(name), t.type, rows * cols)
             self.keep.append(data)
             return Mat(F32, rows, cols, cols * 4, data)
-        return Mat(t.type, rows, cols, t.row_nbytes, self.gf.data(name))
+        data = self.gf.data(name)
+        if self.dense is not None and copy:
+            if name not in self.dense.names:
+                self.dense.copy(name, data)
+                self.gf.drop_pages(name)
+            data = self.dense.get(name)
+        return Mat(t.type, rows, cols, t.row_nbytes, data)
 
     def experts(self, bid: int, n_expert: int, n_embd: int, n_ff: int) -> ExpertTensors:
         if self.has(f"blk.{bid}.ffn_gate_up_exps.weight"):

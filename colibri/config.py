@@ -136,6 +136,11 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in [
     Variable("COLIBRI_EXPERT_BUDGET", "expert_budget", "size, fraction or auto", None, budget,
              "bytes of experts kept resident: `4GB`, `512MiB`, a fraction of the experts' size "
              "such as `0.5`, or `auto`", default_help="no budget: every expert mapped"),
+    Variable("COLIBRI_DENSE_WEIGHTS", "dense_weights", "copy | mapped", "copy",
+             choice("copy", "mapped"),
+             "dense matrices (attention, head, dense FFN): `copy` to anonymous memory on huge "
+             "pages at load (faster decode), `mapped` read through the file mapping (shared by "
+             "processes running the same file)"),
     Variable("COLIBRI_EXPERT_PREFETCH", "prefetch", "boolean", False, boolean,
              "`1`/`0`: prefetch the next layer's predicted experts"),
     Variable("COLIBRI_EXPERT_DIRECT_IO", None, "auto | on | off", "auto",

@@ -282,6 +282,16 @@ class GGUFFile:
             raise KeyError(f"{self.path}: no tensor named {name!r}")
         return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
 
+    def drop_pages(self, name: str) -> int:
+        """Drop this process's mapping of the whole pages of a tensor's bytes (colibri.dense
+        copied them): the page cache keeps them, and data() still reads them. Returns bytes."""
+        from colibri.dense import drop_pages
+
+        t = self.tensors.get(name)
+        if self._mm is None or t is None:
+            return 0
+        return drop_pages(self._mm, t.offset, t.nbytes)
+
     def check_unchanged(self) -> None:
         """Raise OSError if the mapped file was truncated in place since it was opened: its
         tensors are read through the mapping, and a page past the new end would be a SIGBUS.

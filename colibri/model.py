@@ -57,14 +57,15 @@ def parse_budget(budget: str | float | int | None, expert_bytes: int) -> int | N
     return int(value)
 
 
-def _open_file(path: str, dequantize: bool, verify: bool) -> tuple[Any, ModelDesc]:
+def _open_file(path: str, dequantize: bool, verify: bool,
+               dense_weights: str = "mapped") -> tuple[Any, ModelDesc]:
     """The validated file (a GGUFFile, or a ContainerFile by its magic) and its description."""
     from colibri.arch import describe
     from colibri.container import open_model_file
 
     f = open_model_file(path, verify=verify)
     try:
-        return f, describe(f, dequantize)
+        return f, describe(f, dequantize, dense_weights)
     except BaseException:
         f.close()
         raise
@@ -183,6 +184,12 @@ class Model:
       prefill), so Engine outputs equal Model.generate's. False allows the faster matmul
       kernels that are not invariant (last bits depend on the batch; see docs/ARCHITECTURE.md
       "Batch invariance"). The GPU path (device="cuda") is not covered.
+    - dense_weights: "copy" (default; COLIBRI_DENSE_WEIGHTS) copies the dense matrices
+      (attention, router, dense FFN, the output head; not the routed experts, not an untied
+      token embedding) at load into anonymous memory on transparent huge pages and drops the
+      file mapping's pages of them (colibri.dense): faster decode, the same resident bytes.
+      "mapped" reads them through the file mapping, which processes running the same file share.
+      Logits do not depend on it.
     """
 
     def __init__(
@@ -208,6 +215,7 @@ class Model:
         verbose: bool = True,
         progress: ProgressCallback | None = None,
         deterministic: bool = True,
+        dense_weights: str | None = None,
     ) -> None:
         t0 = time.perf_counter()
         self._closed = True  # until everything below exists
@@ -245,7 +253,8 @@ class Model:
         if not os.path.isfile(self.path):
             raise ValueError(f"model path {self.path} is not a regular file")
         self.deterministic = bool(deterministic)
-        self.gguf, self.desc = _open_file(self.path, dequantize, verify)
+        self.dense_weights = str(config.resolve("COLIBRI_DENSE_WEIGHTS", dense_weights))
+        self.gguf, self.desc = _open_file(self.path, dequantize, verify, self.dense_weights)
         self._arch, self._n_ctx_train = self.desc.arch, self.desc.n_ctx_train
         try:
             self._load(kv_dtype, tokenizer, expert_mode, expert_budget, expert_policy, pin,
@@ -648,6 +657,9 @@ class Model:
         total = 0
         page = 4096
         for name, t in self.gguf.tensors.items():
+            if name in self.desc.dense_copied:  # in anonymous memory, touched by the copy
+                total += t.nbytes
+                continue
             view = self.gguf.data(name)
             rows = view.reshape(1, -1) if view.ndim == 1 else view  # a container's expert
             if view.size:                                            # tensor: a row per expert

@@ -1,0 +1,105 @@
+"""Dense weights copied into anonymous memory on transparent huge pages.
+
+`Model(dense_weights="copy")` (COLIBRI_DENSE_WEIGHTS, the default) copies every dense matrix
+(attention, router, dense FFN, shared experts, the output head) at load into anonymous memory
+advised MADV_HUGEPAGE; `"mapped"` reads them through the file mapping as before.
+
+Why: a decode step streams every dense matrix once (Gemma 3 270M's tied head alone is 178 MB a
+token). Through the file mapping those bytes lie on 4 KiB page-cache pages: a TLB miss every
+4 KiB, and the hardware prefetchers stop at every page boundary. In 2 MiB pages (where the
+kernel allows them: transparent_hugepage "always" or "madvise") the same kernels stream them
+faster (`tools/bench/decode_rate.py` A/B, docs/benchmarks.md).
+
+Memory: each copied tensor's whole file pages are then dropped from this process's mapping
+(MADV_DONTNEED: they stay in the page cache, clean and reclaimable), so the resident size counts
+the dense weights once, as the plan (colibri.plan) already assumes ("dense weights: resident").
+Routed experts are never copied: the expert store owns them. What the copy gives up: processes
+running the same file no longer share the dense weights through the page cache; "mapped" is for
+that case. Chunks are 64-byte aligned runs inside 2 MiB-aligned anonymous mappings of at least
+CHUNK bytes; the arrays are read-only and keep their chunk alive.
+"""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+HUGE = 2 << 20   # a transparent huge page
+CHUNK = 64 << 20  # the smallest anonymous mapping the copies are cut from
+ALIGN = 64        # each copy starts on a cache line
+
+MODES = ("copy", "mapped")
+
+
+class DenseCopies:
+    """Copies of tensors in anonymous huge-page-advised memory (a bump allocator over chunks)."""
+
+    def __init__(self) -> None:
+        self._maps: list[mmap.mmap] = []
+        self._buf: np.ndarray | None = None
+        self._used = 0
+        self.bytes = 0
+        self._copies: dict[str, np.ndarray] = {}
+
+    @property
+    def names(self) -> set[str]:
+        """The tensors copied."""
+        return set(self._copies)
+
+    def get(self, name: str) -> np.ndarray:
+        """The copy of a tensor (KeyError if it was not copied)."""
+        return self._copies[name]
+
+    def _new_chunk(self, n: int) -> None:
+        size = max(CHUNK, -(-n // HUGE) * HUGE)
+        # private anonymous (Python's default for -1 is shared memory, which THP leaves alone);
+        # the extra huge page aligns the start
+        mm = mmap.mmap(-1, size + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        advice = getattr(mmap, "MADV_HUGEPAGE", None)
+        if advice is not None:
+            try:
+                mm.madvise(advice)
+            except OSError:  # THP "never" or not built in: 4 KiB pages, still correct
+                pass
+        base = np.frombuffer(mm, dtype=np.uint8)
+        skip = (-int(base.ctypes.data)) % HUGE
+        self._maps.append(mm)
+        self._buf = base[skip:skip + size]
+        self._used = 0
+
+    def copy(self, name: str, view: np.ndarray) -> np.ndarray:
+        """A read-only copy of the bytes of `view` (any shape), 64-byte aligned."""
+        src = np.ascontiguousarray(view).reshape(-1).view(np.uint8)
+        n = int(src.size)
+        if self._buf is None or self._used + n > self._buf.size:
+            self._new_chunk(n)
+        assert self._buf is not None
+        out = self._buf[self._used:self._used + n]
+        np.copyto(out, src)
+        out.flags.writeable = False
+        self._used = -(-(self._used + n) // ALIGN) * ALIGN
+        self.bytes += n
+        arr = out.view(view.dtype).reshape(view.shape)
+        self._copies[name] = arr
+        return arr
+
+
+def drop_pages(mm: mmap.mmap, offset: int, nbytes: int) -> int:
+    """Drop this process's mapping of the whole pages inside [offset, offset + nbytes) of a
+    read-only file mapping (MADV_DONTNEED: the page cache keeps them; a later read faults them
+    back in). Returns the bytes dropped (0 where the platform has no madvise)."""
+    page = mmap.PAGESIZE
+    start = -(-offset // page) * page
+    end = (offset + nbytes) // page * page
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if end <= start or advice is None:
+        return 0
+    try:
+        mm.madvise(advice, start, end - start)
+    except (OSError, ValueError):
+        return 0
+    return end - start
+
+
+__all__ = ["DenseCopies", "drop_pages", "MODES"]
