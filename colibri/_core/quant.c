@@ -697,7 +697,7 @@ cb_rp_kernel_t cb_rp_kernel(int type, int simd_level) {
         k.rows = 16;
         k.tokens = 4;
         k.group_bytes = cb_avx2_rp16_group_bytes;
-        k.pack = cb_avx2_rp16_pack;
+        k.pack = cb_avx512_rp16_pack; /* quant_avx512_pack.c: cb_avx2_rp16_pack's bytes */
         k.tile = cb_avx512_rp16_tile_vnni;
         return k;
     }

@@ -213,6 +213,10 @@ void CB_AVX512_FN(rp16_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const
                                   size_t xs, int nt, float *out);
 #endif
 
+/* The 16-row packing (quant_avx512_pack.c): cb_avx2_rp16_pack's bytes. */
+void CB_AVX512_FN(rp16_pack)(int type, const uint8_t *w, size_t ws, int nr, int64_t cols,
+                             uint8_t *dst);
+
 /* The K-quant kernels (quant_avx512_k.c) for the dispatch in quant_avx512.c: the tile of
  * Q4_K/Q5_K/Q6_K (NULL for another type), and their packed-row tiles, without and with VNNI. */
 cb_tile_fn CB_AVX512_FN(k_tile)(int type);

@@ -109,6 +109,9 @@ static inline size_t cb_rp16_bstride(int type) {
 }
 void cb_avx512_rp16_tile_vnni(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
                               size_t xs, int nt, float *out);
+/* The same packing with AVX-512 (quant_avx512_pack.c; cb_cpu_level() >= CB_SIMD_AVX512): the
+ * same bytes, cb_avx2_rp16_pack for the types it does not cover. */
+void cb_avx512_rp16_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst);
 
 /* The packed-row path of a type at a SIMD level (cb_rp_kernel, quant.c; rows == 0: none): groups
  * of `rows` weight rows are packed once by `pack` into group_bytes(type, cols) bytes (64-byte

@@ -16,6 +16,7 @@
 #define CB_AVX512_EMULATE 1
 #include "quant_avx512.c"
 #include "quant_avx512_k.c"
+#include "quant_avx512_pack.c"
 
 #include <math.h>
 #include <stdint.h>
@@ -488,6 +489,54 @@ static void check_k_tile_invariant(const kernels *k) {
     }
 }
 
+/* The AVX-512 16-row packing against cb_avx2_rp16_pack: the same bytes (the whole group, and
+ * nothing written past it), every packed type, 1..16 rows, odd block counts, row strides with
+ * padding; weight bytes random, all 0x00, all 0xFF, or random 0x00/0xFF/0x7F/0x80 (the extremes
+ * of every field: quants, scale bits, f16 scales incl. infinities and NaNs). */
+typedef void (*rp16_pack_fn)(int type, const uint8_t *w, size_t ws, int nr, int64_t cols,
+                             uint8_t *dst);
+static void check_pack16(rp16_pack_fn pack, const char *name) {
+    static const uint8_t EXTREME[4] = {0x00, 0xFF, 0x7F, 0x80};
+    for (int i = 0; i < N_TYPES; i++) {
+        int type = TYPES[i];
+        if (!cb_avx2_rp_supported(type)) continue;
+        int ok = 1;
+        for (int rep = 0; rep < 80 && ok; rep++) {
+            int64_t bs = cb_type_block_size(type);
+            int64_t cols = bs == CB_QKK ? (int64_t)CB_QKK * rndi(1, 5)
+                           : type == CB_TYPE_I4_G128 ? 128 * rndi(1, 4)
+                                                     : CB_QK * rndi(1, 11);
+            int nr = rep < 16 ? rep + 1 : rndi(1, 16), mode = rep % 4;
+            size_t rb;
+            CHECK(cb_type_row_bytes(type, cols, &rb) == CB_OK);
+            size_t ws = rb + (size_t)rndi(0, 3) * 5, gb = cb_avx2_rp16_group_bytes(type, cols);
+            uint8_t *w = malloc(ws * (size_t)nr); /* exactly nr rows: reads past them are caught */
+            uint8_t *want = aligned(gb + 64), *got = aligned(gb + 64);
+            for (size_t j = 0; j < ws * (size_t)nr; j++)
+                w[j] = mode == 0 ? (uint8_t)rnd() : mode == 3 ? EXTREME[rnd() % 4]
+                                                              : (mode == 1 ? 0x00 : 0xFF);
+            if (mode == 0)
+                for (int r = 0; r < nr; r++) fill_weights(type, w + (size_t)r * ws, rb, 0);
+            memset(want, 0xA5, gb + 64);
+            memset(got, 0xA5, gb + 64);
+            cb_avx2_rp16_pack(type, w, ws, nr, cols, want);
+            pack(type, w, ws, nr, cols, got);
+            if (memcmp(want, got, gb + 64) != 0) {
+                size_t at = 0;
+                while (want[at] == got[at]) at++;
+                fprintf(stderr, "%s %s cols=%lld nr=%d ws=%zu mode %d: byte %zu of %zu is %02x, "
+                        "cb_avx2_rp16_pack's %02x\n", name, cb_type_name(type), (long long)cols,
+                        nr, ws, mode, at, gb, got[at], want[at]);
+                ok = 0;
+            }
+            free(w);
+            free(want);
+            free(got);
+        }
+        CHECK(ok);
+    }
+}
+
 /* quantizers on their own: random blocks, an all-zero block and rounding ties */
 static void check_quantizers(const kernels *k) {
     float x[3 * CB_QKK];
@@ -540,11 +589,13 @@ int main(void) {
         run(&EMULATED_VNNI, with_rp);
         check_rp_same(&EMULATED, &EMULATED_VNNI);
         check_rp16(&EMULATED_VNNI, cb_avx512emu_rp16_tile_vnni, "emulated vnni 16 rows");
+        check_pack16(cb_avx512emu_rp16_pack, "emulated 16-row packing");
     }
     if (cpu >= CB_SIMD_AVX512) {
         printf("test_quant_avx512: this CPU has AVX-512: checking the native kernels too\n");
         run(&NATIVE, with_rp);
         check_k_tile_invariant(&NATIVE);
+        check_pack16(cb_avx512_rp16_pack, "native 16-row packing");
         if (cpu >= CB_SIMD_AVX512_VNNI) {
             printf("test_quant_avx512: this CPU has AVX512-VNNI: checking its packed tile\n");
             run(&NATIVE_VNNI, with_rp);
