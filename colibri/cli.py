@@ -34,6 +34,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expert-budget", default=None,
                    help=_setting_help("COLIBRI_EXPERT_BUDGET", "bytes of experts kept resident: "
                                       "2GB, 512MiB, 0.5 (a fraction) or auto"))
+    p.add_argument("--dense-weights", choices=("copy", "mapped"), default=None,
+                   help=_setting_help("COLIBRI_DENSE_WEIGHTS", "dense matrices copied to huge "
+                                      "pages at load, or read through the file mapping"))
     p.add_argument("--expert-policy", choices=("lru", "lfru"), default="lru",
                    help="eviction policy of the expert store")
     p.add_argument("--no-verify", action="store_true",
@@ -188,7 +191,8 @@ def _load(args: argparse.Namespace):
                  expert_mode=args.expert_mode, expert_budget=args.expert_budget,
                  expert_policy=args.expert_policy, verify=not args.no_verify,
                  prefetch=args.prefetch, device=args.device, cuda_weights=args.cuda_weights,
-                 cuda_expert_budget=args.cuda_expert_budget, verbose=False)
+                 cuda_expert_budget=args.cuda_expert_budget,
+                 dense_weights=args.dense_weights, verbose=False)
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
