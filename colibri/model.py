@@ -135,7 +135,8 @@ class Model:
 
     Model(path=None, threads=None, ctx=None, max_batch=None, kv_dtype="f32",
           expert_mode=None, expert_budget=None, expert_policy="lru", pin=None,
-          mlock_experts=False, prefetch=None, expert_usage=None, deterministic=True)
+          mlock_experts=False, prefetch=None, expert_usage=None, deterministic=True,
+          dense_weights=None)
 
     Each knob: the argument when given, else its environment variable, else the default.
 
@@ -157,13 +158,10 @@ class Model:
       (0, 1] (a fraction of the experts' size) (COLIBRI_EXPERT_BUDGET). The pool is raised to
       hold at least the experts one layer can need in one batch (see min_expert_slots).
       "auto": what `colibri plan` chooses for the memory available now.
-    - expert_policy: "lru" or "lfru" (frequency-aware with aging).
-    - pin: [(layer, expert), ...] loaded at start and never evicted.
-    - prefetch: a background thread of the store reads the experts the next MoE layer is
-      predicted to use (its router applied to the current layer's expert input) while this
-      layer computes (COLIBRI_EXPERT_PREFETCH=0/1; cache and mmap modes; the mapped store has
-      nothing to prefetch). Default: off - on the benchmark model the predictions were mostly
-      wrong (see docs/ARCHITECTURE.md), costing reads and evictions. Logits never depend on it.
+    - expert_policy: "lru" or "lfru" (frequency-aware); pin: [(layer, expert), ...] never evicted.
+    - prefetch: the store reads the experts the next MoE layer is predicted to use while this
+      layer computes (COLIBRI_EXPERT_PREFETCH=0/1; cache and mmap modes). Default: off (on the
+      benchmark model the predictions were mostly wrong: docs/ARCHITECTURE.md).
     - expert_usage: keep the model's expert usage record (colibri.usage; COLIBRI_EXPERT_USAGE,
       default on): this run's route counts are added to it at close (and every
       USAGE_SAVE_S seconds of use), and a budgeted store ("cache"/"mmap") without explicit
@@ -175,21 +173,16 @@ class Model:
       experts of every MoE layer run on the GPU (colibri.cuda_moe), the rest on the CPU.
     - cuda_weights: the experts' format on the GPU, "f16" or "int4-g128".
     - cuda_expert_budget: device bytes for routed experts ("2GB", an int, or a fraction in
-      (0, 1] of all experts in the device format; COLIBRI_CUDA_EXPERT_BUDGET). Default: every
-      expert uploaded at load. Smaller: a device expert cache staged from the expert store per
-      MoE call (colibri.cuda_moe); with expert_mode="cache" the store's slot pool is
-      page-locked for the copies. Logits do not depend on it.
+      (0, 1]; COLIBRI_CUDA_EXPERT_BUDGET). Default: every expert uploaded at load; smaller: a
+      device expert cache staged from the expert store per MoE call (colibri.cuda_moe).
     - deterministic: True (default): batch invariance - a sequence's logits are bit-identical
       whatever else runs in its batch (other sequences, chunked or one-token-at-a-time
       prefill), so Engine outputs equal Model.generate's. False allows the faster matmul
       kernels that are not invariant (last bits depend on the batch; see docs/ARCHITECTURE.md
       "Batch invariance"). The GPU path (device="cuda") is not covered.
-    - dense_weights: "copy" (default; COLIBRI_DENSE_WEIGHTS) copies the dense matrices
-      (attention, router, dense FFN, the output head; not the routed experts, not an untied
-      token embedding) at load into anonymous memory on transparent huge pages and drops the
-      file mapping's pages of them (colibri.dense): faster decode, the same resident bytes.
-      "mapped" reads them through the file mapping, which processes running the same file share.
-      Logits do not depend on it.
+    - dense_weights: "copy" (default; COLIBRI_DENSE_WEIGHTS): the dense matrices on huge pages,
+      copied at load (colibri.dense: faster decode, same resident bytes); "mapped": read through
+      the file mapping, shared by processes. Logits do not depend on it.
     """
 
     def __init__(
@@ -655,16 +648,11 @@ class Model:
         load), so that later forward passes do not pay first-touch page faults. Returns the
         bytes touched. For a file larger than RAM, use an expert budget instead."""
         total = 0
-        page = 4096
         for name, t in self.gguf.tensors.items():
-            if name in self.desc.dense_copied:  # in anonymous memory, touched by the copy
-                total += t.nbytes
-                continue
-            view = self.gguf.data(name)
-            rows = view.reshape(1, -1) if view.ndim == 1 else view  # a container's expert
-            if view.size:                                            # tensor: a row per expert
-                int(rows[:, ::page].sum(dtype=np.uint64))
-                total += t.nbytes
+            view = self.gguf.data(name)  # a container's expert tensor: a row per expert
+            if view.size and name not in self.desc.dense_copied:  # copies: touched at load
+                int((view.reshape(1, -1) if view.ndim == 1 else view)[:, ::4096].sum(dtype=np.uint64))
+            total += t.nbytes
         return total
 
     @_requires_open
