@@ -25,6 +25,8 @@ import mmap
 
 import numpy as np
 
+from colibri.meminfo import mem_available
+
 HUGE = 2 << 20   # a transparent huge page
 CHUNK = 64 << 20  # the smallest anonymous mapping the copies are cut from
 ALIGN = 64        # each copy starts on a cache line
@@ -53,6 +55,11 @@ class DenseCopies:
 
     def _new_chunk(self, n: int) -> None:
         size = max(CHUNK, -(-n // HUGE) * HUGE)
+        avail = mem_available()
+        if avail and -(-n // HUGE) * HUGE > avail:  # a clear error, not the OOM killer
+            raise MemoryError(f"not enough memory to copy the dense weights ({n / 2**30:.2f} GiB "
+                              f"more, {avail / 2**30:.2f} GiB available): "
+                              "dense_weights='mapped' reads them through the file mapping")
         # private anonymous (Python's default for -1 is shared memory, which THP leaves alone);
         # the extra huge page aligns the start
         mm = mmap.mmap(-1, size + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

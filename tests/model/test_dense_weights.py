@@ -137,3 +137,10 @@ def test_setting_is_validated(gemma, monkeypatch):
     m = colibri.Model(gemma, ctx=64, tokenizer=False)
     assert m.dense_weights == "mapped" and m.desc.dense_copied == set()
     m.close()
+
+
+def test_a_copy_that_cannot_fit_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(dense, "mem_available", lambda: 1 << 20)
+    store = dense.DenseCopies()
+    with pytest.raises(MemoryError, match="dense_weights='mapped'"):
+        store.copy("big", np.zeros(8 << 20, np.uint8))
