@@ -20,7 +20,8 @@ rounds. **Decode**: colibri.bench.run_colibri and run_llama_cpp (the code of `co
 --vs-llama-cpp`), each in a fresh process: load, prefault (llama.cpp maps with MAP_POPULATE),
 a P-token prompt, 4 untimed greedy steps, then N timed single-token greedy steps. Each round
 runs bandwidth, colibri and llama.cpp one after the other at each thread count, so the three
-see the same load; decode rates are the medians of the rounds.
+see the same load; decode rates are the medians of the rounds (the best round is reported beside
+them: on a shared machine the least disturbed one).
 
 The roofline rate is bandwidth / bytes per token; an engine's share is its tokens/s x bytes per
 token / bandwidth (issue #17's target: >= 85%, and never behind llama.cpp).
@@ -153,6 +154,8 @@ def measure(path: str, threads: list[int], tokens: int, ctx_pos: int, rounds: in
         out.append({"threads": t, "bandwidth_gbs": max(got["bandwidth_gbs"]),
                     "colibri_tps": statistics.median(got["colibri_tps"]),
                     "llama_cpp_tps": statistics.median(got["llama_cpp_tps"]) if llama else None,
+                    "colibri_best_tps": max(got["colibri_tps"]),
+                    "llama_cpp_best_tps": max(got["llama_cpp_tps"]) if llama else None,
                     "samples": got})
     return out
 
@@ -165,6 +168,9 @@ def add_shares(run: dict[str, Any], total_bytes: float) -> dict[str, Any]:
     ll = run.get("llama_cpp_tps")
     run["llama_cpp_share"] = ll * total_bytes / bw if ll else None
     run["ratio"] = run["colibri_tps"] / ll if ll else None
+    for e in ("colibri", "llama_cpp"):  # the least disturbed round, beside the median
+        best = run.get(f"{e}_best_tps")
+        run[f"{e}_best_share"] = best * total_bytes / bw if best else None
     return run
 
 
@@ -192,6 +198,11 @@ def report(name: str, counted: dict[str, Any], runs: list[dict[str, Any]]) -> st
             + f"{100 * cs:12.0f}% " + (f"{100 * r['llama_cpp_share']:14.0f}%" if ll else
                                        f"{'-':>15s}")
             + ("" if cs >= TARGET else f"   (below the {100 * TARGET:.0f}% target)"))
+    lines.append("  best round: " + "; ".join(
+        f"{r['threads']} thread(s) colibri {r['colibri_best_tps']:.2f} tok/s "
+        f"({100 * r['colibri_best_share']:.0f}%)"
+        + (f", llama.cpp {r['llama_cpp_best_tps']:.2f} ({100 * r['llama_cpp_best_share']:.0f}%)"
+           if r.get("llama_cpp_best_tps") else "") for r in runs))
     return "\n".join(lines)
 
 

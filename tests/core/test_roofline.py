@@ -163,8 +163,11 @@ def test_shares():
     assert r["roofline_tps"] == pytest.approx(50.0)
     assert r["colibri_share"] == pytest.approx(0.8) and r["llama_cpp_share"] == pytest.approx(0.4)
     assert r["ratio"] == pytest.approx(2.0)
-    r = add_shares({"bandwidth_gbs": 10.0, "colibri_tps": 40.0, "llama_cpp_tps": None}, 200e6)
+    assert r["colibri_best_share"] is None  # no best given
+    r = add_shares({"bandwidth_gbs": 10.0, "colibri_tps": 40.0, "llama_cpp_tps": None,
+                    "colibri_best_tps": 45.0, "llama_cpp_best_tps": None}, 200e6)
     assert r["llama_cpp_share"] is None and r["ratio"] is None
+    assert r["colibri_best_share"] == pytest.approx(0.9) and r["llama_cpp_best_share"] is None
 
 
 def test_rejects_bad_arguments(models):
@@ -195,8 +198,10 @@ def test_script_end_to_end(models, tmp_path):
     assert counted["ctx_pos"] == pytest.approx(20.5)
     (run,) = m["runs"]
     assert run["threads"] == 1
-    for key in ("bandwidth_gbs", "colibri_tps", "roofline_tps", "colibri_share"):
+    for key in ("bandwidth_gbs", "colibri_tps", "roofline_tps", "colibri_share",
+                "colibri_best_tps", "colibri_best_share"):
         assert np.isfinite(run[key]) and run[key] > 0, key
     assert run["colibri_share"] == pytest.approx(
         run["colibri_tps"] * counted["total"] / (run["bandwidth_gbs"] * 1e9))
+    assert run["colibri_best_tps"] == max(run["samples"]["colibri_tps"])
     assert run["llama_cpp_tps"] is None and run["ratio"] is None
