@@ -38,7 +38,10 @@ def _rss() -> int:
     return peak_rss_bytes()
 
 
-def run_colibri(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ctx: int) -> dict[str, Any]:
+def run_colibri(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ctx: int,
+                warmup: int = 0) -> dict[str, Any]:
+    """colibri's figures in this process; `warmup` greedy decode steps run untimed after the
+    prompt, before the gen_tokens timed ones (their tokens are not counted)."""
     from colibri.model import Model
 
     t0 = time.perf_counter()
@@ -54,6 +57,8 @@ def run_colibri(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ct
     first = int(np.argmax(logits))
     lat = []
     nxt = first
+    for _ in range(warmup):
+        nxt = int(np.argmax(m.eval([seq], tokens=[nxt])[-1]))
     for _ in range(gen_tokens):
         t = time.perf_counter()
         logits = m.eval([seq], tokens=[nxt])[-1]
@@ -62,7 +67,9 @@ def run_colibri(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ct
     return _figures("colibri", load, prompt_tokens, prefill, lat, first, _rss(), m.expert_stats())
 
 
-def run_llama_cpp(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ctx: int) -> dict[str, Any]:
+def run_llama_cpp(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ctx: int,
+                  warmup: int = 0) -> dict[str, Any]:
+    """llama.cpp's figures in this process, the same work as run_colibri's."""
     from llama_cpp import Llama
 
     t0 = time.perf_counter()
@@ -82,6 +89,9 @@ def run_llama_cpp(path: str, threads: int, prompt_tokens: int, gen_tokens: int, 
     first = int(np.argmax(last_logits()))
     lat = []
     nxt = first
+    for _ in range(warmup):
+        ll.eval([nxt])
+        nxt = int(np.argmax(last_logits()))
     for _ in range(gen_tokens):
         t = time.perf_counter()
         ll.eval([nxt])
@@ -108,7 +118,9 @@ def _figures(engine: str, load: float, n_prompt: int, prefill: float, lat: list[
     }
 
 
-def _in_subprocess(engine: str, **kw: Any) -> dict[str, Any]:
+def in_subprocess(engine: str, **kw: Any) -> dict[str, Any]:
+    """run_colibri (engine "colibri") or run_llama_cpp ("llama_cpp") with these arguments in a
+    fresh interpreter (its own RSS, no other engine's threads), its figures returned."""
     code = (
         "import json, sys; from colibri import bench; "
         f"r = bench.run_{engine}(**json.loads(sys.argv[1])); print('RESULT' + json.dumps(r))"
@@ -143,9 +155,9 @@ def bench(path: str, threads: int = 2, prompt_tokens: int = 128, gen_tokens: int
 
         raise ColibriError(missing)
     kw = dict(path=path, threads=threads, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, ctx=ctx)
-    results = [_in_subprocess("colibri", **kw)]
+    results = [in_subprocess("colibri", **kw)]
     if vs_llama_cpp:
-        results.append(_in_subprocess("llama_cpp", **kw))
+        results.append(in_subprocess("llama_cpp", **kw))
     return results
 
 

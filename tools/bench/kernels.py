@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,8 +33,8 @@ import gguf.quants
 import numpy as np
 
 import colibri.quant as cq
+from colibri.tools.membw import l3_bytes, membw
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 ALL = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "Q4_K", "Q5_K", "Q6_K", "I4_G128", "F16",
        "BF16", "F32"]
 TARGET_MATVEC = ("Q4_0", "Q8_0", "Q4_K", "Q6_K")
@@ -73,29 +72,6 @@ def blas_thread_setter():
                 fn.argtypes = [ctypes.c_int]
                 return fn
     return None
-
-
-def l3_bytes() -> int:
-    try:
-        with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
-            s = f.read().strip()
-        mult = {"K": 1 << 10, "M": 1 << 20}.get(s[-1], 1)
-        return int(s.rstrip("KM")) * mult
-    except (OSError, ValueError):
-        return 32 << 20
-
-
-def membw(threads: int, mib: int, passes: int = 8) -> float:
-    exe = os.path.join(tempfile.gettempdir(), f"colibri_membw_{os.getpid()}")
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise SystemExit("a C compiler is needed for the bandwidth probe")
-    if not os.path.exists(exe):
-        subprocess.run([cc, "-O2", "-march=native", "-pthread", os.path.join(HERE, "membw.c"),
-                        "-o", exe], check=True)
-    out = subprocess.run([exe, str(mib), str(threads), str(passes)], check=True, capture_output=True,
-                         text=True).stdout
-    return float(out.split()[0])
 
 
 def best_time(fn, seconds: float, min_reps: int = 3) -> float:

@@ -1,0 +1,284 @@
+"""Decode against the memory roofline: the bytes one decoded token must read, counted per tensor
+from the GGUF, over the streaming read bandwidth measured in the same run at the same thread
+count; colibri's and llama.cpp's measured decode rates as shares of that bound.
+
+    python tools/bench/roofline.py [-m MODEL ...] [--moe [PATH]] [--threads 1,2] [--tokens N]
+                                   [--ctx-pos P] [--rounds 3] [--no-llama-cpp] [--json OUT]
+
+**Bytes per token** (bytes_per_token): every tensor of every layer in full (attention, norms,
+router, shared experts, dense FFN), the routed expert tensors (`*_exps*`) at top_k / n_expert of
+their size (the expected share of a token that routes uniformly; one token reads exactly top_k
+experts, so the share is exact per token when the experts' tensors have the same type), the
+output head in full (the token embedding when the head is tied to it), the token embedding as
+one row, and the KV cache the step's attention reads: per layer 2 (K and V) x KV heads x head
+dim x bytes per element (colibri's kv_dtype, f32 by default) x the positions it attends (the
+context position + 1, at most the sliding window on sliding-window layers). The timed steps
+run at positions P + warm-up .. P + warm-up + N - 1; the KV term is counted at their mean.
+
+**Bandwidth**: tools/bench/membw.c (colibri.tools.membw) at each thread count, best of the
+rounds. **Decode**: colibri.bench.run_colibri and run_llama_cpp (the code of `colibri bench
+--vs-llama-cpp`), each in a fresh process: load, prefault (llama.cpp maps with MAP_POPULATE),
+a P-token prompt, 4 untimed greedy steps, then N timed single-token greedy steps. Each round
+runs bandwidth, colibri and llama.cpp one after the other at each thread count, so the three
+see the same load; decode rates are the medians of the rounds (the best round is reported beside
+them: on a shared machine the least disturbed one).
+
+The roofline rate is bandwidth / bytes per token; an engine's share is its tokens/s x bytes per
+token / bandwidth (issue #17's target: >= 85%, and never behind llama.cpp).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+CLASSES = ("attention", "router", "experts", "ffn", "head", "other", "kv")
+TARGET = 0.85
+WARMUP = 4
+
+
+def tensor_class(name: str) -> str:
+    """The class a tensor's reads are reported under: attention (attn_*), router (ffn_gate_inp*,
+    exp_probs_b), experts (routed, *_exps*), ffn (dense FFN and shared experts), head (output),
+    other (norms, the embedding row, anything else)."""
+    base = name.split(".", 2)[2] if name.startswith("blk.") else name
+    if "_exps" in base:
+        return "experts"
+    if base.startswith(("ffn_gate_inp", "exp_probs_b")):
+        return "router"
+    if base.startswith("attn_") and "norm" not in base:
+        return "attention"
+    if base.startswith("ffn_") and "norm" not in base:
+        return "ffn"
+    if base.startswith("output.") or base == "output":
+        return "head"
+    return "other"
+
+
+def bytes_per_token(path: str, ctx_pos: float, kv_dtype: str = "f32") -> dict[str, Any]:
+    """What one decode step at context position ctx_pos (0-based; it attends ctx_pos + 1
+    positions) reads, in bytes, per class (CLASSES) and in total, with the details: each routed
+    expert tensor's share, the head's tensor, the KV bytes per position."""
+    from colibri.arch import describe
+    from colibri.gguf import GGUFFile
+
+    if kv_dtype not in ("f32", "f16"):
+        raise ValueError(f"kv_dtype must be 'f32' or 'f16', got {kv_dtype!r}")
+    if ctx_pos < 0:
+        raise ValueError(f"ctx_pos must be >= 0, got {ctx_pos}")
+    by: dict[str, float] = dict.fromkeys(CLASSES, 0.0)
+    shares: dict[str, float] = {}
+    with GGUFFile(path) as gf:
+        d = describe(gf)
+        tensors = dict(gf.tensors)
+    tied = "output.weight" not in tensors
+    for name, t in tensors.items():
+        if name.endswith("token_embd.weight"):  # one row a token (per-layer embeddings too)
+            by["other"] += t.row_nbytes
+            if name == "token_embd.weight" and tied:
+                by["head"] += t.nbytes  # the tied head: the whole matrix
+            continue
+        cls = tensor_class(name)
+        if cls == "experts":
+            L = d.layers[int(name.split(".")[1])]
+            if L.n_expert <= 0 or t.shape[-1] != L.n_expert:
+                raise ValueError(f"{path}: {name} has {t.shape[-1]} experts, the layer "
+                                 f"{L.n_expert}")
+            share = L.n_expert_used / L.n_expert
+            shares[name] = share
+            by[cls] += t.nbytes * share
+        else:
+            by[cls] += t.nbytes
+    esize = 4 if kv_dtype == "f32" else 2
+    kv_per_pos = 0
+    for L in d.layers:
+        per_pos = 2 * (L.n_head_kv or d.n_head_kv) * (L.head_dim or d.head_dim) * esize
+        kv_per_pos += per_pos
+        positions = ctx_pos + 1
+        if L.sliding_window > 0:
+            positions = min(positions, L.sliding_window)
+        by["kv"] += per_pos * positions
+    return {
+        "classes": {k: round(v) for k, v in by.items()},
+        "total": round(sum(by.values())),
+        "ctx_pos": ctx_pos,
+        "kv_dtype": kv_dtype,
+        "kv_bytes_per_position": kv_per_pos,
+        "tied_head": tied,
+        "expert_shares": shares,
+    }
+
+
+# ---------------------------------------------------------------- measurement
+
+
+def _decode(engine: str, path: str, threads: int, ctx_pos: int, tokens: int) -> float:
+    from colibri.bench import in_subprocess
+
+    ctx = max(256, -(-(ctx_pos + WARMUP + tokens + 16) // 256) * 256)
+    r = in_subprocess(engine, path=path, threads=threads, prompt_tokens=ctx_pos,
+                      gen_tokens=tokens, ctx=ctx, warmup=WARMUP)
+    return float(r["decode_tps"])
+
+
+def measure(path: str, threads: list[int], tokens: int, ctx_pos: int, rounds: int,
+            llama: bool, membw_mib: int, log: Any = print) -> list[dict[str, Any]]:
+    """Bandwidth and both engines' decode at each thread count, interleaved over `rounds`."""
+    from colibri.tools.membw import membw
+
+    raw: dict[int, dict[str, list[float]]] = {
+        t: {"bandwidth_gbs": [], "colibri_tps": [], "llama_cpp_tps": [], "load": []}
+        for t in threads}
+    for r in range(rounds):
+        for t in threads:
+            got = raw[t]
+            got["load"].append(os.getloadavg()[0])
+            got["bandwidth_gbs"].append(membw(t, membw_mib, 3))
+            got["colibri_tps"].append(_decode("colibri", path, t, ctx_pos, tokens))
+            if llama:
+                got["llama_cpp_tps"].append(_decode("llama_cpp", path, t, ctx_pos, tokens))
+            log(f"  round {r + 1}/{rounds}, {t} thread(s): {got['bandwidth_gbs'][-1]:.1f} GB/s, "
+                f"colibri {got['colibri_tps'][-1]:.2f} tok/s"
+                + (f", llama.cpp {got['llama_cpp_tps'][-1]:.2f} tok/s" if llama else "")
+                + f" (load {got['load'][-1]:.1f})")
+    out = []
+    for t in threads:
+        got = raw[t]
+        out.append({"threads": t, "bandwidth_gbs": max(got["bandwidth_gbs"]),
+                    "colibri_tps": statistics.median(got["colibri_tps"]),
+                    "llama_cpp_tps": statistics.median(got["llama_cpp_tps"]) if llama else None,
+                    "colibri_best_tps": max(got["colibri_tps"]),
+                    "llama_cpp_best_tps": max(got["llama_cpp_tps"]) if llama else None,
+                    "samples": got})
+    return out
+
+
+def add_shares(run: dict[str, Any], total_bytes: float) -> dict[str, Any]:
+    """The roofline rate and each engine's share of it, in place."""
+    bw = run["bandwidth_gbs"] * 1e9
+    run["roofline_tps"] = bw / total_bytes
+    run["colibri_share"] = run["colibri_tps"] * total_bytes / bw
+    ll = run.get("llama_cpp_tps")
+    run["llama_cpp_share"] = ll * total_bytes / bw if ll else None
+    run["ratio"] = run["colibri_tps"] / ll if ll else None
+    for e in ("colibri", "llama_cpp"):  # the least disturbed round, beside the median
+        best = run.get(f"{e}_best_tps")
+        run[f"{e}_best_share"] = best * total_bytes / bw if best else None
+    return run
+
+
+def report(name: str, counted: dict[str, Any], runs: list[dict[str, Any]]) -> str:
+    mb = 1e6
+    c = counted["classes"]
+    lines = [f"{name}: {counted['total'] / mb:.1f} MB read per token at context position "
+             f"{counted['ctx_pos']:g} (KV {counted['kv_dtype']})",
+             "  " + ", ".join(f"{k} {c[k] / mb:.2f}" for k in CLASSES) + " MB"
+             + ("  [head tied to the token embedding]" if counted["tied_head"] else "")]
+    if counted["expert_shares"]:
+        sh = sorted(set(counted["expert_shares"].values()))
+        lines.append("  routed experts counted at top_k / n_expert = "
+                     + ", ".join(f"{s:.4f}" for s in sh) + " of their bytes")
+    hdr = (f"  {'threads':>7s} {'GB/s':>6s} {'roof tok/s':>10s} {'colibri':>8s} {'llama.cpp':>9s} "
+           f"{'ratio':>6s} {'colibri %roof':>13s} {'llama.cpp %roof':>15s}")
+    lines.append(hdr)
+    for r in runs:
+        ll = r["llama_cpp_tps"]
+        cs = r["colibri_share"]
+        lines.append(
+            f"  {r['threads']:>7d} {r['bandwidth_gbs']:6.1f} {r['roofline_tps']:10.1f} "
+            f"{r['colibri_tps']:8.2f} " + (f"{ll:9.2f} {r['ratio']:5.2f}x " if ll else
+                                           f"{'-':>9s} {'-':>6s} ")
+            + f"{100 * cs:12.0f}% " + (f"{100 * r['llama_cpp_share']:14.0f}%" if ll else
+                                       f"{'-':>15s}")
+            + ("" if cs >= TARGET else f"   (below the {100 * TARGET:.0f}% target)"))
+    lines.append("  best round: " + "; ".join(
+        f"{r['threads']} thread(s) colibri {r['colibri_best_tps']:.2f} tok/s "
+        f"({100 * r['colibri_best_share']:.0f}%)"
+        + (f", llama.cpp {r['llama_cpp_best_tps']:.2f} ({100 * r['llama_cpp_best_share']:.0f}%)"
+           if r.get("llama_cpp_best_tps") else "") for r in runs))
+    return "\n".join(lines)
+
+
+def _moe_model(arg: str, tmp: str) -> str:
+    if arg:
+        return arg
+    from colibri.tools.make_bench_model import write
+
+    print("writing a 4-layer MoE bench model (colibri.tools.make_bench_model)...", flush=True)
+    return write(str(Path(tmp) / "moe4.gguf"), n_layers=4)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", action="append", default=None,
+                    help="a GGUF (repeatable; default: the default model)")
+    ap.add_argument("--moe", nargs="?", const="", default=None,
+                    help="also the MoE bench model PATH (no PATH: a 4-layer one written to a "
+                         "temporary folder)")
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (1,2)")
+    ap.add_argument("--tokens", type=int, default=32, help="timed decode steps per run (32)")
+    ap.add_argument("--ctx-pos", type=int, default=16,
+                    help="context position of the decode: the prompt's length (16)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
+    ap.add_argument("--kv-dtype", default="f32", choices=("f32", "f16"),
+                    help="the KV element size counted (colibri's default f32)")
+    ap.add_argument("--membw-mib", type=int, default=0,
+                    help="bandwidth probe buffer in MiB (default max(512, 8 x L3))")
+    ap.add_argument("--no-llama-cpp", action="store_true", help="colibri alone")
+    ap.add_argument("--json", default=None, help="write the figures to this file")
+    a = ap.parse_args(argv)
+    if a.tokens < 1 or a.ctx_pos < 1 or a.rounds < 1:
+        ap.error("--tokens, --ctx-pos and --rounds must be positive")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    from colibri.bench import LLAMA_CPP_MISSING, llama_cpp_missing
+    from colibri.tools.membw import l3_bytes
+
+    a = parse_args(argv)
+    threads = [int(x) for x in a.threads.split(",")]
+    llama = not a.no_llama_cpp
+    if llama and llama_cpp_missing():
+        print(LLAMA_CPP_MISSING + "\nrunning colibri alone", file=sys.stderr)
+        llama = False
+    mib = a.membw_mib or max(512, 8 * l3_bytes() >> 20)
+    load0 = os.getloadavg()
+    result: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"), "load_start": list(load0), "threads": threads,
+        "tokens": a.tokens, "ctx_pos": a.ctx_pos, "rounds": a.rounds, "membw_mib": mib,
+        "kv_dtype": a.kv_dtype, "target_share": TARGET, "llama_cpp": llama, "models": []}
+    print(f"{result['date']}; load average {load0[0]:.1f} {load0[1]:.1f} {load0[2]:.1f}; "
+          f"cpus {os.cpu_count()}; bandwidth probe {mib} MiB", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        models = list(a.model or [])
+        if not models:
+            from colibri.model import default_model_path
+
+            models.append(default_model_path(progress=False))
+        if a.moe is not None:
+            models.append(_moe_model(a.moe, tmp))
+        for path in models:
+            # the KV term at the mean position of the timed steps
+            pos = a.ctx_pos + WARMUP + (a.tokens - 1) / 2
+            counted = bytes_per_token(path, pos, a.kv_dtype)
+            print(f"\n{os.path.basename(path)}", flush=True)
+            runs = measure(path, threads, a.tokens, a.ctx_pos, a.rounds, llama, mib)
+            for r in runs:
+                add_shares(r, counted["total"])
+            print(report(os.path.basename(path), counted, runs), flush=True)
+            result["models"].append({"path": path, "bytes_per_token": counted, "runs": runs})
+    result["load_end"] = list(os.getloadavg())
+    print(f"\nload average at the end {result['load_end'][0]:.1f}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0

@@ -1,0 +1,207 @@
+"""colibri.tools.roofline: the bytes one decode step reads, counted from the GGUF, checked against
+sums computed here independently (gguf's GGUFReader and GGML_QUANT_SIZES, the models' own
+configs for the KV term) on tiny dense and MoE models; and tools/bench/roofline.py run end to
+end (colibri alone, 2 tokens) with its JSON read back. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES
+
+from colibri.tools.roofline import CLASSES, add_shares, bytes_per_token, tensor_class
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _oracle(family: str, out: Path, tie: bool) -> tuple[str, object]:
+    """The tests' tiny model of a family (oracle_models' config), Q8_0, optionally with the
+    output head tied to the token embedding."""
+    import oracle_models as om
+    import torch
+
+    from colibri.tools import convert_hf
+
+    configs, common = om.family_configs()
+    cls, model_cls, extra = configs[family]
+    cfg = cls(**{**common, **extra, "tie_word_embeddings": tie})
+    torch.manual_seed(0)
+    model_cls(cfg).save_pretrained(out / f"{family}-hf")
+    return str(convert_hf.convert(out / f"{family}-hf", out / f"{family}.gguf", "q8_0")), cfg
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from colibri.tools.make_bench_model import write
+
+    d = tmp_path_factory.mktemp("roofline")
+    gemma, gemma_cfg = _oracle("gemma3", d, tie=True)
+    qmoe, qmoe_cfg = _oracle("qwen2_moe", d, tie=False)
+    bench = write(str(d / "bench.gguf"), n_layers=2, kind="q4_k_m", routing="raw", shape="tiny")
+    return {"gemma3": (gemma, gemma_cfg), "qwen2_moe": (qmoe, qmoe_cfg), "bench": bench}
+
+
+def _tensors(path: str) -> dict[str, tuple[int, int]]:
+    """name -> (bytes, bytes of one row), from gguf's reader and block sizes."""
+    out = {}
+    for t in gguf.GGUFReader(path).tensors:
+        block, size = GGML_QUANT_SIZES[t.tensor_type]
+        shape = [int(x) for x in t.shape]
+        out[t.name] = (math.prod(shape) // block * size, shape[0] // block * size)
+    return out
+
+
+ATTN = ("attn_q", "attn_k", "attn_v", "attn_output")
+EXPS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+FFN = ("ffn_gate", "ffn_up", "ffn_down", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+ROUTER = ("ffn_gate_inp", "ffn_gate_inp_shexp")
+
+
+def expected(path: str, top_k: int, n_expert: int, kv: float) -> dict[str, float]:
+    want = dict.fromkeys(CLASSES, 0.0)
+    ts = _tensors(path)
+    for name, (nbytes, row) in ts.items():
+        if name == "token_embd.weight":
+            want["other"] += row
+            if "output.weight" not in ts:
+                want["head"] += nbytes
+            continue
+        parts = name.split(".")
+        base = parts[2] if parts[0] == "blk" else parts[0]
+        if base in EXPS:
+            want["experts"] += nbytes * top_k / n_expert
+        elif base in ATTN:
+            want["attention"] += nbytes
+        elif base in ROUTER:
+            want["router"] += nbytes
+        elif base in FFN:
+            want["ffn"] += nbytes
+        elif base == "output":
+            want["head"] += nbytes
+        else:
+            assert "norm" in base, name  # the only other tensors of these models
+            want["other"] += nbytes
+    want["kv"] = kv
+    return want
+
+
+def check(got: dict, want: dict[str, float]) -> None:
+    assert set(got["classes"]) == set(CLASSES)
+    for k in CLASSES:
+        assert got["classes"][k] == pytest.approx(want[k], abs=1), k
+    assert got["total"] == pytest.approx(sum(want.values()), abs=len(CLASSES))
+
+
+def test_dense_tied_head_and_sliding_window(models):
+    path, cfg = models["gemma3"]
+    ts = _tensors(path)
+    assert "output.weight" not in ts  # tied: the head is the token embedding, read in full
+    hd, n_kv = cfg.head_dim, cfg.num_key_value_heads
+    win = cfg.sliding_window
+    for pos, dtype in ((20, "f32"), (3, "f32"), (20, "f16")):
+        esize = 4 if dtype == "f32" else 2
+        # sliding layers read at most `win` positions, the global ones all pos + 1
+        kv = sum(2 * n_kv * hd * esize * (min(pos + 1, win) if t == "sliding_attention" else pos + 1)
+                 for t in cfg.layer_types)
+        got = bytes_per_token(path, pos, dtype)
+        check(got, expected(path, 0, 1, kv))
+        assert got["tied_head"] and got["classes"]["head"] == ts["token_embd.weight"][0]
+        assert got["classes"]["experts"] == got["classes"]["router"] == 0
+    assert cfg.layer_types.count("sliding_attention") >= 1 and 20 + 1 > win
+
+
+def test_moe_expert_share_shared_expert_and_kv(models):
+    path, cfg = models["qwen2_moe"]
+    k, n = cfg.num_experts_per_tok, cfg.num_experts
+    assert 0 < k < n
+    hd = cfg.hidden_size // cfg.num_attention_heads
+    pos = 11.5  # the mean position of the timed steps need not be whole
+    kv = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * hd * 4 * (pos + 1)
+    got = bytes_per_token(path, pos)
+    want = expected(path, k, n, kv)
+    check(got, want)
+    assert not got["tied_head"] and want["ffn"] > 0 and want["router"] > 0  # shared expert
+    assert set(got["expert_shares"].values()) == {k / n}
+    full = sum(b for name, (b, _) in _tensors(path).items() if "_exps" in name)
+    assert got["classes"]["experts"] == pytest.approx(full * k / n, abs=1)
+
+
+def test_bench_model_k_quants(models):
+    """make_bench_model's tiny Q4_K_M model: Q4_K and Q6_K experts, 4 of 32 routed."""
+    from colibri.tools.make_bench_model import SHAPES
+
+    path = models["bench"]
+    s = SHAPES["tiny"]
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    assert {types["blk.0.ffn_gate_exps.weight"], types["blk.0.ffn_down_exps.weight"]} == {"Q4_K", "Q6_K"}
+    kv = 2 * 2 * s["n_head_kv"] * s["head_dim"] * 4 * (16 + 1)
+    check(bytes_per_token(path, 16), expected(path, s["n_used"], s["n_expert"], kv))
+
+
+def test_tensor_classes():
+    assert tensor_class("blk.3.ffn_gate_up_exps.weight") == "experts"
+    assert tensor_class("blk.3.ffn_down_exps.scale") == "experts"
+    assert tensor_class("blk.0.ffn_gate_inp.weight") == "router"
+    assert tensor_class("blk.0.exp_probs_b.bias") == "router"
+    assert tensor_class("blk.0.attn_q.bias") == "attention"
+    assert tensor_class("blk.0.attn_q_norm.weight") == "other"
+    assert tensor_class("blk.0.ffn_down_shexp.weight") == "ffn"
+    assert tensor_class("output.weight") == "head"
+    assert tensor_class("output_norm.weight") == "other"
+
+
+def test_shares():
+    r = add_shares({"bandwidth_gbs": 10.0, "colibri_tps": 40.0, "llama_cpp_tps": 20.0}, 200e6)
+    assert r["roofline_tps"] == pytest.approx(50.0)
+    assert r["colibri_share"] == pytest.approx(0.8) and r["llama_cpp_share"] == pytest.approx(0.4)
+    assert r["ratio"] == pytest.approx(2.0)
+    assert r["colibri_best_share"] is None  # no best given
+    r = add_shares({"bandwidth_gbs": 10.0, "colibri_tps": 40.0, "llama_cpp_tps": None,
+                    "colibri_best_tps": 45.0, "llama_cpp_best_tps": None}, 200e6)
+    assert r["llama_cpp_share"] is None and r["ratio"] is None
+    assert r["colibri_best_share"] == pytest.approx(0.9) and r["llama_cpp_best_share"] is None
+
+
+def test_rejects_bad_arguments(models):
+    with pytest.raises(ValueError, match="kv_dtype"):
+        bytes_per_token(models["bench"], 4, "q8_0")
+    with pytest.raises(ValueError, match="ctx_pos"):
+        bytes_per_token(models["bench"], -1)
+
+
+def test_script_end_to_end(models, tmp_path):
+    out = tmp_path / "roof.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "bench" / "roofline.py"), "-m", models["bench"],
+         "--no-llama-cpp", "--tokens", "2", "--threads", "1", "--rounds", "1",
+         "--membw-mib", "64", "--json", str(out)],
+        capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "MB read per token" in p.stdout
+    r = json.loads(out.read_text())
+    assert r["llama_cpp"] is False and r["threads"] == [1] and r["tokens"] == 2
+    (m,) = r["models"]
+    assert m["path"] == models["bench"]
+    counted = m["bytes_per_token"]
+    assert counted["total"] > 0 and counted["classes"]["experts"] > 0 and counted["classes"]["kv"] > 0
+    # the KV term at the timed steps' mean position: prompt 16 + 4 warm-up + (2 - 1) / 2
+    assert counted["ctx_pos"] == pytest.approx(20.5)
+    (run,) = m["runs"]
+    assert run["threads"] == 1
+    for key in ("bandwidth_gbs", "colibri_tps", "roofline_tps", "colibri_share",
+                "colibri_best_tps", "colibri_best_share"):
+        assert np.isfinite(run[key]) and run[key] > 0, key
+    assert run["colibri_share"] == pytest.approx(
+        run["colibri_tps"] * counted["total"] / (run["bandwidth_gbs"] * 1e9))
+    assert run["colibri_best_tps"] == max(run["samples"]["colibri_tps"])
+    assert run["llama_cpp_tps"] is None and run["ratio"] is None
