@@ -313,6 +313,64 @@ AVX2_FN static void axpy_avx2(float a, const float *x, int64_t n, float *y) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
+/* Attention's score rows: out[h * os + j] = scale * dot(q_h, k_j) for 8 rows j at once (n a
+ * multiple of 32), bit-identical to scale * dot_avx2(q_h, k_j, n): per row the same four
+ * accumulators and (s0 + s1) + (s2 + s3), then hsum8's tree (w_i = v_i + v_i+4, (w0 + w2) +
+ * (w1 + w3)) computed for the 8 rows together by shuffles instead of one reduction per row. */
+AVX2_FN static void dot_rows8_avx2(const float *q, const float *k, int64_t k_stride, int64_t n,
+                                   float scale, float *out) {
+    __m256 t[8];
+    for (int r = 0; r < 8; r++) {
+        const float *b = k + r * k_stride;
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        for (int64_t i = 0; i < n; i += 32) {
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(b + i), s0);
+            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+            s2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+            s3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+        }
+        t[r] = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+    }
+    __m256 w[4]; /* w[p]: [w of row 2p | w of row 2p + 1] */
+    for (int p = 0; p < 4; p++)
+        w[p] = _mm256_add_ps(_mm256_permute2f128_ps(t[2 * p], t[2 * p + 1], 0x20),
+                             _mm256_permute2f128_ps(t[2 * p], t[2 * p + 1], 0x31));
+    /* u: per lane [u0, u1] of two rows; lane 0 rows (0, 2) / (4, 6), lane 1 rows (1, 3) / (5, 7) */
+    __m256 u0 = _mm256_add_ps(_mm256_shuffle_ps(w[0], w[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm256_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 u1 = _mm256_add_ps(_mm256_shuffle_ps(w[2], w[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm256_shuffle_ps(w[2], w[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 r = _mm256_add_ps(_mm256_shuffle_ps(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm256_shuffle_ps(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
+    /* lanes hold rows 0 2 4 6 | 1 3 5 7 */
+    r = _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_set1_ps(scale), r));
+}
+
+/* Attention's value sum y_h += p_h[j] * v_j over all rows j, for one head: y in registers, 64
+ * values at a time, instead of a load and store of y per row; per value the same fmas in the
+ * same row order as axpy_avx2 row by row (n a multiple of 8). */
+AVX2_FN static void axpy_rows_avx2(const float *p, const float *v, int64_t n_rows,
+                                   int64_t v_stride, int64_t n, float *y) {
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m256 a[8];
+        for (int c = 0; c < 8; c++) a[c] = _mm256_loadu_ps(y + i + 8 * c);
+        for (int64_t j = 0; j < n_rows; j++) {
+            const __m256 pj = _mm256_set1_ps(p[j]);
+            const float *x = v + j * v_stride + i;
+            for (int c = 0; c < 8; c++) a[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(x + 8 * c), a[c]);
+        }
+        for (int c = 0; c < 8; c++) _mm256_storeu_ps(y + i + 8 * c, a[c]);
+    }
+    for (; i < n; i += 8) {
+        __m256 a = _mm256_loadu_ps(y + i);
+        for (int64_t j = 0; j < n_rows; j++)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * v_stride + i), a);
+        _mm256_storeu_ps(y + i, a);
+    }
+}
+
 AVX2_FN static void scale_avx2(float *x, int64_t n, float s) {
     __m256 vs = _mm256_set1_ps(s);
     int64_t i = 0;
@@ -725,7 +783,15 @@ cb_status cb_dot_rows_multi_f32(const float *q, int64_t q_stride, int n_q, const
     if (n_rows == 0 || n_q == 0) return CB_OK;
     if (!out || (n > 0 && (!q || !k)))
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "cb_dot_rows_multi_f32: NULL pointer");
-    for (int64_t j = 0; j < n_rows; j++)
+    int64_t j0 = 0;
+#if CB_OPS_X86
+    if (n % 32 == 0 && use_avx2())
+        for (; j0 + 8 <= n_rows; j0 += 8)
+            for (int h = 0; h < n_q; h++)
+                dot_rows8_avx2(q + h * q_stride, k + j0 * k_stride, k_stride, n, scale,
+                               out + h * o_stride + j0);
+#endif
+    for (int64_t j = j0; j < n_rows; j++)
         for (int h = 0; h < n_q; h++)
             out[h * o_stride + j] = n ? scale * dot_any(q + h * q_stride, k + j * k_stride, n) : 0.0f;
     return CB_OK;
@@ -746,6 +812,10 @@ cb_status cb_axpy_rows_multi_f32(const float *p, int64_t p_stride, int n_q, cons
     if (!p || !v || !y) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "cb_axpy_rows_multi_f32: NULL pointer");
 #if CB_OPS_X86
     const int avx2 = use_avx2();
+    if (avx2 && n % 8 == 0) {
+        for (int h = 0; h < n_q; h++) axpy_rows_avx2(p + h * p_stride, v, n_rows, v_stride, n, y + h * y_stride);
+        return CB_OK;
+    }
 #endif
     for (int64_t j = 0; j < n_rows; j++)
         for (int h = 0; h < n_q; h++) {

@@ -179,8 +179,59 @@ static void check_rope_paths(void) {
     CHECK(cb_axpy_rows_multi_f32(NULL, OS, 2, x, NT, TS, HD, ym, QS) == CB_STATUS_INVALID_ARGUMENT);
 }
 
+/* Attention's multi-head score and value sums at head sizes with and without the 8-row / register
+ * paths (multiples of 32 / 8) and row counts around the 8-row blocks: every score bit-equal to
+ * scale * cb_dot_f32 of its row, every value sum bit-equal to cb_axpy row by row, padding kept. */
+static void check_attention_rows(void) {
+    const int hds[] = {32, 64, 80, 128, 256, 24};
+    enum { MAXR = 41, NQ = 3 };
+    for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++) {
+        const int hd = hds[a], ks = NQ * hd + 4, qs = hd + 3, os = MAXR + 2;
+        float *k = malloc(sizeof(float) * (size_t)(MAXR * ks)), *q = malloc(sizeof(float) * (size_t)(NQ * qs));
+        float *sc = malloc(sizeof(float) * (size_t)(NQ * os)), *y = malloc(sizeof(float) * (size_t)(NQ * qs));
+        float *y1 = malloc(sizeof(float) * (size_t)hd), *y0 = malloc(sizeof(float) * (size_t)(NQ * qs));
+        for (int i = 0; i < MAXR * ks; i++) k[i] = frand();
+        for (int i = 0; i < NQ * qs; i++) q[i] = frand();
+        const int rows[] = {1, 7, 8, 9, 16, 23, MAXR};
+        int same_s = 1, same_v = 1, pad = 1;
+        for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+            const int n = rows[r];
+            for (int i = 0; i < NQ * os; i++) sc[i] = -7.0f;
+            CHECK(cb_dot_rows_multi_f32(q, qs, NQ, k, n, ks, hd, 0.0883f, sc, os) == CB_OK);
+            for (int h = 0; h < NQ; h++) {
+                for (int j = 0; j < n; j++) {
+                    float d = 0;
+                    CHECK(cb_dot_f32(q + h * qs, k + j * ks, hd, &d) == CB_OK);
+                    float want = 0.0883f * d;
+                    same_s &= memcmp(&want, sc + h * os + j, 4) == 0;
+                }
+                for (int j = n; j < os; j++) pad &= sc[h * os + j] == -7.0f;
+            }
+            for (int i = 0; i < NQ * qs; i++) y[i] = y0[i] = 0.25f * frand();
+            CHECK(cb_axpy_rows_multi_f32(sc, os, NQ, k + hd, n, ks, hd, y, qs) == CB_OK);
+            for (int h = 0; h < NQ; h++) {
+                memcpy(y1, y0 + h * qs, sizeof(float) * (size_t)hd);
+                for (int j = 0; j < n; j++) CHECK(cb_axpy(sc[h * os + j], k + hd + j * ks, hd, y1) == CB_OK);
+                same_v &= memcmp(y1, y + h * qs, sizeof(float) * (size_t)hd) == 0;
+                for (int i = hd; i < qs; i++) pad &= y[h * qs + i] == y0[h * qs + i];
+            }
+        }
+        if (!same_s || !same_v) fprintf(stderr, "attention rows, head size %d: scores %d values %d\n", hd, same_s, same_v);
+        CHECK(same_s);
+        CHECK(same_v);
+        CHECK(pad);
+        free(k);
+        free(q);
+        free(sc);
+        free(y);
+        free(y1);
+        free(y0);
+    }
+}
+
 int main(void) {
     check_rope_paths();
+    check_attention_rows();
     cb_simd_level best = cb_cpu_detect();
     check_level(CB_SIMD_SCALAR);
     if (best >= CB_SIMD_AVX2) check_level(CB_SIMD_AVX2);
