@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 CLASSES = ("attention", "router", "experts", "ffn", "head", "other", "kv")
 TARGET = 0.85
 WARMUP = 4
@@ -62,10 +64,15 @@ def tensor_class(name: str) -> str:
     return "other"
 
 
-def bytes_per_token(path: str, ctx_pos: float, kv_dtype: str = "f32") -> dict[str, Any]:
+def bytes_per_token(path: str, ctx_pos: float, kv_dtype: str = "f32",
+                    batch_tokens: int = 1) -> dict[str, Any]:
     """What one decode step at context position ctx_pos (0-based; it attends ctx_pos + 1
     positions) reads, in bytes, per class (CLASSES) and in total, with the details: each routed
-    expert tensor's share, the head's tensor, the KV bytes per position."""
+    expert tensor's share, the head's tensor, the KV bytes per position. batch_tokens = B > 1:
+    one step of B sequences, a token each: the KV and embedding rows B times, each routed expert
+    tensor at the expected share of experts B tokens touch under uniform routing, 1 - (1 -
+    top_k / n_expert)^B (16 tokens, 8 of 128: 82.4 experts). `matmul_params`: the weights one
+    token multiplies (experts at top_k / n_expert), for the FLOPs of a step (2 x B x that)."""
     from colibri.arch import describe
     from colibri.gguf import GGUFFile
 
@@ -73,17 +80,23 @@ def bytes_per_token(path: str, ctx_pos: float, kv_dtype: str = "f32") -> dict[st
         raise ValueError(f"kv_dtype must be 'f32' or 'f16', got {kv_dtype!r}")
     if ctx_pos < 0:
         raise ValueError(f"ctx_pos must be >= 0, got {ctx_pos}")
+    if batch_tokens < 1:
+        raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
+    B = batch_tokens
     by: dict[str, float] = dict.fromkeys(CLASSES, 0.0)
     shares: dict[str, float] = {}
+    params = 0.0
     with GGUFFile(path) as gf:
         d = describe(gf)
         tensors = dict(gf.tensors)
     tied = "output.weight" not in tensors
     for name, t in tensors.items():
+        n_el = float(np.prod(t.shape))
         if name.endswith("token_embd.weight"):  # one row a token (per-layer embeddings too)
-            by["other"] += t.row_nbytes
+            by["other"] += t.row_nbytes * B
             if name == "token_embd.weight" and tied:
                 by["head"] += t.nbytes  # the tied head: the whole matrix
+                params += n_el
             continue
         cls = tensor_class(name)
         if cls == "experts":
@@ -92,10 +105,12 @@ def bytes_per_token(path: str, ctx_pos: float, kv_dtype: str = "f32") -> dict[st
                 raise ValueError(f"{path}: {name} has {t.shape[-1]} experts, the layer "
                                  f"{L.n_expert}")
             share = L.n_expert_used / L.n_expert
-            shares[name] = share
-            by[cls] += t.nbytes * share
+            shares[name] = 1.0 - (1.0 - share) ** B
+            by[cls] += t.nbytes * shares[name]
+            params += n_el * share
         else:
             by[cls] += t.nbytes
+            params += n_el if len(t.shape) >= 2 else 0.0
     esize = 4 if kv_dtype == "f32" else 2
     kv_per_pos = 0
     for L in d.layers:
@@ -104,7 +119,7 @@ def bytes_per_token(path: str, ctx_pos: float, kv_dtype: str = "f32") -> dict[st
         positions = ctx_pos + 1
         if L.sliding_window > 0:
             positions = min(positions, L.sliding_window)
-        by["kv"] += per_pos * positions
+        by["kv"] += per_pos * positions * B
     return {
         "classes": {k: round(v) for k, v in by.items()},
         "total": round(sum(by.values())),
@@ -113,10 +128,57 @@ def bytes_per_token(path: str, ctx_pos: float, kv_dtype: str = "f32") -> dict[st
         "kv_bytes_per_position": kv_per_pos,
         "tied_head": tied,
         "expert_shares": shares,
+        "batch_tokens": B,
+        "matmul_params": round(params),
     }
 
 
 # ---------------------------------------------------------------- measurement
+
+def matmul_rate(path: str, n_tokens: int, threads: int, repeats: int = 5) -> float:
+    """colibri's matmul rate in GFLOP/s (2 x rows x cols x tokens / s, best of `repeats`) on the
+    model's output head with n_tokens tokens at `threads` threads: the compute side of a batched
+    step's bound on a dense model."""
+    from colibri import quant
+    from colibri.gguf import GGUFFile
+
+    with GGUFFile(path) as gf:
+        t = gf.tensors.get("output.weight") or gf.tensors["token_embd.weight"]
+        raw = np.array(gf.data(t.name))  # in memory, as the model holds its dense weights
+        kind = quant.type_name(t.type)
+    cols, rows = int(t.shape[0]), int(t.shape[1])
+    x = np.random.default_rng(0).standard_normal((n_tokens, cols)).astype(np.float32)
+    y = np.empty((n_tokens, rows), np.float32)
+    pool = quant.ThreadPool(threads) if threads > 1 else None
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        quant.matmul(kind, raw, rows, cols, x, pool=pool, threads=threads, out=y)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * rows * cols * n_tokens / best / 1e9
+
+
+def batch_bound(path: str, n_tokens: int, threads: int, ctx_pos: float) -> dict[str, Any]:
+    """The bound of one batched decode step of n_tokens sequences (a token each) on this
+    machine, measured now: the weight reads (bytes_per_token with batch_tokens, over the
+    streaming bandwidth at `threads`) and the compute (2 x n_tokens x matmul_params FLOPs over
+    matmul_rate); the step cannot beat the larger of the two times. tok/s = n_tokens / time."""
+    from colibri.tools.membw import l3_bytes, membw
+
+    counted = bytes_per_token(path, ctx_pos, batch_tokens=n_tokens)
+    bw = membw(threads, max(512, 8 * l3_bytes() >> 20), 3)
+    rate = matmul_rate(path, n_tokens, threads)
+    t_read = counted["total"] / (bw * 1e9)
+    flops = 2.0 * n_tokens * counted["matmul_params"]
+    t_compute = flops / (rate * 1e9)
+    experts = counted["expert_shares"]
+    return {"tokens": n_tokens, "bytes_per_step": counted["total"], "bandwidth_gbs": bw,
+            "read_bound_tps": n_tokens / t_read, "flops_per_step": flops,
+            "matmul_gflops": rate, "compute_bound_tps": n_tokens / t_compute,
+            "bound_tps": n_tokens / max(t_read, t_compute),
+            "bound": "weight reads" if t_read >= t_compute else "compute",
+            "expert_share": max(experts.values()) if experts else 0.0}
+
 
 
 def _decode(engine: str, path: str, threads: int, ctx_pos: int, tokens: int) -> float:

@@ -134,6 +134,37 @@ def test_moe_expert_share_shared_expert_and_kv(models):
     assert got["classes"]["experts"] == pytest.approx(full * k / n, abs=1)
 
 
+def test_batched_step_bytes_and_params(models):
+    """A step of B sequences: dense tensors once, each routed expert tensor at the expected
+    share of distinct experts B tokens touch, 1 - (1 - k/n)^B, the KV and embedding rows B times;
+    matmul_params: the 2-D weights one token multiplies, experts at k/n (computed here from the
+    shapes)."""
+    path, cfg = models["qwen2_moe"]
+    k, n = cfg.num_experts_per_tok, cfg.num_experts
+    hd = cfg.hidden_size // cfg.num_attention_heads
+    B, pos = 16, 11.0
+    kv = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * hd * 4 * (pos + 1) * B
+    want = expected(path, k, n, kv)
+    ts = _tensors(path)
+    share = 1 - (1 - k / n) ** B
+    want["experts"] = sum(b for name, (b, _) in ts.items() if "_exps" in name) * share
+    want["other"] += ts["token_embd.weight"][1] * (B - 1)
+    got = bytes_per_token(path, pos, batch_tokens=B)
+    check(got, want)
+    assert all(v == pytest.approx(share) for v in got["expert_shares"].values())
+    params = 0.0
+    for t in gguf.GGUFReader(path).tensors:
+        shape = [int(x) for x in t.shape]
+        if len(shape) < 2 or t.name == "token_embd.weight":  # untied here: a row a token
+            continue
+        params += math.prod(shape) * (k / n if "_exps" in t.name else 1.0)
+    assert got["matmul_params"] == pytest.approx(params, abs=1)
+    one = bytes_per_token(path, pos)
+    assert set(one["expert_shares"].values()) == {k / n}  # B = 1: the decode share
+    with pytest.raises(ValueError):
+        bytes_per_token(path, pos, batch_tokens=0)
+
+
 def test_bench_model_k_quants(models):
     """make_bench_model's tiny Q4_K_M model: Q4_K and Q6_K experts, 4 of 32 routed."""
     from colibri.tools.make_bench_model import SHAPES

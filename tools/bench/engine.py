@@ -304,6 +304,28 @@ def row(r: dict[str, Any]) -> str:
             f"{r['itl_p99_ms']:6.1f} ms")
 
 
+def show_bound(out: dict[str, Any], path: str, args: argparse.Namespace) -> None:
+    """The bound of a 16-sequence step, measured now (colibri.tools.roofline.batch_bound), and
+    each engine's 16-stream decode rate as a share of it."""
+    from colibri.tools.roofline import batch_bound
+
+    try:
+        b = batch_bound(path, 16, args.threads, args.prompt_tokens + args.gen_tokens / 2)
+    except (RuntimeError, OSError) as e:  # no C compiler / not a checkout: say so, go on
+        print(f"  bound at 16 streams: not measured ({e})", flush=True)
+        return
+    out["bound16"] = b
+    share = (f"; routed experts: {b['expert_share']:.1%} of each expert tensor (expected under "
+             f"uniform routing)" if b["expert_share"] else "")
+    shares = ", ".join(f"{r['engine']} {r['decode_tps'] / b['bound_tps']:.0%}"
+                       for r in out["streams"] if r["streams"] == 16)
+    print(f"  bound at 16 streams ({b['bound']}): weight reads {b['bytes_per_step'] / 1e6:.0f} MB "
+          f"a step at {b['bandwidth_gbs']:.1f} GB/s = {b['read_bound_tps']:.0f} tok/s; compute "
+          f"{b['flops_per_step'] / 1e9:.1f} GFLOP at {b['matmul_gflops']:.0f} GFLOP/s (colibri's "
+          f"matmul on the head) = {b['compute_bound_tps']:.0f} tok/s{share}. Share of the bound: "
+          f"{shares}", flush=True)
+
+
 def bench_model(label: str, path: str, args: argparse.Namespace, llama: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"model": label, "path": path, "streams": [], "arrivals": None,
                            "prefix": None}
@@ -322,6 +344,8 @@ def bench_model(label: str, path: str, args: argparse.Namespace, llama: bool) ->
                     print(row(r), flush=True)
                 except Exception as e:  # a binding of another vintage: report, keep going
                     print(f"  llama.cpp {n} streams failed: {type(e).__name__}: {e}", flush=True)
+        if 16 in args.streams:
+            show_bound(out, path, args)
         if not args.no_arrivals:
             r = colibri_arrivals(m, 16, args.arrivals, args.prompt_tokens)
             out["arrivals"] = r
