@@ -190,31 +190,16 @@ INL void tile_q6k(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size
         for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = tmp[r * NT + t];
 }
 
-/* nr rows: four at a time for one token (one reduction serves them), else two, nt <= 4. */
+/* nr rows: four at a time for one token (one reduction serves them), the rest in pairs
+ * (CB_DEFINE_TILE), nt <= 4. */
 #define CB_DEFINE_KTILE(NAME, BODY, TYPE)                                                       \
+    CB_DEFINE_TILE(NAME##_pairs, BODY, TYPE)                                                    \
     CB_AVX512_TARGET static void NAME(int64_t n, const uint8_t *w, size_t ws, int nr,          \
                                       const uint8_t *x, size_t xs, int nt, float *out) {       \
-        for (int r = 0; r < nr; r += 2) {                                                      \
-            const uint8_t *wr = w + (size_t)r * ws;                                            \
-            if (nt == 1 && nr - r >= 4) {                                                      \
-                BODY(TYPE, 4, 1, n, wr, ws, x, xs, out, nt, r);                                \
-                r += 2;                                                                        \
-            } else if (nr - r >= 2) {                                                          \
-                switch (nt) {                                                                  \
-                case 1: BODY(TYPE, 2, 1, n, wr, ws, x, xs, out, nt, r); break;                 \
-                case 2: BODY(TYPE, 2, 2, n, wr, ws, x, xs, out, nt, r); break;                 \
-                case 3: BODY(TYPE, 2, 3, n, wr, ws, x, xs, out, nt, r); break;                 \
-                default: BODY(TYPE, 2, 4, n, wr, ws, x, xs, out, nt, r); break;                \
-                }                                                                              \
-            } else {                                                                           \
-                switch (nt) {                                                                  \
-                case 1: BODY(TYPE, 1, 1, n, wr, ws, x, xs, out, nt, r); break;                 \
-                case 2: BODY(TYPE, 1, 2, n, wr, ws, x, xs, out, nt, r); break;                 \
-                case 3: BODY(TYPE, 1, 3, n, wr, ws, x, xs, out, nt, r); break;                 \
-                default: BODY(TYPE, 1, 4, n, wr, ws, x, xs, out, nt, r); break;                \
-                }                                                                              \
-            }                                                                                  \
-        }                                                                                      \
+        int r = 0;                                                                             \
+        if (nt == 1)                                                                           \
+            for (; nr - r >= 4; r += 4) BODY(TYPE, 4, 1, n, w + (size_t)r * ws, ws, x, xs, out, nt, r); \
+        if (r < nr) NAME##_pairs(n, w + (size_t)r * ws, ws, nr - r, x, xs, nt, out + (size_t)r * nt); \
     }
 
 CB_DEFINE_KTILE(tile512_q4_k, tile_q4k, 0)
