@@ -31,7 +31,7 @@ from colibri.arch_read import (
     _show,
     gemma4_layer_attn,
 )
-from colibri.dense import MODES, DenseCopies
+from colibri.dense import MODES, DenseCopies, worth_copying
 from colibri.gguf import GGUFError, GGUFFile
 
 __all__ = ["FAMILIES", "ExpertTensors", "Family", "LayerDesc", "Mat", "ModelDesc",
@@ -218,8 +218,8 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
             f"{gf.path}: architecture {arch!r} is not supported; supported: "
             f"{', '.join(sorted(FAMILIES))}"
         )
-    r = _Reader(gf, arch, dequantize,
-                DenseCopies() if dense_weights == "copy" and not dequantize else None)
+    copy = dense_weights == "copy" and not dequantize and worth_copying(gf.tensors)
+    r = _Reader(gf, arch, dequantize, DenseCopies() if copy else None)
     p = gf.path
     n_embd = r.int_key("embedding_length", required=True, lo=1)
     n_layer = r.int_key("block_count", required=True, lo=1, hi=MAX_LAYERS)

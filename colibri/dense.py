@@ -13,7 +13,9 @@ faster (`tools/bench/decode_rate.py` A/B, docs/benchmarks.md).
 Memory: each copied tensor's whole file pages are then dropped from this process's mapping
 (MADV_DONTNEED: they stay in the page cache, clean and reclaimable), so the resident size counts
 the dense weights once, as the plan (colibri.plan) already assumes ("dense weights: resident").
-Routed experts are never copied: the expert store owns them. What the copy gives up: processes
+Routed experts are never copied: the expert store owns them. A model whose dense matrices
+total less than COPY_MIN bytes is not copied at all (`worth_copying`): a TLB miss per 4 KiB costs
+nothing measurable there, and a huge page per tiny model would only add resident memory. What the copy gives up: processes
 running the same file no longer share the dense weights through the page cache; "mapped" is for
 that case. Chunks are 64-byte aligned runs inside 2 MiB-aligned anonymous mappings of at least
 CHUNK bytes; the arrays are read-only and keep their chunk alive.
@@ -22,11 +24,13 @@ CHUNK bytes; the arrays are read-only and keep their chunk alive.
 from __future__ import annotations
 
 import mmap
+from typing import Any
 
 import numpy as np
 
 from colibri.meminfo import mem_available
 
+COPY_MIN = 32 << 20  # models with fewer dense matrix bytes stay mapped (nothing to gain there)
 HUGE = 2 << 20   # a transparent huge page
 CHUNK = 64 << 20  # the smallest anonymous mapping the copies are cut from
 ALIGN = 64        # each copy starts on a cache line
@@ -92,6 +96,19 @@ class DenseCopies:
         return arr
 
 
+def worth_copying(tensors: dict[str, Any]) -> bool:
+    """Whether a file's dense matrices (2-D and up, not routed experts, not the token embedding
+    unless it is also the head) total at least COPY_MIN bytes. `tensors`: name -> TensorInfo."""
+    total = 0
+    for name, t in tensors.items():
+        if "_exps" in name or len(t.shape) < 2:
+            continue
+        if name == "token_embd.weight" and "output.weight" in tensors:
+            continue
+        total += t.nbytes
+    return total >= COPY_MIN
+
+
 def drop_pages(mm: mmap.mmap, offset: int, nbytes: int) -> int:
     """Drop this process's mapping of the whole pages inside [offset, offset + nbytes) of a
     read-only file mapping (MADV_DONTNEED: the page cache keeps them; a later read faults them
@@ -109,4 +126,4 @@ def drop_pages(mm: mmap.mmap, offset: int, nbytes: int) -> int:
     return end - start
 
 
-__all__ = ["DenseCopies", "drop_pages", "MODES"]
+__all__ = ["COPY_MIN", "DenseCopies", "MODES", "drop_pages", "worth_copying"]

@@ -105,12 +105,17 @@ def test_gemma_copy_equals_mapped_and_drops_the_file_pages(gemma):
     m.close()
 
 
-def test_untied_embedding_is_not_copied(tmp_path):
+def test_untied_embedding_is_not_copied(tmp_path, monkeypatch):
     """A model with its own output.weight: the head is copied, the embedding (read a row per
-    token) stays mapped; outputs equal the mapped model's."""
+    token) stays mapped; outputs equal the mapped model's. A model this small is not copied by
+    default (its dense bytes are under COPY_MIN)."""
     from colibri.tools.make_bench_model import write
 
     path = write(tmp_path / "tiny.gguf", n_layers=1, shape="tiny")
+    m = colibri.Model(path, threads=1, ctx=64, tokenizer=False)
+    assert m.dense_weights == "copy" and m.desc.dense_copied == set()
+    m.close()
+    monkeypatch.setattr(dense, "COPY_MIN", 0)
     gf = GGUFFile(path)
     assert "output.weight" in gf.tensors
     gf.close()
@@ -144,3 +149,19 @@ def test_a_copy_that_cannot_fit_is_a_clear_error(monkeypatch):
     store = dense.DenseCopies()
     with pytest.raises(MemoryError, match="dense_weights='mapped'"):
         store.copy("big", np.zeros(8 << 20, np.uint8))
+
+
+def _anon_rss() -> int:
+    with open("/proc/self/smaps_rollup") as f:
+        return int(re.search(r"Anonymous:\s+(\d+)", f.read()).group(1)) * 1024
+
+
+def test_close_returns_the_copies(gemma):
+    """Model.close() frees the copies at once (their chunks unmapped), not at some later GC."""
+    before = _anon_rss()
+    m = colibri.Model(gemma, threads=1, ctx=64, tokenizer=False)
+    copied = sum(m.gguf.tensors[n].nbytes for n in m.desc.dense_copied)
+    loaded = _anon_rss()
+    assert loaded - before > 0.9 * copied
+    m.close()
+    assert _anon_rss() < loaded - 0.9 * copied
