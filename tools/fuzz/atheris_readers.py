@@ -199,7 +199,12 @@ def main() -> None:
     replay = [a for a in rest if not a.startswith("-")]
     if not replay:
         _seed_corpus(corpus)
-    libfuzzer = [sys.argv[0], f"-max_total_time={args.seconds}", "-rss_limit_mb=4096",
+    # libFuzzer's RSS limit reads the peak RSS, which a child inherits across fork and exec (a
+    # test runner at 4 GB would trip it before the first input): 4 GiB on top of what we start at
+    import resource
+
+    start_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    libfuzzer = [sys.argv[0], f"-max_total_time={args.seconds}", f"-rss_limit_mb={4096 + start_mb}",
                  "-max_len=1048576", "-timeout=20",
                  f"-artifact_prefix={os.path.join(args.artifacts, '')}"]
     libfuzzer += rest if replay else rest + [corpus]
