@@ -726,16 +726,18 @@ cb_rp_kernel_t cb_rp_kernel(int type, int simd_level) {
  * tiles (same machine, loaded, 1 thread): Q4_K 0.82-0.86 at 4 tokens, Q6_K 0.89-0.90 at 4, Q8_0
  * 0.79-0.84 at 2, Q5_0 0.69-0.70 at 2. MoE prefill lives
  * in this range: 64 prompt tokens over 128 experts, top-8, give 4 tokens per expert call;
- * 256 give 16. The results do not depend on the path (batch invariance). Not re-measured since
- * the K-quants' invariant direct tiles became AVX-512 (quant_avx512_k.c: 20-40% faster at 1-3
- * tokens) and the 16-row packing did (quant_avx512_pack.c): `kernels.py --parts packed` at the
- * time read Q4_K/Q5_K ties at 4 tokens and Q6_K 0.9-1.2 at 5-6 on a loaded machine. */
+ * 256 give 16. The results do not depend on the path (batch invariance). Since the K-quants'
+ * invariant direct tiles are AVX-512 (quant_avx512_k.c) and the 16-row packing too
+ * (quant_avx512_pack.c), with weights from memory as experts are (64 distinct 768x2048 Q4_K /
+ * 2048x768 Q6_K, 1 thread, quiet, 2026-12-01 23:50), packed / direct time: Q4_K 1.52 at 3
+ * tokens, 1.19 at 4, 0.84 at 5; Q6_K 1.61, 1.44, 0.92: both from 5. (`kernels.py --parts
+ * packed` reuses one weight from cache, where packing wins from 2-3: not the experts' case.) */
 static int rp_min_tokens(int type, cb_simd_level level) {
     if (level >= CB_SIMD_AVX512) {
         switch (type) {
         case CB_TYPE_Q4_K:
-        case CB_TYPE_Q5_K: return level >= CB_SIMD_AVX512_VNNI ? 4 : 5;
-        case CB_TYPE_Q6_K: return 4;
+        case CB_TYPE_Q5_K:
+        case CB_TYPE_Q6_K: return 5;
         default: return level >= CB_SIMD_AVX512_VNNI ? 2 : (type == CB_TYPE_Q8_0 ? 5 : 4);
         }
     }

@@ -7,7 +7,8 @@
   numpy's float32 matmul of the dequantized weight with the same thread count (OpenBLAS threads
   set through OPENBLAS_NUM_THREADS in a subprocess).
 - packed (with --parts packed): the packed-row path forced on against forced off on expert-sized
-  weights (768x2048 and 2048x768) at 1-16 tokens, the batch sizes of MoE prefill per expert:
+  weights (768x2048 and 2048x768, distinct weights from memory as experts are) at 1-32 tokens, the
+  batch sizes of MoE prefill per expert:
   the ratio of times and the smallest count from which packing wins, next to the threshold
   matmul uses (rp_min_tokens in colibri/_core/quant.c).
 Every kernel's output is first checked against gguf's dequantizer + a float64 product (within
@@ -119,8 +120,8 @@ PACKED_TOKENS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
 # benchmark itself: a threshold far from the measured crossover shows there)
 PACKED_MIN_AVX2 = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q5_1": 4, "MXFP4": 4, "I4_G128": 4,
                    "Q8_0": 5, "Q5_K": 8, "Q6_K": 8, "Q4_K": 24}
-PACKED_MIN_AVX512 = {**{t: 4 for t in PACKED_MIN_AVX2}, "Q8_0": 5, "Q5_K": 5, "Q6_K": 4, "Q4_K": 5}
-PACKED_MIN_AVX512_VNNI = {**{t: 2 for t in PACKED_MIN_AVX2}, "Q5_K": 5, "Q6_K": 4, "Q4_K": 5}
+PACKED_MIN_AVX512 = {**{t: 4 for t in PACKED_MIN_AVX2}, "Q8_0": 5, "Q5_K": 5, "Q6_K": 5, "Q4_K": 5}
+PACKED_MIN_AVX512_VNNI = {**{t: 2 for t in PACKED_MIN_AVX2}, "Q5_K": 5, "Q6_K": 5, "Q4_K": 5}
 
 
 def packed_min() -> dict[str, int]:
@@ -139,15 +140,24 @@ def packed_crossover(types: list[str], pool, th: int, seconds: float, rng, resul
         if t not in PACKED_MIN_AVX2:
             continue
         for rows, cols in ((768, 2048), (2048, 768)):
-            raw = cq.random_weight(t, rows, cols, rng)
+            # experts come from memory: enough distinct weights to pass 4x the last-level cache,
+            # each call on the next (one weight reused from cache favours packing)
+            one = cq.random_weight(t, rows, cols, rng)
+            raws = [one] + [cq.random_weight(t, rows, cols, rng)
+                            for _ in range(max(1, 4 * l3_bytes() // one.nbytes) - 1)]
             ratios = []
             for n in PACKED_TOKENS:
                 x = rng.standard_normal((n, cols)).astype(np.float32)
                 for packed in (True, False):
-                    validate(t, raw, rows, cols, x,
-                             cq.matmul(t, raw, rows, cols, x, pool=pool, packed=packed))
-                on, off = (best_time(lambda x=x, t=t, raw=raw, rows=rows, cols=cols, p=p: cq.matmul(
-                    t, raw, rows, cols, x, pool=pool, packed=p), seconds) for p in (True, False))
+                    validate(t, one, rows, cols, x,
+                             cq.matmul(t, one, rows, cols, x, pool=pool, packed=packed))
+
+                def sweep(p: bool, x: np.ndarray = x, t: str = t, rows: int = rows,
+                          cols: int = cols, raws: list = raws) -> None:
+                    for raw in raws:
+                        cq.matmul(t, raw, rows, cols, x, pool=pool, packed=p)
+
+                on, off = (best_time(lambda p=p: sweep(p), seconds) for p in (True, False))
                 ratios.append(on / off)
             wins = next((n for i, n in enumerate(PACKED_TOKENS)
                          if all(r < 1 for r in ratios[i:])), None)
