@@ -182,7 +182,7 @@ class _Reader:
             return Mat(F32, rows, cols, cols * 4, data)
         data = self.gf.data(name)
         if self.dense is not None and copy:
-            if name not in self.dense.names:
+            if name not in self.dense:
                 self.dense.copy(name, data)
                 self.gf.drop_pages(name)
             data = self.dense.get(name)

@@ -53,14 +53,18 @@ class DenseCopies:
         """The tensors copied."""
         return set(self._copies)
 
+    def __contains__(self, name: str) -> bool:
+        return name in self._copies
+
     def get(self, name: str) -> np.ndarray:
         """The copy of a tensor (KeyError if it was not copied)."""
         return self._copies[name]
 
     def _new_chunk(self, n: int) -> None:
-        size = max(CHUNK, -(-n // HUGE) * HUGE)
+        need = -(-n // HUGE) * HUGE
+        size = max(CHUNK, need)
         avail = mem_available()
-        if avail and -(-n // HUGE) * HUGE > avail:  # a clear error, not the OOM killer
+        if avail and need > avail:  # a clear error, not the OOM killer
             raise MemoryError(f"not enough memory to copy the dense weights ({n / 2**30:.2f} GiB "
                               f"more, {avail / 2**30:.2f} GiB available): "
                               "dense_weights='mapped' reads them through the file mapping")

@@ -770,8 +770,8 @@ void cb_mm_plan(cb_mm_ctx *c, const cb_matrix_t *w, int fast, int rp) {
      * float order); the other AVX-512 direct tiles (lanes of partial sums) only when asked to
      * be fast */
     c->avx512 = level >= CB_SIMD_AVX512;
-    int k_quant = w->type == CB_TYPE_Q4_K || w->type == CB_TYPE_Q5_K || w->type == CB_TYPE_Q6_K;
-    c->tile = c->avx512 && (fast || k_quant) ? cb_avx512_tile(w->type) : NULL;
+    c->tile = NULL;
+    if (c->avx512) c->tile = fast ? cb_avx512_tile(w->type) : cb_avx512_tile_invariant(w->type);
     if (!c->tile && level >= CB_SIMD_AVX2)
         c->tile = fast ? cb_avx2_tile_fast(w->type) : cb_avx2_tile(w->type);
     c->rk = cb_rp_kernel(w->type, level);

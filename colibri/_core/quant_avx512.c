@@ -374,6 +374,17 @@ cb_tile_fn CB_AVX512_FN(tile)(int type) {
     }
 }
 
+/* The direct tiles that sum in the packed tiles' order (batch invariant): the K-quants'
+ * (quant_avx512_k.c); NULL for the other types, whose tiles above sum in lanes (fast only). */
+cb_tile_fn CB_AVX512_FN(tile_invariant)(int type) {
+    switch (type) {
+    case CB_TYPE_Q4_K:
+    case CB_TYPE_Q5_K:
+    case CB_TYPE_Q6_K: return CB_AVX512_FN(k_tile)(type);
+    default: return NULL;
+    }
+}
+
 /* ------------------------------------------------------------ packed rows (matmul)
  *
  * The groups come from cb_avx2_rp_pack (quant_avx2.c; layout described there): per block of 32
@@ -679,6 +690,10 @@ void CB_AVX512_FN(rp16_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const
 #else
 /* Not x86-64 GCC/Clang: no AVX-512 kernels (cb_cpu_level() is scalar there). */
 cb_tile_fn CB_AVX512_FN(tile)(int type) {
+    (void)type;
+    return NULL;
+}
+cb_tile_fn CB_AVX512_FN(tile_invariant)(int type) {
     (void)type;
     return NULL;
 }

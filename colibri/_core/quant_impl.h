@@ -76,6 +76,8 @@ void cb_avx2_rp_tile(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
  * cb_avx2_rp_quantize's (cb_avx512_rp_quantize writes the same bytes). Compiled with
  * CB_AVX512_EMULATE (tests), the same sources define cb_avx512emu_* instead, on SIMDe. */
 cb_tile_fn cb_avx512_tile(int type);
+/* Those of cb_avx512_tile's tiles that are batch invariant (the K-quants'), else NULL. */
+cb_tile_fn cb_avx512_tile_invariant(int type);
 void cb_avx512_quantize_q8a(const float *x, int64_t n, void *dst);
 void cb_avx512_quantize_q8k(const float *x, int64_t n, void *dst);
 void cb_avx512_rp_quantize(int type, const float *x, int64_t cols, uint8_t *dst);
