@@ -766,12 +766,14 @@ void cb_mm_plan(cb_mm_ctx *c, const cb_matrix_t *w, int fast, int rp) {
     c->type = w->type;
     c->dot = dot_for(w->type);
     /* batch invariance (fast == 0): the direct tiles that sum in the packed tiles' order: the
-     * AVX2 ones, and the AVX-512 ones of the K-quants (quant_avx512_k.c: the same integers and
-     * float order); the other AVX-512 direct tiles (lanes of partial sums) only when asked to
-     * be fast */
+     * AVX2 ones, and the AVX-512 ones of the K-quants (quant_avx512_k.c) and, with VNNI, of the
+     * 32-block types (quant_avx512.c, tile32i): the same integers and float order; the other
+     * AVX-512 direct tiles (lanes of partial sums) only when asked to be fast */
     c->avx512 = level >= CB_SIMD_AVX512;
     c->tile = NULL;
-    if (c->avx512) c->tile = fast ? cb_avx512_tile(w->type) : cb_avx512_tile_invariant(w->type);
+    if (c->avx512)
+        c->tile = fast ? cb_avx512_tile(w->type)
+                       : cb_avx512_tile_invariant(w->type, level >= CB_SIMD_AVX512_VNNI);
     if (!c->tile && level >= CB_SIMD_AVX2)
         c->tile = fast ? cb_avx2_tile_fast(w->type) : cb_avx2_tile(w->type);
     c->rk = cb_rp_kernel(w->type, level);

@@ -244,6 +244,156 @@ INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
         for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum_ps(acc[r][t]) + off[r][t];
 }
 
+/* ------------------------------------------------------------ 32-blocks, batch invariant (VNNI)
+ *
+ * The direct tiles that sum in the order of the AVX2 invariant tiles and the packed tiles
+ * (quant_avx2.c, INV): per block and (row, token) the exact int32 sum of q*x (zero points out),
+ * then acc = fma((float)isum, d_w*d_x, acc) (Q4_1/Q5_1: then acc = fma(m, s_x, acc)) in block
+ * order, one float lane per (row, token). Two blocks per vector as in tile32 above; the integer
+ * sums of all of a tile's (row, token) elements and both blocks come out of one reduction
+ * (reduce_pairs), the rows' scales of both blocks from gathers of the blocks' first words, and
+ * each block then costs one 8-lane fma (two for the offset types) for the whole tile. vpdpbusd
+ * makes the integers (hence VNNI only: without it the AVX2 invariant tiles run). */
+
+/* v[k] (k < K <= 8): 16 int32 lanes each, [8 of block b | 8 of block b+1]. Returns lane k = the
+ * sum of v[k]'s block-b lanes, lane 8 + k = the sum of its block-b+1 lanes (lanes k >= K:
+ * anything). */
+INL __m512i reduce_pairs(const __m512i *v, int K) {
+    __m512i a[4];
+    #pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        if (2 * i >= K) {
+            a[i] = a[0];
+            continue;
+        }
+        __m512i x = v[2 * i], y = 2 * i + 1 < K ? v[2 * i + 1] : x;
+        /* per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3] */
+        a[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(x, y), _mm512_unpackhi_epi32(x, y));
+    }
+    /* per 128-bit lane: the lane's sums of v[0..3] (b0) and v[4..7] (b1) */
+    __m512i b0 = _mm512_add_epi32(_mm512_unpacklo_epi64(a[0], a[1]), _mm512_unpackhi_epi64(a[0], a[1]));
+    __m512i b1 = K > 4 ? _mm512_add_epi32(_mm512_unpacklo_epi64(a[2], a[3]),
+                                          _mm512_unpackhi_epi64(a[2], a[3]))
+                       : b0;
+    /* 128-bit lanes 0+1 are block b, 2+3 block b+1: [b: v0..3, b+1: v0..3, b: v4..7, b+1: v4..7] */
+    __m512i g = _mm512_add_epi32(_mm512_shuffle_i32x4(b0, b1, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_i32x4(b0, b1, _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_shuffle_i32x4(g, g, _MM_SHUFFLE(3, 1, 2, 0));
+}
+
+/* 16 lanes: lane k < 8 = lo[k % NT], lane 8 + k = hi[k % NT] (a token's value for each (row,
+ * token) lane k = r * NT + t of the tile) */
+INL __m512 lanes_ps(const float *lo, const float *hi, int NT) {
+    if (NT == 1) return join_ps(_mm256_set1_ps(lo[0]), _mm256_set1_ps(hi[0]));
+    return _mm512_setr_ps(lo[0], lo[1 % NT], lo[2 % NT], lo[3 % NT], lo[4 % NT], lo[5 % NT],
+                          lo[6 % NT], lo[7 % NT], hi[0], hi[1 % NT], hi[2 % NT], hi[3 % NT],
+                          hi[4 % NT], hi[5 % NT], hi[6 % NT], hi[7 % NT]);
+}
+
+INL __m512i lanes_epi32(const int32_t *lo, const int32_t *hi, int NT) {
+    if (NT == 1) return join_si(_mm256_set1_epi32(lo[0]), _mm256_set1_epi32(hi[0]));
+    return _mm512_setr_epi32(lo[0], lo[1 % NT], lo[2 % NT], lo[3 % NT], lo[4 % NT], lo[5 % NT],
+                             lo[6 % NT], lo[7 % NT], hi[0], hi[1 % NT], hi[2 % NT], hi[3 % NT],
+                             hi[4 % NT], hi[5 % NT], hi[6 % NT], hi[7 % NT]);
+}
+
+/* The 16-bit words at offset off of the tile's blocks (byte: the bytes, zero-extended), as 16
+ * lanes [block b | block b+1]: lane k (and 8 + k) of row k / NT; lanes k >= K: row 0, and 4..7
+ * lanes 0..3's when K <= 4. bw points at row 0's block b; hi = 0: no block b+1 (its lanes repeat block
+ * b). Gathered in general registers, four lanes a word: the vector units are the tile's
+ * bottleneck (vpgatherdd, tried first, halved the tile's speed). */
+INL __m256i block_words(const uint8_t *bw, size_t ws, size_t bb, int NT, int K, int hi, int off,
+                        int byte) {
+    uint64_t q[4];
+    #pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+        if ((g & 1) && K <= 4) { /* lanes 4..7 unused: a copy keeps them normal floats (a zero
+                                  * e8m0 byte is a denormal scale: a microcode assist per fma) */
+            q[g] = q[g - 1];
+            continue;
+        }
+        q[g] = 0;
+        #pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            int k = (g & 1) * 4 + j;
+            const uint8_t *p = bw + (size_t)(k < K ? k / NT : 0) * ws + (g >= 2 && hi ? bb : 0) + off;
+            q[g] |= (uint64_t)(byte ? p[0] : cb_rd16(p)) << (16 * j);
+        }
+    }
+    return _mm256_setr_epi64x((long long)q[0], (long long)q[1], (long long)q[2], (long long)q[3]);
+}
+
+/* the blocks' scales d from their words (f16; MXFP4: the e8m0 byte, halved as cb_e8m0_half) */
+INL __m512 word_scales(int type, __m256i h) {
+    if (type != CB_TYPE_MXFP4) return _mm512_cvtph_ps(h);
+    const __m512i e = _mm512_cvtepu16_epi32(h);
+    const __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    const __m512i nrm = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(
+        _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(2), e), nrm, sub));
+}
+
+INLV void tile32i(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
+                  const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
+    const int offset = type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_1;
+    const int zsh = type == CB_TYPE_Q4_0 ? 3 : (type == CB_TYPE_Q5_0 ? 4 : 0); /* log2 zero point */
+    const int unsig = offset || zsh, K = NR * NT;
+    const size_t bb = bytes32(type);
+    __m256 vacc = _mm256_setzero_ps(); /* lanes k = r * NT + t */
+    for (int64_t b = 0; b < nb; b += 2) {
+        const int two = b + 1 < nb; /* an odd last block runs alone in the low half */
+        const uint8_t *bw = w + (size_t)b * bb;
+        float dx0[4], dx1[4], sx0[4] = {0}, sx1[4] = {0};
+        int32_t zx0[4], zx1[4];
+        __m512i xv[4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            const cb_q8a_t *a = (const cb_q8a_t *)(const void *)(x + (size_t)t * xs) + b;
+            xv[t] = join_si(loadu256(a[0].qs), two ? loadu256(a[1].qs) : _mm256_setzero_si256());
+            dx0[t] = a[0].d;
+            dx1[t] = two ? a[1].d : 0.0f;
+            zx0[t] = a[0].isum;
+            zx1[t] = two ? a[1].isum : 0;
+            if (offset) {
+                sx0[t] = a[0].s;
+                sx1[t] = two ? a[1].s : 0.0f;
+            }
+        }
+        __m512i pv[8];
+        #pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *p0 = bw + (size_t)r * ws;
+            prefetch_span(p0 + (size_t)NR * CB_DEC_PF512 * ws, two ? 2 * bb : bb);
+            const __m512i wq = unpack64(type, p0, two ? p0 + bb : NULL);
+            const __m512i aw = unsig ? wq : _mm512_abs_epi8(wq);
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++)
+                pv[r * NT + t] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aw,
+                                                     unsig ? xv[t] : sign_by(xv[t], wq));
+        }
+        __m512i s = reduce_pairs(pv, K);
+        if (zsh) s = _mm512_sub_epi32(s, _mm512_slli_epi32(lanes_epi32(zx0, zx1, NT), zsh));
+        const __m512 f = _mm512_cvtepi32_ps(s);
+        const __m256i dw = block_words(bw, ws, bb, NT, K, two, 0, type == CB_TYPE_MXFP4);
+        const __m512 sc = _mm512_mul_ps(word_scales(type, dw), lanes_ps(dx0, dx1, NT));
+        __m512 m = _mm512_setzero_ps(), sxv = _mm512_setzero_ps();
+        if (offset) {
+            m = _mm512_cvtph_ps(block_words(bw, ws, bb, NT, K, two, 2, 0));
+            sxv = lanes_ps(sx0, sx1, NT);
+        }
+        vacc = _mm256_fmadd_ps(_mm512_castps512_ps256(f), _mm512_castps512_ps256(sc), vacc);
+        if (offset) vacc = _mm256_fmadd_ps(_mm512_castps512_ps256(m), _mm512_castps512_ps256(sxv), vacc);
+        if (two) {
+            vacc = _mm256_fmadd_ps(hi_ps(f), hi_ps(sc), vacc);
+            if (offset) vacc = _mm256_fmadd_ps(hi_ps(m), hi_ps(sxv), vacc);
+        }
+    }
+    float tmp[8];
+    _mm256_storeu_ps(tmp, vacc);
+    for (int r = 0; r < NR; r++)
+        for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = tmp[r * NT + t];
+}
+
 /* I4_G128 against cb_q8a_t: a half group (32 bytes) unpacks to activation blocks b, b+1. */
 INL void tile_i4(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
                  const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
@@ -351,6 +501,12 @@ CB_DEFINE_TILE(tile512_q5_1, tile32, CB_TYPE_Q5_1)
 CB_DEFINE_TILE(tile512_q8_0, tile32, CB_TYPE_Q8_0)
 CB_DEFINE_TILE(tile512_mxfp4, tile32, CB_TYPE_MXFP4)
 CB_DEFINE_TILE(tile512_i4g128, tile_i4, 0)
+CB_DEFINE_TILE4(tile512i_q4_0, tile32i, CB_TYPE_Q4_0, CB_AVX512_VNNI_TARGET)
+CB_DEFINE_TILE4(tile512i_q4_1, tile32i, CB_TYPE_Q4_1, CB_AVX512_VNNI_TARGET)
+CB_DEFINE_TILE4(tile512i_q5_0, tile32i, CB_TYPE_Q5_0, CB_AVX512_VNNI_TARGET)
+CB_DEFINE_TILE4(tile512i_q5_1, tile32i, CB_TYPE_Q5_1, CB_AVX512_VNNI_TARGET)
+CB_DEFINE_TILE4(tile512i_q8_0, tile32i, CB_TYPE_Q8_0, CB_AVX512_VNNI_TARGET)
+CB_DEFINE_TILE4(tile512i_mxfp4, tile32i, CB_TYPE_MXFP4, CB_AVX512_VNNI_TARGET)
 CB_DEFINE_TILE(tile512_f32, tile_float, CB_TYPE_F32)
 CB_DEFINE_TILE(tile512_f16, tile_float, CB_TYPE_F16)
 CB_DEFINE_TILE(tile512_bf16, tile_float, CB_TYPE_BF16)
@@ -375,12 +531,19 @@ cb_tile_fn CB_AVX512_FN(tile)(int type) {
 }
 
 /* The direct tiles that sum in the packed tiles' order (batch invariant): the K-quants'
- * (quant_avx512_k.c); NULL for the other types, whose tiles above sum in lanes (fast only). */
-cb_tile_fn CB_AVX512_FN(tile_invariant)(int type) {
+ * (quant_avx512_k.c) and, with VNNI (vnni != 0), the 32-block types' (tile32i); NULL for the
+ * others, whose tiles above sum in lanes (fast only). */
+cb_tile_fn CB_AVX512_FN(tile_invariant)(int type, int vnni) {
     switch (type) {
     case CB_TYPE_Q4_K:
     case CB_TYPE_Q5_K:
     case CB_TYPE_Q6_K: return CB_AVX512_FN(k_tile)(type);
+    case CB_TYPE_Q4_0: return vnni ? tile512i_q4_0 : NULL;
+    case CB_TYPE_Q4_1: return vnni ? tile512i_q4_1 : NULL;
+    case CB_TYPE_Q5_0: return vnni ? tile512i_q5_0 : NULL;
+    case CB_TYPE_Q5_1: return vnni ? tile512i_q5_1 : NULL;
+    case CB_TYPE_Q8_0: return vnni ? tile512i_q8_0 : NULL;
+    case CB_TYPE_MXFP4: return vnni ? tile512i_mxfp4 : NULL;
     default: return NULL;
     }
 }
@@ -693,8 +856,9 @@ cb_tile_fn CB_AVX512_FN(tile)(int type) {
     (void)type;
     return NULL;
 }
-cb_tile_fn CB_AVX512_FN(tile_invariant)(int type) {
+cb_tile_fn CB_AVX512_FN(tile_invariant)(int type, int vnni) {
     (void)type;
+    (void)vnni;
     return NULL;
 }
 void CB_AVX512_FN(quantize_q8a)(const float *x, int64_t n, void *dst) { (void)x; (void)n; (void)dst; }

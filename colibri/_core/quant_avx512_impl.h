@@ -160,11 +160,11 @@ INL __m512i pair_idx(int p) {
     return join_si(_mm256_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1));
 }
 
-/* The rows-in-pairs dispatch: a cb_tile_fn NAME running the tile body BODY(TYPE, NR, NT, ...) on
- * nr rows, two at a time, nt <= 4 tokens. */
-#define CB_DEFINE_TILE(NAME, BODY, TYPE)                                                        \
-    CB_AVX512_TARGET static void NAME(int64_t n, const uint8_t *w, size_t ws, int nr,          \
-                                      const uint8_t *x, size_t xs, int nt, float *out) {       \
+/* The rows-in-pairs dispatch: a cb_tile_fn NAME (with the target attribute TARGET) running the
+ * tile body BODY(TYPE, NR, NT, ...) on nr rows, two at a time, nt <= 4 tokens. */
+#define CB_DEFINE_TILE_AT(NAME, BODY, TYPE, TARGET)                                             \
+    TARGET static void NAME(int64_t n, const uint8_t *w, size_t ws, int nr, const uint8_t *x,  \
+                            size_t xs, int nt, float *out) {                                   \
         for (int r = 0; r < nr; r += 2) {                                                      \
             const uint8_t *wr = w + (size_t)r * ws;                                            \
             if (nr - r >= 2) {                                                                 \
@@ -183,6 +183,19 @@ INL __m512i pair_idx(int p) {
                 }                                                                              \
             }                                                                                  \
         }                                                                                      \
+    }
+#define CB_DEFINE_TILE(NAME, BODY, TYPE) CB_DEFINE_TILE_AT(NAME, BODY, TYPE, CB_AVX512_TARGET)
+
+/* The invariant tiles' dispatch: for one token four rows at a time (one reduction serves them),
+ * the rest (and nt > 1) in pairs as CB_DEFINE_TILE_AT. */
+#define CB_DEFINE_TILE4(NAME, BODY, TYPE, TARGET)                                               \
+    CB_DEFINE_TILE_AT(NAME##_pairs, BODY, TYPE, TARGET)                                         \
+    TARGET static void NAME(int64_t n, const uint8_t *w, size_t ws, int nr, const uint8_t *x,  \
+                            size_t xs, int nt, float *out) {                                   \
+        int r = 0;                                                                             \
+        if (nt == 1)                                                                           \
+            for (; nr - r >= 4; r += 4) BODY(TYPE, 4, 1, n, w + (size_t)r * ws, ws, x, xs, out, nt, r); \
+        if (r < nr) NAME##_pairs(n, w + (size_t)r * ws, ws, nr - r, x, xs, nt, out + (size_t)r * nt); \
     }
 
 /* A packed-row tile NAME (nt <= 4 tokens) of the body BODY(TYPE, NT, ...); RPV: the VNNI one. */

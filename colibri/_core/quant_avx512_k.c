@@ -190,21 +190,9 @@ INL void tile_q6k(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size
         for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = tmp[r * NT + t];
 }
 
-/* nr rows: four at a time for one token (one reduction serves them), the rest in pairs
- * (CB_DEFINE_TILE), nt <= 4. */
-#define CB_DEFINE_KTILE(NAME, BODY, TYPE)                                                       \
-    CB_DEFINE_TILE(NAME##_pairs, BODY, TYPE)                                                    \
-    CB_AVX512_TARGET static void NAME(int64_t n, const uint8_t *w, size_t ws, int nr,          \
-                                      const uint8_t *x, size_t xs, int nt, float *out) {       \
-        int r = 0;                                                                             \
-        if (nt == 1)                                                                           \
-            for (; nr - r >= 4; r += 4) BODY(TYPE, 4, 1, n, w + (size_t)r * ws, ws, x, xs, out, nt, r); \
-        if (r < nr) NAME##_pairs(n, w + (size_t)r * ws, ws, nr - r, x, xs, nt, out + (size_t)r * nt); \
-    }
-
-CB_DEFINE_KTILE(tile512_q4_k, tile_q4k, 0)
-CB_DEFINE_KTILE(tile512_q5_k, tile_q4k, 1)
-CB_DEFINE_KTILE(tile512_q6_k, tile_q6k, 0)
+CB_DEFINE_TILE4(tile512_q4_k, tile_q4k, 0, CB_AVX512_TARGET)
+CB_DEFINE_TILE4(tile512_q5_k, tile_q4k, 1, CB_AVX512_TARGET)
+CB_DEFINE_TILE4(tile512_q6_k, tile_q6k, 0, CB_AVX512_TARGET)
 
 /* K-quants (cb_avx2_rp_pack's layout for Q4_K/Q5_K/Q6_K, see quant_avx2.c): 64 steps of 32
  * bytes, then ns scale vectors, 8 min vectors, d[8], dmin[8]. Pairs of steps as above; one

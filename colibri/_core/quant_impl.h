@@ -76,8 +76,10 @@ void cb_avx2_rp_tile(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
  * cb_avx2_rp_quantize's (cb_avx512_rp_quantize writes the same bytes). Compiled with
  * CB_AVX512_EMULATE (tests), the same sources define cb_avx512emu_* instead, on SIMDe. */
 cb_tile_fn cb_avx512_tile(int type);
-/* Those of cb_avx512_tile's tiles that are batch invariant (the K-quants'), else NULL. */
-cb_tile_fn cb_avx512_tile_invariant(int type);
+/* The batch-invariant AVX-512 direct tiles (the AVX2 invariant tiles' results bit for bit): the
+ * K-quants', and with vnni (cb_cpu_level() == CB_SIMD_AVX512_VNNI) the 32-block types' (not
+ * I4_G128); NULL for the other types. */
+cb_tile_fn cb_avx512_tile_invariant(int type, int vnni);
 void cb_avx512_quantize_q8a(const float *x, int64_t n, void *dst);
 void cb_avx512_quantize_q8k(const float *x, int64_t n, void *dst);
 void cb_avx512_rp_quantize(int type, const float *x, int64_t cols, uint8_t *dst);

@@ -453,32 +453,57 @@ static void check_rp16(const kernels *k8, rp16_tile_fn tile16, const char *name)
     }
 }
 
-/* The K-quants' direct tiles are batch invariant (quant_avx512_k.c): on random data (where a
- * different float order shows) every (row, token) is bit-equal to the AVX2 invariant tile's, at
- * 1..4 rows (the 4-row decode tile included) and 1..4 tokens. */
-static void check_k_tile_invariant(const kernels *k) {
-    const int ktypes[] = {CB_TYPE_Q4_K, CB_TYPE_Q5_K, CB_TYPE_Q6_K};
-    for (int i = 0; i < 3; i++) {
-        int type = ktypes[i], ok = 1;
-        cb_tile_fn t512 = k->tile(type), t2 = cb_avx2_tile(type);
-        CHECK(t512 != NULL && t2 != NULL);
-        for (int rep = 0; rep < 80 && ok && t512 && t2; rep++) {
-            int64_t cols = random_cols(type), nb = cols / CB_QKK;
-            int nr = rndi(1, CB_TILE_R), nt = rndi(1, CB_TILE_T);
-            size_t rb;
+/* The batch-invariant direct tiles (CB_AVX512_FN(tile_invariant): the K-quants',
+ * quant_avx512_k.c, and with VNNI the 32-block types', quant_avx512.c's tile32i): on random
+ * data (where a different float order shows) every (row, token) is bit-equal to the AVX2
+ * invariant tile's, at 1..4 rows (the 4-row decode tile included), 1..4 tokens, odd and even
+ * block counts and padded row strides; scales random, or (one run in four) extreme: f16 scales
+ * and offsets of every exponent incl. subnormals, MXFP4's e8m0 bytes 0..255. want: how many
+ * types must have such a tile. */
+typedef cb_tile_fn (*inv_tile_getter)(int type, int vnni);
+static void check_tile_invariant(const char *name, inv_tile_getter get, int vnni, int want) {
+    int n_types = 0;
+    for (int i = 0; i < N_TYPES; i++) {
+        int type = TYPES[i], ok = 1, kind = kind_of(type);
+        cb_tile_fn t512 = get(type, vnni), t2 = cb_avx2_tile(type);
+        if (!t512) continue;
+        n_types++;
+        CHECK(t2 != NULL);
+        for (int rep = 0; rep < 160 && ok && t2; rep++) {
+            int64_t cols = random_cols(type), nb = cols / cb_type_block_size(type);
+            int nr = rndi(1, CB_TILE_R), nt = rep < 40 ? 1 : rndi(1, CB_TILE_T);
+            size_t rb, bb = cb_type_block_bytes(type);
             CHECK(cb_type_row_bytes(type, cols, &rb) == CB_OK);
             size_t ws = rb + (size_t)rndi(0, 3) * 7, xs = act_stride(type, cols);
             uint8_t *w = malloc(ws * (size_t)nr), *xa = malloc(xs * (size_t)nt);
             float *x = malloc(sizeof(float) * (size_t)(cols * nt));
             float o512[CB_TILE_R * CB_TILE_T], o2[CB_TILE_R * CB_TILE_T];
-            for (int r = 0; r < nr; r++) fill_weights(type, w + (size_t)r * ws, ws, 0);
+            for (int r = 0; r < nr; r++) {
+                uint8_t *row = w + (size_t)r * ws;
+                fill_weights(type, row, ws, 0);
+                for (int64_t b = 0; rep % 4 == 3 && kind == 1 && b < nb; b++) {
+                    uint8_t *blk = row + (size_t)b * bb;
+                    if (type == CB_TYPE_MXFP4) {
+                        blk[0] = (uint8_t)rnd();
+                    } else { /* any finite f16 (exponent field < 31), offsets too */
+                        uint16_t h = (uint16_t)(rnd() % 0x7C00u | (rnd() & 1u) << 15);
+                        memcpy(blk, &h, 2);
+                        if (type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_1) {
+                            h = (uint16_t)(rnd() % 0x7C00u | (rnd() & 1u) << 15);
+                            memcpy(blk + 2, &h, 2);
+                        }
+                    }
+                }
+            }
             fill_x(type, x, cols * nt, 0);
-            for (int t = 0; t < nt; t++) cb_scalar_quantize_q8k(x + t * cols, cols, xa + (size_t)t * xs);
+            for (int t = 0; t < nt; t++)
+                (kind == 1 ? cb_scalar_quantize_q8a : cb_scalar_quantize_q8k)(x + t * cols, cols,
+                                                                              xa + (size_t)t * xs);
             t512(nb, w, ws, nr, xa, xs, nt, o512);
             t2(nb, w, ws, nr, xa, xs, nt, o2);
             if (memcmp(o512, o2, sizeof(float) * (size_t)(nr * nt)) != 0) {
-                fprintf(stderr, "%s tile %s cols=%lld nr=%d nt=%d: not bit-equal to the AVX2 "
-                        "invariant tile\n", k->name, cb_type_name(type), (long long)cols, nr, nt);
+                fprintf(stderr, "%s invariant tile %s cols=%lld nr=%d nt=%d: not bit-equal to the "
+                        "AVX2 invariant tile\n", name, cb_type_name(type), (long long)cols, nr, nt);
                 ok = 0;
             }
             free(w);
@@ -487,6 +512,9 @@ static void check_k_tile_invariant(const kernels *k) {
         }
         CHECK(ok);
     }
+    if (n_types != want)
+        fprintf(stderr, "%s: %d types have an invariant tile, expected %d\n", name, n_types, want);
+    CHECK(n_types == want);
 }
 
 /* The AVX-512 16-row packing against cb_avx2_rp16_pack: the same bytes (the whole group, and
@@ -585,7 +613,8 @@ int main(void) {
                "(it reads cb_avx2_rp_pack's groups)\n");
     run(&EMULATED, with_rp);
     if (with_rp) { /* cb_avx2_tile runs natively: the CPU must have AVX2 */
-        check_k_tile_invariant(&EMULATED);
+        check_tile_invariant("emulated", cb_avx512emu_tile_invariant, 0, 3);
+        check_tile_invariant("emulated vnni", cb_avx512emu_tile_invariant, 1, 9);
         run(&EMULATED_VNNI, with_rp);
         check_rp_same(&EMULATED, &EMULATED_VNNI);
         check_rp16(&EMULATED_VNNI, cb_avx512emu_rp16_tile_vnni, "emulated vnni 16 rows");
@@ -594,10 +623,11 @@ int main(void) {
     if (cpu >= CB_SIMD_AVX512) {
         printf("test_quant_avx512: this CPU has AVX-512: checking the native kernels too\n");
         run(&NATIVE, with_rp);
-        check_k_tile_invariant(&NATIVE);
+        check_tile_invariant("native", cb_avx512_tile_invariant, 0, 3);
         check_pack16(cb_avx512_rp16_pack, "native 16-row packing");
         if (cpu >= CB_SIMD_AVX512_VNNI) {
-            printf("test_quant_avx512: this CPU has AVX512-VNNI: checking its packed tile\n");
+            printf("test_quant_avx512: this CPU has AVX512-VNNI: checking its packed and invariant tiles\n");
+            check_tile_invariant("native vnni", cb_avx512_tile_invariant, 1, 9);
             run(&NATIVE_VNNI, with_rp);
             check_rp_same(&NATIVE, &NATIVE_VNNI);
             check_rp16(&NATIVE_VNNI, cb_avx512_rp16_tile_vnni, "native vnni 16 rows");
