@@ -843,20 +843,24 @@ static void mm_store(const cb_mm_ctx *c, int64_t r0, int nr, int64_t t0, int nt,
 }
 
 #define MM_CHUNK 16
+#ifndef MM_TASK_BYTES
+#define MM_TASK_BYTES 0
+#endif
 #ifndef MM_TASKS_PER_THREAD
 #define MM_TASKS_PER_THREAD 16
 #endif
 
 /* Direct tiles: chunks of MM_CHUNK rows meet every token while in cache. */
 static void mm_rows_direct(const cb_mm_ctx *c, int64_t r_begin, int64_t r_end) {
-    float out[CB_TILE_R * CB_TILE_T];
+    float out[CB_TILE_R * CB_TILE_T > CB_TILE_R1 ? CB_TILE_R * CB_TILE_T : CB_TILE_R1];
     for (int64_t c0 = r_begin; c0 < r_end; c0 += MM_CHUNK) {
     int64_t c1 = c0 + MM_CHUNK < r_end ? c0 + MM_CHUNK : r_end;
     for (int64_t t0 = 0; t0 < c->n_tokens; t0 += CB_TILE_T) {
         int nt = c->n_tokens - t0 < CB_TILE_T ? (int)(c->n_tokens - t0) : CB_TILE_T;
+        const int tr = nt == 1 ? CB_TILE_R1 : CB_TILE_R;
         const uint8_t *x = c->xa + t0 * c->xa_stride;
-        for (int64_t r0 = c0; r0 < c1; r0 += CB_TILE_R) {
-            int nr = c1 - r0 < CB_TILE_R ? (int)(c1 - r0) : CB_TILE_R;
+        for (int64_t r0 = c0; r0 < c1; r0 += tr) {
+            int nr = c1 - r0 < tr ? (int)(c1 - r0) : tr;
             const uint8_t *w = c->w + r0 * c->w_stride;
             if (c->tile) {
                 c->tile(c->kn, w, c->w_stride, nr, x, c->xa_stride, nt, out);
@@ -1032,8 +1036,10 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
         /* Rows per task: a multiple of the tile height; enough tasks to balance threads, few
          * enough that a task's weight rows are reused across all tokens while in cache. */
         int64_t rpt = w->rows / ((int64_t)n_threads * MM_TASKS_PER_THREAD);
+        int64_t min_rows = (int64_t)(MM_TASK_BYTES / (w->row_bytes * (size_t)n_tokens + 1));
+        rpt = rpt < min_rows ? min_rows : rpt;
         rpt = rpt < 4 ? 4 : rpt;
-        rpt = (rpt + CB_TILE_R - 1) / CB_TILE_R * CB_TILE_R;
+        rpt = (rpt + CB_TILE_R1 - 1) / CB_TILE_R1 * CB_TILE_R1; /* whole tiles (R1: 4 | 8) */
         if (c->rp) rpt = (rpt + c->rk.rows - 1) / c->rk.rows * c->rk.rows;
         j.rows_per_task = rpt;
         int64_t n_tasks = (w->rows + rpt - 1) / rpt;

@@ -186,15 +186,18 @@ INL __m512i pair_idx(int p) {
     }
 #define CB_DEFINE_TILE(NAME, BODY, TYPE) CB_DEFINE_TILE_AT(NAME, BODY, TYPE, CB_AVX512_TARGET)
 
-/* The invariant tiles' dispatch: for one token four rows at a time (one reduction serves them),
- * the rest (and nt > 1) in pairs as CB_DEFINE_TILE_AT. */
-#define CB_DEFINE_TILE4(NAME, BODY, TYPE, TARGET)                                               \
+/* The invariant tiles' dispatch: for one token R1 (8 or 4) rows at a time, then four (one
+ * reduction serves them), the rest (and nt > 1) in pairs as CB_DEFINE_TILE_AT. */
+#define CB_DEFINE_TILE4(NAME, BODY, TYPE, TARGET, R1)                                           \
     CB_DEFINE_TILE_AT(NAME##_pairs, BODY, TYPE, TARGET)                                         \
     TARGET static void NAME(int64_t n, const uint8_t *w, size_t ws, int nr, const uint8_t *x,  \
                             size_t xs, int nt, float *out) {                                   \
         int r = 0;                                                                             \
-        if (nt == 1)                                                                           \
+        if (nt == 1) {                                                                         \
+            for (; (R1) > 4 && nr - r >= (R1); r += (R1))                                      \
+                BODY(TYPE, (R1), 1, n, w + (size_t)r * ws, ws, x, xs, out, nt, r);             \
             for (; nr - r >= 4; r += 4) BODY(TYPE, 4, 1, n, w + (size_t)r * ws, ws, x, xs, out, nt, r); \
+        }                                                                                      \
         if (r < nr) NAME##_pairs(n, w + (size_t)r * ws, ws, nr - r, x, xs, nt, out + (size_t)r * nt); \
     }
 

@@ -190,9 +190,9 @@ INL void tile_q6k(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size
         for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = tmp[r * NT + t];
 }
 
-CB_DEFINE_TILE4(tile512_q4_k, tile_q4k, 0, CB_AVX512_TARGET)
-CB_DEFINE_TILE4(tile512_q5_k, tile_q4k, 1, CB_AVX512_TARGET)
-CB_DEFINE_TILE4(tile512_q6_k, tile_q6k, 0, CB_AVX512_TARGET)
+CB_DEFINE_TILE4(tile512_q4_k, tile_q4k, 0, CB_AVX512_TARGET, 4)
+CB_DEFINE_TILE4(tile512_q5_k, tile_q4k, 1, CB_AVX512_TARGET, 4)
+CB_DEFINE_TILE4(tile512_q6_k, tile_q6k, 0, CB_AVX512_TARGET, 4)
 
 /* K-quants (cb_avx2_rp_pack's layout for Q4_K/Q5_K/Q6_K, see quant_avx2.c): 64 steps of 32
  * bytes, then ns scale vectors, 8 min vectors, d[8], dmin[8]. Pairs of steps as above; one

@@ -36,11 +36,14 @@ typedef struct {
 /* How a weight type wants its activations. */
 typedef enum { CB_ACT_F32 = 0, CB_ACT_Q8A = 1, CB_ACT_Q8K = 2 } cb_act_kind;
 
-/* The largest tile a kernel is asked for (rows x tokens). */
+/* The largest tile a kernel is asked for (rows x tokens); one token: up to CB_TILE_R1 rows (a
+ * decode tile amortises its activation loads and reduction over more rows). */
 #define CB_TILE_R 4
 #define CB_TILE_T 4
+#define CB_TILE_R1 8
 
-/* out[r*nt + t] = dot(weight row r, activation row t), r < nr <= CB_TILE_R, t < nt <= CB_TILE_T.
+/* out[r*nt + t] = dot(weight row r, activation row t), t < nt <= CB_TILE_T, r < nr <= CB_TILE_R
+ * (nt == 1: nr <= CB_TILE_R1).
  * n: number of activation blocks per row (CB_ACT_F32: number of values).
  * w: first weight row, rows w_stride bytes apart; x: first activation row (quantized blocks or
  * floats), rows x_stride bytes apart. */
