@@ -843,9 +843,6 @@ static void mm_store(const cb_mm_ctx *c, int64_t r0, int nr, int64_t t0, int nt,
 }
 
 #define MM_CHUNK 16
-#ifndef MM_TASK_BYTES
-#define MM_TASK_BYTES 0
-#endif
 #ifndef MM_TASKS_PER_THREAD
 #define MM_TASKS_PER_THREAD 16
 #endif
@@ -1036,8 +1033,6 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
         /* Rows per task: a multiple of the tile height; enough tasks to balance threads, few
          * enough that a task's weight rows are reused across all tokens while in cache. */
         int64_t rpt = w->rows / ((int64_t)n_threads * MM_TASKS_PER_THREAD);
-        int64_t min_rows = (int64_t)(MM_TASK_BYTES / (w->row_bytes * (size_t)n_tokens + 1));
-        rpt = rpt < min_rows ? min_rows : rpt;
         rpt = rpt < 4 ? 4 : rpt;
         rpt = (rpt + CB_TILE_R1 - 1) / CB_TILE_R1 * CB_TILE_R1; /* whole tiles (R1: 4 | 8) */
         if (c->rp) rpt = (rpt + c->rk.rows - 1) / c->rk.rows * c->rk.rows;
