@@ -39,13 +39,14 @@ def _rss() -> int:
 
 
 def run_colibri(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ctx: int,
-                warmup: int = 0) -> dict[str, Any]:
+                warmup: int = 0, kv_dtype: str = "f32") -> dict[str, Any]:
     """colibri's figures in this process; `warmup` greedy decode steps run untimed after the
     prompt, before the gen_tokens timed ones (their tokens are not counted)."""
     from colibri.model import Model
 
     t0 = time.perf_counter()
-    m = Model(path, threads=threads, ctx=ctx, max_batch=max(prompt_tokens, 1), verbose=False)
+    m = Model(path, threads=threads, ctx=ctx, max_batch=max(prompt_tokens, 1), verbose=False,
+              kv_dtype=kv_dtype)
     m.prefault()  # like llama.cpp's MAP_POPULATE at load: counted in the load time
     load = time.perf_counter() - t0
     ids = _prompt_ids(prompt_tokens, m.n_vocab, m.tokenizer.bos_id if m.tokenizer else None)

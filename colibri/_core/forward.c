@@ -377,11 +377,6 @@ static int32_t attn_heads_per_task(int64_t n_tokens, int n_head, int n_kv, int n
     return hpt;
 }
 
-static inline float kv_load(const uint8_t *p, size_t elt, int64_t i) {
-    if (elt == 4) return ((const float *)p)[i];
-    return cb_f16_to_f32(((const uint16_t *)p)[i]);
-}
-
 static void attn_task(void *vctx, int task, int thread) {
     attn_ctx *c = vctx;
     cb_forward_t *f = c->f;
@@ -412,15 +407,13 @@ static void attn_task(void *vctx, int task, int thread) {
     } else {
         /* f16 cache: like llama.cpp, the query is rounded to f16 for the K products and the
          * probabilities to f16 for the V sum (so an f16 cache reproduces llama.cpp's numerics) */
-        for (int h = 0; h < G; h++) {
-            float qh[CB_FORWARD_MAX_HEAD_DIM];
-            for (int64_t d = 0; d < hd; d++) qh[d] = cb_f16_to_f32(cb_f32_to_f16(q0[h * hd + d]));
-            for (int64_t j = 0; j < n; j++) {
-                const uint8_t *kp = base + (lo + j) * stride + koff;
-                float acc = 0.0f;
-                for (int64_t d = 0; d < hd; d++) acc += qh[d] * kv_load(kp, elt, d);
-                sc0[h * sst + j] = acc * m->attn_scale;
-            }
+        float qh[CB_ATTN_MAX_HPT * CB_FORWARD_MAX_HEAD_DIM];
+        for (int64_t i = 0; i < G * hd; i++) qh[i] = cb_f16_to_f32(cb_f32_to_f16(q0[i]));
+        cb_status s = cb_dot_rows_multi_f16(qh, hd, G, (const uint16_t *)(base + lo * stride + koff),
+                                            n, (int64_t)(stride / 2), hd, m->attn_scale, sc0, sst);
+        if (s != CB_OK) {
+            c->status = s;
+            return;
         }
     }
     for (int h = 0; h < G; h++) {
@@ -434,14 +427,11 @@ static void attn_task(void *vctx, int task, int thread) {
         if (s != CB_OK) c->status = s;
         return;
     }
-    for (int h = 0; h < G; h++) {
-        float *out = out0 + h * hd;
-        for (int64_t j = 0; j < n; j++) {
-            const uint8_t *vp = base + (lo + j) * stride + voff;
-            const float w = cb_f16_to_f32(cb_f32_to_f16(sc0[h * sst + j]));
-            for (int64_t d = 0; d < hd; d++) out[d] += w * kv_load(vp, elt, d);
-        }
-    }
+    for (int h = 0; h < G; h++)
+        for (int64_t j = 0; j < n; j++) sc0[h * sst + j] = cb_f16_to_f32(cb_f32_to_f16(sc0[h * sst + j]));
+    cb_status s = cb_axpy_rows_multi_f16(sc0, sst, G, (const uint16_t *)(base + lo * stride + voff), n,
+                                         (int64_t)(stride / 2), hd, out0, hd);
+    if (s != CB_OK) c->status = s;
 }
 
 static void kv_store(uint8_t *dst, const float *src, int64_t n, size_t elt) {

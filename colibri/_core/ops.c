@@ -17,6 +17,7 @@
 #include <stddef.h>
 
 #include "colibri/cpu.h"
+#include "colibri/quant.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define CB_OPS_X86 1
@@ -376,6 +377,14 @@ AVX2_FN static void scale_avx2(float *x, int64_t n, float s) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), vs));
     for (; i < n; i++) x[i] *= s;
+}
+/* n f16 values -> floats (F16C: every AVX2 CPU has it) */
+__attribute__((target("avx2,fma,f16c"))) static void widen_f16_avx2(const uint16_t *src, int64_t n,
+                                                                    float *dst) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + i))));
+    for (; i < n; i++) dst[i] = _cvtsh_ss(src[i]);
 }
 #endif /* CB_OPS_X86 */
 
@@ -829,5 +838,78 @@ cb_status cb_axpy_rows_multi_f32(const float *p, int64_t p_stride, int n_q, cons
 #endif
             for (int64_t i = 0; i < n; i++) yh[i] += a * x[i];
         }
+    return CB_OK;
+}
+
+/* ---------------------------------------------------------------- f16 K/V rows
+ * The f16 KV cache's attention: rows widened to floats, F16_CHUNK floats at a time on the stack
+ * (L1-resident), then the f32 kernels above on them: the results are those of the f32 entry
+ * points on the widened rows, bit for bit, while memory reads half the bytes. */
+#define F16_CHUNK 4096
+
+static void widen_rows(const uint16_t *src, int64_t stride, int64_t rows, int64_t n, float *dst) {
+    for (int64_t j = 0; j < rows; j++) {
+#if CB_OPS_X86
+        if (use_avx2()) {
+            widen_f16_avx2(src + j * stride, n, dst + j * n);
+            continue;
+        }
+#endif
+        for (int64_t i = 0; i < n; i++) dst[j * n + i] = cb_f16_to_f32(src[j * stride + i]);
+    }
+}
+
+/* rows of n floats per chunk: a multiple of 8 (the row kernels' group) when more than 8 fit */
+static int64_t chunk_rows(int64_t n) {
+    int64_t r = n > 0 ? F16_CHUNK / n : F16_CHUNK;
+    return r >= 16 ? r / 8 * 8 : r;
+}
+
+cb_status cb_dot_rows_multi_f16(const float *q, int64_t q_stride, int n_q, const uint16_t *k,
+                                int64_t n_rows, int64_t k_stride, int64_t n, float scale,
+                                float *out, int64_t o_stride) {
+    CHECK_N(n, "cb_dot_rows_multi_f16");
+    if (n_q < 0 || n_rows < 0 || (n_rows > 1 && k_stride < n) || (n_q > 1 && q_stride < n) ||
+        (n_q > 1 && o_stride < n_rows) || n > F16_CHUNK)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                       "cb_dot_rows_multi_f16: bad shape (n_q %d, n_rows %lld, n %lld (at most "
+                       "%d), strides q %lld k %lld out %lld)",
+                       n_q, (long long)n_rows, (long long)n, F16_CHUNK, (long long)q_stride,
+                       (long long)k_stride, (long long)o_stride);
+    if (n_rows == 0 || n_q == 0) return CB_OK;
+    if (!out || (n > 0 && (!q || !k)))
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "cb_dot_rows_multi_f16: NULL pointer");
+    float buf[F16_CHUNK];
+    const int64_t cr = chunk_rows(n);
+    for (int64_t j0 = 0; j0 < n_rows; j0 += cr) {
+        const int64_t r = n_rows - j0 < cr ? n_rows - j0 : cr;
+        widen_rows(k + j0 * k_stride, k_stride, r, n, buf);
+        cb_status s = cb_dot_rows_multi_f32(q, q_stride, n_q, buf, r, n, n, scale, out + j0, o_stride);
+        if (s != CB_OK) return s;
+    }
+    return CB_OK;
+}
+
+cb_status cb_axpy_rows_multi_f16(const float *p, int64_t p_stride, int n_q, const uint16_t *v,
+                                 int64_t n_rows, int64_t v_stride, int64_t n, float *y,
+                                 int64_t y_stride) {
+    CHECK_N(n, "cb_axpy_rows_multi_f16");
+    if (n_q < 0 || n_rows < 0 || (n_rows > 1 && v_stride < n) || (n_q > 1 && y_stride < n) ||
+        (n_q > 1 && p_stride < n_rows) || n > F16_CHUNK)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                       "cb_axpy_rows_multi_f16: bad shape (n_q %d, n_rows %lld, n %lld (at most "
+                       "%d), strides p %lld v %lld y %lld)",
+                       n_q, (long long)n_rows, (long long)n, F16_CHUNK, (long long)p_stride,
+                       (long long)v_stride, (long long)y_stride);
+    if (n_rows == 0 || n_q == 0 || n == 0) return CB_OK;
+    if (!p || !v || !y) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "cb_axpy_rows_multi_f16: NULL pointer");
+    float buf[F16_CHUNK];
+    const int64_t cr = chunk_rows(n);
+    for (int64_t j0 = 0; j0 < n_rows; j0 += cr) {
+        const int64_t r = n_rows - j0 < cr ? n_rows - j0 : cr;
+        widen_rows(v + j0 * v_stride, v_stride, r, n, buf);
+        cb_status s = cb_axpy_rows_multi_f32(p + j0, p_stride, n_q, buf, r, n, n, y, y_stride);
+        if (s != CB_OK) return s;
+    }
     return CB_OK;
 }

@@ -181,17 +181,20 @@ def batch_bound(path: str, n_tokens: int, threads: int, ctx_pos: float) -> dict[
 
 
 
-def _decode(engine: str, path: str, threads: int, ctx_pos: int, tokens: int) -> float:
+def _decode(engine: str, path: str, threads: int, ctx_pos: int, tokens: int,
+            kv_dtype: str = "f32") -> float:
     from colibri.bench import in_subprocess
 
     ctx = max(256, -(-(ctx_pos + WARMUP + tokens + 16) // 256) * 256)
+    kv = {"kv_dtype": kv_dtype} if engine == "colibri" else {}  # llama.cpp: its f16 default
     r = in_subprocess(engine, path=path, threads=threads, prompt_tokens=ctx_pos,
-                      gen_tokens=tokens, ctx=ctx, warmup=WARMUP)
+                      gen_tokens=tokens, ctx=ctx, warmup=WARMUP, **kv)
     return float(r["decode_tps"])
 
 
 def measure(path: str, threads: list[int], tokens: int, ctx_pos: int, rounds: int,
-            llama: bool, membw_mib: int, log: Any = print) -> list[dict[str, Any]]:
+            llama: bool, membw_mib: int, log: Any = print,
+            kv_dtype: str = "f32") -> list[dict[str, Any]]:
     """Bandwidth and both engines' decode at each thread count, interleaved over `rounds`."""
     from colibri.tools.membw import membw
 
@@ -203,7 +206,7 @@ def measure(path: str, threads: list[int], tokens: int, ctx_pos: int, rounds: in
             got = raw[t]
             got["load"].append(os.getloadavg()[0])
             got["bandwidth_gbs"].append(membw(t, membw_mib, 3))
-            got["colibri_tps"].append(_decode("colibri", path, t, ctx_pos, tokens))
+            got["colibri_tps"].append(_decode("colibri", path, t, ctx_pos, tokens, kv_dtype))
             if llama:
                 got["llama_cpp_tps"].append(_decode("llama_cpp", path, t, ctx_pos, tokens))
             log(f"  round {r + 1}/{rounds}, {t} thread(s): {got['bandwidth_gbs'][-1]:.1f} GB/s, "
@@ -291,7 +294,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="context position of the decode: the prompt's length (16)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
     ap.add_argument("--kv-dtype", default="f32", choices=("f32", "f16"),
-                    help="the KV element size counted (colibri's default f32)")
+                    help="colibri's KV cache, run and counted (f32, its default; llama.cpp keeps "
+                         "its f16 default)")
     ap.add_argument("--membw-mib", type=int, default=0,
                     help="bandwidth probe buffer in MiB (default max(512, 8 x L3))")
     ap.add_argument("--no-llama-cpp", action="store_true", help="colibri alone")
@@ -333,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
             pos = a.ctx_pos + WARMUP + (a.tokens - 1) / 2
             counted = bytes_per_token(path, pos, a.kv_dtype)
             print(f"\n{os.path.basename(path)}", flush=True)
-            runs = measure(path, threads, a.tokens, a.ctx_pos, a.rounds, llama, mib)
+            runs = measure(path, threads, a.tokens, a.ctx_pos, a.rounds, llama, mib,
+                           kv_dtype=a.kv_dtype)
             for r in runs:
                 add_shares(r, counted["total"])
             print(report(os.path.basename(path), counted, runs), flush=True)

@@ -155,6 +155,16 @@ cb_status cb_axpy_rows_multi_f32(const float *p, int64_t p_stride, int n_q, cons
                                  int64_t n_rows, int64_t v_stride, int64_t n, float *y,
                                  int64_t y_stride);
 
+/* The same two for an f16 K/V cache: K and V rows of f16 values (strides in elements), q and p
+ * floats; the results are those of the _f32 functions on the rows widened to floats, bit for
+ * bit. n is at most 4096. */
+cb_status cb_dot_rows_multi_f16(const float *q, int64_t q_stride, int n_q, const uint16_t *k,
+                                int64_t n_rows, int64_t k_stride, int64_t n, float scale,
+                                float *out, int64_t o_stride);
+cb_status cb_axpy_rows_multi_f16(const float *p, int64_t p_stride, int n_q, const uint16_t *v,
+                                 int64_t n_rows, int64_t v_stride, int64_t n, float *y,
+                                 int64_t y_stride);
+
 #ifdef __cplusplus
 }
 #endif

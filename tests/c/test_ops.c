@@ -6,6 +6,7 @@
 
 #include "colibri/cpu.h"
 #include "colibri/ops.h"
+#include "colibri/quant.h"
 #include "testutil.h"
 
 #define N_MAX 67
@@ -229,10 +230,64 @@ static void check_attention_rows(void) {
     }
 }
 
+/* The f16 K/V kernels equal the f32 ones on the rows widened to floats, bit for bit: head
+ * sizes 24-256, 0-300 rows (across the widening chunks: 16 rows at 256, 168 at 24), padded
+ * strides, values of every f16 magnitude incl. subnormals; and they refuse bad shapes. */
+static void check_attention_rows_f16(void) {
+    const int hds[] = {24, 64, 128, 256};
+    enum { MAXR = 300, NQ = 4 };
+    for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++) {
+        const int hd = hds[a], ks = 2 * hd + 6, qs = hd + 3, os = MAXR + 2;
+        uint16_t *k16 = malloc(sizeof(uint16_t) * (size_t)(MAXR * ks));
+        float *kf = malloc(sizeof(float) * (size_t)(MAXR * ks)), *q = malloc(sizeof(float) * (size_t)(NQ * qs));
+        float *s16 = malloc(sizeof(float) * (size_t)(NQ * os)), *s32 = malloc(sizeof(float) * (size_t)(NQ * os));
+        float *y16 = malloc(sizeof(float) * (size_t)(NQ * qs)), *y32 = malloc(sizeof(float) * (size_t)(NQ * qs));
+        for (int i = 0; i < MAXR * ks; i++) {
+            float v = frand();
+            if (i % 97 == 5) v *= 1e-6f; /* an f16 subnormal */
+            k16[i] = cb_f32_to_f16(v);
+            kf[i] = cb_f16_to_f32(k16[i]);
+        }
+        for (int i = 0; i < NQ * qs; i++) q[i] = frand();
+        const int rows[] = {0, 1, 7, 17, 168, 169, MAXR};
+        int same = 1;
+        for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+            const int n = rows[r];
+            for (int i = 0; i < NQ * os; i++) s16[i] = s32[i] = -7.0f;
+            CHECK(cb_dot_rows_multi_f16(q, qs, NQ, k16, n, ks, hd, 0.0625f, s16, os) == CB_OK);
+            CHECK(cb_dot_rows_multi_f32(q, qs, NQ, kf, n, ks, hd, 0.0625f, s32, os) == CB_OK);
+            same &= memcmp(s16, s32, sizeof(float) * (size_t)(NQ * os)) == 0;
+            for (int i = 0; i < NQ * os; i++) s32[i] = s16[i] = 0.01f * frand();
+            for (int i = 0; i < NQ * qs; i++) y16[i] = y32[i] = 0.25f * frand();
+            CHECK(cb_axpy_rows_multi_f16(s16, os, NQ, k16 + hd, n, ks, hd, y16, qs) == CB_OK);
+            CHECK(cb_axpy_rows_multi_f32(s32, os, NQ, kf + hd, n, ks, hd, y32, qs) == CB_OK);
+            same &= memcmp(y16, y32, sizeof(float) * (size_t)(NQ * qs)) == 0;
+        }
+        if (!same) fprintf(stderr, "f16 attention rows, head size %d: not the f32 results\n", hd);
+        CHECK(same);
+        free(k16);
+        free(kf);
+        free(q);
+        free(s16);
+        free(s32);
+        free(y16);
+        free(y32);
+    }
+    uint16_t h[8] = {0};
+    float f[8] = {0}, o[8];
+    CHECK(cb_dot_rows_multi_f16(f, 4, 1, h, 2, 1, 4, 1.0f, o, 2) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_dot_rows_multi_f16(f, 8192, 1, h, 1, 8192, 8192, 1.0f, o, 1) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_axpy_rows_multi_f16(f, 2, 1, NULL, 2, 4, 4, o, 4) == CB_STATUS_INVALID_ARGUMENT);
+}
+
 int main(void) {
     check_rope_paths();
     check_attention_rows();
+    check_attention_rows_f16();
     cb_simd_level best = cb_cpu_detect();
+    cb_cpu_set_max_level(CB_SIMD_SCALAR);
+    check_attention_rows_f16();
+    cb_cpu_set_max_level(CB_SIMD_AVX512_VNNI);
     check_level(CB_SIMD_SCALAR);
     if (best >= CB_SIMD_AVX2) check_level(CB_SIMD_AVX2);
     cb_cpu_set_max_level(CB_SIMD_AVX512_VNNI);

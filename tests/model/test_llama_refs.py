@@ -42,13 +42,18 @@ def refs():
     return np.load(REFS)
 
 
-@pytest.fixture(scope="module", params=["f32_", ""], ids=["dequantized-f32", "q4_k_m"])
+@pytest.fixture(scope="module", params=[("f32_", "f32"), ("f32_", "f16"), ("", "f32")],
+                ids=["dequantized-f32", "dequantized-f32-kv-f16", "q4_k_m"])
 def case(request):
-    """(key prefix, model, thresholds) for the dequantized and the quantized comparison."""
-    prefix = request.param
-    model = Model(None, threads=2, ctx=4096, max_batch=512, dequantize=prefix == "f32_")
+    """(key prefix, model, thresholds) for the dequantized and the quantized comparison; the
+    dequantized one also with colibri's f16 KV cache (llama.cpp recorded its default f16 cache:
+    the same limits hold, through the f16 attention kernels, cb_*_rows_multi_f16)."""
+    prefix, kv = request.param
+    model = Model(None, threads=2, ctx=4096, max_batch=512, dequantize=prefix == "f32_",
+                  kv_dtype=kv)
     limits = {"top1": 0.99, "kl": 1e-3, "greedy": 32} if prefix else {"top1": 0.95, "kl": 0.01}
-    return prefix, model, limits
+    yield prefix, model, limits
+    model.close()
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
