@@ -9,11 +9,13 @@ static atomic_int max_level = CB_SIMD_AVX512_VNNI;
 cb_simd_level cb_cpu_detect(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
+    /* every SIMD level's kernels convert f16 with F16C (scales, the f16 KV cache) */
+    const int f16c = __builtin_cpu_supports("f16c");
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("fma"))
+        __builtin_cpu_supports("fma") && f16c)
         return __builtin_cpu_supports("avx512vnni") ? CB_SIMD_AVX512_VNNI : CB_SIMD_AVX512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)
         return CB_SIMD_AVX2;
 #endif
     return CB_SIMD_SCALAR;
