@@ -251,9 +251,10 @@ INL void tile32(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
  * then acc = fma((float)isum, d_w*d_x, acc) (Q4_1/Q5_1: then acc = fma(m, s_x, acc)) in block
  * order, one float lane per (row, token). Two blocks per vector as in tile32 above; the integer
  * sums of all of a tile's (row, token) elements and both blocks come out of one reduction
- * (reduce_pairs), the rows' scales of both blocks from gathers of the blocks' first words, and
- * each block then costs one 8-lane fma (two for the offset types) for the whole tile. vpdpbusd
- * makes the integers (hence VNNI only: without it the AVX2 invariant tiles run). */
+ * (reduce_pairs), the rows' scales of both blocks from the blocks' first words (block_words),
+ * and each block then costs one 8-lane fma (two for the offset types) for the whole tile; one
+ * token's tile takes 8 rows (CB_TILE_R1). vpdpbusd makes the integers (hence VNNI only: without
+ * it the AVX2 invariant tiles run). */
 
 /* v[k] (k < K <= 8): 16 int32 lanes each, [8 of block b | 8 of block b+1]. Returns lane k = the
  * sum of v[k]'s block-b lanes, lane 8 + k = the sum of its block-b+1 lanes (lanes k >= K:
@@ -298,10 +299,10 @@ INL __m512i lanes_epi32(const int32_t *lo, const int32_t *hi, int NT) {
 }
 
 /* The 16-bit words at offset off of the tile's blocks (byte: the bytes, zero-extended), as 16
- * lanes [block b | block b+1]: lane k (and 8 + k) of row k / NT; lanes k >= K: row 0, and 4..7
- * lanes 0..3's when K <= 4. bw points at row 0's block b; hi = 0: no block b+1 (its lanes repeat block
- * b). Gathered in general registers, four lanes a word: the vector units are the tile's
- * bottleneck (vpgatherdd, tried first, halved the tile's speed). */
+ * lanes [block b | block b+1]: lane k (and 8 + k) of row k / NT; lanes k >= K: row 0's, and
+ * lanes 4..7 repeat 0..3 when K <= 4. bw points at row 0's block b; hi = 0: no block b+1 (its
+ * lanes repeat block b). Packed in general registers, four lanes a word: the vector units are
+ * the tile's bottleneck (vpgatherdd, tried first, halved the tile's speed). */
 INL __m256i block_words(const uint8_t *bw, size_t ws, size_t bb, int NT, int K, int hi, int off,
                         int byte) {
     uint64_t q[4];

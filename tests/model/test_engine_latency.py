@@ -117,11 +117,13 @@ def test_a_burst_is_read_in_whole_steps_in_arrival_order(tiny):
         with eng._cv:  # submitted together: the engine thread sees them all at its next step
             reqs = [eng.submit(p, max_tokens=4, temperature=0) for p in prompts]
         firsts = [next(iter(r)) for r in reqs]
-        steps = eng.stats()["steps"]
         texts = [f.text + r.text() for f, r in zip(firsts, reqs, strict=True)]
+        steps = eng.stats()["steps"]  # all requests done: no step runs any more
     assert texts == refs
-    # 1600 prompt tokens in steps of 512 less the decode tokens riding along: 4 steps
-    assert steps <= -(-1600 // (SOLO_PREFILL_CHUNK - 16)), steps
+    # 1600 prompt tokens in steps of 512 less the decode tokens riding along: 4 steps, then the
+    # last prompts' 3 more tokens. (Read when all are done: the step count read right after the
+    # first tokens raced with the engine thread's next decode step, and a loaded machine saw 5.)
+    assert steps <= -(-1600 // (SOLO_PREFILL_CHUNK - 16)) + 3, steps
     ttft = [r.stats()["ttft_s"] + r.t_submit for r in reqs]
     assert ttft == sorted(ttft)
 
