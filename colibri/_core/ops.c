@@ -860,8 +860,8 @@ static void widen_rows(const uint16_t *src, int64_t stride, int64_t rows, int64_
 }
 
 /* rows of n floats per chunk: a multiple of 8 (the row kernels' group) when more than 8 fit */
-static int64_t chunk_rows(int64_t n) {
-    int64_t r = n > 0 ? F16_CHUNK / n : F16_CHUNK;
+static int64_t chunk_rows(int64_t n) { /* 0 < n <= F16_CHUNK */
+    int64_t r = F16_CHUNK / n;
     return r >= 16 ? r / 8 * 8 : r;
 }
 
@@ -879,6 +879,11 @@ cb_status cb_dot_rows_multi_f16(const float *q, int64_t q_stride, int n_q, const
     if (n_rows == 0 || n_q == 0) return CB_OK;
     if (!out || (n > 0 && (!q || !k)))
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "cb_dot_rows_multi_f16: NULL pointer");
+    if (n == 0) { /* empty rows: zero scores (k may be NULL) */
+        for (int h = 0; h < n_q; h++)
+            for (int64_t j = 0; j < n_rows; j++) out[h * o_stride + j] = 0.0f;
+        return CB_OK;
+    }
     float buf[F16_CHUNK];
     const int64_t cr = chunk_rows(n);
     for (int64_t j0 = 0; j0 < n_rows; j0 += cr) {

@@ -278,6 +278,8 @@ static void check_attention_rows_f16(void) {
     CHECK(cb_dot_rows_multi_f16(f, 4, 1, h, 2, 1, 4, 1.0f, o, 2) == CB_STATUS_INVALID_ARGUMENT);
     CHECK(cb_dot_rows_multi_f16(f, 8192, 1, h, 1, 8192, 8192, 1.0f, o, 1) == CB_STATUS_INVALID_ARGUMENT);
     CHECK(cb_axpy_rows_multi_f16(f, 2, 1, NULL, 2, 4, 4, o, 4) == CB_STATUS_INVALID_ARGUMENT);
+    o[0] = o[1] = 5.0f; /* empty rows: zero scores, K not read */
+    CHECK(cb_dot_rows_multi_f16(f, 0, 1, NULL, 2, 0, 0, 1.0f, o, 2) == CB_OK && o[0] == 0.0f && o[1] == 0.0f);
 }
 
 int main(void) {
