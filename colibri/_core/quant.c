@@ -730,8 +730,8 @@ cb_rp_kernel_t cb_rp_kernel(int type, int simd_level) {
  * invariant direct tiles are AVX-512 (quant_avx512_k.c) and the 16-row packing too
  * (quant_avx512_pack.c), with weights from memory as experts are (64 distinct 768x2048 Q4_K /
  * 2048x768 Q6_K, 1 thread, quiet, 2026-12-01 23:50), packed / direct time: Q4_K 1.52 at 3
- * tokens, 1.19 at 4, 0.84 at 5; Q6_K 1.61, 1.44, 0.92: both from 5. (`kernels.py --parts
- * packed` reuses one weight from cache, where packing wins from 2-3: not the experts' case.) */
+ * tokens, 1.19 at 4, 0.84 at 5; Q6_K 1.61, 1.44, 0.92: both from 5 (`kernels.py --parts
+ * packed` measures this way; one weight reused from cache had packing win from 2-3). */
 static int rp_min_tokens(int type, cb_simd_level level) {
     if (level >= CB_SIMD_AVX512) {
         switch (type) {
@@ -849,7 +849,7 @@ static void mm_store(const cb_mm_ctx *c, int64_t r0, int nr, int64_t t0, int nt,
 
 /* Direct tiles: chunks of MM_CHUNK rows meet every token while in cache. */
 static void mm_rows_direct(const cb_mm_ctx *c, int64_t r_begin, int64_t r_end) {
-    float out[CB_TILE_R * CB_TILE_T > CB_TILE_R1 ? CB_TILE_R * CB_TILE_T : CB_TILE_R1];
+    float out[CB_TILE_OUT];
     for (int64_t c0 = r_begin; c0 < r_end; c0 += MM_CHUNK) {
     int64_t c1 = c0 + MM_CHUNK < r_end ? c0 + MM_CHUNK : r_end;
     for (int64_t t0 = 0; t0 < c->n_tokens; t0 += CB_TILE_T) {

@@ -41,6 +41,8 @@ typedef enum { CB_ACT_F32 = 0, CB_ACT_Q8A = 1, CB_ACT_Q8K = 2 } cb_act_kind;
 #define CB_TILE_R 4
 #define CB_TILE_T 4
 #define CB_TILE_R1 8
+/* floats of a tile's output: the larger of the two shapes */
+#define CB_TILE_OUT (CB_TILE_R * CB_TILE_T > CB_TILE_R1 ? CB_TILE_R * CB_TILE_T : CB_TILE_R1)
 
 /* out[r*nt + t] = dot(weight row r, activation row t), t < nt <= CB_TILE_T, r < nr <= CB_TILE_R
  * (nt == 1: nr <= CB_TILE_R1).

@@ -183,7 +183,6 @@ static int64_t random_cols(int type) {
 }
 
 /* the matvec/small-batch tile: nr <= 4 rows x nt <= 4 tokens (one token: nr <= 8) */
-#define TILE_OUT (CB_TILE_R * CB_TILE_T > CB_TILE_R1 ? CB_TILE_R * CB_TILE_T : CB_TILE_R1)
 static int check_tile(const kernels *k, int type, int exact) {
     int64_t cols = random_cols(type);
     int nt = rndi(1, CB_TILE_T), nr = rndi(1, nt == 1 ? CB_TILE_R1 : CB_TILE_R);
@@ -196,7 +195,7 @@ static int check_tile(const kernels *k, int type, int exact) {
     float *wf = malloc(sizeof(float) * (size_t)(cols * nr));
     float *x = malloc(sizeof(float) * (size_t)(cols * nt));
     uint8_t *xa = malloc(xs * (size_t)nt), *xr = malloc(xs * (size_t)nt);
-    float out[TILE_OUT];
+    float out[CB_TILE_OUT];
     int ok = 1;
     for (int r = 0; r < nr; r++) {
         fill_weights(type, w + (size_t)r * ws, ws, exact); /* padding past rb: random bytes */
@@ -458,10 +457,9 @@ static void check_rp16(const kernels *k8, rp16_tile_fn tile16, const char *name)
  * quant_avx512_k.c, and with VNNI the 32-block types', quant_avx512.c's tile32i): on random
  * data (where a different float order shows) every (row, token) is bit-equal to the AVX2
  * invariant tile's, at 1..4 rows and 1..4 tokens, 1..8 rows for one token (the 8- and 4-row
- * decode tiles), odd and even
- * block counts and padded row strides; scales random, or (one run in four) extreme: f16 scales
- * and offsets of every exponent incl. subnormals, MXFP4's e8m0 bytes 0..255. want: how many
- * types must have such a tile. */
+ * decode tiles), odd and even block counts and padded row strides; scales random, or (one run
+ * in four) extreme: f16 scales and offsets of every exponent incl. subnormals, MXFP4's e8m0
+ * bytes 0..255. want: how many types must have such a tile. */
 typedef cb_tile_fn (*inv_tile_getter)(int type, int vnni);
 static void check_tile_invariant(const char *name, inv_tile_getter get, int vnni, int want) {
     int n_types = 0;
@@ -479,7 +477,7 @@ static void check_tile_invariant(const char *name, inv_tile_getter get, int vnni
             size_t ws = rb + (size_t)rndi(0, 3) * 7, xs = act_stride(type, cols);
             uint8_t *w = malloc(ws * (size_t)nr), *xa = malloc(xs * (size_t)nt);
             float *x = malloc(sizeof(float) * (size_t)(cols * nt));
-            float o512[TILE_OUT], o2[TILE_OUT];
+            float o512[CB_TILE_OUT], o2[CB_TILE_OUT];
             for (int r = 0; r < nr; r++) {
                 uint8_t *row = w + (size_t)r * ws;
                 fill_weights(type, row, ws, 0);
