@@ -127,10 +127,12 @@ class ModelDesc(_forward.CModelDesc):
     layers: list[LayerDesc]
     _keep: list[Any]  # arrays describe() made (dequantized vectors, dense copies)
     dense_copied: set[str]  # tensors read from copies on huge pages (colibri.dense), not the file
+    dense_packed: set[str]  # those of them packed as Q8_0_R16 (colibri.dense.packs_q8_0)
 
     def __init__(self, **fields: Any) -> None:
         self.arch, self.n_ctx_train, self.layers = "", 0, []
         self.dense_copied = set()
+        self.dense_packed = set()
         self.expert_scale = 1.0
         for name, value in fields.items():
             _set_known(self, name, value)
@@ -384,6 +386,7 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
     )
     desc._keep = r.keep
     desc.dense_copied = r.dense.names if r.dense is not None else set()
+    desc.dense_packed = set(r.dense.packed) if r.dense is not None else set()
     return desc
 
 

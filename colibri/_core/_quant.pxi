@@ -11,7 +11,7 @@ import numpy as np
 
 from colibri._core.quant cimport (
     cb_dequantize_rows, cb_get_rows, cb_matmul_default_opts, cb_matmul_ex, cb_matmul_opts_t,
-    cb_matrix_check, cb_matrix_t, cb_quantize_i4g128, cb_quantize_q8_0, cb_type_block_bytes, cb_type_block_size,
+    cb_matrix_check, cb_matrix_t, cb_pack_q8_0_r16, cb_q8_0_r16_bytes, cb_quantize_i4g128, cb_quantize_q8_0, cb_type_block_bytes, cb_type_block_size,
     cb_type_name, cb_type_row_bytes, cb_type_supported,
 )
 from colibri._core.threadpool cimport (
@@ -22,7 +22,10 @@ from colibri._core.threadpool cimport (
 TYPES = {t.name[len("CB_TYPE_"):]: int(t) for t in cb_type}
 # colibri's own block types (not GGML ids; never in a GGUF file)
 COLIBRI_TYPES = ("I4_G128",)
-SUPPORTED = tuple(n for n, i in TYPES.items() if cb_type_supported(i))
+# colibri's in-memory layouts of a block type (not a type of their own: no file holds them, and
+# dequantize does not read them; get_rows and matmul do)
+LAYOUTS = ("Q8_0_R16",)
+SUPPORTED = tuple(n for n, i in TYPES.items() if cb_type_supported(i) and n not in LAYOUTS)
 
 
 def type_id(t):
@@ -95,9 +98,10 @@ cdef _raw_matrix(cb_matrix_t *m, int type, raw, int64_t rows, int64_t cols):
     if not cb_type_supported(type):
         raise ValueError(f"block type {type_name(type)} is not supported by the kernels")
     arr = _as_bytes(raw)
-    if arr.size != rows * rb:
+    need = rows * rb if type != CB_TYPE_Q8_0_R16 else cb_q8_0_r16_bytes(rows, cols)
+    if arr.size != need:
         raise ValueError(
-            f"{type_name(type)} weight of shape ({rows}, {cols}) needs {rows * rb} bytes, "
+            f"{type_name(type)} weight of shape ({rows}, {cols}) needs {need} bytes, "
             f"got {arr.size}")
     cdef const uint8_t[::1] view = arr
     m.type = type
@@ -112,6 +116,9 @@ cdef _raw_matrix(cb_matrix_t *m, int type, raw, int64_t rows, int64_t cols):
 def dequantize(t, raw, shape):
     """Dequantize raw blocks (uint8) of type t to a float32 array of `shape` (last dim: a row)."""
     cdef int type = type_id(t)
+    if type_name(type) in LAYOUTS:
+        raise ValueError(f"{type_name(type)} is a 16-row layout, not a run of blocks: read its "
+                         "rows with get_rows")
     shape = tuple(int(s) for s in np.atleast_1d(shape)) if not isinstance(shape, int) else (shape,)
     if any(d < 0 for d in shape):
         raise ValueError(f"negative shape {shape}")
@@ -262,6 +269,45 @@ cdef object _quantize(object x, str name, str unit, int64_t block, int64_t block
         s = fn(&xv[0], n, &ov[0])
     check(s)
     return out
+
+
+def pack_q8_0_r16(raw, int64_t rows, int64_t cols, out=None, ThreadPool pool=None):
+    """The Q8_0 weight `raw` (rows x cols) re-laid as Q8_0_R16 (quant.h): a uint8 array of
+    q8_0_r16_bytes(rows, cols), 64-byte aligned, or written into `out` (a writable, 64-byte
+    aligned uint8 array of at least that many bytes, returned). matmul("Q8_0_R16", ...) and get_rows read it."""
+    cdef cb_matrix_t m
+    keep = _raw_matrix(&m, CB_TYPE_Q8_0, raw, rows, cols)
+    need = q8_0_r16_bytes(rows, cols)
+    if out is None:
+        buf = np.empty(need + 64, dtype=np.uint8)
+        skip = (-buf.ctypes.data) % 64
+        out = buf[skip:skip + need]
+    if not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.ndim != 1 \
+            or not out.flags.c_contiguous or not out.flags.writeable or out.size < need \
+            or (need and out.ctypes.data % 64):
+        raise ValueError(f"out must be a writable contiguous 1-D uint8 array of at least {need} "
+                         "bytes, 64-byte aligned")
+    if need == 0:
+        return out
+    cdef uint8_t[::1] dv = out
+    cdef cb_threadpool_t *p = pool.pool if pool is not None else NULL
+    cdef size_t nbytes = out.size
+    with nogil:
+        s = cb_pack_q8_0_r16(&m, &dv[0], nbytes, p)
+    check(s)
+    del keep
+    return out
+
+
+def q8_0_r16_bytes(int64_t rows, int64_t cols):
+    """Bytes of a Q8_0_R16 matrix of rows x cols (cols a multiple of 32)."""
+    row_bytes(CB_TYPE_Q8_0_R16, cols)  # cols: a multiple of the block size
+    if rows < 0:
+        raise ValueError(f"negative row count {rows}")
+    n = cb_q8_0_r16_bytes(rows, cols)
+    if n == 0 and rows > 0 and cols > 0:
+        raise ValueError(f"no Q8_0_R16 layout for a {rows} x {cols} matrix")
+    return n
 
 
 def quantize_q8_0(x):

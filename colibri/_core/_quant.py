@@ -3,6 +3,7 @@ the names that _quant.pxi defines in colibri._core._native, the one extension mo
 
 from colibri._core._native import (
     COLIBRI_TYPES,
+    LAYOUTS,
     SUPPORTED,
     TYPES,
     ThreadPool,
@@ -12,6 +13,8 @@ from colibri._core._native import (
     dequantize,
     get_rows,
     matmul,
+    pack_q8_0_r16,
+    q8_0_r16_bytes,
     quantize_i4g128,
     quantize_q8_0,
     row_bytes,
@@ -23,5 +26,5 @@ from colibri._core._native import (
 __all__ = [
     "TYPES", "COLIBRI_TYPES", "SUPPORTED", "type_id", "type_name", "block_size", "block_bytes",
     "supported", "row_bytes", "ThreadPool", "dequantize", "get_rows", "matmul", "quantize_q8_0",
-    "quantize_i4g128", "cb_type",
+    "quantize_i4g128", "cb_type", "LAYOUTS", "pack_q8_0_r16", "q8_0_r16_bytes",
 ]

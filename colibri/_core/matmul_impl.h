@@ -23,6 +23,10 @@ typedef struct cb_mm_ctx {
     int64_t kn;        /* the n of the tile / dot functions */
     cb_act_fn act;     /* activation quantizer; NULL: rp quantizer (rp) or a float copy */
     int rp;            /* packed rows (rk's pack and tile) */
+    int prepacked;     /* rp on a matrix stored packed (Q8_0_R16): no pack, group g at
+                        * w + g * w_group */
+    size_t w_group;
+    void (*rpq)(int type, const float *x, int64_t cols, uint8_t *dst); /* rp: activations */
     int avx512;        /* rp: the AVX-512 activation quantizer */
     cb_rp_kernel_t rk; /* the type's packed-row kernels at this level (cb_rp_kernel) */
     size_t act_stride; /* bytes of one prepared activation row (cb_mm_prep_row) */

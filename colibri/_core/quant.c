@@ -11,6 +11,7 @@
  * pool's scratch (or one malloc per call without a pool).
  */
 #include "matmul_impl.h"
+#include "quant_r16.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -39,7 +40,7 @@ static const type_info TYPES[] = {
     {CB_TYPE_Q4_K, "Q4_K", 256, 144, 1},  {CB_TYPE_Q5_K, "Q5_K", 256, 176, 1},
     {CB_TYPE_Q6_K, "Q6_K", 256, 210, 1},  {CB_TYPE_Q8_K, "Q8_K", 256, 292, 0},
     {CB_TYPE_BF16, "BF16", 1, 2, 1},      {CB_TYPE_MXFP4, "MXFP4", 32, 17, 1},
-    {CB_TYPE_I4_G128, "I4_G128", 128, 66, 1},
+    {CB_TYPE_I4_G128, "I4_G128", 128, 66, 1}, {CB_TYPE_Q8_0_R16, "Q8_0_R16", 32, 36, 1},
 };
 
 static const type_info *type_get(int type) {
@@ -98,6 +99,9 @@ cb_status cb_matrix_check(const cb_matrix_t *w) {
     size_t rb;
     cb_status s = cb_type_row_bytes(w->type, w->cols, &rb);
     if (s != CB_OK) return s;
+    if (w->type == CB_TYPE_Q8_0_R16 && w->row_bytes != rb)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                       "Q8_0_R16 matrix: row stride %zu bytes, not the layout's %zu", w->row_bytes, rb);
     if (w->row_bytes < rb)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT,
                        "%s matrix: row stride %zu bytes < %zu bytes of a %lld-value row", t->name,
@@ -312,9 +316,10 @@ cb_status cb_dequantize_rows(int type, const void *src, int64_t n_values, float 
     size_t rb;
     cb_status s = cb_type_row_bytes(type, n_values, &rb);
     if (s != CB_OK) return s;
-    if (!cb_type_supported(type))
-        return cb_fail(CB_STATUS_UNSUPPORTED, "dequantize: type %s has no kernels",
-                       cb_type_name(type));
+    if (!cb_type_supported(type) || type == CB_TYPE_Q8_0_R16)
+        return cb_fail(CB_STATUS_UNSUPPORTED, "dequantize: type %s %s", cb_type_name(type),
+                       type == CB_TYPE_Q8_0_R16 ? "is a 16-row layout: read its rows with get_rows"
+                                                : "has no kernels");
     if (n_values == 0) return CB_OK;
     if (!src || !dst) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "dequantize: NULL buffer");
     dequantize_unchecked(type, src, n_values, dst);
@@ -332,9 +337,13 @@ cb_status cb_get_rows(const cb_matrix_t *w, const int32_t *ids, int64_t n, float
             return cb_fail(CB_STATUS_INVALID_ARGUMENT,
                            "get_rows: id %d at position %lld is out of range [0, %lld)",
                            (int)ids[i], (long long)i, (long long)w->rows);
-    for (int64_t i = 0; i < n; i++)
-        dequantize_unchecked(w->type, (const uint8_t *)w->data + (size_t)ids[i] * w->row_bytes,
-                             w->cols, out + i * w->cols);
+    for (int64_t i = 0; i < n; i++) {
+        if (w->type == CB_TYPE_Q8_0_R16)
+            cb_r16_get_row(w, ids[i], out + i * w->cols);
+        else
+            dequantize_unchecked(w->type, (const uint8_t *)w->data + (size_t)ids[i] * w->row_bytes,
+                                 w->cols, out + i * w->cols);
+    }
     return CB_OK;
 }
 
@@ -756,6 +765,19 @@ int cb_mm_packed(int type, int64_t n_tokens, int packed) {
            (packed > 0 || (packed == 0 && n_tokens >= rp_min_tokens(type, level)));
 }
 
+/* Q8_0_R16: the packed-row path on the matrix's own groups, at every token count */
+static void mm_plan_r16(cb_mm_ctx *c, const cb_matrix_t *w, cb_simd_level level) {
+    c->type = CB_TYPE_Q8_0; /* what the kernels and the activations' zero point key on */
+    c->rk = cb_r16_kernel(level);
+    c->rp = c->prepacked = 1;
+    c->w_group = (size_t)c->rk.rows * w->row_bytes;
+    c->kn = w->cols / CB_QK;
+    c->act_stride = cb_r16_act_stride(w->cols);
+    c->avx512 = level >= CB_SIMD_AVX512;
+    c->rpq = c->avx512 ? cb_avx512_rp_quantize
+             : level >= CB_SIMD_AVX2 ? cb_avx2_rp_quantize : cb_r16_quantize_scalar;
+}
+
 void cb_mm_plan(cb_mm_ctx *c, const cb_matrix_t *w, int fast, int rp) {
     cb_simd_level level = cb_cpu_level();
     memset(c, 0, sizeof *c);
@@ -765,6 +787,10 @@ void cb_mm_plan(cb_mm_ctx *c, const cb_matrix_t *w, int fast, int rp) {
     c->cols = w->cols;
     c->type = w->type;
     c->dot = dot_for(w->type);
+    if (w->type == CB_TYPE_Q8_0_R16) {
+        mm_plan_r16(c, w, level);
+        return;
+    }
     /* batch invariance (fast == 0): the direct tiles that sum in the packed tiles' order: the
      * AVX2 ones, and the AVX-512 ones of the K-quants (quant_avx512_k.c) and, with VNNI, of the
      * 32-block types (quant_avx512.c, tile32i): the same integers and float order; the other
@@ -790,6 +816,7 @@ void cb_mm_plan(cb_mm_ctx *c, const cb_matrix_t *w, int fast, int rp) {
         if (c->rp) {
             c->act_stride = cb_avx2_rp_act_stride(w->cols);
             c->act = NULL; /* planar activations: cb_avx2_rp_quantize */
+            c->rpq = c->avx512 ? cb_avx512_rp_quantize : cb_avx2_rp_quantize;
         }
     } else {
         c->kn = w->cols / CB_QKK;
@@ -807,6 +834,7 @@ size_t cb_mm_act_bound(int type, int64_t cols) {
                                   : (size_t)(cols / CB_QKK) * sizeof(cb_q8k_t);
     if (cb_avx2_rp_supported(type) && cb_avx2_rp_act_stride(cols) > b)
         b = cb_avx2_rp_act_stride(cols);
+    if (type == CB_TYPE_Q8_0_R16 && cb_r16_act_stride(cols) > b) b = cb_r16_act_stride(cols);
     return (b + 63) / 64 * 64;
 }
 
@@ -820,7 +848,7 @@ void cb_mm_prep_row(const cb_mm_ctx *c, const float *x, uint8_t *dst) {
     if (c->act)
         c->act(x, c->cols, dst);
     else if (c->rp)
-        (c->avx512 ? cb_avx512_rp_quantize : cb_avx2_rp_quantize)(c->type, x, c->cols, dst);
+        c->rpq(c->type, x, c->cols, dst);
     else
         memcpy(dst, x, (size_t)c->cols * 4);
 }
@@ -876,11 +904,20 @@ static void mm_rows_direct(const cb_mm_ctx *c, int64_t r_begin, int64_t r_end) {
 /* Packed-row path: each group of rows (c->rk.rows) is unpacked once into this thread's buffer,
  * then meets every token, c->rk.tokens at a time. */
 static void mm_rows_rp(const cb_mm_ctx *c, int64_t r_begin, int64_t r_end, int thread) {
-    uint8_t *pk = c->pack + (size_t)thread * c->pack_stride;
+    uint8_t *pk = c->prepacked ? NULL : c->pack + (size_t)thread * c->pack_stride;
     float out[CB_RP_MAX_ROWS * CB_RP_MAX_TOKENS];
     const int G = c->rk.rows, T = c->rk.tokens;
     for (int64_t r0 = r_begin; r0 < r_end; r0 += G) {
         int nr = r_end - r0 < G ? (int)(r_end - r0) : G;
+        if (c->prepacked) { /* the matrix's own group: read in place, in order */
+            pk = (uint8_t *)(uintptr_t)(c->w + (size_t)(r0 / G) * c->w_group);
+            for (int64_t t0 = 0; t0 < c->n_tokens; t0 += T) {
+                int nt = c->n_tokens - t0 < T ? (int)(c->n_tokens - t0) : T;
+                c->rk.tile(c->type, pk, c->kn, c->xa + t0 * c->xa_stride, c->xa_stride, nt, out);
+                mm_store(c, r0, nr, t0, nt, out);
+            }
+            continue;
+        }
         c->rk.pack(c->type, c->w + r0 * c->w_stride, c->w_stride, nr, c->cols, pk);
         /* the next group's rows (contiguous) into L2 while this group meets the tokens, so the
          * next pack does not wait on memory; spread over the token tiles (a burst of prefetches
@@ -997,7 +1034,7 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
     int n_threads = cb_threadpool_n_threads(pool);
     size_t act_need = (need + 63) / 64 * 64; /* the packing buffers start 64-byte aligned */
     if (act_need < need) return cb_fail(CB_STATUS_OUT_OF_MEMORY, "matmul: buffer size overflows");
-    if (c->rp) {
+    if (c->rp && !c->prepacked) {
         size_t extra = c->pack_stride * (size_t)n_threads;
         if (c->pack_stride == 0 || extra / (size_t)n_threads != c->pack_stride ||
             act_need > SIZE_MAX - extra)
@@ -1019,7 +1056,7 @@ cb_status cb_matmul_ex(const cb_matrix_t *w, const float *x, int64_t n_tokens, i
     }
     if (s == CB_OK && act_need > 0) {
         j.xa_out = buf;
-        if (c->rp) c->pack = (uint8_t *)buf + act_need;
+        if (c->rp && !c->prepacked) c->pack = (uint8_t *)buf + act_need;
         j.tokens_per_task = (n_tokens + 4 * n_threads - 1) / (4 * n_threads);
         if (j.tokens_per_task < 1) j.tokens_per_task = 1;
         int n_tasks = (int)((n_tokens + j.tokens_per_task - 1) / j.tokens_per_task);

@@ -334,11 +334,31 @@ INL __m512 word_scales(int type, __m256i h) {
         _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(2), e), nrm, sub));
 }
 
+/* Blocks p0 and p1 as 64 unsigned bytes for vpdpbusd: unpack64's, and the signed types (Q8_0,
+ * MXFP4) offset by 128 (an exclusive or: two's complement to excess-128), so that their sums
+ * are sum((q + 128) * x) - 128 * isum: one operation per row instead of vpabsb and a sign
+ * flip of the activations. */
+INL __m512i unpack64u(int type, const uint8_t *p0, const uint8_t *p1) {
+    switch (type) {
+    case CB_TYPE_Q8_0:
+        return _mm512_xor_si512(join_si(loadu256(p0 + 2), p1 ? loadu256(p1 + 2) : _mm256_setzero_si256()),
+                                _mm512_set1_epi8((char)0x80));
+    case CB_TYPE_MXFP4: {
+        const __m512i table = _mm512_xor_si512(
+            _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)cb_mxfp4_values)),
+            _mm512_set1_epi8((char)0x80));
+        return _mm512_shuffle_epi8(table, nibbles2(p0 + 1, p1 ? p1 + 1 : NULL));
+    }
+    default: return unpack64(type, p0, p1);
+    }
+}
+
 INLV void tile32i(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
                   const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
     const int offset = type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_1;
-    const int zsh = type == CB_TYPE_Q4_0 ? 3 : (type == CB_TYPE_Q5_0 ? 4 : 0); /* log2 zero point */
-    const int unsig = offset || zsh, K = NR * NT;
+    /* log2 of the zero point taken out of the unsigned sums (none for the offset types) */
+    const int zsh = type == CB_TYPE_Q4_0 ? 3 : (type == CB_TYPE_Q5_0 ? 4 : (offset ? 0 : 7));
+    const int K = NR * NT;
     const size_t bb = bytes32(type);
     __m256 vacc = _mm256_setzero_ps(); /* lanes k = r * NT + t */
     for (int64_t b = 0; b < nb; b += 2) {
@@ -365,12 +385,10 @@ INLV void tile32i(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t
         for (int r = 0; r < NR; r++) {
             const uint8_t *p0 = bw + (size_t)r * ws;
             prefetch_span(p0 + (size_t)NR * CB_DEC_PF512 * ws, two ? 2 * bb : bb);
-            const __m512i wq = unpack64(type, p0, two ? p0 + bb : NULL);
-            const __m512i aw = unsig ? wq : _mm512_abs_epi8(wq);
+            const __m512i wq = unpack64u(type, p0, two ? p0 + bb : NULL);
             #pragma GCC unroll 4
             for (int t = 0; t < NT; t++)
-                pv[r * NT + t] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aw,
-                                                     unsig ? xv[t] : sign_by(xv[t], wq));
+                pv[r * NT + t] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xv[t]);
         }
         __m512i s = reduce_pairs(pv, K);
         if (zsh) s = _mm512_sub_epi32(s, _mm512_slli_epi32(lanes_epi32(zx0, zx1, NT), zsh));

@@ -80,6 +80,7 @@ typedef enum cb_type {
     CB_TYPE_BF16 = 30,
     CB_TYPE_MXFP4 = 39,
     CB_TYPE_I4_G128 = 1024, /* colibri's own (not a GGML id), see above */
+    CB_TYPE_Q8_0_R16 = 1025, /* colibri's own in-memory layout of Q8_0, see below */
 } cb_type;
 
 /* Values per block; 0 for an id this library does not know. */
@@ -107,6 +108,24 @@ typedef struct cb_matrix {
     size_t row_bytes;  /* stride between rows in bytes */
     const void *data;  /* borrowed */
 } cb_matrix_t;
+
+/* CB_TYPE_Q8_0_R16: a Q8_0 matrix re-laid in memory (never in a file) for the decode matvec.
+ * The direct Q8_0 tile must reduce every row's block sum across a vector before its scale; here
+ * 16 rows share each vector, so a block of 16 rows is 8 vpdpbusd against broadcast activations
+ * and one fma, and the matvec streams at memory speed. Rows come in groups of 16 (the last
+ * group padded with zero rows): group g at data + 16*g*row_bytes, with row_bytes exactly
+ * cols/32 * 36. Per block of 32 values a group holds 8 steps of 64 bytes (step s: the values
+ * 4s..4s+3 of rows 0..7, then of rows 8..15, each as the byte q + 128), then the 16 rows' d as
+ * f32 (the f16 widened: exact). So a matrix takes cb_q8_0_r16_bytes(rows, cols) bytes (6% more
+ * than Q8_0 when rows is a multiple of 16: f32 scales). Products are bit-identical to those of
+ * the Q8_0 matrix it was packed from (the same integer block sums and float operations).
+ * cb_get_rows and cb_matmul read it; cb_dequantize_rows refuses it (a row is not contiguous). */
+size_t cb_q8_0_r16_bytes(int64_t rows, int64_t cols); /* 0: a bad shape or an overflow */
+
+/* Packs the Q8_0 matrix src into dst (64-byte aligned, dst_bytes >= cb_q8_0_r16_bytes(rows,
+ * cols)), on the pool's threads (NULL: the caller's). */
+cb_status cb_pack_q8_0_r16(const cb_matrix_t *src, void *dst, size_t dst_bytes,
+                           cb_threadpool_t *pool);
 
 /* Checks a matrix: supported type, rows/cols >= 0, cols a multiple of the block size,
  * row_bytes large enough, data non-NULL when non-empty. */

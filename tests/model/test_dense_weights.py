@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import colibri
-from colibri import dense
+from colibri import dense, quant
 from colibri.config import ConfigError
 from colibri.gguf import GGUFFile
 from tests.gguf_util import gemma3_gguf_path
@@ -82,6 +82,7 @@ def test_gemma_copy_equals_mapped_and_drops_the_file_pages(gemma):
     ids = [2, 651, 6037, 529, 7001, 563, 1234, 88]
     s0 = mapped.new_sequence()
     ref = [mapped.eval([s0], ids), mapped.eval([s0], [77])]
+    ref_embed = mapped.embed(ids)
     mapped.prefault()
     rss_mapped = _file_rss(gemma)
     mapped.close()
@@ -93,10 +94,20 @@ def test_gemma_copy_equals_mapped_and_drops_the_file_pages(gemma):
     assert "token_embd.weight" in copied  # Gemma ties the head to the embedding
     assert "blk.0.attn_q.weight" in copied and "blk.17.ffn_down.weight" in copied
     assert not any(n.endswith("_norm.weight") for n in copied)  # vectors stay as they are
+    # the Q8_0 matrices (the tied head, half the attn_v) are packed as Q8_0_R16 where the
+    # kernels run at the AVX512-VNNI level, else copied as they are
+    q8 = {n for n in copied if m.gguf.tensors[n].type == quant.TYPES["Q8_0"]}
+    assert "token_embd.weight" in q8 and len(q8) > 1
+    packed = m.desc.dense_packed
+    assert packed == (q8 if dense.packs_q8_0() else set())
+    want = "Q8_0_R16" if dense.packs_q8_0() else "Q8_0"
+    assert m.desc.output.type == m.desc.tok_embd.type == quant.TYPES[want]
     s1 = m.new_sequence()
     got = [m.eval([s1], ids), m.eval([s1], [77])]
     for a, b in zip(ref, got, strict=True):
         assert a.tobytes() == b.tobytes()
+    # the embedding lookup reads the packed head's rows
+    assert np.array_equal(m.embed(ids), ref_embed)
     m.prefault()  # must not fault the copied tensors' file pages back in
     copied_bytes = sum(m.gguf.tensors[n].nbytes for n in copied)
     rss_copy = _file_rss(gemma)

@@ -1,0 +1,21 @@
+/* Q8_0_R16's private pieces (quant_r16.c) for the matmul drivers (quant.c). */
+#ifndef COLIBRI_QUANT_R16_H
+#define COLIBRI_QUANT_R16_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "colibri/quant.h"
+#include "quant_impl.h"
+
+/* Bytes of one prepared activation row (the packed-row planar layout) of cols values. */
+size_t cb_r16_act_stride(int64_t cols);
+/* That layout from the scalar quantizer (for CPUs without AVX2). */
+void cb_r16_quantize_scalar(int type, const float *x, int64_t cols, uint8_t *dst);
+/* Row r of a Q8_0_R16 matrix (checked by the caller), dequantized to w->cols floats. */
+void cb_r16_get_row(const cb_matrix_t *w, int64_t r, float *out);
+/* The kernel reading the groups in place at a SIMD level: the AVX512-VNNI 16-row packed tile,
+ * else a scalar one with the same results (pack is unused: the groups are already packed). */
+cb_rp_kernel_t cb_r16_kernel(int simd_level);
+
+#endif
