@@ -127,7 +127,7 @@ class ModelDesc(_forward.CModelDesc):
     layers: list[LayerDesc]
     _keep: list[Any]  # arrays describe() made (dequantized vectors, dense copies)
     dense_copied: set[str]  # tensors read from copies on huge pages (colibri.dense), not the file
-    dense_packed: set[str]  # those of them packed as Q8_0_R16 (colibri.dense.packs_q8_0)
+    dense_packed: set[str]  # those of them in an R16 layout (colibri.dense.packs_r16)
 
     def __init__(self, **fields: Any) -> None:
         self.arch, self.n_ctx_train, self.layers = "", 0, []

@@ -12,12 +12,10 @@ from typing import Any
 import numpy as np
 
 from colibri._core import _quant
-from colibri.dense import DenseCopies, packs_q8_0
+from colibri.dense import DenseCopies, packs_r16
 from colibri.gguf import GGUFFile, TensorInfo
 
 F32 = int(_quant.cb_type.CB_TYPE_F32)
-Q8_0 = int(_quant.cb_type.CB_TYPE_Q8_0)
-Q8_0_R16 = int(_quant.cb_type.CB_TYPE_Q8_0_R16)
 MAX_KEY_INT = 2**31 - 1  # sizes and counts reach C as int32
 
 
@@ -185,13 +183,15 @@ class _Reader:
         data = self.gf.data(name)
         if self.dense is not None and copy:
             if name not in self.dense:
-                if t.type == Q8_0 and cols % 32 == 0 and packs_q8_0():
-                    self.dense.pack_q8_0_r16(name, data, rows, cols)
+                if packs_r16() and _quant.r16_layout(t.type) is not None:
+                    self.dense.pack_r16(name, t.type, data, rows, cols)
                 else:
                     self.dense.copy(name, data)
                 self.gf.drop_pages(name)
-            if name in self.dense.packed:
-                return Mat(Q8_0_R16, rows, cols, cols // 32 * 36, self.dense.get(name))
+            if name in self.dense.packed:  # the same row bytes, in groups of 16 rows
+                layout = _quant.r16_layout(t.type)
+                assert layout is not None
+                return Mat(_quant.type_id(layout), rows, cols, t.row_nbytes, self.dense.get(name))
             data = self.dense.get(name)
         return Mat(t.type, rows, cols, t.row_nbytes, data)
 

@@ -10,11 +10,11 @@ token). Through the file mapping those bytes lie on 4 KiB page-cache pages: a TL
 kernel allows them: transparent_hugepage "always" or "madvise") the same kernels stream them
 faster (`tools/bench/decode_rate.py` A/B, docs/benchmarks.md).
 
-Q8_0 matrices are not copied byte for byte where the CPU has AVX512-VNNI: they are packed into
-colibri's Q8_0_R16 layout (include/colibri/quant.h: rows in groups of 16, so that the decode
-matvec needs no reduction per row and streams at memory speed; 6% more bytes for f32 scales),
-with bit-identical products (`pack_q8_0_r16`; Gemma 3's tied Q8_0 head, 72% of its bytes a
-token, is one).
+Q8_0 and Q5_0 matrices are not copied byte for byte where the kernels run at the AVX512-VNNI
+level: they are packed into colibri's R16 layouts (include/colibri/quant.h: rows in groups of 16,
+in as many bytes, so that the decode matvec needs no reduction per row and streams at memory
+speed), with bit-identical products (`pack_r16`; Gemma 3's tied Q8_0 head, 72% of its bytes a
+token, and its Q5_0 attention and FFN matrices are).
 
 Memory: each copied tensor's whole file pages are then dropped from this process's mapping
 (MADV_DONTNEED: they stay in the page cache, clean and reclaimable), so the resident size counts
@@ -56,7 +56,7 @@ class DenseCopies:
         self._used = 0
         self.bytes = 0
         self._copies: dict[str, np.ndarray] = {}
-        self.packed: set[str] = set()  # the copies laid out as Q8_0_R16
+        self.packed: set[str] = set()  # the copies in an R16 layout
 
     @property
     def names(self) -> set[str]:
@@ -113,20 +113,23 @@ class DenseCopies:
         self._copies[name] = arr
         return arr
 
-    def pack_q8_0_r16(self, name: str, view: np.ndarray, rows: int, cols: int) -> np.ndarray:
-        """The Q8_0 matrix `view` (rows x cols) packed as Q8_0_R16 (flat uint8, read-only)."""
-        out = self._take(_quant.q8_0_r16_bytes(rows, cols))
-        _quant.pack_q8_0_r16(view, rows, cols, out=out, pool=_pack_pool())
+    def pack_r16(self, name: str, typ: int, view: np.ndarray, rows: int, cols: int) -> np.ndarray:
+        """The Q8_0 / Q5_0 matrix `view` (rows x cols) packed in its R16 layout (flat uint8,
+        read-only)."""
+        layout = _quant.r16_layout(typ)
+        assert layout is not None, typ
+        out = self._take(_quant.r16_bytes(layout, rows, cols))
+        _quant.pack_r16(typ, view, rows, cols, out=out, pool=_pack_pool())
         out.flags.writeable = False
         self._copies[name] = out
         self.packed.add(name)
         return out
 
 
-def packs_q8_0() -> bool:
-    """Whether copies of Q8_0 matrices are packed as Q8_0_R16: where the kernels run at the
-    AVX512-VNNI level (its tile reads the layout in place; the scalar one that serves the other
-    levels is a reference, not fast)."""
+def packs_r16() -> bool:
+    """Whether copies of Q8_0 and Q5_0 matrices are packed in their R16 layouts: where the
+    kernels run at the AVX512-VNNI level (its tile reads the layouts in place; the scalar one
+    that serves the other levels is a reference, not fast)."""
     return simd.level() == "avx512vnni"
 
 
@@ -170,4 +173,4 @@ def drop_pages(mm: mmap.mmap, offset: int, nbytes: int) -> int:
     return end - start
 
 
-__all__ = ["COPY_MIN", "DenseCopies", "MODES", "drop_pages", "packs_q8_0", "worth_copying"]
+__all__ = ["COPY_MIN", "DenseCopies", "MODES", "drop_pages", "packs_r16", "worth_copying"]

@@ -466,7 +466,8 @@ NOT_OPS = {
     "block_size": "type table lookup", "block_bytes": "type table lookup",
     "supported": "type table lookup", "row_bytes": "size arithmetic: test_quant.py",
     "ThreadPool": "the thread pool the matmul rows use (2 threads in some variants)",
-    "LAYOUTS": "the type table", "q8_0_r16_bytes": "size arithmetic: test_q8_0_r16.py",
-    "pack_q8_0_r16": "a layout of Q8_0, whose get_rows and matmul equal Q8_0's bit for bit at "
-                     "every level: test_q8_0_r16.py",
+    "LAYOUTS": "the type table", "r16_bytes": "size arithmetic: test_r16.py",
+    "r16_layout": "type table lookup: test_r16.py",
+    "pack_r16": "layouts of Q8_0 and Q5_0, whose get_rows and matmul equal theirs bit for bit at "
+                "every level: test_r16.py",
 }

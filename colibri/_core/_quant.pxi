@@ -11,7 +11,7 @@ import numpy as np
 
 from colibri._core.quant cimport (
     cb_dequantize_rows, cb_get_rows, cb_matmul_default_opts, cb_matmul_ex, cb_matmul_opts_t,
-    cb_matrix_check, cb_matrix_t, cb_pack_q8_0_r16, cb_q8_0_r16_bytes, cb_quantize_i4g128, cb_quantize_q8_0, cb_type_block_bytes, cb_type_block_size,
+    cb_matrix_check, cb_matrix_t, cb_pack_r16, cb_r16_bytes, cb_r16_layout, cb_quantize_i4g128, cb_quantize_q8_0, cb_type_block_bytes, cb_type_block_size,
     cb_type_name, cb_type_row_bytes, cb_type_supported,
 )
 from colibri._core.threadpool cimport (
@@ -24,7 +24,7 @@ TYPES = {t.name[len("CB_TYPE_"):]: int(t) for t in cb_type}
 COLIBRI_TYPES = ("I4_G128",)
 # colibri's in-memory layouts of a block type (not a type of their own: no file holds them, and
 # dequantize does not read them; get_rows and matmul do)
-LAYOUTS = ("Q8_0_R16",)
+LAYOUTS = ("Q8_0_R16", "Q5_0_R16")
 SUPPORTED = tuple(n for n, i in TYPES.items() if cb_type_supported(i) and n not in LAYOUTS)
 
 
@@ -98,7 +98,7 @@ cdef _raw_matrix(cb_matrix_t *m, int type, raw, int64_t rows, int64_t cols):
     if not cb_type_supported(type):
         raise ValueError(f"block type {type_name(type)} is not supported by the kernels")
     arr = _as_bytes(raw)
-    need = rows * rb if type != CB_TYPE_Q8_0_R16 else cb_q8_0_r16_bytes(rows, cols)
+    need = cb_r16_bytes(type, rows, cols) if type_name(type) in LAYOUTS else rows * rb
     if arr.size != need:
         raise ValueError(
             f"{type_name(type)} weight of shape ({rows}, {cols}) needs {need} bytes, "
@@ -271,13 +271,24 @@ cdef object _quantize(object x, str name, str unit, int64_t block, int64_t block
     return out
 
 
-def pack_q8_0_r16(raw, int64_t rows, int64_t cols, out=None, ThreadPool pool=None):
-    """The Q8_0 weight `raw` (rows x cols) re-laid as Q8_0_R16 (quant.h): a uint8 array of
-    q8_0_r16_bytes(rows, cols), 64-byte aligned, or written into `out` (a writable, 64-byte
-    aligned uint8 array of at least that many bytes, returned). matmul("Q8_0_R16", ...) and get_rows read it."""
+def r16_layout(t):
+    """The name of type t's R16 layout ("Q8_0" -> "Q8_0_R16", "Q5_0" -> "Q5_0_R16"), else None."""
+    cdef int lay = cb_r16_layout(type_id(t))
+    return type_name(lay) if lay else None
+
+
+def pack_r16(t, raw, int64_t rows, int64_t cols, out=None, ThreadPool pool=None):
+    """The Q8_0 or Q5_0 weight `raw` (rows x cols) re-laid as its R16 layout (quant.h): a
+    64-byte aligned uint8 array of r16_bytes(layout, rows, cols), or written into `out` (a
+    writable, 64-byte aligned uint8 array of at least that many bytes, returned).
+    matmul(layout, ...) and get_rows read it."""
     cdef cb_matrix_t m
-    keep = _raw_matrix(&m, CB_TYPE_Q8_0, raw, rows, cols)
-    need = q8_0_r16_bytes(rows, cols)
+    cdef int type = type_id(t)
+    lay = r16_layout(type)
+    if lay is None:
+        raise ValueError(f"{type_name(type)} has no R16 layout (Q8_0 and Q5_0 do)")
+    keep = _raw_matrix(&m, type, raw, rows, cols)
+    need = r16_bytes(lay, rows, cols)
     if out is None:
         buf = np.empty(need + 64, dtype=np.uint8)
         skip = (-buf.ctypes.data) % 64
@@ -293,20 +304,23 @@ def pack_q8_0_r16(raw, int64_t rows, int64_t cols, out=None, ThreadPool pool=Non
     cdef cb_threadpool_t *p = pool.pool if pool is not None else NULL
     cdef size_t nbytes = out.size
     with nogil:
-        s = cb_pack_q8_0_r16(&m, &dv[0], nbytes, p)
+        s = cb_pack_r16(&m, &dv[0], nbytes, p)
     check(s)
     del keep
     return out
 
 
-def q8_0_r16_bytes(int64_t rows, int64_t cols):
-    """Bytes of a Q8_0_R16 matrix of rows x cols (cols a multiple of 32)."""
-    row_bytes(CB_TYPE_Q8_0_R16, cols)  # cols: a multiple of the block size
+def r16_bytes(layout, int64_t rows, int64_t cols):
+    """Bytes of an R16 layout's matrix of rows x cols (cols a multiple of 32)."""
+    cdef int lay = type_id(layout)
+    if type_name(lay) not in LAYOUTS:
+        raise ValueError(f"{type_name(lay)} is not an R16 layout ({', '.join(LAYOUTS)})")
+    row_bytes(lay, cols)  # cols: a multiple of the block size
     if rows < 0:
         raise ValueError(f"negative row count {rows}")
-    n = cb_q8_0_r16_bytes(rows, cols)
+    n = cb_r16_bytes(lay, rows, cols)
     if n == 0 and rows > 0 and cols > 0:
-        raise ValueError(f"no Q8_0_R16 layout for a {rows} x {cols} matrix")
+        raise ValueError(f"no {type_name(lay)} layout for a {rows} x {cols} matrix")
     return n
 
 

@@ -13,10 +13,11 @@ from colibri._core._native import (
     dequantize,
     get_rows,
     matmul,
-    pack_q8_0_r16,
-    q8_0_r16_bytes,
+    pack_r16,
     quantize_i4g128,
     quantize_q8_0,
+    r16_bytes,
+    r16_layout,
     row_bytes,
     supported,
     type_id,
@@ -26,5 +27,5 @@ from colibri._core._native import (
 __all__ = [
     "TYPES", "COLIBRI_TYPES", "SUPPORTED", "type_id", "type_name", "block_size", "block_bytes",
     "supported", "row_bytes", "ThreadPool", "dequantize", "get_rows", "matmul", "quantize_q8_0",
-    "quantize_i4g128", "cb_type", "LAYOUTS", "pack_q8_0_r16", "q8_0_r16_bytes",
+    "quantize_i4g128", "cb_type", "LAYOUTS", "pack_r16", "r16_bytes", "r16_layout",
 ]

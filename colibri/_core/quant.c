@@ -40,7 +40,8 @@ static const type_info TYPES[] = {
     {CB_TYPE_Q4_K, "Q4_K", 256, 144, 1},  {CB_TYPE_Q5_K, "Q5_K", 256, 176, 1},
     {CB_TYPE_Q6_K, "Q6_K", 256, 210, 1},  {CB_TYPE_Q8_K, "Q8_K", 256, 292, 0},
     {CB_TYPE_BF16, "BF16", 1, 2, 1},      {CB_TYPE_MXFP4, "MXFP4", 32, 17, 1},
-    {CB_TYPE_I4_G128, "I4_G128", 128, 66, 1}, {CB_TYPE_Q8_0_R16, "Q8_0_R16", 32, 36, 1},
+    {CB_TYPE_I4_G128, "I4_G128", 128, 66, 1}, {CB_TYPE_Q8_0_R16, "Q8_0_R16", 32, 34, 1},
+    {CB_TYPE_Q5_0_R16, "Q5_0_R16", 32, 22, 1},
 };
 
 static const type_info *type_get(int type) {
@@ -99,9 +100,9 @@ cb_status cb_matrix_check(const cb_matrix_t *w) {
     size_t rb;
     cb_status s = cb_type_row_bytes(w->type, w->cols, &rb);
     if (s != CB_OK) return s;
-    if (w->type == CB_TYPE_Q8_0_R16 && w->row_bytes != rb)
-        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
-                       "Q8_0_R16 matrix: row stride %zu bytes, not the layout's %zu", w->row_bytes, rb);
+    if (cb_r16_source(w->type) && w->row_bytes != rb)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "%s matrix: row stride %zu bytes, not the "
+                       "layout's %zu", t->name, w->row_bytes, rb);
     if (w->row_bytes < rb)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT,
                        "%s matrix: row stride %zu bytes < %zu bytes of a %lld-value row", t->name,
@@ -316,10 +317,10 @@ cb_status cb_dequantize_rows(int type, const void *src, int64_t n_values, float 
     size_t rb;
     cb_status s = cb_type_row_bytes(type, n_values, &rb);
     if (s != CB_OK) return s;
-    if (!cb_type_supported(type) || type == CB_TYPE_Q8_0_R16)
+    if (!cb_type_supported(type) || cb_r16_source(type))
         return cb_fail(CB_STATUS_UNSUPPORTED, "dequantize: type %s %s", cb_type_name(type),
-                       type == CB_TYPE_Q8_0_R16 ? "is a 16-row layout: read its rows with get_rows"
-                                                : "has no kernels");
+                       cb_r16_source(type) ? "is a 16-row layout: read its rows with get_rows"
+                                           : "has no kernels");
     if (n_values == 0) return CB_OK;
     if (!src || !dst) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "dequantize: NULL buffer");
     dequantize_unchecked(type, src, n_values, dst);
@@ -338,7 +339,7 @@ cb_status cb_get_rows(const cb_matrix_t *w, const int32_t *ids, int64_t n, float
                            "get_rows: id %d at position %lld is out of range [0, %lld)",
                            (int)ids[i], (long long)i, (long long)w->rows);
     for (int64_t i = 0; i < n; i++) {
-        if (w->type == CB_TYPE_Q8_0_R16)
+        if (cb_r16_source(w->type))
             cb_r16_get_row(w, ids[i], out + i * w->cols);
         else
             dequantize_unchecked(w->type, (const uint8_t *)w->data + (size_t)ids[i] * w->row_bytes,
@@ -765,9 +766,8 @@ int cb_mm_packed(int type, int64_t n_tokens, int packed) {
            (packed > 0 || (packed == 0 && n_tokens >= rp_min_tokens(type, level)));
 }
 
-/* Q8_0_R16: the packed-row path on the matrix's own groups, at every token count */
+/* The R16 layouts: the packed-row path on the matrix's own groups, at every token count */
 static void mm_plan_r16(cb_mm_ctx *c, const cb_matrix_t *w, cb_simd_level level) {
-    c->type = CB_TYPE_Q8_0; /* what the kernels and the activations' zero point key on */
     c->rk = cb_r16_kernel(level);
     c->rp = c->prepacked = 1;
     c->w_group = (size_t)c->rk.rows * w->row_bytes;
@@ -787,7 +787,7 @@ void cb_mm_plan(cb_mm_ctx *c, const cb_matrix_t *w, int fast, int rp) {
     c->cols = w->cols;
     c->type = w->type;
     c->dot = dot_for(w->type);
-    if (w->type == CB_TYPE_Q8_0_R16) {
+    if (cb_r16_source(w->type)) {
         mm_plan_r16(c, w, level);
         return;
     }
@@ -834,7 +834,7 @@ size_t cb_mm_act_bound(int type, int64_t cols) {
                                   : (size_t)(cols / CB_QKK) * sizeof(cb_q8k_t);
     if (cb_avx2_rp_supported(type) && cb_avx2_rp_act_stride(cols) > b)
         b = cb_avx2_rp_act_stride(cols);
-    if (type == CB_TYPE_Q8_0_R16 && cb_r16_act_stride(cols) > b) b = cb_r16_act_stride(cols);
+    if (cb_r16_source(type) && cb_r16_act_stride(cols) > b) b = cb_r16_act_stride(cols);
     return (b + 63) / 64 * 64;
 }
 

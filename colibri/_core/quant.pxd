@@ -33,8 +33,8 @@ cdef extern from "colibri/quant.h" nogil:
                            const cb_matmul_opts_t *opts, cb_threadpool_t *pool)
     cb_status cb_quantize_q8_0(const float *x, int64_t n, void *dst)
     cb_status cb_quantize_i4g128(const float *src, int64_t n, void *dst)
-    size_t cb_q8_0_r16_bytes(int64_t rows, int64_t cols)
-    cb_status cb_pack_q8_0_r16(const cb_matrix_t *src, void *dst, size_t dst_bytes,
-                               cb_threadpool_t *pool)
+    int cb_r16_layout(int type)
+    size_t cb_r16_bytes(int layout, int64_t rows, int64_t cols)
+    cb_status cb_pack_r16(const cb_matrix_t *src, void *dst, size_t dst_bytes, cb_threadpool_t *pool)
     float cb_f16_to_f32(uint16_t h)
     uint16_t cb_f32_to_f16(float f)

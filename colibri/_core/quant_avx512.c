@@ -18,7 +18,8 @@
  *     activation words of both steps are placed with one permute, and the int32 halves are added
  *     before the (8-lane) float scaling, so the integer block sums are the AVX2 ones.
  *   - signed weights (Q8_0, MXFP4): there is no 512-bit vpsignb; |w| times x negated where w < 0
- *     (a byte mask from the sign bits), the same products.
+ *     (a byte mask from the sign bits), the same products; the VNNI tiles instead offset them by
+ *     128 (an xor) and take 128 * sum(x) out of the integer sums.
  *
  * Emulation (tests): with CB_AVX512_EMULATE defined, this file is compiled against SIMDe (SIMD
  * Everywhere, header-only portable implementations of the Intel intrinsics) instead of
@@ -869,6 +870,99 @@ void CB_AVX512_FN(rp16_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const
     }
 }
 
+/* The R16 layouts (Q8_0_R16, Q5_0_R16: include/colibri/quant.h, quant_r16.c): 16 weight rows
+ * per vector as in rpv16_tile, but read in place from the matrix (no packing per call) and
+ * scaled by f16 d. Q8_0_R16 steps are the vpdpbusd operands as stored; Q5_0_R16 rebuilds them
+ * from nibble pairs (steps v and v + 4 in one vector) and a 64-bit mask of fifth bits per step.
+ * Per row and block: the exact sum(q' * x) less z * isum (q' = q + 128 or the unsigned 5-bit q;
+ * z = 128 or 16, the activations' zi), then fma((float)isum, d * d_x, acc) in block order: the
+ * float operations of the invariant Q8_0 / Q5_0 tiles, so the same results. out[r * NT + t]. */
+INLV void r16_tile(int layout, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                   size_t xs, float *out) {
+    const int q8 = layout == CB_TYPE_Q8_0_R16;
+    const size_t bst = q8 ? 544 : 352;
+    const int64_t cols = nb * CB_QK;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    const uint8_t *xq[8];
+    const float *dx[8];
+    const int32_t *zi[8];
+    __m512 facc[8];
+    #pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) {
+        xq[t] = xa + (size_t)t * xs;
+        dx[t] = (const float *)(const void *)(xq[t] + cols);
+        zi[t] = (const int32_t *)(const void *)(dx[t] + nb);
+        facc[t] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = pk + (size_t)b * bst;
+        __m512i iacc[8];
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) iacc[t] = _mm512_setzero_si512();
+        #pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) {
+            __m512i w0, w1; /* steps v and v + 4 */
+            if (q8) {
+                w0 = loadu512(q + 64 * v);
+                w1 = loadu512(q + 64 * (v + 4));
+            } else {
+                const __m512i raw = loadu512(q + 64 * v);
+                uint64_t k0, k1;
+                memcpy(&k0, q + 256 + 8 * v, 8);
+                memcpy(&k1, q + 256 + 8 * (v + 4), 8);
+                w0 = _mm512_and_si512(raw, m4);
+                w1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+                w0 = _mm512_mask_add_epi8(w0, (__mmask64)k0, w0, b4);
+                w1 = _mm512_mask_add_epi8(w1, (__mmask64)k1, w1, b4);
+            }
+            #pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const uint8_t *xb = xq[t] + 32 * b;
+                iacc[t] = _mm512_dpbusd_epi32(iacc[t], w0, _mm512_set1_epi32(rd_i32(xb + 4 * v)));
+                iacc[t] = _mm512_dpbusd_epi32(iacc[t], w1, _mm512_set1_epi32(rd_i32(xb + 4 * (v + 4))));
+            }
+        }
+        const __m512 dv = _mm512_cvtph_ps(loadu256(q + bst - 32));
+        #pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            __m512i p = _mm512_sub_epi32(iacc[t], _mm512_set1_epi32(zi[t][b]));
+            facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
+                                      _mm512_mul_ps(dv, _mm512_set1_ps(dx[t][b])), facc[t]);
+        }
+    }
+    #pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) {
+        float tmp[16];
+        _mm512_storeu_ps(tmp, facc[t]);
+        for (int r = 0; r < 16; r++) out[r * NT + t] = tmp[r];
+    }
+}
+
+#define CB_DEFINE_R16(NAME, LAYOUT)                                                             \
+    CB_AVX512_VNNI_TARGET static void NAME(const uint8_t *pk, int64_t nb, const uint8_t *xa,   \
+                                           size_t xs, int nt, float *out) {                    \
+        switch (nt) {                                                                           \
+        case 1: r16_tile(LAYOUT, 1, pk, nb, xa, xs, out); break;                                \
+        case 2: r16_tile(LAYOUT, 2, pk, nb, xa, xs, out); break;                                \
+        case 3: r16_tile(LAYOUT, 3, pk, nb, xa, xs, out); break;                                \
+        case 4: r16_tile(LAYOUT, 4, pk, nb, xa, xs, out); break;                                \
+        case 5: r16_tile(LAYOUT, 5, pk, nb, xa, xs, out); break;                                \
+        case 6: r16_tile(LAYOUT, 6, pk, nb, xa, xs, out); break;                                \
+        case 7: r16_tile(LAYOUT, 7, pk, nb, xa, xs, out); break;                                \
+        default: r16_tile(LAYOUT, 8, pk, nb, xa, xs, out); break;                               \
+        }                                                                                       \
+    }
+CB_DEFINE_R16(r16_q8_0, CB_TYPE_Q8_0_R16)
+CB_DEFINE_R16(r16_q5_0, CB_TYPE_Q5_0_R16)
+
+void CB_AVX512_FN(r16_tile_vnni)(int layout, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                                 size_t xs, int nt, float *out) {
+    if (layout == CB_TYPE_Q8_0_R16)
+        r16_q8_0(pk, nb, xa, xs, nt, out);
+    else if (layout == CB_TYPE_Q5_0_R16)
+        r16_q5_0(pk, nb, xa, xs, nt, out);
+}
+
 #else
 /* Not x86-64 GCC/Clang: no AVX-512 kernels (cb_cpu_level() is scalar there). */
 cb_tile_fn CB_AVX512_FN(tile)(int type) {
@@ -896,5 +990,9 @@ void CB_AVX512_FN(rp_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const u
 void CB_AVX512_FN(rp16_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
                                   size_t xs, int nt, float *out) {
     (void)type; (void)pk; (void)nb; (void)xa; (void)xs; (void)nt; (void)out;
+}
+void CB_AVX512_FN(r16_tile_vnni)(int layout, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                                 size_t xs, int nt, float *out) {
+    (void)layout; (void)pk; (void)nb; (void)xa; (void)xs; (void)nt; (void)out;
 }
 #endif

@@ -118,6 +118,11 @@ static inline size_t cb_rp16_bstride(int type) {
 }
 void cb_avx512_rp16_tile_vnni(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
                               size_t xs, int nt, float *out);
+/* The R16 layouts' tile (quant_avx512.c; layout CB_TYPE_Q8_0_R16 or CB_TYPE_Q5_0_R16): a group
+ * of 16 rows read in place against nt <= 8 tokens of packed-row activations of the source type
+ * (Q8_0 / Q5_0), out[r*nt + t]. */
+void cb_avx512_r16_tile_vnni(int layout, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                             size_t xs, int nt, float *out);
 /* The same packing with AVX-512 (quant_avx512_pack.c; cb_cpu_level() >= CB_SIMD_AVX512): the
  * same bytes, cb_avx2_rp16_pack for the types it does not cover. */
 void cb_avx512_rp16_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst);
@@ -145,9 +150,11 @@ static inline int cb_rp_act_z(int type) {
     switch (type) {
     case CB_TYPE_Q4_0:
     case CB_TYPE_I4_G128: return 8;
-    case CB_TYPE_Q5_0: return 16;
+    case CB_TYPE_Q5_0:
+    case CB_TYPE_Q5_0_R16: return 16;
     case CB_TYPE_MXFP4: return 12;
-    case CB_TYPE_Q8_0: return 128;
+    case CB_TYPE_Q8_0:
+    case CB_TYPE_Q8_0_R16: return 128;
     default: return 0;
     }
 }

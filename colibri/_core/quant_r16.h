@@ -1,4 +1,4 @@
-/* Q8_0_R16's private pieces (quant_r16.c) for the matmul drivers (quant.c). */
+/* The R16 layouts' private pieces (quant_r16.c) for the matmul drivers (quant.c). */
 #ifndef COLIBRI_QUANT_R16_H
 #define COLIBRI_QUANT_R16_H
 
@@ -12,10 +12,12 @@
 size_t cb_r16_act_stride(int64_t cols);
 /* That layout from the scalar quantizer (for CPUs without AVX2). */
 void cb_r16_quantize_scalar(int type, const float *x, int64_t cols, uint8_t *dst);
-/* Row r of a Q8_0_R16 matrix (checked by the caller), dequantized to w->cols floats. */
+/* Row r of an R16 matrix (checked by the caller), dequantized to w->cols floats. */
 void cb_r16_get_row(const cb_matrix_t *w, int64_t r, float *out);
-/* The kernel reading the groups in place at a SIMD level: the AVX512-VNNI 16-row packed tile,
- * else a scalar one with the same results (pack is unused: the groups are already packed). */
+/* The source type of a layout (Q8_0 / Q5_0), 0 for any other type. */
+int cb_r16_source(int layout);
+/* The kernel reading the groups in place at a SIMD level (its tile takes the layout as its
+ * type): the AVX512-VNNI tile, else a scalar one with the same results (pack is unused). */
 cb_rp_kernel_t cb_r16_kernel(int simd_level);
 
 #endif

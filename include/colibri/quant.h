@@ -80,7 +80,8 @@ typedef enum cb_type {
     CB_TYPE_BF16 = 30,
     CB_TYPE_MXFP4 = 39,
     CB_TYPE_I4_G128 = 1024, /* colibri's own (not a GGML id), see above */
-    CB_TYPE_Q8_0_R16 = 1025, /* colibri's own in-memory layout of Q8_0, see below */
+    CB_TYPE_Q8_0_R16 = 1025, /* colibri's own in-memory layouts of Q8_0 and Q5_0, see below */
+    CB_TYPE_Q5_0_R16 = 1026,
 } cb_type;
 
 /* Values per block; 0 for an id this library does not know. */
@@ -109,23 +110,27 @@ typedef struct cb_matrix {
     const void *data;  /* borrowed */
 } cb_matrix_t;
 
-/* CB_TYPE_Q8_0_R16: a Q8_0 matrix re-laid in memory (never in a file) for the decode matvec.
- * The direct Q8_0 tile must reduce every row's block sum across a vector before its scale; here
- * 16 rows share each vector, so a block of 16 rows is 8 vpdpbusd against broadcast activations
- * and one fma, and the matvec streams at memory speed. Rows come in groups of 16 (the last
- * group padded with zero rows): group g at data + 16*g*row_bytes, with row_bytes exactly
- * cols/32 * 36. Per block of 32 values a group holds 8 steps of 64 bytes (step s: the values
- * 4s..4s+3 of rows 0..7, then of rows 8..15, each as the byte q + 128), then the 16 rows' d as
- * f32 (the f16 widened: exact). So a matrix takes cb_q8_0_r16_bytes(rows, cols) bytes (6% more
- * than Q8_0 when rows is a multiple of 16: f32 scales). Products are bit-identical to those of
- * the Q8_0 matrix it was packed from (the same integer block sums and float operations).
- * cb_get_rows and cb_matmul read it; cb_dequantize_rows refuses it (a row is not contiguous). */
-size_t cb_q8_0_r16_bytes(int64_t rows, int64_t cols); /* 0: a bad shape or an overflow */
+/* The R16 layouts, CB_TYPE_Q8_0_R16 and CB_TYPE_Q5_0_R16: a Q8_0 or Q5_0 matrix re-laid in
+ * memory (never in a file) for the decode matvec, in as many bytes. The direct tiles must reduce
+ * every row's block sum across a vector before its scale; here 16 rows share each vector, so a
+ * block of 16 rows is 8 vpdpbusd against broadcast activations and one fma, and the matvec
+ * streams at memory speed. Rows come in groups of 16 (the last padded with zero rows): group g
+ * at data + 16*g*row_bytes, row_bytes exactly the source's (cols/32 * 34 or 22). Per block of 32
+ * values a group holds 8 steps (step s: values 4s..4s+3 of rows 0..7, then of rows 8..15: 64
+ * positions p = 32*(row/8) + 4*(row%8) + value%4), then the 16 rows' d (f16):
+ *   Q8_0_R16  step s as 64 bytes q + 128                                  (544 bytes a block)
+ *   Q5_0_R16  4 x 64 bytes: byte p of vector v = the low 4 bits of q at p of step v, | those of
+ *             step v + 4 << 4; then 8 x 64 bits: bit p of word s = bit 4 of q at p of step s
+ *                                                                         (352 bytes a block)
+ * Products are bit-identical to those of the source matrix (the same integer block sums and float
+ * operations). cb_get_rows and cb_matmul read them; cb_dequantize_rows refuses them (a row is not
+ * contiguous). */
+int cb_r16_layout(int type); /* the layout of a type (Q8_0, Q5_0), 0 for the others */
+size_t cb_r16_bytes(int layout, int64_t rows, int64_t cols); /* 0: not a layout, a bad shape */
 
-/* Packs the Q8_0 matrix src into dst (64-byte aligned, dst_bytes >= cb_q8_0_r16_bytes(rows,
- * cols)), on the pool's threads (NULL: the caller's). */
-cb_status cb_pack_q8_0_r16(const cb_matrix_t *src, void *dst, size_t dst_bytes,
-                           cb_threadpool_t *pool);
+/* Packs the Q8_0 or Q5_0 matrix src into its layout at dst (64-byte aligned, dst_bytes >=
+ * cb_r16_bytes(layout, rows, cols)), on the pool's threads (NULL: the caller's). */
+cb_status cb_pack_r16(const cb_matrix_t *src, void *dst, size_t dst_bytes, cb_threadpool_t *pool);
 
 /* Checks a matrix: supported type, rows/cols >= 0, cols a multiple of the block size,
  * row_bytes large enough, data non-NULL when non-empty. */

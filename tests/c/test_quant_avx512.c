@@ -605,6 +605,53 @@ static void run(const kernels *k, int with_rp) {
     }
 }
 
+/* The R16 layouts' tile (Q8_0_R16, Q5_0_R16; quant_r16.c packs): a group of nr <= 16 rows
+ * against nt <= 8 tokens equals cb_matmul on the source rows at the AVX2 level bit for bit (the
+ * same integer sums and float order), extreme weights and activations included; the padding rows
+ * come out 0. */
+static void check_r16(rp16_tile_fn tile, void (*rpq)(int, const float *, int64_t, uint8_t *),
+                      const char *name) {
+    for (int i = 0; i < 2; i++) {
+        const int type = i ? CB_TYPE_Q5_0 : CB_TYPE_Q8_0, layout = cb_r16_layout(type);
+        int ok = 1;
+        for (int rep = 0; rep < 60 && ok; rep++) {
+            int64_t cols = CB_QK * rndi(1, 9), nb = cols / CB_QK;
+            int nr = rndi(1, 16), nt = rndi(1, 8);
+            size_t rb, xs = cb_avx2_rp_act_stride(cols), need = cb_r16_bytes(layout, nr, cols);
+            CHECK(cb_type_row_bytes(type, cols, &rb) == CB_OK);
+            uint8_t *w = malloc(rb * (size_t)nr), *pk = aligned(need), *xa = aligned(xs * 8);
+            float *x = malloc(sizeof(float) * (size_t)(cols * nt)), *y = malloc(sizeof(float) * 16 * 8);
+            float o16[16 * 8];
+            fill_weights(type, w, rb * (size_t)nr, 0);
+            if (rep & 1) /* extreme quants: all -128 / 127 (Q8_0), 0 / 31 (Q5_0) */
+                for (int r = 0; r < nr; r++)
+                    for (int64_t k = 0; k < nb; k++)
+                        memset(w + (size_t)r * rb + (size_t)k * (type == CB_TYPE_Q8_0 ? 34 : 22) + 2,
+                               (rep & 2) ? 0x80 : 0x7f, type == CB_TYPE_Q8_0 ? 32 : 20);
+            for (int64_t j = 0; j < cols * nt; j++)
+                x[j] = (rep & 1) ? ((j & 1) ? 127.0f : -127.0f) : 4.0f * rndf();
+            cb_matrix_t m = {type, nr, cols, rb, w};
+            CHECK(cb_pack_r16(&m, pk, need, NULL) == CB_OK);
+            for (int t = 0; t < nt; t++) rpq(type, x + t * cols, cols, xa + (size_t)t * xs);
+            tile(layout, pk, nb, xa, xs, nt, o16);
+            cb_simd_level prev = cb_cpu_set_max_level(CB_SIMD_AVX2);
+            CHECK(cb_matmul(&m, x, nt, cols, y, nr, NULL) == CB_OK);
+            cb_cpu_set_max_level(prev);
+            for (int r = 0; r < 16 && ok; r++)
+                for (int t = 0; t < nt && ok; t++) {
+                    float want = r < nr ? y[t * nr + r] : 0.0f, got = o16[r * nt + t];
+                    if (memcmp(&want, &got, 4) != 0) {
+                        fprintf(stderr, "%s %s cols=%lld nr=%d nt=%d: [%d,%d] = %.9g, want %.9g\n",
+                                name, cb_type_name(layout), (long long)cols, nr, nt, r, t, got, want);
+                        ok = 0;
+                    }
+                }
+            free(w); free(pk); free(xa); free(x); free(y);
+        }
+        CHECK(ok);
+    }
+}
+
 int main(void) {
     cb_simd_level cpu = cb_cpu_detect();
     int with_rp = cpu >= CB_SIMD_AVX2;
@@ -618,6 +665,7 @@ int main(void) {
         run(&EMULATED_VNNI, with_rp);
         check_rp_same(&EMULATED, &EMULATED_VNNI);
         check_rp16(&EMULATED_VNNI, cb_avx512emu_rp16_tile_vnni, "emulated vnni 16 rows");
+        check_r16(cb_avx512emu_r16_tile_vnni, cb_avx512emu_rp_quantize, "emulated vnni");
         check_pack16(cb_avx512emu_rp16_pack, "emulated 16-row packing");
     }
     if (cpu >= CB_SIMD_AVX512) {
@@ -631,6 +679,7 @@ int main(void) {
             run(&NATIVE_VNNI, with_rp);
             check_rp_same(&NATIVE, &NATIVE_VNNI);
             check_rp16(&NATIVE_VNNI, cb_avx512_rp16_tile_vnni, "native vnni 16 rows");
+            check_r16(cb_avx512_r16_tile_vnni, cb_avx512_rp_quantize, "native vnni");
         }
     } else {
         printf("test_quant_avx512: no AVX-512 here: emulated kernels only\n");

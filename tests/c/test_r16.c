@@ -1,8 +1,8 @@
-/* Q8_0_R16 in C (under ASan/UBSan): the packing writes the same bytes at every SIMD level (the
- * scalar packing against the SIMD ones), every row read back equals the Q8_0 row, and matmul on
- * the layout equals matmul on the Q8_0 matrix bit for bit (1-9 tokens, 1 and 2 threads, a
- * partial last group) at every level from AVX2 up; the scalar tile equals the AVX2 level's
- * products. Bad arguments are refused. */
+/* The R16 layouts (Q8_0_R16, Q5_0_R16) in C, under ASan/UBSan: the packing is the same on 1 and
+ * 2 threads, every row read back equals the source row, and matmul on the layout equals matmul
+ * on the source matrix bit for bit (1-9 tokens, 1 and 2 threads, a partial last group) at every
+ * level from AVX2 up; at the scalar level the layout's tile equals the AVX2 level's products.
+ * Bad arguments are refused. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,31 +24,33 @@ static void *aligned(size_t n) {
     return posix_memalign(&p, 64, n ? n : 64) == 0 ? p : NULL;
 }
 
-/* rows x cols Q8_0 with random values and finite scales of both signs (incl. subnormal) */
-static uint8_t *random_q8_0(int rows, int cols) {
-    size_t rb = (size_t)cols / 32 * 34;
+/* rows x cols of type (Q8_0 / Q5_0) with random payload and finite scales of both signs (incl.
+ * subnormal) */
+static uint8_t *random_rows(int type, int rows, int cols) {
+    const size_t bb = type == CB_TYPE_Q8_0 ? 34 : 22, rb = (size_t)cols / 32 * bb;
     uint8_t *w = aligned(rb * (size_t)rows);
-    for (size_t b = 0; b < rb * (size_t)rows / 34; b++) {
-        uint8_t *blk = w + 34 * b;
+    for (size_t b = 0; b < rb * (size_t)rows / bb; b++) {
+        uint8_t *blk = w + bb * b;
         uint16_t d = (uint16_t)(rnd() % 7 == 0 ? rnd() % 0x400 : 0x2000 + rnd() % 0x1800);
         d |= (uint16_t)(rnd() & 1) << 15;
         memcpy(blk, &d, 2);
-        for (int k = 0; k < 32; k++) blk[2 + k] = (uint8_t)rnd();
+        for (size_t k = 2; k < bb; k++) blk[k] = (uint8_t)rnd();
     }
     return w;
 }
 
-static void check_shape(int rows, int cols, cb_threadpool_t *pool) {
-    size_t rb = (size_t)cols / 32 * 34, need = cb_q8_0_r16_bytes(rows, cols);
-    CHECK(need == (size_t)((rows + 15) / 16) * (size_t)(cols / 32) * 576);
-    uint8_t *w = random_q8_0(rows, cols), *pk = aligned(need), *pk0 = aligned(need);
-    cb_matrix_t q = {CB_TYPE_Q8_0, rows, cols, rb, w};
-    cb_matrix_t r = {CB_TYPE_Q8_0_R16, rows, cols, (size_t)cols / 32 * 36, pk};
+static void check_shape(int type, int rows, int cols, cb_threadpool_t *pool) {
+    const int layout = cb_r16_layout(type);
+    size_t rb = (size_t)cols / 32 * (type == CB_TYPE_Q8_0 ? 34 : 22);
+    size_t need = cb_r16_bytes(layout, rows, cols);
+    CHECK(layout != 0 && need == (size_t)((rows + 15) / 16) * 16 * rb);
+    uint8_t *w = random_rows(type, rows, cols), *pk = aligned(need), *pk0 = aligned(need);
+    cb_matrix_t q = {type, rows, cols, rb, w};
+    cb_matrix_t r = {layout, rows, cols, rb, pk};
     cb_simd_level top = cb_cpu_detect();
-    cb_simd_level prev = cb_cpu_set_max_level(CB_SIMD_SCALAR);
-    CHECK(cb_pack_q8_0_r16(&q, pk0, need, NULL) == CB_OK);
-    cb_cpu_set_max_level(prev);
-    CHECK(cb_pack_q8_0_r16(&q, pk, need, pool) == CB_OK);
+    cb_simd_level prev;
+    CHECK(cb_pack_r16(&q, pk0, need, NULL) == CB_OK);
+    CHECK(cb_pack_r16(&q, pk, need, pool) == CB_OK);
     CHECK(memcmp(pk, pk0, need) == 0);
 
     float *a = malloc(sizeof(float) * (size_t)cols), *b = malloc(sizeof(float) * (size_t)cols);
@@ -90,35 +92,41 @@ static void check_shape(int rows, int cols, cb_threadpool_t *pool) {
 int main(void) {
     cb_threadpool_t *pool = NULL;
     CHECK(cb_threadpool_new(2, &pool) == CB_OK);
-    CHECK(cb_type_block_size(CB_TYPE_Q8_0_R16) == 32 && cb_type_block_bytes(CB_TYPE_Q8_0_R16) == 36);
+    CHECK(cb_type_block_size(CB_TYPE_Q8_0_R16) == 32 && cb_type_block_bytes(CB_TYPE_Q8_0_R16) == 34);
     CHECK(strcmp(cb_type_name(CB_TYPE_Q8_0_R16), "Q8_0_R16") == 0);
-    check_shape(16, 32, pool);
-    check_shape(37, 640, pool);  /* a partial last group */
-    check_shape(5, 96, pool);
-    check_shape(100, 256, pool);
+    CHECK(cb_type_block_size(CB_TYPE_Q5_0_R16) == 32 && cb_type_block_bytes(CB_TYPE_Q5_0_R16) == 22);
+    for (int i = 0; i < 2; i++) {
+        const int type = i ? CB_TYPE_Q5_0 : CB_TYPE_Q8_0;
+        check_shape(type, 16, 32, pool);
+        check_shape(type, 37, 640, pool); /* a partial last group */
+        check_shape(type, 5, 96, pool);
+        check_shape(type, 100, 256, pool);
+    }
 
     /* refusals */
-    uint8_t *w = random_q8_0(20, 64), *pk = aligned(cb_q8_0_r16_bytes(20, 64) + 64);
+    size_t need = cb_r16_bytes(CB_TYPE_Q8_0_R16, 20, 64);
+    uint8_t *w = random_rows(CB_TYPE_Q8_0, 20, 64), *pk = aligned(need + 64);
     cb_matrix_t q = {CB_TYPE_Q8_0, 20, 64, 68, w};
-    size_t need = cb_q8_0_r16_bytes(20, 64);
-    CHECK(cb_pack_q8_0_r16(&q, pk, need - 1, pool) == CB_STATUS_INVALID_ARGUMENT);
-    CHECK(cb_pack_q8_0_r16(&q, pk + 1, need, pool) == CB_STATUS_INVALID_ARGUMENT);
-    CHECK(cb_pack_q8_0_r16(&q, NULL, need, pool) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_pack_r16(&q, pk, need - 1, pool) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_pack_r16(&q, pk + 1, need, pool) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_pack_r16(&q, NULL, need, pool) == CB_STATUS_INVALID_ARGUMENT);
     cb_matrix_t q4 = {CB_TYPE_Q4_0, 20, 64, 36, w};
-    CHECK(cb_pack_q8_0_r16(&q4, pk, need, pool) == CB_STATUS_INVALID_ARGUMENT);
-    CHECK(cb_q8_0_r16_bytes(20, 48) == 0 && cb_q8_0_r16_bytes(-1, 64) == 0);
-    CHECK(cb_pack_q8_0_r16(&q, pk, need, pool) == CB_OK);
-    cb_matrix_t r = {CB_TYPE_Q8_0_R16, 20, 64, 72, pk};
+    CHECK(cb_pack_r16(&q4, pk, need, pool) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_r16_bytes(CB_TYPE_Q8_0_R16, 20, 48) == 0 && cb_r16_bytes(CB_TYPE_Q8_0_R16, -1, 64) == 0);
+    CHECK(cb_r16_bytes(CB_TYPE_Q8_0, 20, 64) == 0 && cb_r16_layout(CB_TYPE_Q4_K) == 0);
+    CHECK(cb_pack_r16(&q, pk, need, pool) == CB_OK);
+    cb_matrix_t r = {CB_TYPE_Q8_0_R16, 20, 64, 68, pk};
     CHECK(cb_matrix_check(&r) == CB_OK);
     r.row_bytes = 80; /* the layout's stride is exact */
     CHECK(cb_matrix_check(&r) == CB_STATUS_INVALID_ARGUMENT);
     float out[64];
     CHECK(cb_dequantize_rows(CB_TYPE_Q8_0_R16, pk, 64, out) == CB_STATUS_UNSUPPORTED);
-    r.row_bytes = 72;
+    CHECK(cb_dequantize_rows(CB_TYPE_Q5_0_R16, pk, 64, out) == CB_STATUS_UNSUPPORTED);
+    r.row_bytes = 68;
     int32_t bad = 20;
     CHECK(cb_get_rows(&r, &bad, 1, out) == CB_STATUS_INVALID_ARGUMENT);
     free(w);
     free(pk);
     cb_threadpool_free(pool);
-    TEST_MAIN_END("test_quant_r16");
+    TEST_MAIN_END("test_r16");
 }
