@@ -69,15 +69,18 @@ static void pack_group(int layout, const uint8_t *w, size_t ws, int nr, int64_t 
         for (int j = 0; j < R16_ROWS; j++) {
             const uint8_t *blk = j < nr ? w + (size_t)j * ws + (size_t)b * sbytes : NULL;
             memcpy(o + bst - 32 + 2 * j, blk ? blk : (const uint8_t *)"\0\0", 2); /* d (f16) */
-            for (int k = 0; k < CB_QK; k++) {
-                /* a padding row: q = 0 (Q8_0: the byte 128) and d = 0 */
-                int v = blk ? src_value(layout, blk, k) : (layout == CB_TYPE_Q8_0_R16 ? 128 : 0);
-                int s = k / 4, p = r16_pos(j, k);
+            uint8_t v[CB_QK]; /* a padding row: q = 0 (Q8_0: the byte 128) and d = 0 */
+            for (int k = 0; k < CB_QK; k++)
+                v[k] = (uint8_t)(blk ? src_value(layout, blk, k) : (layout == CB_TYPE_Q8_0_R16 ? 128 : 0));
+            for (int s = 0; s < 8; s++) { /* value 4s + i at position r16_pos(j, 4s) + i */
+                const int p = r16_pos(j, 4 * s);
                 if (layout == CB_TYPE_Q8_0_R16) {
-                    o[64 * s + p] = (uint8_t)v;
-                } else {
-                    o[64 * (s % 4) + p] |= (uint8_t)((v & 0x0F) << (s >= 4 ? 4 : 0));
-                    if (v & 0x10) o[256 + 8 * s + p / 8] |= (uint8_t)(1u << (p % 8));
+                    memcpy(o + 64 * s + p, v + 4 * s, 4);
+                    continue;
+                }
+                for (int i = 0; i < 4; i++) {
+                    o[64 * (s % 4) + p + i] |= (uint8_t)((v[4 * s + i] & 0x0F) << (s >= 4 ? 4 : 0));
+                    o[256 + 8 * s + (p + i) / 8] |= (uint8_t)((v[4 * s + i] >> 4) << ((p + i) % 8));
                 }
             }
         }
