@@ -909,10 +909,18 @@ static void mm_rows_rp(const cb_mm_ctx *c, int64_t r_begin, int64_t r_end, int t
     const int G = c->rk.rows, T = c->rk.tokens;
     for (int64_t r0 = r_begin; r0 < r_end; r0 += G) {
         int nr = r_end - r0 < G ? (int)(r_end - r0) : G;
-        if (c->prepacked) { /* the matrix's own group: read in place, in order */
+        if (c->prepacked) { /* the matrix's own group, read in place; with several token
+                             * tiles the next group is prefetched across them, as below */
             pk = (uint8_t *)(uintptr_t)(c->w + (size_t)(r0 / G) * c->w_group);
+            const int64_t n_tiles = (c->n_tokens + T - 1) / T;
+            const size_t pf_bytes = r0 + G < c->rows && n_tiles > 1 ? c->w_group : 0;
+            const size_t pf_step = (pf_bytes / (size_t)n_tiles + 63) / 64 * 64;
+            size_t pf_at = 0;
             for (int64_t t0 = 0; t0 < c->n_tokens; t0 += T) {
                 int nt = c->n_tokens - t0 < T ? (int)(c->n_tokens - t0) : T;
+                size_t pf_end = t0 + T >= c->n_tokens ? pf_bytes : pf_at + pf_step;
+                for (; pf_at < pf_end && pf_at < pf_bytes; pf_at += 64)
+                    __builtin_prefetch(pk + c->w_group + pf_at, 0, 2);
                 c->rk.tile(c->type, pk, c->kn, c->xa + t0 * c->xa_stride, c->xa_stride, nt, out);
                 mm_store(c, r0, nr, t0, nt, out);
             }
