@@ -138,6 +138,19 @@ INL int32_t rd_i32(const uint8_t *p) {
     return v;
 }
 
+/* Q4_K/Q5_K: cb_k4_scale_words in a register (p: the 12 scale bytes; reads 16): bytes sc[0..7]
+ * in dwords 0..1, m[0..7] in dwords 2..3. The scalar version writes four words a vector load then
+ * reads back, a store-forwarding stall per row and block: it cost the Q4_K decode tile ~40%. */
+INL __m128i k4_scale_vec(const uint8_t *p) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p); /* u0, u1, u2, - */
+    const __m128i x = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));       /* u0, u2, u1, u2 */
+    const __m128i y = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));       /* -, u0, -, u1 */
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(x, _mm_setr_epi32(0, 0, 0, 4)),
+                                     _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(y, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
+}
+
 /* x with its bytes negated where w is negative (vpsignb for |w| * x, w != 0 lanes) */
 INL __m512i sign_by(__m512i x, __m512i w) {
     return _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);

@@ -81,9 +81,7 @@ INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
             prefetch_span(blk + (size_t)NR * CB_DEC_PF512 * ws, bb);
             const uint8_t *qs = blk + (q5 ? 48 : 16);
             float d = CB_F16(blk), dmin = CB_F16(blk + 2);
-            uint32_t u[4];
-            cb_k4_scale_words(blk + 4, u);
-            const __m128i scm = _mm_loadu_si128((const __m128i *)(const void *)u);
+            const __m128i scm = k4_scale_vec(blk + 4);
             const __m512i sc16 = zext_si(_mm256_cvtepu8_epi16(scm)); /* words 0..7 scales */
             __m512i z0 = loadu512(qs), z1 = loadu512(qs + 64);
             __m512i wv[4] = {_mm512_and_si512(z0, m4), _mm512_and_si512(_mm512_srli_epi16(z0, 4), m4),
