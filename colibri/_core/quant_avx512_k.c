@@ -75,9 +75,14 @@ INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
         }
         __m256i pv[8], mv[8];
         float scd[8] = {0}, smn[8] = {0};
+        uint64_t dw = 0, dmw = 0; /* one token: the rows' f16 d and dmin, four words each */
         #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)b * bb;
+            if (NT == 1) {
+                dw |= (uint64_t)cb_rd16(blk) << (16 * r);
+                dmw |= (uint64_t)cb_rd16(blk + 2) << (16 * r);
+            }
             prefetch_span(blk + (size_t)NR * CB_DEC_PF512 * ws, bb);
             const uint8_t *qs = blk + (q5 ? 48 : 16);
             float d = CB_F16(blk), dmin = CB_F16(blk + 2);
@@ -113,9 +118,29 @@ INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
                                                               sv[k]));
                 pv[r * NT + t] = fold_epi32(s);
                 mv[r * NT + t] = _mm256_madd_epi16(loadu256(a->bsums), mins);
-                scd[r * NT + t] = d * dx[t];
-                smn[r * NT + t] = dmin * dx[t];
+                if (NT > 1) {
+                    scd[r * NT + t] = d * dx[t];
+                    smn[r * NT + t] = dmin * dx[t];
+                }
             }
+        }
+        if (NT == 1) { /* NR <= 4: both sums of every row in one reduction, the scales as
+                        * vectors; the same float operations lane by lane */
+            __m256i both[8];
+            #pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                both[r] = pv[r < NR ? r : 0];
+                both[4 + r] = mv[r < NR ? r : 0];
+            }
+            const __m256 f = _mm256_cvtepi32_ps(reduce8_epi32(both, 8));
+            const __m128 dx4 = _mm_set1_ps(dx[0]);
+            __m128 a = _mm256_castps256_ps128(vacc);
+            a = _mm_fmadd_ps(_mm256_castps256_ps128(f),
+                             _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)dw)), dx4), a);
+            a = _mm_fnmadd_ps(_mm256_extractf128_ps(f, 1),
+                              _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)dmw)), dx4), a);
+            vacc = _mm256_zextps128_ps256(a);
+            continue;
         }
         vacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8_epi32(pv, NR * NT)), set8_ps(scd), vacc);
         vacc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(reduce8_epi32(mv, NR * NT)), set8_ps(smn), vacc);
