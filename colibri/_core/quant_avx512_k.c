@@ -170,10 +170,12 @@ INL void tile_q6k(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size
     for (int64_t b = 0; b < nb; b++) {
         __m256i pv[8];
         float scd[8] = {0};
+        uint64_t dw = 0; /* one token: the rows' f16 d, four words */
         #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)b * 210;
             prefetch_span(blk + (size_t)NR * CB_DEC_PF512 * ws, 210);
+            if (NT == 1) dw |= (uint64_t)cb_rd16(blk + 208) << (16 * r);
             float d = CB_F16(blk + 208);
             const __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 192)));
             const __m512i sc512 = zext_si(scw);
@@ -202,8 +204,16 @@ INL void tile_q6k(int unused, int NR, int NT, int64_t nb, const uint8_t *w, size
                 /* the zero point 32: 32 * sum_g sc_g * bsums_g */
                 __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(loadu256(a->bsums), scw), 5);
                 pv[r * NT + t] = _mm256_sub_epi32(fold_epi32(acc), corr);
-                scd[r * NT + t] = d * a->d;
+                if (NT > 1) scd[r * NT + t] = d * a->d;
             }
+        }
+        if (NT == 1) { /* NR <= 4: d as an f16 vector, the same products lane by lane */
+            const cb_q8k_t *a = (const cb_q8k_t *)(const void *)x + b;
+            const __m128 sc = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)dw)),
+                                         _mm_set1_ps(a->d));
+            vacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8_epi32(pv, NR)),
+                                   _mm256_zextps128_ps256(sc), vacc);
+            continue;
         }
         vacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8_epi32(pv, NR * NT)), set8_ps(scd), vacc);
     }
