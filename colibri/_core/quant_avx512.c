@@ -724,6 +724,16 @@ INLV void rpv_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_
     }
 }
 
+/* the 16-row tiles' output: out[r * NT + t] = lane r of facc[t] */
+INL void store16(const __m512 *facc, int NT, float *out) {
+    #pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) {
+        float tmp[16];
+        _mm512_storeu_ps(tmp, facc[t]);
+        for (int r = 0; r < 16; r++) out[r * NT + t] = tmp[r];
+    }
+}
+
 /* The VNNI tile on 16-row groups (cb_avx2_rp16_pack, quant_avx2.c): a 512-bit vector holds one
  * step (4 values) of 16 rows, so a token's 4 activation bytes are one broadcast load and each
  * vpdpbusd serves 16 rows x 4 values with no permute, and no fold of halves afterwards (the
@@ -772,28 +782,26 @@ INLV void rpv16_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint
                                           _mm512_set1_ps(sx[t][b]), facc[t]);
         }
     }
-    #pragma GCC unroll 8
-    for (int t = 0; t < NT; t++) {
-        float tmp[16];
-        _mm512_storeu_ps(tmp, facc[t]);
-        for (int r = 0; r < 16; r++) out[r * NT + t] = tmp[r];
-    }
+    store16(facc, NT, out);
 }
 
-#define CB_DEFINE_RPV16(NAME, TYPE)                                                             \
+/* NAME(pk, nb, xa, xs, nt, out): the 16-row TILE(ARG, nt, ...) for nt <= 8 tokens, each count
+ * its own instance (the tiles unroll over the tokens) */
+#define CB_DEFINE_NT8(NAME, TILE, ARG)                                                          \
     CB_AVX512_VNNI_TARGET static void NAME(const uint8_t *pk, int64_t nb, const uint8_t *xa,   \
                                            size_t xs, int nt, float *out) {                    \
         switch (nt) {                                                                           \
-        case 1: rpv16_tile(TYPE, 1, pk, nb, xa, xs, out); break;                                \
-        case 2: rpv16_tile(TYPE, 2, pk, nb, xa, xs, out); break;                                \
-        case 3: rpv16_tile(TYPE, 3, pk, nb, xa, xs, out); break;                                \
-        case 4: rpv16_tile(TYPE, 4, pk, nb, xa, xs, out); break;                                \
-        case 5: rpv16_tile(TYPE, 5, pk, nb, xa, xs, out); break;                                \
-        case 6: rpv16_tile(TYPE, 6, pk, nb, xa, xs, out); break;                                \
-        case 7: rpv16_tile(TYPE, 7, pk, nb, xa, xs, out); break;                                \
-        default: rpv16_tile(TYPE, 8, pk, nb, xa, xs, out); break;                               \
+        case 1: TILE(ARG, 1, pk, nb, xa, xs, out); break;                                       \
+        case 2: TILE(ARG, 2, pk, nb, xa, xs, out); break;                                       \
+        case 3: TILE(ARG, 3, pk, nb, xa, xs, out); break;                                       \
+        case 4: TILE(ARG, 4, pk, nb, xa, xs, out); break;                                       \
+        case 5: TILE(ARG, 5, pk, nb, xa, xs, out); break;                                       \
+        case 6: TILE(ARG, 6, pk, nb, xa, xs, out); break;                                       \
+        case 7: TILE(ARG, 7, pk, nb, xa, xs, out); break;                                       \
+        default: TILE(ARG, 8, pk, nb, xa, xs, out); break;                                      \
         }                                                                                       \
     }
+#define CB_DEFINE_RPV16(NAME, TYPE) CB_DEFINE_NT8(NAME, rpv16_tile, TYPE)
 CB_DEFINE_RPV16(rpv16_q4_0, CB_TYPE_Q4_0)
 CB_DEFINE_RPV16(rpv16_q4_1, CB_TYPE_Q4_1)
 CB_DEFINE_RPV16(rpv16_q5_0, CB_TYPE_Q5_0)
@@ -930,30 +938,11 @@ INLV void r16_tile(int layout, int NT, const uint8_t *pk, int64_t nb, const uint
                                       _mm512_mul_ps(dv, _mm512_set1_ps(dx[t][b])), facc[t]);
         }
     }
-    #pragma GCC unroll 8
-    for (int t = 0; t < NT; t++) {
-        float tmp[16];
-        _mm512_storeu_ps(tmp, facc[t]);
-        for (int r = 0; r < 16; r++) out[r * NT + t] = tmp[r];
-    }
+    store16(facc, NT, out);
 }
 
-#define CB_DEFINE_R16(NAME, LAYOUT)                                                             \
-    CB_AVX512_VNNI_TARGET static void NAME(const uint8_t *pk, int64_t nb, const uint8_t *xa,   \
-                                           size_t xs, int nt, float *out) {                    \
-        switch (nt) {                                                                           \
-        case 1: r16_tile(LAYOUT, 1, pk, nb, xa, xs, out); break;                                \
-        case 2: r16_tile(LAYOUT, 2, pk, nb, xa, xs, out); break;                                \
-        case 3: r16_tile(LAYOUT, 3, pk, nb, xa, xs, out); break;                                \
-        case 4: r16_tile(LAYOUT, 4, pk, nb, xa, xs, out); break;                                \
-        case 5: r16_tile(LAYOUT, 5, pk, nb, xa, xs, out); break;                                \
-        case 6: r16_tile(LAYOUT, 6, pk, nb, xa, xs, out); break;                                \
-        case 7: r16_tile(LAYOUT, 7, pk, nb, xa, xs, out); break;                                \
-        default: r16_tile(LAYOUT, 8, pk, nb, xa, xs, out); break;                               \
-        }                                                                                       \
-    }
-CB_DEFINE_R16(r16_q8_0, CB_TYPE_Q8_0_R16)
-CB_DEFINE_R16(r16_q5_0, CB_TYPE_Q5_0_R16)
+CB_DEFINE_NT8(r16_q8_0, r16_tile, CB_TYPE_Q8_0_R16)
+CB_DEFINE_NT8(r16_q5_0, r16_tile, CB_TYPE_Q5_0_R16)
 
 void CB_AVX512_FN(r16_tile_vnni)(int layout, const uint8_t *pk, int64_t nb, const uint8_t *xa,
                                  size_t xs, int nt, float *out) {
