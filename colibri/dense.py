@@ -14,7 +14,9 @@ Q8_0 and Q5_0 matrices are not copied byte for byte where the kernels run at the
 level: they are packed into colibri's R16 layouts (include/colibri/quant.h: rows in groups of 16,
 in as many bytes, so that the decode matvec needs no reduction per row and streams at memory
 speed), with bit-identical products (`pack_r16`; Gemma 3's tied Q8_0 head, 72% of its bytes a
-token, and its Q5_0 attention and FFN matrices are).
+token, and its Q5_0 attention and FFN matrices are). The choice is made at load: a model loaded
+at the VNNI level and then run with the SIMD level capped below it (colibri.simd, tests) reads
+its R16 matrices with the scalar tile, correct and slow.
 
 Memory: each copied tensor's whole file pages are then dropped from this process's mapping
 (MADV_DONTNEED: they stay in the page cache, clean and reclaimable), so the resident size counts

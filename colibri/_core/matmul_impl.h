@@ -23,7 +23,7 @@ typedef struct cb_mm_ctx {
     int64_t kn;        /* the n of the tile / dot functions */
     cb_act_fn act;     /* activation quantizer; NULL: rp quantizer (rp) or a float copy */
     int rp;            /* packed rows (rk's pack and tile) */
-    int prepacked;     /* rp on a matrix stored packed (Q8_0_R16): no pack, group g at
+    int prepacked;     /* rp on a matrix stored packed (an R16 layout): no pack, group g at
                         * w + g * w_group */
     size_t w_group;
     void (*rpq)(int type, const float *x, int64_t cols, uint8_t *dst); /* rp: activations */
