@@ -901,40 +901,33 @@ static void mm_rows_direct(const cb_mm_ctx *c, int64_t r_begin, int64_t r_end) {
     }
 }
 
-/* Packed-row path: each group of rows (c->rk.rows) is unpacked once into this thread's buffer,
- * then meets every token, c->rk.tokens at a time. */
+/* Packed-row path: each group of rows (c->rk.rows) is unpacked once into this thread's buffer
+ * (an R16 matrix: read in place), then meets every token, c->rk.tokens at a time. */
 static void mm_rows_rp(const cb_mm_ctx *c, int64_t r_begin, int64_t r_end, int thread) {
-    uint8_t *pk = c->prepacked ? NULL : c->pack + (size_t)thread * c->pack_stride;
+    uint8_t *buf = c->prepacked ? NULL : c->pack + (size_t)thread * c->pack_stride;
     float out[CB_RP_MAX_ROWS * CB_RP_MAX_TOKENS];
     const int G = c->rk.rows, T = c->rk.tokens;
+    const int64_t n_tiles = (c->n_tokens + T - 1) / T;
     for (int64_t r0 = r_begin; r0 < r_end; r0 += G) {
         int nr = r_end - r0 < G ? (int)(r_end - r0) : G;
-        if (c->prepacked) { /* the matrix's own group, read in place; with several token
-                             * tiles the next group is prefetched across them, as below */
-            pk = (uint8_t *)(uintptr_t)(c->w + (size_t)(r0 / G) * c->w_group);
-            const int64_t n_tiles = (c->n_tokens + T - 1) / T;
-            const size_t pf_bytes = r0 + G < c->rows && n_tiles > 1 ? c->w_group : 0;
-            const size_t pf_step = (pf_bytes / (size_t)n_tiles + 63) / 64 * 64;
-            size_t pf_at = 0;
-            for (int64_t t0 = 0; t0 < c->n_tokens; t0 += T) {
-                int nt = c->n_tokens - t0 < T ? (int)(c->n_tokens - t0) : T;
-                size_t pf_end = t0 + T >= c->n_tokens ? pf_bytes : pf_at + pf_step;
-                for (; pf_at < pf_end && pf_at < pf_bytes; pf_at += 64)
-                    __builtin_prefetch(pk + c->w_group + pf_at, 0, 2);
-                c->rk.tile(c->type, pk, c->kn, c->xa + t0 * c->xa_stride, c->xa_stride, nt, out);
-                mm_store(c, r0, nr, t0, nt, out);
-            }
-            continue;
+        /* the next group's bytes (contiguous) go into L2 while this group meets the tokens,
+         * spread over the token tiles (a burst of prefetches stalls on the fill buffers): the
+         * rows the next pack reads, or the next R16 group when there are several tiles */
+        const uint8_t *pk, *nx;
+        size_t pf_bytes = 0;
+        if (c->prepacked) {
+            pk = c->w + (size_t)(r0 / G) * c->w_group;
+            nx = pk + c->w_group;
+            if (r0 + G < c->rows && n_tiles > 1) pf_bytes = c->w_group;
+        } else {
+            c->rk.pack(c->type, c->w + r0 * c->w_stride, c->w_stride, nr, c->cols, buf);
+            pk = buf;
+            nx = c->w + (r0 + G) * c->w_stride;
+            int64_t nn = r0 + G < c->rows ? (c->rows - (r0 + G) < G ? c->rows - (r0 + G) : G) : 0;
+            pf_bytes = (size_t)nn * c->w_stride;
         }
-        c->rk.pack(c->type, c->w + r0 * c->w_stride, c->w_stride, nr, c->cols, pk);
-        /* the next group's rows (contiguous) into L2 while this group meets the tokens, so the
-         * next pack does not wait on memory; spread over the token tiles (a burst of prefetches
-         * stalls on the fill buffers) */
-        const uint8_t *nx = c->w + (r0 + G) * c->w_stride;
-        int64_t nn = r0 + G < c->rows ? (c->rows - (r0 + G) < G ? c->rows - (r0 + G) : G) : 0;
-        size_t pf_bytes = (size_t)nn * c->w_stride, pf_at = 0;
-        const int64_t n_tiles = (c->n_tokens + T - 1) / T;
         const size_t pf_step = (pf_bytes / (size_t)n_tiles + 63) / 64 * 64;
+        size_t pf_at = 0;
         for (int64_t t0 = 0; t0 < c->n_tokens; t0 += T) {
             int nt = c->n_tokens - t0 < T ? (int)(c->n_tokens - t0) : T;
             size_t pf_end = t0 + T >= c->n_tokens ? pf_bytes : pf_at + pf_step;
