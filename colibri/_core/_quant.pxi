@@ -24,7 +24,7 @@ TYPES = {t.name[len("CB_TYPE_"):]: int(t) for t in cb_type}
 COLIBRI_TYPES = ("I4_G128",)
 # colibri's in-memory layouts of a block type (not a type of their own: no file holds them, and
 # dequantize does not read them; get_rows and matmul do)
-LAYOUTS = ("Q8_0_R16", "Q5_0_R16")
+LAYOUTS = ("Q8_0_R16", "Q5_0_R16", "Q6_K_R16")
 SUPPORTED = tuple(n for n, i in TYPES.items() if cb_type_supported(i) and n not in LAYOUTS)
 
 
@@ -272,13 +272,14 @@ cdef object _quantize(object x, str name, str unit, int64_t block, int64_t block
 
 
 def r16_layout(t):
-    """The name of type t's R16 layout ("Q8_0" -> "Q8_0_R16", "Q5_0" -> "Q5_0_R16"), else None."""
+    """The name of type t's R16 layout ("Q8_0" -> "Q8_0_R16", "Q5_0" -> "Q5_0_R16", "Q6_K" ->
+    "Q6_K_R16"), else None."""
     cdef int lay = cb_r16_layout(type_id(t))
     return type_name(lay) if lay else None
 
 
 def pack_r16(t, raw, int64_t rows, int64_t cols, out=None, ThreadPool pool=None):
-    """The Q8_0 or Q5_0 weight `raw` (rows x cols) re-laid as its R16 layout (quant.h): a
+    """The Q8_0, Q5_0 or Q6_K weight `raw` (rows x cols) re-laid as its R16 layout (quant.h): a
     64-byte aligned uint8 array of r16_bytes(layout, rows, cols), or written into `out` (a
     writable, 64-byte aligned uint8 array of at least that many bytes, returned).
     matmul(layout, ...) and get_rows read it."""
@@ -286,7 +287,7 @@ def pack_r16(t, raw, int64_t rows, int64_t cols, out=None, ThreadPool pool=None)
     cdef int type = type_id(t)
     lay = r16_layout(type)
     if lay is None:
-        raise ValueError(f"{type_name(type)} has no R16 layout (Q8_0 and Q5_0 do)")
+        raise ValueError(f"{type_name(type)} has no R16 layout (Q8_0, Q5_0 and Q6_K do)")
     keep = _raw_matrix(&m, type, raw, rows, cols)
     need = r16_bytes(lay, rows, cols)
     if out is None:
@@ -311,7 +312,7 @@ def pack_r16(t, raw, int64_t rows, int64_t cols, out=None, ThreadPool pool=None)
 
 
 def r16_bytes(layout, int64_t rows, int64_t cols):
-    """Bytes of an R16 layout's matrix of rows x cols (cols a multiple of 32)."""
+    """Bytes of an R16 layout's matrix of rows x cols (cols a multiple of the block size)."""
     cdef int lay = type_id(layout)
     if type_name(lay) not in LAYOUTS:
         raise ValueError(f"{type_name(lay)} is not an R16 layout ({', '.join(LAYOUTS)})")

@@ -41,7 +41,7 @@ static const type_info TYPES[] = {
     {CB_TYPE_Q6_K, "Q6_K", 256, 210, 1},  {CB_TYPE_Q8_K, "Q8_K", 256, 292, 0},
     {CB_TYPE_BF16, "BF16", 1, 2, 1},      {CB_TYPE_MXFP4, "MXFP4", 32, 17, 1},
     {CB_TYPE_I4_G128, "I4_G128", 128, 66, 1}, {CB_TYPE_Q8_0_R16, "Q8_0_R16", 32, 34, 1},
-    {CB_TYPE_Q5_0_R16, "Q5_0_R16", 32, 22, 1},
+    {CB_TYPE_Q5_0_R16, "Q5_0_R16", 32, 22, 1}, {CB_TYPE_Q6_K_R16, "Q6_K_R16", 256, 210, 1},
 };
 
 static const type_info *type_get(int type) {
@@ -681,7 +681,8 @@ static cb_act_kind act_for(int type) {
     case CB_TYPE_BF16: return CB_ACT_F32;
     case CB_TYPE_Q4_K:
     case CB_TYPE_Q5_K:
-    case CB_TYPE_Q6_K: return CB_ACT_Q8K;
+    case CB_TYPE_Q6_K:
+    case CB_TYPE_Q6_K_R16: return CB_ACT_Q8K;
     default: return CB_ACT_Q8A;
     }
 }
@@ -766,14 +767,25 @@ int cb_mm_packed(int type, int64_t n_tokens, int packed) {
            (packed > 0 || (packed == 0 && n_tokens >= rp_min_tokens(type, level)));
 }
 
+static cb_act_fn q8k_quantizer(cb_simd_level level) {
+    return level >= CB_SIMD_AVX512 ? cb_avx512_quantize_q8k
+                                   : (level >= CB_SIMD_AVX2 ? cb_avx2_quantize_q8k : quantize_q8k_scalar);
+}
+
 /* The R16 layouts: the packed-row path on the matrix's own groups, at every token count */
 static void mm_plan_r16(cb_mm_ctx *c, const cb_matrix_t *w, cb_simd_level level) {
-    c->rk = cb_r16_kernel(level);
+    c->rk = cb_r16_kernel(w->type, level);
     c->rp = c->prepacked = 1;
     c->w_group = (size_t)c->rk.rows * w->row_bytes;
-    c->kn = w->cols / CB_QK;
-    c->act_stride = cb_r16_act_stride(w->cols);
     c->avx512 = level >= CB_SIMD_AVX512;
+    if (w->type == CB_TYPE_Q6_K_R16) { /* the K-quants' activations, cb_q8k_t rows */
+        c->kn = w->cols / CB_QKK;
+        c->act_stride = (size_t)c->kn * sizeof(cb_q8k_t);
+        c->act = q8k_quantizer(level);
+        return;
+    }
+    c->kn = w->cols / CB_QK;
+    c->act_stride = cb_r16_act_stride(w->type, w->cols);
     c->rpq = c->avx512 ? cb_avx512_rp_quantize
              : level >= CB_SIMD_AVX2 ? cb_avx2_rp_quantize : cb_r16_quantize_scalar;
 }
@@ -821,8 +833,7 @@ void cb_mm_plan(cb_mm_ctx *c, const cb_matrix_t *w, int fast, int rp) {
     } else {
         c->kn = w->cols / CB_QKK;
         c->act_stride = (size_t)c->kn * sizeof(cb_q8k_t);
-        c->act = c->avx512 ? cb_avx512_quantize_q8k
-                 : (level >= CB_SIMD_AVX2 ? cb_avx2_quantize_q8k : quantize_q8k_scalar);
+        c->act = q8k_quantizer(level);
     }
     if (c->rp) c->pack_stride = (c->rk.group_bytes(w->type, w->cols) + 63) / 64 * 64;
 }
@@ -834,7 +845,7 @@ size_t cb_mm_act_bound(int type, int64_t cols) {
                                   : (size_t)(cols / CB_QKK) * sizeof(cb_q8k_t);
     if (cb_avx2_rp_supported(type) && cb_avx2_rp_act_stride(cols) > b)
         b = cb_avx2_rp_act_stride(cols);
-    if (cb_r16_source(type) && cb_r16_act_stride(cols) > b) b = cb_r16_act_stride(cols);
+    if (cb_r16_act_stride(type, cols) > b) b = cb_r16_act_stride(type, cols);
     return (b + 63) / 64 * 64;
 }
 

@@ -240,6 +240,8 @@ INL __m512i pair_idx(int p) {
 #if defined(CB_AVX512_EMULATE)
 void CB_AVX512_FN(rp16_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
                                   size_t xs, int nt, float *out);
+void CB_AVX512_FN(r16k_tile_vnni)(int layout, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                                  size_t xs, int nt, float *out);
 #endif
 
 /* The 16-row packing (quant_avx512_pack.c): cb_avx2_rp16_pack's bytes. */

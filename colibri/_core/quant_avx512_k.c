@@ -469,6 +469,92 @@ CB_DEFINE_RP(rp512_q4_k, rpk_tile, CB_TYPE_Q4_K)
 CB_DEFINE_RP(rp512_q5_k, rpk_tile, CB_TYPE_Q5_K)
 CB_DEFINE_RP(rp512_q6_k, rpk_tile, CB_TYPE_Q6_K)
 
+/* The Q6_K_R16 layout (include/colibri/quant.h, quant_r16.c packs it): 16 rows of a super-block
+ * read in place and in order, one vpdpbusd per token and step (16 rows x 4 values) against the
+ * broadcast activation word. Chunk k (k < 16) holds steps k, k + 16, k + 32, k + 48: the values
+ * of sub-blocks G, G + 4, G + 8, G + 12 (G = k / 4), so four chunks complete four sub-blocks,
+ * whose int32 sums start at -32 * bsum (the zero point) and are then multiplied by the rows' int8
+ * scales. The integers per row are the Q6_K tiles' (exact), then fma(isum, d * d_x, acc) per
+ * super-block as they do: bit-identical. out[r * NT + t], NT <= 4 (cb_q8k_t rows). */
+#ifndef CB_R16K_PF
+#define CB_R16K_PF 2 /* super-blocks ahead (from memory, 1 thread: 1 and 3-8 were slower) */
+#endif
+INLV void r16k_tile(int unused, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                    size_t xs, float *out) {
+    (void)unused;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m512 facc[4];
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) facc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = pk + (size_t)b * 3360, *scv = q + 3072;
+        const cb_q8k_t *a[4];
+        __m512i isum[4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            a[t] = (const cb_q8k_t *)(const void *)(xa + (size_t)t * xs) + b;
+            isum[t] = _mm512_setzero_si512();
+        }
+        #pragma GCC unroll 1
+        for (int G = 0; G < 4; G++) {
+            __m512i acc[4][4]; /* [f][t]: sub-block G + 4f */
+            #pragma GCC unroll 4
+            for (int f = 0; f < 4; f++)
+                #pragma GCC unroll 4
+                for (int t = 0; t < NT; t++) acc[f][t] = _mm512_set1_epi32(-32 * a[t]->bsums[G + 4 * f]);
+            #pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                const int k = 4 * G + i;
+                const uint8_t *c = q + 192 * k;
+                /* the super-block CB_R16K_PF ahead, 4 lines a chunk (the next groups are
+                 * contiguous: prefetching past this group's end is reading ahead) */
+                #pragma GCC unroll 4
+                for (int l = 0; l < 4; l++) __builtin_prefetch(q + CB_R16K_PF * 3360 + 256 * k + 64 * l, 0, 3);
+                const __m512i l0 = loadu512(c), l1 = loadu512(c + 64), h = loadu512(c + 128);
+                /* (low or high nibbles) | (the high-bit field at bits 4, 5) */
+                __m512i w[4];
+                w[0] = _mm512_ternarylogic_epi32(l0, _mm512_and_si512(_mm512_slli_epi16(h, 4), m30), m4, 0xEC);
+                w[1] = _mm512_ternarylogic_epi32(l1, _mm512_and_si512(_mm512_slli_epi16(h, 2), m30), m4, 0xEC);
+                w[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(l0, 4), _mm512_and_si512(h, m30), m4, 0xEC);
+                w[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(l1, 4),
+                                                 _mm512_and_si512(_mm512_srli_epi16(h, 2), m30), m4, 0xEC);
+                #pragma GCC unroll 4
+                for (int f = 0; f < 4; f++)
+                    #pragma GCC unroll 4
+                    for (int t = 0; t < NT; t++)
+                        acc[f][t] = _mm512_dpbusd_epi32(acc[f][t], w[f], _mm512_set1_epi32(
+                            rd_i32((const uint8_t *)a[t]->qs + 4 * (k + 16 * f))));
+            }
+            #pragma GCC unroll 4
+            for (int f = 0; f < 4; f++) {
+                const __m512i sc = _mm512_cvtepi8_epi32(
+                    _mm_loadu_si128((const __m128i *)(const void *)(scv + 16 * (G + 4 * f))));
+                #pragma GCC unroll 4
+                for (int t = 0; t < NT; t++) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(acc[f][t], sc));
+            }
+        }
+        const __m512 dv = _mm512_cvtph_ps(loadu256(q + 3328));
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++)
+            facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dv, _mm512_set1_ps(a[t]->d)),
+                                      facc[t]);
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        float tmp[16];
+        _mm512_storeu_ps(tmp, facc[t]);
+        for (int r = 0; r < 16; r++) out[r * NT + t] = tmp[r];
+    }
+}
+
+CB_DEFINE_RPV(r16_q6_k, r16k_tile, CB_TYPE_Q6_K_R16)
+
+void CB_AVX512_FN(r16k_tile_vnni)(int layout, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                                  size_t xs, int nt, float *out) {
+    (void)layout;
+    r16_q6_k(pk, nb, xa, xs, nt, out);
+}
+
 cb_tile_fn CB_AVX512_FN(k_tile)(int type) {
     switch (type) {
     case CB_TYPE_Q4_K: return tile512_q4_k;
@@ -509,6 +595,9 @@ void CB_AVX512_FN(k_rp_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const
 }
 
 #else
-/* Not x86-64 GCC/Clang: no AVX-512 kernels; quant_avx512.c's stubs never call here. */
-typedef int cb_quant_avx512_k_unused;
+/* Not x86-64 GCC/Clang: no AVX-512 kernels (cb_cpu_level() is scalar there). */
+void CB_AVX512_FN(r16k_tile_vnni)(int layout, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                                  size_t xs, int nt, float *out) {
+    (void)layout; (void)pk; (void)nb; (void)xa; (void)xs; (void)nt; (void)out;
+}
 #endif

@@ -1,11 +1,11 @@
-/* The R16 layouts (include/colibri/quant.h): Q8_0 and Q5_0 rows re-laid at load in groups of 16
- * for the decode matvec, in the bytes of the source type.
+/* The R16 layouts (include/colibri/quant.h): Q8_0, Q5_0 and Q6_K rows re-laid at load in groups
+ * of 16 for the decode matvec, in the bytes of the source type.
  *
  * A direct tile must reduce each row's block sum across a vector before scaling it; with 16 rows
  * in each vector (the layout of the VNNI packed-row tiles, rpv16_tile) a block of 16 rows is 8
  * vpdpbusd against broadcast activation words and one fma, with no reduction and no packing per
- * call: the AVX512-VNNI tile (r16_tile, quant_avx512.c) reads the matrix in place at any token
- * count. Its integer block sums and float operations are those of the source type's batch-
+ * call: the AVX512-VNNI tiles (r16_tile, quant_avx512.c; r16k_tile for Q6_K, quant_avx512_k.c)
+ * read the matrix in place at any token count. Its integer block sums and float operations are those of the source type's batch-
  * invariant tiles, so a packed matrix gives the source matrix's products bit for bit. Here: the
  * packing, row lookup, and the scalar tile and activations that run a layout on CPUs without
  * VNNI (colibri packs only where VNNI is; the C API takes the layouts anywhere). */
@@ -22,27 +22,40 @@
 #define R16_ROWS 16
 
 int cb_r16_layout(int type) {
-    return type == CB_TYPE_Q8_0 ? CB_TYPE_Q8_0_R16 : (type == CB_TYPE_Q5_0 ? CB_TYPE_Q5_0_R16 : 0);
+    switch (type) {
+    case CB_TYPE_Q8_0: return CB_TYPE_Q8_0_R16;
+    case CB_TYPE_Q5_0: return CB_TYPE_Q5_0_R16;
+    case CB_TYPE_Q6_K: return CB_TYPE_Q6_K_R16;
+    default: return 0;
+    }
 }
 
 /* the source type of a layout (0: not a layout) */
 static int r16_source(int layout) {
-    return layout == CB_TYPE_Q8_0_R16 ? CB_TYPE_Q8_0
-                                      : (layout == CB_TYPE_Q5_0_R16 ? CB_TYPE_Q5_0 : 0);
+    switch (layout) {
+    case CB_TYPE_Q8_0_R16: return CB_TYPE_Q8_0;
+    case CB_TYPE_Q5_0_R16: return CB_TYPE_Q5_0;
+    case CB_TYPE_Q6_K_R16: return CB_TYPE_Q6_K;
+    default: return 0;
+    }
 }
 
-/* bytes of one block of a group: 16 of the source type's blocks */
-static size_t r16_bstride(int layout) { return layout == CB_TYPE_Q8_0_R16 ? 544 : 352; }
+/* values of a block, bytes of one block of a group (16 of the source type's blocks) */
+static int64_t r16_qk(int layout) { return layout == CB_TYPE_Q6_K_R16 ? CB_QKK : CB_QK; }
+static size_t r16_bstride(int layout) {
+    return layout == CB_TYPE_Q8_0_R16 ? 544 : (layout == CB_TYPE_Q5_0_R16 ? 352 : 3360);
+}
 
 size_t cb_r16_bytes(int layout, int64_t rows, int64_t cols) {
-    if (!r16_source(layout) || rows < 0 || cols < 0 || cols % CB_QK) return 0;
+    if (!r16_source(layout) || rows < 0 || cols < 0 || cols % r16_qk(layout)) return 0;
     uint64_t groups = ((uint64_t)rows + R16_ROWS - 1) / R16_ROWS;
-    uint64_t per = (uint64_t)(cols / CB_QK) * r16_bstride(layout);
+    uint64_t per = (uint64_t)(cols / r16_qk(layout)) * r16_bstride(layout);
     if (per != 0 && groups > SIZE_MAX / per) return 0;
     return (size_t)(groups * per);
 }
 
-size_t cb_r16_act_stride(int64_t cols) {
+size_t cb_r16_act_stride(int layout, int64_t cols) {
+    if (layout != CB_TYPE_Q8_0_R16 && layout != CB_TYPE_Q5_0_R16) return 0;
     size_t b = (size_t)cols + 12 * (size_t)(cols / CB_QK);
     return (b + 63) / 64 * 64;
 }
@@ -59,8 +72,41 @@ static inline int src_value(int layout, const uint8_t *blk, int k) {
     return lo | (int)((qh >> k) & 1u) << 4;
 }
 
+/* value k (< 256) of a Q6_K block, unsigned (0..63): ql, qh, scales, d as ggml lays them */
+static inline int q6k_value(const uint8_t *blk, int k) {
+    const int h = k / 128, l = k % 32, f = (k % 128) / 32; /* f: which of the 4 values per l */
+    const int lo = blk[64 * h + l + 32 * (f & 1)] >> (4 * (f >> 1)) & 0x0F;
+    return lo | (blk[128 + 32 * h + l] >> (2 * f) & 3) << 4;
+}
+
+/* Offsets in a Q6_K group's super-block (3360 bytes) of the 64 positions of step s (< 64): its
+ * low nibbles (in the high half of each byte when s >= 32) and high bits (at bit 2 * (s / 16)).
+ * 16 chunks of 192 bytes, chunk k = [steps k | k + 32] [steps k + 16 | k + 48] [high bits of
+ * steps k + 16f], then the scales [sub-block][row] and d[16]. */
+static inline size_t q6r_lo(int s) { return 192 * (size_t)(s % 16) + 64 * (size_t)((s / 16) & 1); }
+static inline size_t q6r_hi(int s) { return 192 * (size_t)(s % 16) + 128; }
+
+/* A Q6_K group's super-block (padding rows: zeros, d = 0) */
+static void pack_q6k_block(const uint8_t *w, size_t ws, int nr, int64_t b, uint8_t *o) {
+    memset(o, 0, 3360);
+    for (int j = 0; j < nr; j++) {
+        const uint8_t *blk = w + (size_t)j * ws + (size_t)b * 210;
+        memcpy(o + 3328 + 2 * j, blk + 208, 2);
+        for (int g = 0; g < 16; g++) o[3072 + 16 * g + j] = blk[192 + g];
+        for (int k = 0; k < CB_QKK; k++) {
+            const int s = k / 4, p = 4 * j + k % 4, v = q6k_value(blk, k);
+            o[q6r_lo(s) + p] |= (uint8_t)((v & 0x0F) << (s >= 32 ? 4 : 0));
+            o[q6r_hi(s) + p] |= (uint8_t)((v >> 4) << (2 * (s / 16)));
+        }
+    }
+}
+
 static void pack_group(int layout, const uint8_t *w, size_t ws, int nr, int64_t cols,
                        uint8_t *dst) {
+    if (layout == CB_TYPE_Q6_K_R16) {
+        for (int64_t b = 0; b < cols / CB_QKK; b++) pack_q6k_block(w, ws, nr, b, dst + (size_t)b * 3360);
+        return;
+    }
     const int64_t nb = cols / CB_QK;
     const size_t bst = r16_bstride(layout), sbytes = layout == CB_TYPE_Q8_0_R16 ? 34 : 22;
     for (int64_t b = 0; b < nb; b++) {
@@ -98,7 +144,7 @@ static void pack_task(void *vctx, int task, int thread) {
     (void)thread;
     const pack_job *j = vctx;
     const cb_matrix_t *m = j->src;
-    const size_t gb = (size_t)(m->cols / CB_QK) * r16_bstride(j->layout);
+    const size_t gb = (size_t)(m->cols / r16_qk(j->layout)) * r16_bstride(j->layout);
     int64_t g1 = (int64_t)(task + 1) * j->per_task;
     if (g1 > j->groups) g1 = j->groups;
     for (int64_t g = (int64_t)task * j->per_task; g < g1; g++) {
@@ -113,8 +159,8 @@ cb_status cb_pack_r16(const cb_matrix_t *src, void *dst, size_t dst_bytes, cb_th
     if (s != CB_OK) return s;
     const int layout = cb_r16_layout(src->type);
     if (!layout)
-        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "pack_r16: %s has no R16 layout (Q8_0 and "
-                       "Q5_0 do)", cb_type_name(src->type));
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "pack_r16: %s has no R16 layout (Q8_0, Q5_0 "
+                       "and Q6_K do)", cb_type_name(src->type));
     size_t need = cb_r16_bytes(layout, src->rows, src->cols);
     if (need == 0 && src->rows > 0 && src->cols > 0)
         return cb_fail(CB_STATUS_OUT_OF_MEMORY, "pack_r16: %lld x %lld overflows",
@@ -135,6 +181,8 @@ cb_status cb_pack_r16(const cb_matrix_t *src, void *dst, size_t dst_bytes, cb_th
 /* value k of row j from a group's block o (the byte vpdpbusd multiplies) */
 static inline int r16_value(int layout, const uint8_t *o, int j, int k) {
     const int s = k / 4, p = r16_pos(j, k);
+    if (layout == CB_TYPE_Q6_K_R16)
+        return (o[q6r_lo(s) + p] >> (s >= 32 ? 4 : 0) & 0x0F) | (o[q6r_hi(s) + p] >> (2 * (s / 16)) & 3) << 4;
     if (layout == CB_TYPE_Q8_0_R16) return o[64 * s + p];
     int v = (o[64 * (s % 4) + p] >> (s >= 4 ? 4 : 0)) & 0x0F;
     return v | ((o[256 + 8 * s + p / 8] >> (p % 8)) & 1) << 4;
@@ -142,15 +190,18 @@ static inline int r16_value(int layout, const uint8_t *o, int j, int k) {
 
 void cb_r16_get_row(const cb_matrix_t *w, int64_t r, float *out) {
     const int layout = w->type;
-    const int64_t nb = w->cols / CB_QK;
+    const int64_t qk = r16_qk(layout), nb = w->cols / qk;
     const size_t bst = r16_bstride(layout);
     const uint8_t *g = (const uint8_t *)w->data + (size_t)(r / R16_ROWS) * R16_ROWS * w->row_bytes;
-    const int j = (int)(r % R16_ROWS), zero = layout == CB_TYPE_Q8_0_R16 ? 128 : 16;
+    const int j = (int)(r % R16_ROWS);
+    const int zero = layout == CB_TYPE_Q8_0_R16 ? 128 : (layout == CB_TYPE_Q5_0_R16 ? 16 : 32);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *o = g + (size_t)b * bst;
         const float d = cb_f16_to_f32(cb_rd16(o + bst - 32 + 2 * j));
-        for (int k = 0; k < CB_QK; k++)
-            out[b * CB_QK + k] = d * (float)(r16_value(layout, o, j, k) - zero);
+        for (int k = 0; k < qk; k++) { /* Q6_K: d * scale, as ggml's dequantizer */
+            const float dk = layout == CB_TYPE_Q6_K_R16 ? d * (float)(int8_t)o[3072 + 16 * (k / 16) + j] : d;
+            out[b * qk + k] = dk * (float)(r16_value(layout, o, j, k) - zero);
+        }
     }
 }
 
@@ -197,15 +248,45 @@ static void r16_tile_scalar(int layout, const uint8_t *pk, int64_t nb, const uin
     }
 }
 
+/* A Q6_K group against nt <= 4 tokens (cb_q8k_t rows) as r16k_tile computes it: per row and
+ * super-block the exact integer sum over sub-blocks of sc * (sum(q * x) - 32 * bsum), then
+ * acc = fma(isum, d * d_x, acc) in super-block order (the Q6_K tiles' floats). */
+static void r16k_tile_scalar(int layout, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                             size_t xs, int nt, float *out) {
+    for (int t = 0; t < nt; t++) {
+        for (int j = 0; j < R16_ROWS; j++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *o = pk + (size_t)b * 3360;
+                const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(xa + (size_t)t * xs) + b;
+                int32_t isum = 0;
+                for (int g = 0; g < 16; g++) {
+                    int32_t s = -32 * a->bsums[g];
+                    for (int k = 16 * g; k < 16 * g + 16; k++)
+                        s += r16_value(layout, o, j, k) * (int32_t)a->qs[k];
+                    isum += s * (int32_t)(int8_t)o[3072 + 16 * g + j];
+                }
+                acc = fmaf((float)isum, cb_f16_to_f32(cb_rd16(o + 3328 + 2 * j)) * a->d, acc);
+            }
+            out[j * nt + t] = acc;
+        }
+    }
+}
+
 static size_t r16_group_bytes(int layout, int64_t cols) {
-    return (size_t)(cols / CB_QK) * r16_bstride(layout);
+    return (size_t)(cols / r16_qk(layout)) * r16_bstride(layout);
 }
 
 int cb_r16_source(int layout) { return r16_source(layout); }
 
-cb_rp_kernel_t cb_r16_kernel(int simd_level) {
+cb_rp_kernel_t cb_r16_kernel(int layout, int simd_level) {
+    const int vnni = simd_level >= CB_SIMD_AVX512_VNNI;
+    if (layout == CB_TYPE_Q6_K_R16) {
+        cb_rp_kernel_t k = {R16_ROWS, 4, r16_group_bytes, NULL,
+                            vnni ? cb_avx512_r16k_tile_vnni : r16k_tile_scalar};
+        return k;
+    }
     cb_rp_kernel_t k = {R16_ROWS, CB_RP_MAX_TOKENS, r16_group_bytes, NULL,
-                        simd_level >= CB_SIMD_AVX512_VNNI ? cb_avx512_r16_tile_vnni
-                                                          : r16_tile_scalar};
+                        vnni ? cb_avx512_r16_tile_vnni : r16_tile_scalar};
     return k;
 }

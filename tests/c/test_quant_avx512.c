@@ -652,6 +652,45 @@ static void check_r16(rp16_tile_fn tile, void (*rpq)(int, const float *, int64_t
     }
 }
 
+/* The Q6_K_R16 layout's tile (quant_avx512_k.c): the same against nt <= 4 cb_q8k_t rows, scales
+ * of both signs, extreme quants (all 0 / all 63) and activations included. */
+static void check_r16k(rp16_tile_fn tile, void (*q8k)(const float *, int64_t, void *), const char *name) {
+    int ok = 1;
+    for (int rep = 0; rep < 60 && ok; rep++) {
+        int64_t cols = CB_QKK * rndi(1, 4), nb = cols / CB_QKK;
+        int nr = rndi(1, 16), nt = rndi(1, 4);
+        size_t rb = (size_t)nb * 210, xs = (size_t)nb * sizeof(cb_q8k_t);
+        size_t need = cb_r16_bytes(CB_TYPE_Q6_K_R16, nr, cols);
+        uint8_t *w = malloc(rb * (size_t)nr), *pk = aligned(need), *xa = aligned(xs * 4);
+        float *x = malloc(sizeof(float) * (size_t)(cols * nt)), *y = malloc(sizeof(float) * 16 * 4);
+        float o16[16 * 4];
+        fill_weights(CB_TYPE_Q6_K, w, rb * (size_t)nr, 0);
+        for (int64_t k = 0; (rep & 1) && k < nb * nr; k++) { /* extreme: q = 0 or 63, scales +-127 */
+            memset(w + (size_t)k * 210, (rep & 2) ? 0xFF : 0x00, 192);
+            memset(w + (size_t)k * 210 + 192, (rep & 4) ? 0x81 : 0x7F, 16);
+        }
+        for (int64_t j = 0; j < cols * nt; j++) x[j] = (rep & 1) ? ((j & 1) ? 127.0f : -127.0f) : 4.0f * rndf();
+        cb_matrix_t m = {CB_TYPE_Q6_K, nr, cols, rb, w};
+        CHECK(cb_pack_r16(&m, pk, need, NULL) == CB_OK);
+        for (int t = 0; t < nt; t++) q8k(x + t * cols, cols, xa + (size_t)t * xs);
+        tile(CB_TYPE_Q6_K_R16, pk, nb, xa, xs, nt, o16);
+        cb_simd_level prev = cb_cpu_set_max_level(CB_SIMD_AVX2);
+        CHECK(cb_matmul(&m, x, nt, cols, y, nr, NULL) == CB_OK);
+        cb_cpu_set_max_level(prev);
+        for (int r = 0; r < 16 && ok; r++)
+            for (int t = 0; t < nt && ok; t++) {
+                float want = r < nr ? y[t * nr + r] : 0.0f, got = o16[r * nt + t];
+                if (memcmp(&want, &got, 4) != 0) {
+                    fprintf(stderr, "%s Q6_K_R16 cols=%lld nr=%d nt=%d: [%d,%d] = %.9g, want %.9g\n",
+                            name, (long long)cols, nr, nt, r, t, got, want);
+                    ok = 0;
+                }
+            }
+        free(w); free(pk); free(xa); free(x); free(y);
+    }
+    CHECK(ok);
+}
+
 int main(void) {
     cb_simd_level cpu = cb_cpu_detect();
     int with_rp = cpu >= CB_SIMD_AVX2;
@@ -666,6 +705,7 @@ int main(void) {
         check_rp_same(&EMULATED, &EMULATED_VNNI);
         check_rp16(&EMULATED_VNNI, cb_avx512emu_rp16_tile_vnni, "emulated vnni 16 rows");
         check_r16(cb_avx512emu_r16_tile_vnni, cb_avx512emu_rp_quantize, "emulated vnni");
+        check_r16k(cb_avx512emu_r16k_tile_vnni, cb_avx512emu_quantize_q8k, "emulated vnni");
         check_pack16(cb_avx512emu_rp16_pack, "emulated 16-row packing");
     }
     if (cpu >= CB_SIMD_AVX512) {
@@ -680,6 +720,7 @@ int main(void) {
             check_rp_same(&NATIVE, &NATIVE_VNNI);
             check_rp16(&NATIVE_VNNI, cb_avx512_rp16_tile_vnni, "native vnni 16 rows");
             check_r16(cb_avx512_r16_tile_vnni, cb_avx512_rp_quantize, "native vnni");
+            check_r16k(cb_avx512_r16k_tile_vnni, cb_avx512_quantize_q8k, "native vnni");
         }
     } else {
         printf("test_quant_avx512: no AVX-512 here: emulated kernels only\n");

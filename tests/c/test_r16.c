@@ -1,4 +1,4 @@
-/* The R16 layouts (Q8_0_R16, Q5_0_R16) in C, under ASan/UBSan: the packing is the same on 1 and
+/* The R16 layouts (Q8_0_R16, Q5_0_R16, Q6_K_R16) in C, under ASan/UBSan: the packing is the same on 1 and
  * 2 threads, every row read back equals the source row, and matmul on the layout equals matmul
  * on the source matrix bit for bit (1-9 tokens, 1 and 2 threads, a partial last group) at every
  * level from AVX2 up; at the scalar level the layout's tile equals the AVX2 level's products.
@@ -24,24 +24,30 @@ static void *aligned(size_t n) {
     return posix_memalign(&p, 64, n ? n : 64) == 0 ? p : NULL;
 }
 
-/* rows x cols of type (Q8_0 / Q5_0) with random payload and finite scales of both signs (incl.
- * subnormal) */
+static size_t block_bytes(int type) { return type == CB_TYPE_Q8_0 ? 34 : (type == CB_TYPE_Q5_0 ? 22 : 210); }
+static size_t row_bytes(int type, int cols) {
+    return (size_t)cols / (type == CB_TYPE_Q6_K ? 256 : 32) * block_bytes(type);
+}
+
+/* rows x cols of type (Q8_0 / Q5_0 / Q6_K) with random payload (Q6_K: scales of both signs) and
+ * finite d of both signs (incl. subnormal) */
 static uint8_t *random_rows(int type, int rows, int cols) {
-    const size_t bb = type == CB_TYPE_Q8_0 ? 34 : 22, rb = (size_t)cols / 32 * bb;
+    const size_t bb = block_bytes(type), rb = row_bytes(type, cols);
+    const size_t d_at = type == CB_TYPE_Q6_K ? 208 : 0;
     uint8_t *w = aligned(rb * (size_t)rows);
     for (size_t b = 0; b < rb * (size_t)rows / bb; b++) {
         uint8_t *blk = w + bb * b;
+        for (size_t k = 0; k < bb; k++) blk[k] = (uint8_t)rnd();
         uint16_t d = (uint16_t)(rnd() % 7 == 0 ? rnd() % 0x400 : 0x2000 + rnd() % 0x1800);
         d |= (uint16_t)(rnd() & 1) << 15;
-        memcpy(blk, &d, 2);
-        for (size_t k = 2; k < bb; k++) blk[k] = (uint8_t)rnd();
+        memcpy(blk + d_at, &d, 2);
     }
     return w;
 }
 
 static void check_shape(int type, int rows, int cols, cb_threadpool_t *pool) {
     const int layout = cb_r16_layout(type);
-    size_t rb = (size_t)cols / 32 * (type == CB_TYPE_Q8_0 ? 34 : 22);
+    size_t rb = row_bytes(type, cols);
     size_t need = cb_r16_bytes(layout, rows, cols);
     CHECK(layout != 0 && need == (size_t)((rows + 15) / 16) * 16 * rb);
     uint8_t *w = random_rows(type, rows, cols), *pk = aligned(need), *pk0 = aligned(need);
@@ -95,6 +101,7 @@ int main(void) {
     CHECK(cb_type_block_size(CB_TYPE_Q8_0_R16) == 32 && cb_type_block_bytes(CB_TYPE_Q8_0_R16) == 34);
     CHECK(strcmp(cb_type_name(CB_TYPE_Q8_0_R16), "Q8_0_R16") == 0);
     CHECK(cb_type_block_size(CB_TYPE_Q5_0_R16) == 32 && cb_type_block_bytes(CB_TYPE_Q5_0_R16) == 22);
+    CHECK(cb_type_block_size(CB_TYPE_Q6_K_R16) == 256 && cb_type_block_bytes(CB_TYPE_Q6_K_R16) == 210);
     for (int i = 0; i < 2; i++) {
         const int type = i ? CB_TYPE_Q5_0 : CB_TYPE_Q8_0;
         check_shape(type, 16, 32, pool);
@@ -102,6 +109,10 @@ int main(void) {
         check_shape(type, 5, 96, pool);
         check_shape(type, 100, 256, pool);
     }
+    check_shape(CB_TYPE_Q6_K, 16, 256, pool);
+    check_shape(CB_TYPE_Q6_K, 37, 768, pool);
+    check_shape(CB_TYPE_Q6_K, 5, 512, pool);
+    CHECK(cb_r16_bytes(CB_TYPE_Q6_K_R16, 20, 128) == 0 && cb_r16_layout(CB_TYPE_Q6_K) == CB_TYPE_Q6_K_R16);
 
     /* refusals */
     size_t need = cb_r16_bytes(CB_TYPE_Q8_0_R16, 20, 64);

@@ -1,5 +1,5 @@
-"""The R16 layouts (include/colibri/quant.h): Q8_0 and Q5_0 rows re-laid in groups of 16 for the
-decode matvec.
+"""The R16 layouts (include/colibri/quant.h): Q8_0, Q5_0 and Q6_K rows re-laid in groups of 16
+for the decode matvec.
 
 Each layout is checked against its description (a numpy decoder written from the header, against
 the gguf package's dequantization of the same source bytes), the packing, row lookup and
@@ -18,8 +18,13 @@ from quant_util import GT, random_raw
 import colibri._core._quant as q
 from colibri import simd
 
-SOURCES = ("Q8_0", "Q5_0")
+SOURCES = ("Q8_0", "Q5_0", "Q6_K")
 SHAPES = [(16, 32), (37, 640), (1, 64), (262, 96), (48, 1024)]
+K_SHAPES = [(16, 256), (37, 512), (1, 256), (262, 768), (48, 1024)]  # Q6_K: 256-value blocks
+
+
+def _shape_cases() -> list[tuple[str, int, int]]:
+    return [(t, r, c) for t in SOURCES for r, c in (K_SHAPES if t == "Q6_K" else SHAPES)]
 
 
 def _steps(pk: np.ndarray, t: str, groups: int, nb: int) -> tuple[np.ndarray, np.ndarray]:
@@ -38,7 +43,29 @@ def _steps(pk: np.ndarray, t: str, groups: int, nb: int) -> tuple[np.ndarray, np
     return low | bits << 4, d
 
 
+def _decode_q6k(pk: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """Q6_K_R16 as documented: per super-block 16 chunks of 192 bytes (chunk k: the low nibbles of
+    steps k | k + 32, of steps k + 16 | k + 48, the high 2-bit fields of steps k + 16f), the
+    scales int8 [16 sub-blocks][16 rows], d[16] f16; value = d * scale * (q - 32)."""
+    nb, groups = cols // 256, -(-rows // 16)
+    blk = pk.reshape(groups, nb, 3360)
+    ch = blk[:, :, :3072].reshape(groups, nb, 16, 3, 64).astype(np.int16)
+    steps = np.empty((groups, nb, 64, 64), np.int16)
+    for f in range(4):  # steps k + 16f: nibbles of part f % 2 (high when f >= 2), field f
+        nib = ch[:, :, :, f % 2] >> (4 if f >= 2 else 0) & 0x0F
+        steps[:, :, 16 * f:16 * f + 16] = nib | (ch[:, :, :, 2] >> (2 * f) & 3) << 4
+    sc = blk[:, :, 3072:3328].view(np.int8).reshape(groups, nb, 16, 16).astype(np.float32)
+    d = blk[:, :, 3328:].copy().view(np.float16).astype(np.float32)  # [g, nb, row]
+    # [g, nb, step s, row j, k] -> row j, value 4s + k (sub-block s // 4)
+    qv = steps.reshape(groups, nb, 64, 16, 4).transpose(0, 3, 1, 2, 4).astype(np.float32) - 32
+    scale = sc.transpose(0, 3, 1, 2).repeat(16, axis=-1).reshape(groups, 16, nb, 64, 4)
+    vals = qv * scale * d.transpose(0, 2, 1)[..., None, None]
+    return vals.reshape(groups * 16, cols)
+
+
 def _decode(pk: np.ndarray, t: str, rows: int, cols: int) -> np.ndarray:
+    if t == "Q6_K":
+        return _decode_q6k(pk, rows, cols)
     nb, groups = cols // 32, -(-rows // 16)
     qv, d = _steps(pk, t, groups, nb)
     qv = qv - (128 if t == "Q8_0" else 16)
@@ -48,8 +75,7 @@ def _decode(pk: np.ndarray, t: str, rows: int, cols: int) -> np.ndarray:
     return vals.reshape(groups * 16, cols)
 
 
-@pytest.mark.parametrize("t", SOURCES)
-@pytest.mark.parametrize("rows,cols", SHAPES)
+@pytest.mark.parametrize("t,rows,cols", _shape_cases())
 def test_layout_is_the_documented_one(t, rows, cols):
     rng = np.random.default_rng(rows * cols)
     raw = random_raw(t, rows, cols, rng)
@@ -69,7 +95,7 @@ def test_layout_is_the_documented_one(t, rows, cols):
 @pytest.mark.parametrize("t", SOURCES)
 def test_packing_is_the_same_at_every_level(t):
     rng = np.random.default_rng(1)
-    rows, cols = 37, 640
+    rows, cols = 37, 768 if t == "Q6_K" else 640
     raw = random_raw(t, rows, cols, rng)
     packs = {}
     for level in CPU_LEVELS:
@@ -79,9 +105,8 @@ def test_packing_is_the_same_at_every_level(t):
         assert np.array_equal(pk, packs["scalar"]), level
 
 
-@pytest.mark.parametrize("t", SOURCES)
 @pytest.mark.parametrize("level", CPU_LEVELS)
-@pytest.mark.parametrize("rows,cols", SHAPES)
+@pytest.mark.parametrize("t,rows,cols", _shape_cases())
 def test_products_are_the_source_products(t, level, rows, cols):
     """Every token count (the decode matvec, the token tiles and their tails), one and two
     threads: bit-identical to the source matrix's, and a token's row does not depend on the
@@ -112,7 +137,7 @@ def test_products_are_the_source_products(t, level, rows, cols):
 @pytest.mark.parametrize("t", SOURCES)
 def test_options_accumulate_scale_and_ids(t):
     rng = np.random.default_rng(7)
-    rows, cols = 40, 256
+    rows, cols = 40, 512
     raw = random_raw(t, rows, cols, rng)
     lay = q.r16_layout(t)
     pk = q.pack_r16(t, raw, rows, cols)
@@ -153,5 +178,10 @@ def test_bad_input_is_refused():
         q.pack_r16("Q8_0", raw[:680], 10, 64, out=buf[off:off + 64])
     with pytest.raises(ValueError, match="out of range"):
         q.get_rows("Q8_0_R16", pk, 20, 64, [20])
-    assert set(q.LAYOUTS) == {"Q8_0_R16", "Q5_0_R16"} and not set(q.LAYOUTS) & set(q.SUPPORTED)
+    assert set(q.LAYOUTS) == {"Q8_0_R16", "Q5_0_R16", "Q6_K_R16"}
+    assert not set(q.LAYOUTS) & set(q.SUPPORTED)
     assert q.r16_layout("Q4_0") is None and q.r16_layout("Q5_0") == "Q5_0_R16"
+    assert q.r16_layout("Q6_K") == "Q6_K_R16"
+    with pytest.raises(ValueError, match="not a multiple of the block size"):
+        q.r16_bytes("Q6_K_R16", 4, 128)  # Q6_K_R16's blocks are 256 values
+    assert q.r16_bytes("Q6_K_R16", 17, 512) == 2 * 16 * 420

@@ -94,12 +94,15 @@ def test_gemma_copy_equals_mapped_and_drops_the_file_pages(gemma):
     assert "token_embd.weight" in copied  # Gemma ties the head to the embedding
     assert "blk.0.attn_q.weight" in copied and "blk.17.ffn_down.weight" in copied
     assert not any(n.endswith("_norm.weight") for n in copied)  # vectors stay as they are
-    # the Q8_0 and Q5_0 matrices (the tied head, attention, FFN) are packed in their R16 layouts
-    # where the kernels run at the AVX512-VNNI level, else copied as they are
-    q8 = {n for n in copied if m.gguf.tensors[n].type == quant.TYPES["Q8_0"]}
-    q5 = {n for n in copied if m.gguf.tensors[n].type == quant.TYPES["Q5_0"]}
-    assert "token_embd.weight" in q8 and len(q8) > 1 and "blk.0.ffn_up.weight" in q5
-    assert m.desc.dense_packed == ((q8 | q5) if dense.packs_r16() else set())
+    # the Q8_0, Q5_0 and Q6_K matrices (the tied head, attention, FFN) are packed in their R16
+    # layouts where the kernels run at the AVX512-VNNI level, else copied as they are
+    q8, q5, q6 = ({n for n in copied if m.gguf.tensors[n].type == quant.TYPES[t]}
+                  for t in ("Q8_0", "Q5_0", "Q6_K"))
+    assert "token_embd.weight" in q8 and len(q8) > 1 and "blk.0.ffn_up.weight" in q5 and q6
+    assert m.desc.dense_packed == ((q8 | q5 | q6) if dense.packs_r16() else set())
+    il, fld = next((i, f) for i in range(len(m.desc.layers)) for f in ("ffn_down", "attn_v")
+                   if f"blk.{i}.{f}.weight" in q6)
+    assert getattr(m.desc.layers[il], fld).type == quant.TYPES["Q6_K_R16" if dense.packs_r16() else "Q6_K"]
     want = "Q8_0_R16" if dense.packs_r16() else "Q8_0"
     assert m.desc.output.type == m.desc.tok_embd.type == quant.TYPES[want]
     assert m.desc.layers[0].ffn_up.type == quant.TYPES["Q5_0_R16" if dense.packs_r16() else "Q5_0"]
