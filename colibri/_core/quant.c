@@ -767,29 +767,6 @@ int cb_mm_packed(int type, int64_t n_tokens, int packed) {
            (packed > 0 || (packed == 0 && n_tokens >= rp_min_tokens(type, level)));
 }
 
-static cb_act_fn q8k_quantizer(cb_simd_level level) {
-    return level >= CB_SIMD_AVX512 ? cb_avx512_quantize_q8k
-                                   : (level >= CB_SIMD_AVX2 ? cb_avx2_quantize_q8k : quantize_q8k_scalar);
-}
-
-/* The R16 layouts: the packed-row path on the matrix's own groups, at every token count */
-static void mm_plan_r16(cb_mm_ctx *c, const cb_matrix_t *w, cb_simd_level level) {
-    c->rk = cb_r16_kernel(w->type, level);
-    c->rp = c->prepacked = 1;
-    c->w_group = (size_t)c->rk.rows * w->row_bytes;
-    c->avx512 = level >= CB_SIMD_AVX512;
-    if (w->type == CB_TYPE_Q6_K_R16) { /* the K-quants' activations, cb_q8k_t rows */
-        c->kn = w->cols / CB_QKK;
-        c->act_stride = (size_t)c->kn * sizeof(cb_q8k_t);
-        c->act = q8k_quantizer(level);
-        return;
-    }
-    c->kn = w->cols / CB_QK;
-    c->act_stride = cb_r16_act_stride(w->type, w->cols);
-    c->rpq = c->avx512 ? cb_avx512_rp_quantize
-             : level >= CB_SIMD_AVX2 ? cb_avx2_rp_quantize : cb_r16_quantize_scalar;
-}
-
 void cb_mm_plan(cb_mm_ctx *c, const cb_matrix_t *w, int fast, int rp) {
     cb_simd_level level = cb_cpu_level();
     memset(c, 0, sizeof *c);
@@ -799,8 +776,8 @@ void cb_mm_plan(cb_mm_ctx *c, const cb_matrix_t *w, int fast, int rp) {
     c->cols = w->cols;
     c->type = w->type;
     c->dot = dot_for(w->type);
-    if (cb_r16_source(w->type)) {
-        mm_plan_r16(c, w, level);
+    if (cb_r16_source(w->type)) { /* the packed-row path on the matrix's own groups */
+        cb_r16_plan(c, w, level);
         return;
     }
     /* batch invariance (fast == 0): the direct tiles that sum in the packed tiles' order: the
@@ -833,7 +810,8 @@ void cb_mm_plan(cb_mm_ctx *c, const cb_matrix_t *w, int fast, int rp) {
     } else {
         c->kn = w->cols / CB_QKK;
         c->act_stride = (size_t)c->kn * sizeof(cb_q8k_t);
-        c->act = q8k_quantizer(level);
+        c->act = c->avx512 ? cb_avx512_quantize_q8k
+                 : (level >= CB_SIMD_AVX2 ? cb_avx2_quantize_q8k : quantize_q8k_scalar);
     }
     if (c->rp) c->pack_stride = (c->rk.group_bytes(w->type, w->cols) + 63) / 64 * 64;
 }
@@ -864,8 +842,12 @@ void cb_mm_prep_row(const cb_mm_ctx *c, const float *x, uint8_t *dst) {
         memcpy(dst, x, (size_t)c->cols * 4);
 }
 
-static void mm_store(const cb_mm_ctx *c, int64_t r0, int nr, int64_t t0, int nt,
-                     const float *out) {
+static inline void mm_store(const cb_mm_ctx *c, int64_t r0, int nr, int64_t t0, int nt,
+                            const float *out) {
+    if (nt == 1 && !c->token_ids && !c->token_scale && !c->accumulate) { /* a decode row */
+        memcpy(c->y + t0 * c->y_stride + r0, out, sizeof(float) * (size_t)nr);
+        return;
+    }
     for (int t = 0; t < nt; t++) {
         int64_t tt = t0 + t;
         int64_t yrow = c->token_ids ? c->token_ids[tt] : tt;

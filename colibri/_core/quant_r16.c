@@ -16,6 +16,7 @@
 
 #include "colibri/cpu.h"
 #include "colibri/quant.h"
+#include "matmul_impl.h"
 #include "quant_impl.h"
 #include "quant_r16.h"
 
@@ -289,4 +290,22 @@ cb_rp_kernel_t cb_r16_kernel(int layout, int simd_level) {
     cb_rp_kernel_t k = {R16_ROWS, CB_RP_MAX_TOKENS, r16_group_bytes, NULL,
                         vnni ? cb_avx512_r16_tile_vnni : r16_tile_scalar};
     return k;
+}
+
+void cb_r16_plan(cb_mm_ctx *c, const cb_matrix_t *w, int level) {
+    c->rk = cb_r16_kernel(w->type, level);
+    c->rp = c->prepacked = 1;
+    c->w_group = (size_t)c->rk.rows * w->row_bytes;
+    c->avx512 = level >= CB_SIMD_AVX512;
+    if (w->type == CB_TYPE_Q6_K_R16) { /* the K-quants' activations, cb_q8k_t rows */
+        c->kn = w->cols / CB_QKK;
+        c->act_stride = (size_t)c->kn * sizeof(cb_q8k_t);
+        c->act = c->avx512 ? cb_avx512_quantize_q8k
+                 : (level >= CB_SIMD_AVX2 ? cb_avx2_quantize_q8k : cb_scalar_quantize_q8k);
+        return;
+    }
+    c->kn = w->cols / CB_QK;
+    c->act_stride = cb_r16_act_stride(w->type, w->cols);
+    c->rpq = c->avx512 ? cb_avx512_rp_quantize
+             : level >= CB_SIMD_AVX2 ? cb_avx2_rp_quantize : cb_r16_quantize_scalar;
 }

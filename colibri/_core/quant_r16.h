@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "colibri/quant.h"
+#include "matmul_impl.h"
 #include "quant_impl.h"
 
 /* Bytes of one prepared activation row (the packed-row planar layout) of cols values for a
@@ -21,5 +22,8 @@ int cb_r16_source(int layout);
  * its type; activations: the packed-row planar rows, cb_q8k_t rows for Q6_K_R16): the
  * AVX512-VNNI tile, else a scalar one with the same results (pack is unused). */
 cb_rp_kernel_t cb_r16_kernel(int layout, int simd_level);
+/* cb_mm_plan for a matrix in an R16 layout at a SIMD level: the packed-row path on the matrix's
+ * own groups (prepacked, no pack), at every token count, with the layout's activations. */
+void cb_r16_plan(cb_mm_ctx *c, const cb_matrix_t *w, int level);
 
 #endif
