@@ -11,8 +11,11 @@
  * Claims are a seqlock: one 64-bit word holds (generation << 32 | next index). run() first
  * stores (g, LOCKED), then the job fields, then (g, 0) with release. A claimer loads the word
  * (acquire), reads the job fields, and claims index i with a compare-exchange of (g, i) to
- * (g, i + 1): it succeeds only if no new job was published in between, so the fields it read
- * are the claimed task's job. A late worker thus either helps the current job or claims nothing;
+ * (g, i + k): it succeeds only if no new job was published in between, so the fields it read
+ * are the claimed tasks' job. A claim takes k = 1/(2 n_threads) of the tasks left (at least one;
+ * guided self-scheduling): every claim and completion is a cross-core line transfer, and a
+ * small matmul's 32 one-task claims cost more than its weights' bandwidth on two threads
+ * (docs/benchmarks.md). A late worker thus either helps the current job or claims nothing;
  * it never dereferences ctx without a claim, so run() may return (and its ctx die) while such a
  * worker is still looking.
  * Workers spin ~CB_TP_SPIN polls on the generation before sleeping: a forward pass issues
@@ -90,11 +93,14 @@ static void tp_work(cb_threadpool_t *p, int thread) {
         int n = atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
         if (i == CB_TP_LOCKED || i >= (uint32_t)n) break; /* being written, or all claimed */
         atomic_thread_fence(memory_order_acquire);       /* the reads above before the claim */
-        if (!atomic_compare_exchange_weak_explicit(&p->work, &w, w + 1, memory_order_acquire,
+        /* guided: a claim takes 1/(2 n_threads) of the tasks left (at least one) */
+        uint32_t k = ((uint32_t)n - i) / (2u * (uint32_t)p->n_threads);
+        k = k ? k : 1;
+        if (!atomic_compare_exchange_weak_explicit(&p->work, &w, w + k, memory_order_acquire,
                                                    memory_order_acquire))
             continue; /* w reloaded: another claim, or a new job */
-        fn(ctx, (int)i, thread);
-        atomic_fetch_add_explicit(&p->completed, 1, memory_order_release);
+        for (uint32_t j = 0; j < k; j++) fn(ctx, (int)(i + j), thread);
+        atomic_fetch_add_explicit(&p->completed, (int)k, memory_order_release);
         w = atomic_load_explicit(&p->work, memory_order_acquire);
     }
     tp_current = saved;
