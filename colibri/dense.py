@@ -10,12 +10,12 @@ token). Through the file mapping those bytes lie on 4 KiB page-cache pages: a TL
 kernel allows them: transparent_hugepage "always" or "madvise") the same kernels stream them
 faster (`tools/bench/decode_rate.py` A/B, docs/benchmarks.md).
 
-Q8_0, Q5_0 and Q6_K matrices are not copied byte for byte where the kernels run at the
+Q8_0, Q5_0, Q6_K and Q4_K matrices are not copied byte for byte where the kernels run at the
 AVX512-VNNI level: they are packed into colibri's R16 layouts (include/colibri/quant.h: rows in
 groups of 16, in as many bytes, so that the decode matvec needs no reduction per row and streams
 at memory speed), with bit-identical products (`pack_r16`; Gemma 3's tied Q8_0 head, 72% of its
-bytes a token, and its Q5_0 attention and FFN matrices are; so is the Q6_K output head of every
-Q4_K_M file). The choice is made at load: a model loaded
+bytes a token, and its Q5_0 attention and FFN matrices are; so are the Q6_K output head and the
+Q4_K attention of every Q4_K_M file). The choice is made at load: a model loaded
 at the VNNI level and then run with the SIMD level capped below it (colibri.simd, tests) reads
 its R16 matrices with the scalar tile, correct and slow.
 
@@ -117,7 +117,7 @@ class DenseCopies:
         return arr
 
     def pack_r16(self, name: str, typ: int, view: np.ndarray, rows: int, cols: int) -> np.ndarray:
-        """The Q8_0 / Q5_0 / Q6_K matrix `view` (rows x cols) packed in its R16 layout (flat uint8,
+        """The Q8_0 / Q5_0 / Q6_K / Q4_K matrix `view` (rows x cols) packed in its R16 layout (flat uint8,
         read-only)."""
         layout = _quant.r16_layout(typ)
         assert layout is not None, typ
@@ -130,7 +130,7 @@ class DenseCopies:
 
 
 def packs_r16() -> bool:
-    """Whether copies of Q8_0, Q5_0 and Q6_K matrices are packed in their R16 layouts: where the
+    """Whether copies of Q8_0, Q5_0, Q6_K and Q4_K matrices are packed in their R16 layouts: where the
     kernels run at the AVX512-VNNI level (its tile reads the layouts in place; the scalar one
     that serves the other levels is a reference, not fast)."""
     return simd.level() == "avx512vnni"

@@ -37,6 +37,7 @@ cdef extern from "colibri/quant.h":
         CB_TYPE_Q8_0_R16
         CB_TYPE_Q5_0_R16
         CB_TYPE_Q6_K_R16
+        CB_TYPE_Q4_K_R16
 
 cdef extern from "colibri/ops.h":
     cpdef enum cb_rope_mode:

@@ -24,7 +24,7 @@ TYPES = {t.name[len("CB_TYPE_"):]: int(t) for t in cb_type}
 COLIBRI_TYPES = ("I4_G128",)
 # colibri's in-memory layouts of a block type (not a type of their own: no file holds them, and
 # dequantize does not read them; get_rows and matmul do)
-LAYOUTS = ("Q8_0_R16", "Q5_0_R16", "Q6_K_R16")
+LAYOUTS = ("Q8_0_R16", "Q5_0_R16", "Q6_K_R16", "Q4_K_R16")
 SUPPORTED = tuple(n for n, i in TYPES.items() if cb_type_supported(i) and n not in LAYOUTS)
 
 
@@ -287,7 +287,7 @@ def pack_r16(t, raw, int64_t rows, int64_t cols, out=None, ThreadPool pool=None)
     cdef int type = type_id(t)
     lay = r16_layout(type)
     if lay is None:
-        raise ValueError(f"{type_name(type)} has no R16 layout (Q8_0, Q5_0 and Q6_K do)")
+        raise ValueError(f"{type_name(type)} has no R16 layout (Q8_0, Q5_0, Q6_K and Q4_K do)")
     keep = _raw_matrix(&m, type, raw, rows, cols)
     need = r16_bytes(lay, rows, cols)
     if out is None:

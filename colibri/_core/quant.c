@@ -42,6 +42,7 @@ static const type_info TYPES[] = {
     {CB_TYPE_BF16, "BF16", 1, 2, 1},      {CB_TYPE_MXFP4, "MXFP4", 32, 17, 1},
     {CB_TYPE_I4_G128, "I4_G128", 128, 66, 1}, {CB_TYPE_Q8_0_R16, "Q8_0_R16", 32, 34, 1},
     {CB_TYPE_Q5_0_R16, "Q5_0_R16", 32, 22, 1}, {CB_TYPE_Q6_K_R16, "Q6_K_R16", 256, 210, 1},
+    {CB_TYPE_Q4_K_R16, "Q4_K_R16", 256, 144, 1},
 };
 
 static const type_info *type_get(int type) {
@@ -682,7 +683,8 @@ static cb_act_kind act_for(int type) {
     case CB_TYPE_Q4_K:
     case CB_TYPE_Q5_K:
     case CB_TYPE_Q6_K:
-    case CB_TYPE_Q6_K_R16: return CB_ACT_Q8K;
+    case CB_TYPE_Q6_K_R16:
+    case CB_TYPE_Q4_K_R16: return CB_ACT_Q8K;
     default: return CB_ACT_Q8A;
     }
 }

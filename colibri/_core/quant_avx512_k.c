@@ -547,12 +547,110 @@ INLV void r16k_tile(int unused, int NT, const uint8_t *pk, int64_t nb, const uin
     }
 }
 
+/* The Q4_K_R16 layout (include/colibri/quant.h): vector 8j + i holds step 8j + i of sub-block
+ * j in its low nibbles and step 8j + i + 32 of sub-block j + 4 in its high ones, so eight vectors
+ * complete two sub-blocks, each an int32 sum per row then multiplied by the rows' 6-bit scale.
+ * The mins: per row sum_j m_j * (bsums 2j + 2j+1), one int32 multiply per sub-block against
+ * the broadcast pair sum. Scales and mins (6 bits: the scale byte's low 6 bits, its top 2 the
+ * min's low bits, a nibble plane the min's high 4) are decoded once per super-block. The exact
+ * integers of the Q4_K tiles, then fma(isum, d * d_x) and fnmadd(mins, dmin * d_x) as they do:
+ * bit-identical. out[r * NT + t], NT <= 4. */
+#ifndef CB_R16K4_PF
+#define CB_R16K4_PF 3
+#endif
+INLV void r16k4_tile(int unused, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                     size_t xs, float *out) {
+    (void)unused;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(0x03);
+    const __m512i m6 = _mm512_set1_epi8(0x3F), m3c = _mm512_set1_epi8(0x3C);
+    __m512 facc[4];
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) facc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = pk + (size_t)b * 2304;
+        const cb_q8k_t *a[4];
+        __m512i isum[4], msum[4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            a[t] = (const cb_q8k_t *)(const void *)(xa + (size_t)t * xs) + b;
+            isum[t] = msum[t] = _mm512_setzero_si512();
+        }
+        /* [sub-block j][row] scales (bytes 0..127) and mins (128..255) */
+        uint8_t sm[256];
+        {
+            const __m512i s0 = loadu512(q + 2048), s1 = loadu512(q + 2112), nv = loadu512(q + 2176);
+            _mm512_storeu_si512((void *)sm, _mm512_and_si512(s0, m6));
+            _mm512_storeu_si512((void *)(sm + 64), _mm512_and_si512(s1, m6));
+            _mm512_storeu_si512((void *)(sm + 128),
+                                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(s0, 6), m3),
+                                                _mm512_and_si512(_mm512_slli_epi16(nv, 2), m3c)));
+            _mm512_storeu_si512((void *)(sm + 192),
+                                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(s1, 6), m3),
+                                                _mm512_and_si512(_mm512_srli_epi16(nv, 2), m3c)));
+        }
+        #pragma GCC unroll 1
+        for (int j = 0; j < 4; j++) {
+            __m512i lo[4], hi[4];
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) lo[t] = hi[t] = _mm512_setzero_si512();
+            #pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) {
+                const int s = 8 * j + i;
+                if (i % 2 == 0) { /* the super-block CB_R16K_PF ahead, 9 lines a sub-block pair */
+                    const uint8_t *pf = q + CB_R16K4_PF * 2304 + 576 * j + 64 * (i / 2);
+                    __builtin_prefetch(pf, 0, 3);
+                    __builtin_prefetch(pf + 256, 0, 3);
+                    if (i == 0) __builtin_prefetch(pf + 512, 0, 3);
+                }
+                const __m512i v = loadu512(q + 64 * s);
+                const __m512i wl = _mm512_and_si512(v, m4), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                #pragma GCC unroll 4
+                for (int t = 0; t < NT; t++) {
+                    const uint8_t *xq = (const uint8_t *)a[t]->qs;
+                    lo[t] = _mm512_dpbusd_epi32(lo[t], wl, _mm512_set1_epi32(rd_i32(xq + 4 * s)));
+                    hi[t] = _mm512_dpbusd_epi32(hi[t], wh, _mm512_set1_epi32(rd_i32(xq + 4 * (s + 32))));
+                }
+            }
+            const __m512i scl = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sm + 16 * j)));
+            const __m512i sch = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sm + 16 * (j + 4))));
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++)
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_mullo_epi32(lo[t], scl),
+                                                                     _mm512_mullo_epi32(hi[t], sch)));
+        }
+        #pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const __m512i mj = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sm + 128 + 16 * j)));
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++)
+                msum[t] = _mm512_add_epi32(msum[t], _mm512_mullo_epi32(
+                    mj, _mm512_set1_epi32(a[t]->bsums[2 * j] + a[t]->bsums[2 * j + 1])));
+        }
+        const __m512 dv = _mm512_cvtph_ps(loadu256(q + 2240)), dmv = _mm512_cvtph_ps(loadu256(q + 2272));
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            const __m512 dx = _mm512_set1_ps(a[t]->d);
+            facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dv, dx), facc[t]);
+            facc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum[t]), _mm512_mul_ps(dmv, dx), facc[t]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        float tmp[16];
+        _mm512_storeu_ps(tmp, facc[t]);
+        for (int r = 0; r < 16; r++) out[r * NT + t] = tmp[r];
+    }
+}
+
 CB_DEFINE_RPV(r16_q6_k, r16k_tile, CB_TYPE_Q6_K_R16)
+CB_DEFINE_RPV(r16_q4_k, r16k4_tile, CB_TYPE_Q4_K_R16)
 
 void CB_AVX512_FN(r16k_tile_vnni)(int layout, const uint8_t *pk, int64_t nb, const uint8_t *xa,
                                   size_t xs, int nt, float *out) {
-    (void)layout;
-    r16_q6_k(pk, nb, xa, xs, nt, out);
+    if (layout == CB_TYPE_Q4_K_R16)
+        r16_q4_k(pk, nb, xa, xs, nt, out);
+    else
+        r16_q6_k(pk, nb, xa, xs, nt, out);
 }
 
 cb_tile_fn CB_AVX512_FN(k_tile)(int type) {

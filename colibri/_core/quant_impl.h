@@ -123,7 +123,8 @@ void cb_avx512_rp16_tile_vnni(int type, const uint8_t *pk, int64_t nb, const uin
  * (Q8_0 / Q5_0), out[r*nt + t]. */
 void cb_avx512_r16_tile_vnni(int layout, const uint8_t *pk, int64_t nb, const uint8_t *xa,
                              size_t xs, int nt, float *out);
-/* The Q6_K_R16 layout's tile (quant_avx512_k.c): the same against nt <= 4 cb_q8k_t rows. */
+/* The Q6_K_R16 and Q4_K_R16 layouts' tile (quant_avx512_k.c): the same against nt <= 4
+ * cb_q8k_t rows. */
 void cb_avx512_r16k_tile_vnni(int layout, const uint8_t *pk, int64_t nb, const uint8_t *xa,
                               size_t xs, int nt, float *out);
 /* The same packing with AVX-512 (quant_avx512_pack.c; cb_cpu_level() >= CB_SIMD_AVX512): the

@@ -1,11 +1,11 @@
-/* The R16 layouts (include/colibri/quant.h): Q8_0, Q5_0 and Q6_K rows re-laid at load in groups
- * of 16 for the decode matvec, in the bytes of the source type.
+/* The R16 layouts (include/colibri/quant.h): Q8_0, Q5_0, Q6_K and Q4_K rows re-laid at load in
+ * groups of 16 for the decode matvec, in the bytes of the source type.
  *
  * A direct tile must reduce each row's block sum across a vector before scaling it; with 16 rows
  * in each vector (the layout of the VNNI packed-row tiles, rpv16_tile) a block of 16 rows is 8
  * vpdpbusd against broadcast activation words and one fma, with no reduction and no packing per
- * call: the AVX512-VNNI tiles (r16_tile, quant_avx512.c; r16k_tile for Q6_K, quant_avx512_k.c)
- * read the matrix in place at any token count. Its integer block sums and float operations are those of the source type's batch-
+ * call: the AVX512-VNNI tiles (r16_tile, quant_avx512.c; r16k_tile and r16k4_tile for Q6_K and
+ * Q4_K, quant_avx512_k.c) read the matrix in place at any token count. Its integer block sums and float operations are those of the source type's batch-
  * invariant tiles, so a packed matrix gives the source matrix's products bit for bit. Here: the
  * packing, row lookup, and the scalar tile and activations that run a layout on CPUs without
  * VNNI (colibri packs only where VNNI is; the C API takes the layouts anywhere). */
@@ -27,6 +27,7 @@ int cb_r16_layout(int type) {
     case CB_TYPE_Q8_0: return CB_TYPE_Q8_0_R16;
     case CB_TYPE_Q5_0: return CB_TYPE_Q5_0_R16;
     case CB_TYPE_Q6_K: return CB_TYPE_Q6_K_R16;
+    case CB_TYPE_Q4_K: return CB_TYPE_Q4_K_R16;
     default: return 0;
     }
 }
@@ -37,14 +38,22 @@ static int r16_source(int layout) {
     case CB_TYPE_Q8_0_R16: return CB_TYPE_Q8_0;
     case CB_TYPE_Q5_0_R16: return CB_TYPE_Q5_0;
     case CB_TYPE_Q6_K_R16: return CB_TYPE_Q6_K;
+    case CB_TYPE_Q4_K_R16: return CB_TYPE_Q4_K;
     default: return 0;
     }
 }
 
 /* values of a block, bytes of one block of a group (16 of the source type's blocks) */
-static int64_t r16_qk(int layout) { return layout == CB_TYPE_Q6_K_R16 ? CB_QKK : CB_QK; }
+static int64_t r16_qk(int layout) {
+    return layout == CB_TYPE_Q6_K_R16 || layout == CB_TYPE_Q4_K_R16 ? CB_QKK : CB_QK;
+}
 static size_t r16_bstride(int layout) {
-    return layout == CB_TYPE_Q8_0_R16 ? 544 : (layout == CB_TYPE_Q5_0_R16 ? 352 : 3360);
+    switch (layout) {
+    case CB_TYPE_Q8_0_R16: return 544;
+    case CB_TYPE_Q5_0_R16: return 352;
+    case CB_TYPE_Q4_K_R16: return 2304;
+    default: return 3360;
+    }
 }
 
 size_t cb_r16_bytes(int layout, int64_t rows, int64_t cols) {
@@ -102,10 +111,49 @@ static void pack_q6k_block(const uint8_t *w, size_t ws, int nr, int64_t b, uint8
     }
 }
 
+/* sub-block j's 6-bit scale and min of a Q4_K block (ggml's get_scale_min_k4) */
+static inline void q4k_scale_min(const uint8_t *q, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0F) | (q[j - 4] >> 6) << 4;
+        *m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
+    }
+}
+
+/* A Q4_K group's super-block (2304 bytes): 32 vectors, vector 8j + i the low nibbles of step
+ * 8j + i (sub-block j) | those of step 8j + i + 32 (sub-block j + 4) << 4; 128 bytes [sub-block
+ * j][row]: scale | (min & 3) << 6; 64 bytes [j < 4][row]: min_j >> 2 | (min_j+4 >> 2) << 4;
+ * d[16], dmin[16] (padding rows: zeros). */
+static void pack_q4k_block(const uint8_t *w, size_t ws, int nr, int64_t b, uint8_t *o) {
+    memset(o, 0, 2304);
+    for (int j = 0; j < nr; j++) {
+        const uint8_t *blk = w + (size_t)j * ws + (size_t)b * 144;
+        memcpy(o + 2240 + 2 * j, blk, 2);
+        memcpy(o + 2272 + 2 * j, blk + 2, 2);
+        for (int g = 0; g < 8; g++) {
+            int sc, m;
+            q4k_scale_min(blk + 4, g, &sc, &m);
+            o[2048 + 16 * g + j] = (uint8_t)(sc | (m & 3) << 6);
+            o[2176 + 16 * (g % 4) + j] |= (uint8_t)((m >> 2) << (g >= 4 ? 4 : 0));
+        }
+        for (int k = 0; k < CB_QKK; k++) {
+            const int s = k / 4, p = 4 * j + k % 4;
+            const int v = blk[16 + 32 * (k / 64) + k % 32] >> (k % 64 >= 32 ? 4 : 0) & 0x0F;
+            o[64 * (s % 32) + p] |= (uint8_t)(v << (s >= 32 ? 4 : 0));
+        }
+    }
+}
+
 static void pack_group(int layout, const uint8_t *w, size_t ws, int nr, int64_t cols,
                        uint8_t *dst) {
-    if (layout == CB_TYPE_Q6_K_R16) {
-        for (int64_t b = 0; b < cols / CB_QKK; b++) pack_q6k_block(w, ws, nr, b, dst + (size_t)b * 3360);
+    if (layout == CB_TYPE_Q6_K_R16 || layout == CB_TYPE_Q4_K_R16) {
+        const size_t bst = r16_bstride(layout);
+        for (int64_t b = 0; b < cols / CB_QKK; b++) {
+            if (layout == CB_TYPE_Q6_K_R16) pack_q6k_block(w, ws, nr, b, dst + (size_t)b * bst);
+            else pack_q4k_block(w, ws, nr, b, dst + (size_t)b * bst);
+        }
         return;
     }
     const int64_t nb = cols / CB_QK;
@@ -160,8 +208,8 @@ cb_status cb_pack_r16(const cb_matrix_t *src, void *dst, size_t dst_bytes, cb_th
     if (s != CB_OK) return s;
     const int layout = cb_r16_layout(src->type);
     if (!layout)
-        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "pack_r16: %s has no R16 layout (Q8_0, Q5_0 "
-                       "and Q6_K do)", cb_type_name(src->type));
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "pack_r16: %s has no R16 layout (Q8_0, Q5_0, "
+                       "Q6_K and Q4_K do)", cb_type_name(src->type));
     size_t need = cb_r16_bytes(layout, src->rows, src->cols);
     if (need == 0 && src->rows > 0 && src->cols > 0)
         return cb_fail(CB_STATUS_OUT_OF_MEMORY, "pack_r16: %lld x %lld overflows",
@@ -185,12 +233,40 @@ static inline int r16_value(int layout, const uint8_t *o, int j, int k) {
     if (layout == CB_TYPE_Q6_K_R16)
         return (o[q6r_lo(s) + p] >> (s >= 32 ? 4 : 0) & 0x0F) | (o[q6r_hi(s) + p] >> (2 * (s / 16)) & 3) << 4;
     if (layout == CB_TYPE_Q8_0_R16) return o[64 * s + p];
+    if (layout == CB_TYPE_Q4_K_R16) return o[64 * (s % 32) + p] >> (s >= 32 ? 4 : 0) & 0x0F;
     int v = (o[64 * (s % 4) + p] >> (s >= 4 ? 4 : 0)) & 0x0F;
     return v | ((o[256 + 8 * s + p / 8] >> (p % 8)) & 1) << 4;
 }
 
+/* sub-block g's scale and min of row j in a Q4_K group's super-block o */
+static inline void q4kr_scale_min(const uint8_t *o, int g, int j, int *sc, int *m) {
+    const uint8_t b = o[2048 + 16 * g + j];
+    *sc = b & 63;
+    *m = b >> 6 | (o[2176 + 16 * (g % 4) + j] >> (g >= 4 ? 4 : 0) & 0x0F) << 2;
+}
+
+/* Row j of a Q4_K group as ggml dequantizes it: d * sc * q - dmin * m. */
+static void q4kr_get_row(const uint8_t *g, int64_t nb, int j, float *out) {
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *o = g + (size_t)b * 2304;
+        const float d = cb_f16_to_f32(cb_rd16(o + 2240 + 2 * j));
+        const float dmin = cb_f16_to_f32(cb_rd16(o + 2272 + 2 * j));
+        for (int k = 0; k < CB_QKK; k++) {
+            int sc, m;
+            q4kr_scale_min(o, k / 32, j, &sc, &m);
+            out[b * CB_QKK + k] = d * (float)sc * (float)r16_value(CB_TYPE_Q4_K_R16, o, j, k) -
+                                  dmin * (float)m;
+        }
+    }
+}
+
 void cb_r16_get_row(const cb_matrix_t *w, int64_t r, float *out) {
     const int layout = w->type;
+    if (layout == CB_TYPE_Q4_K_R16) {
+        q4kr_get_row((const uint8_t *)w->data + (size_t)(r / R16_ROWS) * R16_ROWS * w->row_bytes,
+                     w->cols / CB_QKK, (int)(r % R16_ROWS), out);
+        return;
+    }
     const int64_t qk = r16_qk(layout), nb = w->cols / qk;
     const size_t bst = r16_bstride(layout);
     const uint8_t *g = (const uint8_t *)w->data + (size_t)(r / R16_ROWS) * R16_ROWS * w->row_bytes;
@@ -274,6 +350,36 @@ static void r16k_tile_scalar(int layout, const uint8_t *pk, int64_t nb, const ui
     }
 }
 
+/* A Q4_K group against nt <= 4 tokens as r16k4_tile computes it: per row and super-block the
+ * exact sums isum = sum_j sc_j * sum(q * x) and mins = sum_j m_j * (bsums 2j + 2j+1), then
+ * acc = fma(isum, d * d_x, acc), acc = fnmadd(mins, dmin * d_x, acc) (the Q4_K tiles' floats). */
+static void r16k4_tile_scalar(int layout, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                              size_t xs, int nt, float *out) {
+    for (int t = 0; t < nt; t++) {
+        for (int j = 0; j < R16_ROWS; j++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *o = pk + (size_t)b * 2304;
+                const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(xa + (size_t)t * xs) + b;
+                int32_t isum = 0, mins = 0;
+                for (int g = 0; g < 8; g++) {
+                    int sc, m;
+                    q4kr_scale_min(o, g, j, &sc, &m);
+                    int32_t s = 0;
+                    for (int k = 32 * g; k < 32 * g + 32; k++)
+                        s += r16_value(layout, o, j, k) * (int32_t)a->qs[k];
+                    isum += s * sc;
+                    mins += m * (a->bsums[2 * g] + a->bsums[2 * g + 1]);
+                }
+                const float dx = a->d;
+                acc = fmaf((float)isum, cb_f16_to_f32(cb_rd16(o + 2240 + 2 * j)) * dx, acc);
+                acc = fmaf(-(float)mins, cb_f16_to_f32(cb_rd16(o + 2272 + 2 * j)) * dx, acc);
+            }
+            out[j * nt + t] = acc;
+        }
+    }
+}
+
 static size_t r16_group_bytes(int layout, int64_t cols) {
     return (size_t)(cols / r16_qk(layout)) * r16_bstride(layout);
 }
@@ -282,9 +388,10 @@ int cb_r16_source(int layout) { return r16_source(layout); }
 
 cb_rp_kernel_t cb_r16_kernel(int layout, int simd_level) {
     const int vnni = simd_level >= CB_SIMD_AVX512_VNNI;
-    if (layout == CB_TYPE_Q6_K_R16) {
+    if (layout == CB_TYPE_Q6_K_R16 || layout == CB_TYPE_Q4_K_R16) {
+        const int q6 = layout == CB_TYPE_Q6_K_R16;
         cb_rp_kernel_t k = {R16_ROWS, 4, r16_group_bytes, NULL,
-                            vnni ? cb_avx512_r16k_tile_vnni : r16k_tile_scalar};
+                            vnni ? cb_avx512_r16k_tile_vnni : (q6 ? r16k_tile_scalar : r16k4_tile_scalar)};
         return k;
     }
     cb_rp_kernel_t k = {R16_ROWS, CB_RP_MAX_TOKENS, r16_group_bytes, NULL,
@@ -297,7 +404,7 @@ void cb_r16_plan(cb_mm_ctx *c, const cb_matrix_t *w, int level) {
     c->rp = c->prepacked = 1;
     c->w_group = (size_t)c->rk.rows * w->row_bytes;
     c->avx512 = level >= CB_SIMD_AVX512;
-    if (w->type == CB_TYPE_Q6_K_R16) { /* the K-quants' activations, cb_q8k_t rows */
+    if (r16_qk(w->type) == CB_QKK) { /* the K-quants' activations, cb_q8k_t rows */
         c->kn = w->cols / CB_QKK;
         c->act_stride = (size_t)c->kn * sizeof(cb_q8k_t);
         c->act = c->avx512 ? cb_avx512_quantize_q8k

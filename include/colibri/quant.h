@@ -80,9 +80,10 @@ typedef enum cb_type {
     CB_TYPE_BF16 = 30,
     CB_TYPE_MXFP4 = 39,
     CB_TYPE_I4_G128 = 1024, /* colibri's own (not a GGML id), see above */
-    CB_TYPE_Q8_0_R16 = 1025, /* colibri's own in-memory layouts of Q8_0, Q5_0, Q6_K: see below */
+    CB_TYPE_Q8_0_R16 = 1025, /* colibri's in-memory layouts of Q8_0, Q5_0, Q6_K, Q4_K: below */
     CB_TYPE_Q5_0_R16 = 1026,
     CB_TYPE_Q6_K_R16 = 1027,
+    CB_TYPE_Q4_K_R16 = 1028,
 } cb_type;
 
 /* Values per block; 0 for an id this library does not know. */
@@ -111,13 +112,13 @@ typedef struct cb_matrix {
     const void *data;  /* borrowed */
 } cb_matrix_t;
 
-/* The R16 layouts, CB_TYPE_Q8_0_R16, CB_TYPE_Q5_0_R16 and CB_TYPE_Q6_K_R16: a Q8_0, Q5_0 or
- * Q6_K matrix re-laid in memory (never in a file) for the decode matvec, in as many bytes. The
+/* The R16 layouts, CB_TYPE_Q8_0_R16, _Q5_0_R16, _Q6_K_R16 and _Q4_K_R16: a Q8_0, Q5_0, Q6_K or
+ * Q4_K matrix re-laid in memory (never in a file) for the decode matvec, in as many bytes. The
  * direct tiles must reduce every row's block sum across a vector before its scale; here 16 rows
  * share each vector, so a block of 16 rows is vpdpbusd against broadcast activations and one fma
  * per token, and the matvec streams at memory speed. Rows come in groups of 16 (the last padded
  * with zero rows): group g at data + 16*g*row_bytes, row_bytes exactly the source's (cols/32 * 34
- * or 22, cols/256 * 210). A step is 4 consecutive values of the 16 rows: 64 positions p =
+ * or 22, cols/256 * 210 or 144). A step is 4 consecutive values of the 16 rows: 64 positions p =
  * 32*(row/8) + 4*(row%8) + value%4 (= 4*row + value%4). Per block of 32 values a Q8_0 / Q5_0
  * group holds 8 steps (step s: values 4s..4s+3), then the 16 rows' d (f16):
  *   Q8_0_R16  step s as 64 bytes q + 128                                  (544 bytes a block)
@@ -129,13 +130,18 @@ typedef struct cb_matrix {
  *             step v + 32 << 4; 16 x 64 bytes: bits 2f, 2f+1 of byte p of vector v = bits 4, 5
  *             of q at p of step v + 16f (f < 4); the scales int8 [16 sub-blocks][16 rows];
  *             d[16] (f16)                                                (3360 bytes a block)
+ * and of the unsigned 4-bit q of a Q4_K group (sub-block j: values 32j..32j+31, steps 8j..8j+7):
+ *   Q4_K_R16  32 x 64 bytes: byte p of vector v = the low 4 bits of q at p of step v | those of
+ *             step v + 32 << 4; 128 bytes [sub-block j][row]: scale_j | (min_j & 3) << 6; 64
+ *             bytes [j < 4][row]: min_j >> 2 | (min_j+4 >> 2) << 4; d[16], dmin[16] (f16)
+ *                                                                        (2304 bytes a block)
  * Products are bit-identical to those of the source matrix (the same integer block sums and float
  * operations). cb_get_rows and cb_matmul read them; cb_dequantize_rows refuses them (a row is not
  * contiguous). */
-int cb_r16_layout(int type); /* the layout of a type (Q8_0, Q5_0, Q6_K), 0 for the others */
+int cb_r16_layout(int type); /* the layout of a type (Q8_0, Q5_0, Q6_K, Q4_K), 0 for others */
 size_t cb_r16_bytes(int layout, int64_t rows, int64_t cols); /* 0: not a layout, a bad shape */
 
-/* Packs the Q8_0, Q5_0 or Q6_K matrix src into its layout at dst (64-byte aligned, dst_bytes >=
+/* Packs the Q8_0, Q5_0, Q6_K or Q4_K matrix src into its layout at dst (64-byte aligned, dst_bytes >=
  * cb_r16_bytes(layout, rows, cols)), on the pool's threads (NULL: the caller's). */
 cb_status cb_pack_r16(const cb_matrix_t *src, void *dst, size_t dst_bytes, cb_threadpool_t *pool);
 

@@ -652,28 +652,37 @@ static void check_r16(rp16_tile_fn tile, void (*rpq)(int, const float *, int64_t
     }
 }
 
-/* The Q6_K_R16 layout's tile (quant_avx512_k.c): the same against nt <= 4 cb_q8k_t rows, scales
- * of both signs, extreme quants (all 0 / all 63) and activations included. */
+/* The Q6_K_R16 and Q4_K_R16 layouts' tile (quant_avx512_k.c): the same against nt <= 4 cb_q8k_t
+ * rows, scales (and mins) of all values, extreme quants (all 0 / all 63 or 15) and activations
+ * included. */
 static void check_r16k(rp16_tile_fn tile, void (*q8k)(const float *, int64_t, void *), const char *name) {
     int ok = 1;
-    for (int rep = 0; rep < 60 && ok; rep++) {
+    for (int rep = 0; rep < 120 && ok; rep++) {
+        const int type = rep % 8 < 4 ? CB_TYPE_Q6_K : CB_TYPE_Q4_K, layout = cb_r16_layout(type);
+        const size_t bb = cb_type_block_bytes(type);
         int64_t cols = CB_QKK * rndi(1, 4), nb = cols / CB_QKK;
         int nr = rndi(1, 16), nt = rndi(1, 4);
-        size_t rb = (size_t)nb * 210, xs = (size_t)nb * sizeof(cb_q8k_t);
-        size_t need = cb_r16_bytes(CB_TYPE_Q6_K_R16, nr, cols);
+        size_t rb = (size_t)nb * bb, xs = (size_t)nb * sizeof(cb_q8k_t);
+        size_t need = cb_r16_bytes(layout, nr, cols);
         uint8_t *w = malloc(rb * (size_t)nr), *pk = aligned(need), *xa = aligned(xs * 4);
         float *x = malloc(sizeof(float) * (size_t)(cols * nt)), *y = malloc(sizeof(float) * 16 * 4);
         float o16[16 * 4];
-        fill_weights(CB_TYPE_Q6_K, w, rb * (size_t)nr, 0);
-        for (int64_t k = 0; (rep & 1) && k < nb * nr; k++) { /* extreme: q = 0 or 63, scales +-127 */
-            memset(w + (size_t)k * 210, (rep & 2) ? 0xFF : 0x00, 192);
-            memset(w + (size_t)k * 210 + 192, (rep & 4) ? 0x81 : 0x7F, 16);
+        fill_weights(type, w, rb * (size_t)nr, 0);
+        for (int64_t k = 0; (rep & 1) && k < nb * nr; k++) { /* extreme quants and scales */
+            uint8_t *blk = w + (size_t)k * bb;
+            if (type == CB_TYPE_Q6_K) { /* q = 0 or 63, scales +-127 */
+                memset(blk, (rep & 2) ? 0xFF : 0x00, 192);
+                memset(blk + 192, (rep & 4) ? 0x81 : 0x7F, 16);
+            } else { /* q = 0 or 15, scales and mins 63 or 0 */
+                memset(blk + 16, (rep & 2) ? 0xFF : 0x00, 128);
+                memset(blk + 4, (rep & 4) ? 0xFF : 0x00, 12);
+            }
         }
         for (int64_t j = 0; j < cols * nt; j++) x[j] = (rep & 1) ? ((j & 1) ? 127.0f : -127.0f) : 4.0f * rndf();
-        cb_matrix_t m = {CB_TYPE_Q6_K, nr, cols, rb, w};
+        cb_matrix_t m = {type, nr, cols, rb, w};
         CHECK(cb_pack_r16(&m, pk, need, NULL) == CB_OK);
         for (int t = 0; t < nt; t++) q8k(x + t * cols, cols, xa + (size_t)t * xs);
-        tile(CB_TYPE_Q6_K_R16, pk, nb, xa, xs, nt, o16);
+        tile(layout, pk, nb, xa, xs, nt, o16);
         cb_simd_level prev = cb_cpu_set_max_level(CB_SIMD_AVX2);
         CHECK(cb_matmul(&m, x, nt, cols, y, nr, NULL) == CB_OK);
         cb_cpu_set_max_level(prev);
@@ -681,8 +690,8 @@ static void check_r16k(rp16_tile_fn tile, void (*q8k)(const float *, int64_t, vo
             for (int t = 0; t < nt && ok; t++) {
                 float want = r < nr ? y[t * nr + r] : 0.0f, got = o16[r * nt + t];
                 if (memcmp(&want, &got, 4) != 0) {
-                    fprintf(stderr, "%s Q6_K_R16 cols=%lld nr=%d nt=%d: [%d,%d] = %.9g, want %.9g\n",
-                            name, (long long)cols, nr, nt, r, t, got, want);
+                    fprintf(stderr, "%s %s cols=%lld nr=%d nt=%d: [%d,%d] = %.9g, want %.9g\n",
+                            name, cb_type_name(layout), (long long)cols, nr, nt, r, t, got, want);
                     ok = 0;
                 }
             }

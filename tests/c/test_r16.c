@@ -1,4 +1,4 @@
-/* The R16 layouts (Q8_0_R16, Q5_0_R16, Q6_K_R16) in C, under ASan/UBSan: the packing is the same on 1 and
+/* The R16 layouts (Q8_0_R16, Q5_0_R16, Q6_K_R16, Q4_K_R16) in C, under ASan/UBSan: the packing is the same on 1 and
  * 2 threads, every row read back equals the source row, and matmul on the layout equals matmul
  * on the source matrix bit for bit (1-9 tokens, 1 and 2 threads, a partial last group) at every
  * level from AVX2 up; at the scalar level the layout's tile equals the AVX2 level's products.
@@ -24,13 +24,12 @@ static void *aligned(size_t n) {
     return posix_memalign(&p, 64, n ? n : 64) == 0 ? p : NULL;
 }
 
-static size_t block_bytes(int type) { return type == CB_TYPE_Q8_0 ? 34 : (type == CB_TYPE_Q5_0 ? 22 : 210); }
-static size_t row_bytes(int type, int cols) {
-    return (size_t)cols / (type == CB_TYPE_Q6_K ? 256 : 32) * block_bytes(type);
-}
+static int is_k(int type) { return type == CB_TYPE_Q6_K || type == CB_TYPE_Q4_K; }
+static size_t block_bytes(int type) { return cb_type_block_bytes(type); }
+static size_t row_bytes(int type, int cols) { return (size_t)cols / (is_k(type) ? 256 : 32) * block_bytes(type); }
 
-/* rows x cols of type (Q8_0 / Q5_0 / Q6_K) with random payload (Q6_K: scales of both signs) and
- * finite d of both signs (incl. subnormal) */
+/* rows x cols of type (Q8_0 / Q5_0 / Q6_K / Q4_K) with random payload (scales and mins) and
+ * finite d (and Q4_K's dmin) of both signs (incl. subnormal) */
 static uint8_t *random_rows(int type, int rows, int cols) {
     const size_t bb = block_bytes(type), rb = row_bytes(type, cols);
     const size_t d_at = type == CB_TYPE_Q6_K ? 208 : 0;
@@ -41,6 +40,10 @@ static uint8_t *random_rows(int type, int rows, int cols) {
         uint16_t d = (uint16_t)(rnd() % 7 == 0 ? rnd() % 0x400 : 0x2000 + rnd() % 0x1800);
         d |= (uint16_t)(rnd() & 1) << 15;
         memcpy(blk + d_at, &d, 2);
+        if (type == CB_TYPE_Q4_K) { /* dmin */
+            d = (uint16_t)((rnd() % 7 == 0 ? rnd() % 0x400 : 0x2000 + rnd() % 0x1800) | (rnd() & 1) << 15);
+            memcpy(blk + 2, &d, 2);
+        }
     }
     return w;
 }
@@ -109,9 +112,14 @@ int main(void) {
         check_shape(type, 5, 96, pool);
         check_shape(type, 100, 256, pool);
     }
-    check_shape(CB_TYPE_Q6_K, 16, 256, pool);
-    check_shape(CB_TYPE_Q6_K, 37, 768, pool);
-    check_shape(CB_TYPE_Q6_K, 5, 512, pool);
+    for (int i = 0; i < 2; i++) {
+        const int type = i ? CB_TYPE_Q4_K : CB_TYPE_Q6_K;
+        check_shape(type, 16, 256, pool);
+        check_shape(type, 37, 768, pool);
+        check_shape(type, 5, 512, pool);
+    }
+    CHECK(cb_type_block_size(CB_TYPE_Q4_K_R16) == 256 && cb_type_block_bytes(CB_TYPE_Q4_K_R16) == 144);
+    CHECK(cb_r16_layout(CB_TYPE_Q4_K) == CB_TYPE_Q4_K_R16 && cb_r16_layout(CB_TYPE_Q5_K) == 0);
     CHECK(cb_r16_bytes(CB_TYPE_Q6_K_R16, 20, 128) == 0 && cb_r16_layout(CB_TYPE_Q6_K) == CB_TYPE_Q6_K_R16);
 
     /* refusals */
@@ -124,7 +132,7 @@ int main(void) {
     cb_matrix_t q4 = {CB_TYPE_Q4_0, 20, 64, 36, w};
     CHECK(cb_pack_r16(&q4, pk, need, pool) == CB_STATUS_INVALID_ARGUMENT);
     CHECK(cb_r16_bytes(CB_TYPE_Q8_0_R16, 20, 48) == 0 && cb_r16_bytes(CB_TYPE_Q8_0_R16, -1, 64) == 0);
-    CHECK(cb_r16_bytes(CB_TYPE_Q8_0, 20, 64) == 0 && cb_r16_layout(CB_TYPE_Q4_K) == 0);
+    CHECK(cb_r16_bytes(CB_TYPE_Q8_0, 20, 64) == 0 && cb_r16_layout(CB_TYPE_Q4_1) == 0);
     CHECK(cb_pack_r16(&q, pk, need, pool) == CB_OK);
     cb_matrix_t r = {CB_TYPE_Q8_0_R16, 20, 64, 68, pk};
     CHECK(cb_matrix_check(&r) == CB_OK);

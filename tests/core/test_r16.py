@@ -1,5 +1,5 @@
-"""The R16 layouts (include/colibri/quant.h): Q8_0, Q5_0 and Q6_K rows re-laid in groups of 16
-for the decode matvec.
+"""The R16 layouts (include/colibri/quant.h): Q8_0, Q5_0, Q6_K and Q4_K rows re-laid in groups of
+16 for the decode matvec.
 
 Each layout is checked against its description (a numpy decoder written from the header, against
 the gguf package's dequantization of the same source bytes), the packing, row lookup and
@@ -18,13 +18,13 @@ from quant_util import GT, random_raw
 import colibri._core._quant as q
 from colibri import simd
 
-SOURCES = ("Q8_0", "Q5_0", "Q6_K")
+SOURCES = ("Q8_0", "Q5_0", "Q6_K", "Q4_K")
 SHAPES = [(16, 32), (37, 640), (1, 64), (262, 96), (48, 1024)]
-K_SHAPES = [(16, 256), (37, 512), (1, 256), (262, 768), (48, 1024)]  # Q6_K: 256-value blocks
+K_SHAPES = [(16, 256), (37, 512), (1, 256), (262, 768), (48, 1024)]  # K-quants: 256-value blocks
 
 
 def _shape_cases() -> list[tuple[str, int, int]]:
-    return [(t, r, c) for t in SOURCES for r, c in (K_SHAPES if t == "Q6_K" else SHAPES)]
+    return [(t, r, c) for t in SOURCES for r, c in (K_SHAPES if t[-1] == "K" else SHAPES)]
 
 
 def _steps(pk: np.ndarray, t: str, groups: int, nb: int) -> tuple[np.ndarray, np.ndarray]:
@@ -63,9 +63,34 @@ def _decode_q6k(pk: np.ndarray, rows: int, cols: int) -> np.ndarray:
     return vals.reshape(groups * 16, cols)
 
 
+def _decode_q4k(pk: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """Q4_K_R16 as documented: per super-block 32 vectors of 64 bytes (vector v: the low nibbles of
+    step v | those of step v + 32), 128 bytes [sub-block j][row] scale | (min & 3) << 6, 64 bytes
+    [j < 4][row] min_j >> 2 | (min_j+4 >> 2) << 4, d[16], dmin[16]; value = d * sc * q - dmin * m."""
+    nb, groups = cols // 256, -(-rows // 16)
+    blk = pk.reshape(groups, nb, 2304)
+    vec = blk[:, :, :2048].reshape(groups, nb, 32, 64).astype(np.int16)
+    steps = np.concatenate([vec & 0x0F, vec >> 4], axis=2)  # steps 0..31, then 32..63
+    sb = blk[:, :, 2048:2176].reshape(groups, nb, 8, 16).astype(np.int16)
+    nib = blk[:, :, 2176:2240].reshape(groups, nb, 4, 16).astype(np.int16)
+    sc = (sb & 63).astype(np.float32)
+    hi = np.concatenate([nib & 0x0F, nib >> 4], axis=2)  # min >> 2 of sub-blocks 0..3, 4..7
+    mn = (sb >> 6 | hi << 2).astype(np.float32)
+    d = blk[:, :, 2240:2272].copy().view(np.float16).astype(np.float32)  # [g, nb, row]
+    dmin = blk[:, :, 2272:].copy().view(np.float16).astype(np.float32)
+    # [g, nb, step s, row j, k] -> [g, row, nb, sub-block s // 8, 32 values]
+    qv = steps.reshape(groups, nb, 8, 8, 16, 4).transpose(0, 4, 1, 2, 3, 5).reshape(groups, 16, nb, 8, 32)
+    scale = (d[..., None] * sc.transpose(0, 1, 3, 2)).transpose(0, 2, 1, 3)[..., None]  # [g, row, nb, 8, 1]
+    mins = (dmin[..., None] * mn.transpose(0, 1, 3, 2)).transpose(0, 2, 1, 3)[..., None]
+    vals = scale * qv.astype(np.float32) - mins
+    return vals.reshape(groups * 16, cols)
+
+
 def _decode(pk: np.ndarray, t: str, rows: int, cols: int) -> np.ndarray:
     if t == "Q6_K":
         return _decode_q6k(pk, rows, cols)
+    if t == "Q4_K":
+        return _decode_q4k(pk, rows, cols)
     nb, groups = cols // 32, -(-rows // 16)
     qv, d = _steps(pk, t, groups, nb)
     qv = qv - (128 if t == "Q8_0" else 16)
@@ -95,7 +120,7 @@ def test_layout_is_the_documented_one(t, rows, cols):
 @pytest.mark.parametrize("t", SOURCES)
 def test_packing_is_the_same_at_every_level(t):
     rng = np.random.default_rng(1)
-    rows, cols = 37, 768 if t == "Q6_K" else 640
+    rows, cols = 37, 768 if t[-1] == "K" else 640
     raw = random_raw(t, rows, cols, rng)
     packs = {}
     for level in CPU_LEVELS:
@@ -165,8 +190,8 @@ def test_bad_input_is_refused():
         q.r16_bytes("Q5_0_R16", 4, 48)
     with pytest.raises(ValueError, match="not an R16 layout"):
         q.r16_bytes("Q8_0", 4, 64)
-    with pytest.raises(ValueError, match="Q4_K has no R16 layout"):
-        q.pack_r16("Q4_K", np.zeros(144, np.uint8), 1, 256)
+    with pytest.raises(ValueError, match="Q5_K has no R16 layout"):
+        q.pack_r16("Q5_K", np.zeros(176, np.uint8), 1, 256)
     with pytest.raises(ValueError, match="needs 1360 bytes"):  # the source must be Q8_0's size
         q.pack_r16("Q8_0", raw[:-1], 20, 64)
     buf = np.zeros(pk.size + 65, np.uint8)
@@ -178,10 +203,11 @@ def test_bad_input_is_refused():
         q.pack_r16("Q8_0", raw[:680], 10, 64, out=buf[off:off + 64])
     with pytest.raises(ValueError, match="out of range"):
         q.get_rows("Q8_0_R16", pk, 20, 64, [20])
-    assert set(q.LAYOUTS) == {"Q8_0_R16", "Q5_0_R16", "Q6_K_R16"}
+    assert set(q.LAYOUTS) == {"Q8_0_R16", "Q5_0_R16", "Q6_K_R16", "Q4_K_R16"}
     assert not set(q.LAYOUTS) & set(q.SUPPORTED)
     assert q.r16_layout("Q4_0") is None and q.r16_layout("Q5_0") == "Q5_0_R16"
-    assert q.r16_layout("Q6_K") == "Q6_K_R16"
+    assert q.r16_layout("Q6_K") == "Q6_K_R16" and q.r16_layout("Q4_K") == "Q4_K_R16"
+    assert q.r16_layout("Q5_K") is None
     with pytest.raises(ValueError, match="not a multiple of the block size"):
         q.r16_bytes("Q6_K_R16", 4, 128)  # Q6_K_R16's blocks are 256 values
     assert q.r16_bytes("Q6_K_R16", 17, 512) == 2 * 16 * 420

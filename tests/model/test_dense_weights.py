@@ -94,15 +94,18 @@ def test_gemma_copy_equals_mapped_and_drops_the_file_pages(gemma):
     assert "token_embd.weight" in copied  # Gemma ties the head to the embedding
     assert "blk.0.attn_q.weight" in copied and "blk.17.ffn_down.weight" in copied
     assert not any(n.endswith("_norm.weight") for n in copied)  # vectors stay as they are
-    # the Q8_0, Q5_0 and Q6_K matrices (the tied head, attention, FFN) are packed in their R16
-    # layouts where the kernels run at the AVX512-VNNI level, else copied as they are
-    q8, q5, q6 = ({n for n in copied if m.gguf.tensors[n].type == quant.TYPES[t]}
-                  for t in ("Q8_0", "Q5_0", "Q6_K"))
-    assert "token_embd.weight" in q8 and len(q8) > 1 and "blk.0.ffn_up.weight" in q5 and q6
-    assert m.desc.dense_packed == ((q8 | q5 | q6) if dense.packs_r16() else set())
-    il, fld = next((i, f) for i in range(len(m.desc.layers)) for f in ("ffn_down", "attn_v")
-                   if f"blk.{i}.{f}.weight" in q6)
-    assert getattr(m.desc.layers[il], fld).type == quant.TYPES["Q6_K_R16" if dense.packs_r16() else "Q6_K"]
+    # the Q8_0, Q5_0, Q6_K and Q4_K matrices (the tied head, attention, FFN) are packed in their
+    # R16 layouts where the kernels run at the AVX512-VNNI level, else copied as they are
+    q8, q5, q6, q4 = ({n for n in copied if m.gguf.tensors[n].type == quant.TYPES[t]}
+                      for t in ("Q8_0", "Q5_0", "Q6_K", "Q4_K"))
+    assert "token_embd.weight" in q8 and len(q8) > 1 and "blk.0.ffn_up.weight" in q5 and q6 and q4
+    assert m.desc.dense_packed == ((q8 | q5 | q6 | q4) if dense.packs_r16() else set())
+    for src, names in (("Q6_K", q6), ("Q4_K", q4)):
+        il, fld = next((i, f) for i in range(len(m.desc.layers))
+                       for f in ("ffn_down", "attn_v", "attn_q", "attn_k", "ffn_gate")
+                       if f"blk.{i}.{f}.weight" in names)
+        want = src + "_R16" if dense.packs_r16() else src
+        assert getattr(m.desc.layers[il], fld).type == quant.TYPES[want]
     want = "Q8_0_R16" if dense.packs_r16() else "Q8_0"
     assert m.desc.output.type == m.desc.tok_embd.type == quant.TYPES[want]
     assert m.desc.layers[0].ffn_up.type == quant.TYPES["Q5_0_R16" if dense.packs_r16() else "Q5_0"]
