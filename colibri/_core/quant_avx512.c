@@ -885,6 +885,9 @@ void CB_AVX512_FN(rp16_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const
  * Per row and block: the exact sum(q' * x) less z * isum (q' = q + 128 or the unsigned 5-bit q;
  * z = 128 or 16, the activations' zi), then fma((float)isum, d * d_x, acc) in block order: the
  * float operations of the invariant Q8_0 / Q5_0 tiles, so the same results. out[r * NT + t]. */
+#ifndef CB_R16_PF
+#define CB_R16_PF 24
+#endif
 INLV void r16_tile(int layout, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa,
                    size_t xs, float *out) {
     const int q8 = layout == CB_TYPE_Q8_0_R16;
@@ -909,6 +912,11 @@ INLV void r16_tile(int layout, int NT, const uint8_t *pk, int64_t nb, const uint
         for (int t = 0; t < NT; t++) iacc[t] = _mm512_setzero_si512();
         #pragma GCC unroll 4
         for (int v = 0; v < 4; v++) {
+            if (!q8) { /* Q5_0: the block CB_R16_PF ahead, spread over the steps (Q8_0 streams
+                        * faster without: the hardware prefetchers keep up with its plain loads) */
+                __builtin_prefetch(q + CB_R16_PF * bst + 64 * v, 0, 3);
+                if (v < 2) __builtin_prefetch(q + CB_R16_PF * bst + 256 + 64 * v, 0, 3);
+            }
             __m512i w0, w1; /* steps v and v + 4 */
             if (q8) {
                 w0 = loadu512(q + 64 * v);
