@@ -724,16 +724,6 @@ INLV void rpv_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uint8_
     }
 }
 
-/* the 16-row tiles' output: out[r * NT + t] = lane r of facc[t] */
-INL void store16(const __m512 *facc, int NT, float *out) {
-    #pragma GCC unroll 8
-    for (int t = 0; t < NT; t++) {
-        float tmp[16];
-        _mm512_storeu_ps(tmp, facc[t]);
-        for (int r = 0; r < 16; r++) out[r * NT + t] = tmp[r];
-    }
-}
-
 /* The VNNI tile on 16-row groups (cb_avx2_rp16_pack, quant_avx2.c): a 512-bit vector holds one
  * step (4 values) of 16 rows, so a token's 4 activation bytes are one broadcast load and each
  * vpdpbusd serves 16 rows x 4 values with no permute, and no fold of halves afterwards (the

@@ -168,6 +168,16 @@ INL void prefetch_span(const uint8_t *p, size_t bytes) {
     __builtin_prefetch(p + bytes - 1, 0, 3);
 }
 
+/* the 16-row tiles' output: out[r * NT + t] = lane r of facc[t] */
+INL void store16(const __m512 *facc, int NT, float *out) {
+    #pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) {
+        float tmp[16];
+        _mm512_storeu_ps(tmp, facc[t]);
+        for (int r = 0; r < 16; r++) out[r * NT + t] = tmp[r];
+    }
+}
+
 /* the vpermd index taking words (2p, 2p+1) of a 32-byte activation chunk to [2p x 8 | 2p+1 x 8] */
 INL __m512i pair_idx(int p) {
     return join_si(_mm256_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1));

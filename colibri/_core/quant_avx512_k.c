@@ -449,12 +449,7 @@ INLV void rpkv16_tile(int type, int NT, const uint8_t *pk, int64_t nb, const uin
             facc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dmv, dxv), facc[t]);
         }
     }
-    #pragma GCC unroll 4
-    for (int t = 0; t < NT; t++) {
-        float tmp[16];
-        _mm512_storeu_ps(tmp, facc[t]);
-        for (int r = 0; r < 16; r++) out[r * NT + t] = tmp[r];
-    }
+    store16(facc, NT, out);
 }
 
 CB_DEFINE_RPV(rpv16_q4_k, rpkv16_tile, CB_TYPE_Q4_K)
@@ -539,12 +534,7 @@ INLV void r16k_tile(int unused, int NT, const uint8_t *pk, int64_t nb, const uin
             facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dv, _mm512_set1_ps(a[t]->d)),
                                       facc[t]);
     }
-    #pragma GCC unroll 4
-    for (int t = 0; t < NT; t++) {
-        float tmp[16];
-        _mm512_storeu_ps(tmp, facc[t]);
-        for (int r = 0; r < 16; r++) out[r * NT + t] = tmp[r];
-    }
+    store16(facc, NT, out);
 }
 
 /* The Q4_K_R16 layout (include/colibri/quant.h): vector 8j + i holds step 8j + i of sub-block
@@ -634,12 +624,7 @@ INLV void r16k4_tile(int unused, int NT, const uint8_t *pk, int64_t nb, const ui
             facc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum[t]), _mm512_mul_ps(dmv, dx), facc[t]);
         }
     }
-    #pragma GCC unroll 4
-    for (int t = 0; t < NT; t++) {
-        float tmp[16];
-        _mm512_storeu_ps(tmp, facc[t]);
-        for (int r = 0; r < 16; r++) out[r * NT + t] = tmp[r];
-    }
+    store16(facc, NT, out);
 }
 
 CB_DEFINE_RPV(r16_q6_k, r16k_tile, CB_TYPE_Q6_K_R16)

@@ -605,6 +605,26 @@ static void run(const kernels *k, int with_rp) {
     }
 }
 
+/* Whether a 16-row R16 tile's output o16 (out[r * nt + t]; rows past m's: 0) equals cb_matmul on
+ * the source matrix m at the AVX2 level bit for bit (y: scratch for nt x 16 floats). */
+static int same_as_avx2(const cb_matrix_t *m, const float *x, int nt, const float *o16, float *y,
+                        const char *name, int layout) {
+    const int nr = (int)m->rows;
+    cb_simd_level prev = cb_cpu_set_max_level(CB_SIMD_AVX2);
+    CHECK(cb_matmul(m, x, nt, m->cols, y, nr, NULL) == CB_OK);
+    cb_cpu_set_max_level(prev);
+    for (int r = 0; r < 16; r++)
+        for (int t = 0; t < nt; t++) {
+            float want = r < nr ? y[t * nr + r] : 0.0f, got = o16[r * nt + t];
+            if (memcmp(&want, &got, 4) != 0) {
+                fprintf(stderr, "%s %s cols=%lld nr=%d nt=%d: [%d,%d] = %.9g, want %.9g\n", name,
+                        cb_type_name(layout), (long long)m->cols, nr, nt, r, t, got, want);
+                return 0;
+            }
+        }
+    return 1;
+}
+
 /* The R16 layouts' tile (Q8_0_R16, Q5_0_R16; quant_r16.c packs): a group of nr <= 16 rows
  * against nt <= 8 tokens equals cb_matmul on the source rows at the AVX2 level bit for bit (the
  * same integer sums and float order), extreme weights and activations included; the padding rows
@@ -634,18 +654,7 @@ static void check_r16(rp16_tile_fn tile, void (*rpq)(int, const float *, int64_t
             CHECK(cb_pack_r16(&m, pk, need, NULL) == CB_OK);
             for (int t = 0; t < nt; t++) rpq(type, x + t * cols, cols, xa + (size_t)t * xs);
             tile(layout, pk, nb, xa, xs, nt, o16);
-            cb_simd_level prev = cb_cpu_set_max_level(CB_SIMD_AVX2);
-            CHECK(cb_matmul(&m, x, nt, cols, y, nr, NULL) == CB_OK);
-            cb_cpu_set_max_level(prev);
-            for (int r = 0; r < 16 && ok; r++)
-                for (int t = 0; t < nt && ok; t++) {
-                    float want = r < nr ? y[t * nr + r] : 0.0f, got = o16[r * nt + t];
-                    if (memcmp(&want, &got, 4) != 0) {
-                        fprintf(stderr, "%s %s cols=%lld nr=%d nt=%d: [%d,%d] = %.9g, want %.9g\n",
-                                name, cb_type_name(layout), (long long)cols, nr, nt, r, t, got, want);
-                        ok = 0;
-                    }
-                }
+            ok &= same_as_avx2(&m, x, nt, o16, y, name, layout);
             free(w); free(pk); free(xa); free(x); free(y);
         }
         CHECK(ok);
@@ -683,18 +692,7 @@ static void check_r16k(rp16_tile_fn tile, void (*q8k)(const float *, int64_t, vo
         CHECK(cb_pack_r16(&m, pk, need, NULL) == CB_OK);
         for (int t = 0; t < nt; t++) q8k(x + t * cols, cols, xa + (size_t)t * xs);
         tile(layout, pk, nb, xa, xs, nt, o16);
-        cb_simd_level prev = cb_cpu_set_max_level(CB_SIMD_AVX2);
-        CHECK(cb_matmul(&m, x, nt, cols, y, nr, NULL) == CB_OK);
-        cb_cpu_set_max_level(prev);
-        for (int r = 0; r < 16 && ok; r++)
-            for (int t = 0; t < nt && ok; t++) {
-                float want = r < nr ? y[t * nr + r] : 0.0f, got = o16[r * nt + t];
-                if (memcmp(&want, &got, 4) != 0) {
-                    fprintf(stderr, "%s %s cols=%lld nr=%d nt=%d: [%d,%d] = %.9g, want %.9g\n",
-                            name, cb_type_name(layout), (long long)cols, nr, nt, r, t, got, want);
-                    ok = 0;
-                }
-            }
+        ok &= same_as_avx2(&m, x, nt, o16, y, name, layout);
         free(w); free(pk); free(xa); free(x); free(y);
     }
     CHECK(ok);
