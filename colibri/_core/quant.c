@@ -266,20 +266,11 @@ static void deq_q5_k(const uint8_t *b, float *y) {
     }
 }
 
-/* Q6_K value i = 128h + 32k + l: low 4 bits from ql[64h + 32(k&1) + l] (low nibble for k<2,
- * high for k>=2), high 2 bits from qh[32h + l] >> 2k. */
-static inline int q6k_value(const uint8_t *ql, const uint8_t *qh, int i) {
-    int h = i >> 7, k = (i >> 5) & 3, l = i & 31;
-    int lo = (ql[64 * h + 32 * (k & 1) + l] >> (4 * (k >> 1))) & 0x0F;
-    int hi = (qh[32 * h + l] >> (2 * k)) & 3;
-    return (lo | hi << 4) - 32;
-}
-
 static void deq_q6_k(const uint8_t *b, float *y) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t *sc = (const int8_t *)(b + 192);
     float d = cb_f16_to_f32(cb_rd16(b + 208));
-    for (int i = 0; i < 256; i++) y[i] = (d * (float)sc[i / 16]) * (float)q6k_value(ql, qh, i);
+    for (int i = 0; i < 256; i++) y[i] = (d * (float)sc[i / 16]) * (float)cb_q6k_value(ql, qh, i);
 }
 
 typedef void (*deq_fn)(const uint8_t *b, float *y);
@@ -646,7 +637,7 @@ static float dot_q6_k(int64_t nb, const uint8_t *w, const uint8_t *x) {
         int sumi = 0;
         for (int g = 0; g < 16; g++) {
             int p = 0;
-            for (int i = 16 * g; i < 16 * g + 16; i++) p += q6k_value(ql, qh, i) * a[b].qs[i];
+            for (int i = 16 * g; i < 16 * g + 16; i++) p += cb_q6k_value(ql, qh, i) * a[b].qs[i];
             sumi += sc[g] * p;
         }
         acc += (cb_f16_to_f32(cb_rd16(w + 208)) * a[b].d) * (float)sumi;

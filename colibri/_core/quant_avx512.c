@@ -948,6 +948,8 @@ void CB_AVX512_FN(r16_tile_vnni)(int layout, const uint8_t *pk, int64_t nb, cons
         r16_q8_0(pk, nb, xa, xs, nt, out);
     else if (layout == CB_TYPE_Q5_0_R16)
         r16_q5_0(pk, nb, xa, xs, nt, out);
+    else
+        CB_AVX512_FN(r16k_tile_vnni)(layout, pk, nb, xa, xs, nt, out);
 }
 
 #else

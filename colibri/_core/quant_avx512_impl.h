@@ -250,8 +250,8 @@ INL __m512i pair_idx(int p) {
 #if defined(CB_AVX512_EMULATE)
 void CB_AVX512_FN(rp16_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
                                   size_t xs, int nt, float *out);
-void CB_AVX512_FN(r16k_tile_vnni)(int layout, const uint8_t *pk, int64_t nb, const uint8_t *xa,
-                                  size_t xs, int nt, float *out);
+void CB_AVX512_FN(r16_tile_vnni)(int layout, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                                 size_t xs, int nt, float *out);
 #endif
 
 /* The 16-row packing (quant_avx512_pack.c): cb_avx2_rp16_pack's bytes. */
@@ -259,12 +259,15 @@ void CB_AVX512_FN(rp16_pack)(int type, const uint8_t *w, size_t ws, int nr, int6
                              uint8_t *dst);
 
 /* The K-quant kernels (quant_avx512_k.c) for the dispatch in quant_avx512.c: the tile of
- * Q4_K/Q5_K/Q6_K (NULL for another type), and their packed-row tiles, without and with VNNI. */
+ * Q4_K/Q5_K/Q6_K (NULL for another type), their packed-row tiles, without and with VNNI, and the
+ * tile of the Q6_K_R16 / Q4_K_R16 layouts. */
 cb_tile_fn CB_AVX512_FN(k_tile)(int type);
 void CB_AVX512_FN(k_rp_tile)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
                              int nt, float *out);
 void CB_AVX512_FN(k_rp16_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
                                     size_t xs, int nt, float *out);
+void CB_AVX512_FN(r16k_tile_vnni)(int layout, const uint8_t *pk, int64_t nb, const uint8_t *xa,
+                                  size_t xs, int nt, float *out);
 void CB_AVX512_FN(k_rp_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
                                   size_t xs, int nt, float *out);
 

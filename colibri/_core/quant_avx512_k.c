@@ -678,9 +678,6 @@ void CB_AVX512_FN(k_rp_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const
 }
 
 #else
-/* Not x86-64 GCC/Clang: no AVX-512 kernels (cb_cpu_level() is scalar there). */
-void CB_AVX512_FN(r16k_tile_vnni)(int layout, const uint8_t *pk, int64_t nb, const uint8_t *xa,
-                                  size_t xs, int nt, float *out) {
-    (void)layout; (void)pk; (void)nb; (void)xa; (void)xs; (void)nt; (void)out;
-}
+/* Not x86-64 GCC/Clang: no AVX-512 kernels; quant_avx512.c's stubs never call here. */
+typedef int cb_quant_avx512_k_unused;
 #endif

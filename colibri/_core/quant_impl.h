@@ -118,15 +118,11 @@ static inline size_t cb_rp16_bstride(int type) {
 }
 void cb_avx512_rp16_tile_vnni(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
                               size_t xs, int nt, float *out);
-/* The R16 layouts' tile (quant_avx512.c; layout CB_TYPE_Q8_0_R16 or CB_TYPE_Q5_0_R16): a group
- * of 16 rows read in place against nt <= 8 tokens of packed-row activations of the source type
- * (Q8_0 / Q5_0), out[r*nt + t]. */
+/* The R16 layouts' tile (quant_avx512.c, the K layouts' in quant_avx512_k.c): a group of 16
+ * rows read in place against nt tokens, out[r*nt + t]: Q8_0_R16 / Q5_0_R16 nt <= 8 rows of
+ * packed-row activations of the source type, Q6_K_R16 / Q4_K_R16 nt <= 4 cb_q8k_t rows. */
 void cb_avx512_r16_tile_vnni(int layout, const uint8_t *pk, int64_t nb, const uint8_t *xa,
                              size_t xs, int nt, float *out);
-/* The Q6_K_R16 and Q4_K_R16 layouts' tile (quant_avx512_k.c): the same against nt <= 4
- * cb_q8k_t rows. */
-void cb_avx512_r16k_tile_vnni(int layout, const uint8_t *pk, int64_t nb, const uint8_t *xa,
-                              size_t xs, int nt, float *out);
 /* The same packing with AVX-512 (quant_avx512_pack.c; cb_cpu_level() >= CB_SIMD_AVX512): the
  * same bytes, cb_avx2_rp16_pack for the types it does not cover. */
 void cb_avx512_rp16_pack(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, uint8_t *dst);
@@ -202,6 +198,15 @@ static inline float cb_e8m0_half(uint8_t e) {
 }
 
 extern const int8_t cb_mxfp4_values[16];
+
+/* Q6_K value i (signed, -32..31) = 128h + 32k + l: low 4 bits from ql[64h + 32(k&1) + l] (low
+ * nibble for k<2, high for k>=2), high 2 bits from qh[32h + l] >> 2k. */
+static inline int cb_q6k_value(const uint8_t *ql, const uint8_t *qh, int i) {
+    int h = i >> 7, k = (i >> 5) & 3, l = i & 31;
+    int lo = (ql[64 * h + 32 * (k & 1) + l] >> (4 * (k >> 1))) & 0x0F;
+    int hi = (qh[32 * h + l] >> (2 * k)) & 3;
+    return (lo | hi << 4) - 32;
+}
 
 /* Q4_K/Q5_K: the 6-bit scale and min of sub-block j from the 12 packed bytes. */
 static inline void cb_scale_min_k4(int j, const uint8_t *s, uint8_t *sc, uint8_t *m) {

@@ -5,8 +5,9 @@
  * in each vector (the layout of the VNNI packed-row tiles, rpv16_tile) a block of 16 rows is 8
  * vpdpbusd against broadcast activation words and one fma, with no reduction and no packing per
  * call: the AVX512-VNNI tiles (r16_tile, quant_avx512.c; r16k_tile and r16k4_tile for Q6_K and
- * Q4_K, quant_avx512_k.c) read the matrix in place at any token count. Its integer block sums and float operations are those of the source type's batch-
- * invariant tiles, so a packed matrix gives the source matrix's products bit for bit. Here: the
+ * Q4_K, quant_avx512_k.c) read the matrix in place at any token count. Their integer block sums
+ * and float operations are those of the source type's batch-invariant tiles, so a packed matrix
+ * gives the source matrix's products bit for bit. Here: the
  * packing, row lookup, and the scalar tile and activations that run a layout on CPUs without
  * VNNI (colibri packs only where VNNI is; the C API takes the layouts anywhere). */
 #include <math.h>
@@ -82,13 +83,6 @@ static inline int src_value(int layout, const uint8_t *blk, int k) {
     return lo | (int)((qh >> k) & 1u) << 4;
 }
 
-/* value k (< 256) of a Q6_K block, unsigned (0..63): ql, qh, scales, d as ggml lays them */
-static inline int q6k_value(const uint8_t *blk, int k) {
-    const int h = k / 128, l = k % 32, f = (k % 128) / 32; /* f: which of the 4 values per l */
-    const int lo = blk[64 * h + l + 32 * (f & 1)] >> (4 * (f >> 1)) & 0x0F;
-    return lo | (blk[128 + 32 * h + l] >> (2 * f) & 3) << 4;
-}
-
 /* Offsets in a Q6_K group's super-block (3360 bytes) of the 64 positions of step s (< 64): its
  * low nibbles (in the high half of each byte when s >= 32) and high bits (at bit 2 * (s / 16)).
  * 16 chunks of 192 bytes, chunk k = [steps k | k + 32] [steps k + 16 | k + 48] [high bits of
@@ -104,21 +98,10 @@ static void pack_q6k_block(const uint8_t *w, size_t ws, int nr, int64_t b, uint8
         memcpy(o + 3328 + 2 * j, blk + 208, 2);
         for (int g = 0; g < 16; g++) o[3072 + 16 * g + j] = blk[192 + g];
         for (int k = 0; k < CB_QKK; k++) {
-            const int s = k / 4, p = 4 * j + k % 4, v = q6k_value(blk, k);
+            const int s = k / 4, p = 4 * j + k % 4, v = cb_q6k_value(blk, blk + 128, k) + 32;
             o[q6r_lo(s) + p] |= (uint8_t)((v & 0x0F) << (s >= 32 ? 4 : 0));
             o[q6r_hi(s) + p] |= (uint8_t)((v >> 4) << (2 * (s / 16)));
         }
-    }
-}
-
-/* sub-block j's 6-bit scale and min of a Q4_K block (ggml's get_scale_min_k4) */
-static inline void q4k_scale_min(const uint8_t *q, int j, int *sc, int *m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0x0F) | (q[j - 4] >> 6) << 4;
-        *m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
     }
 }
 
@@ -133,8 +116,8 @@ static void pack_q4k_block(const uint8_t *w, size_t ws, int nr, int64_t b, uint8
         memcpy(o + 2240 + 2 * j, blk, 2);
         memcpy(o + 2272 + 2 * j, blk + 2, 2);
         for (int g = 0; g < 8; g++) {
-            int sc, m;
-            q4k_scale_min(blk + 4, g, &sc, &m);
+            uint8_t sc, m;
+            cb_scale_min_k4(g, blk + 4, &sc, &m);
             o[2048 + 16 * g + j] = (uint8_t)(sc | (m & 3) << 6);
             o[2176 + 16 * (g % 4) + j] |= (uint8_t)((m >> 2) << (g >= 4 ? 4 : 0));
         }
@@ -231,7 +214,8 @@ cb_status cb_pack_r16(const cb_matrix_t *src, void *dst, size_t dst_bytes, cb_th
 static inline int r16_value(int layout, const uint8_t *o, int j, int k) {
     const int s = k / 4, p = r16_pos(j, k);
     if (layout == CB_TYPE_Q6_K_R16)
-        return (o[q6r_lo(s) + p] >> (s >= 32 ? 4 : 0) & 0x0F) | (o[q6r_hi(s) + p] >> (2 * (s / 16)) & 3) << 4;
+        return (o[q6r_lo(s) + p] >> (s >= 32 ? 4 : 0) & 0x0F) |
+               (o[q6r_hi(s) + p] >> (2 * (s / 16)) & 3) << 4;
     if (layout == CB_TYPE_Q8_0_R16) return o[64 * s + p];
     if (layout == CB_TYPE_Q4_K_R16) return o[64 * (s % 32) + p] >> (s >= 32 ? 4 : 0) & 0x0F;
     int v = (o[64 * (s % 4) + p] >> (s >= 4 ? 4 : 0)) & 0x0F;
@@ -276,7 +260,8 @@ void cb_r16_get_row(const cb_matrix_t *w, int64_t r, float *out) {
         const uint8_t *o = g + (size_t)b * bst;
         const float d = cb_f16_to_f32(cb_rd16(o + bst - 32 + 2 * j));
         for (int k = 0; k < qk; k++) { /* Q6_K: d * scale, as ggml's dequantizer */
-            const float dk = layout == CB_TYPE_Q6_K_R16 ? d * (float)(int8_t)o[3072 + 16 * (k / 16) + j] : d;
+            const float dk =
+                layout == CB_TYPE_Q6_K_R16 ? d * (float)(int8_t)o[3072 + 16 * (k / 16) + j] : d;
             out[b * qk + k] = dk * (float)(r16_value(layout, o, j, k) - zero);
         }
     }
@@ -389,9 +374,9 @@ int cb_r16_source(int layout) { return r16_source(layout); }
 cb_rp_kernel_t cb_r16_kernel(int layout, int simd_level) {
     const int vnni = simd_level >= CB_SIMD_AVX512_VNNI;
     if (layout == CB_TYPE_Q6_K_R16 || layout == CB_TYPE_Q4_K_R16) {
-        const int q6 = layout == CB_TYPE_Q6_K_R16;
         cb_rp_kernel_t k = {R16_ROWS, 4, r16_group_bytes, NULL,
-                            vnni ? cb_avx512_r16k_tile_vnni : (q6 ? r16k_tile_scalar : r16k4_tile_scalar)};
+                            vnni ? cb_avx512_r16_tile_vnni
+                                 : (layout == CB_TYPE_Q6_K_R16 ? r16k_tile_scalar : r16k4_tile_scalar)};
         return k;
     }
     cb_rp_kernel_t k = {R16_ROWS, CB_RP_MAX_TOKENS, r16_group_bytes, NULL,

@@ -712,7 +712,7 @@ int main(void) {
         check_rp_same(&EMULATED, &EMULATED_VNNI);
         check_rp16(&EMULATED_VNNI, cb_avx512emu_rp16_tile_vnni, "emulated vnni 16 rows");
         check_r16(cb_avx512emu_r16_tile_vnni, cb_avx512emu_rp_quantize, "emulated vnni");
-        check_r16k(cb_avx512emu_r16k_tile_vnni, cb_avx512emu_quantize_q8k, "emulated vnni");
+        check_r16k(cb_avx512emu_r16_tile_vnni, cb_avx512emu_quantize_q8k, "emulated vnni");
         check_pack16(cb_avx512emu_rp16_pack, "emulated 16-row packing");
     }
     if (cpu >= CB_SIMD_AVX512) {
@@ -727,7 +727,7 @@ int main(void) {
             check_rp_same(&NATIVE, &NATIVE_VNNI);
             check_rp16(&NATIVE_VNNI, cb_avx512_rp16_tile_vnni, "native vnni 16 rows");
             check_r16(cb_avx512_r16_tile_vnni, cb_avx512_rp_quantize, "native vnni");
-            check_r16k(cb_avx512_r16k_tile_vnni, cb_avx512_quantize_q8k, "native vnni");
+            check_r16k(cb_avx512_r16_tile_vnni, cb_avx512_quantize_q8k, "native vnni");
         }
     } else {
         printf("test_quant_avx512: no AVX-512 here: emulated kernels only\n");
