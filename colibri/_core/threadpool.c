@@ -12,10 +12,12 @@
  * stores (g, LOCKED), then the job fields, then (g, 0) with release. A claimer loads the word
  * (acquire), reads the job fields, and claims index i with a compare-exchange of (g, i) to
  * (g, i + k): it succeeds only if no new job was published in between, so the fields it read
- * are the claimed tasks' job. A claim takes k = 1/(2 n_threads) of the tasks left (at least one;
+ * are the claimed tasks' job. A claim takes k = 1/n_threads of the tasks left (at least one;
  * guided self-scheduling): every claim and completion is a cross-core line transfer, and a
- * small matmul's 32 one-task claims cost more than its weights' bandwidth on two threads
- * (docs/benchmarks.md). A late worker thus either helps the current job or claims nothing;
+ * small matmul's 32 one-task claims cost more than its weights' bandwidth on two threads; and
+ * each claim starts a new stream of weight rows, which the prefetchers take a while to follow,
+ * so the first claims are as long as the balance allows (1/(2 n_threads) was 10% slower on
+ * 0.45-0.9 MB matrices at two threads, docs/benchmarks.md). A late worker thus either helps the current job or claims nothing;
  * it never dereferences ctx without a claim, so run() may return (and its ctx die) while such a
  * worker is still looking.
  * Workers spin ~CB_TP_SPIN polls on the generation before sleeping: a forward pass issues
@@ -93,8 +95,8 @@ static void tp_work(cb_threadpool_t *p, int thread) {
         int n = atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
         if (i == CB_TP_LOCKED || i >= (uint32_t)n) break; /* being written, or all claimed */
         atomic_thread_fence(memory_order_acquire);       /* the reads above before the claim */
-        /* guided: a claim takes 1/(2 n_threads) of the tasks left (at least one) */
-        uint32_t k = ((uint32_t)n - i) / (2u * (uint32_t)p->n_threads);
+        /* guided: a claim takes 1/n_threads of the tasks left (at least one) */
+        uint32_t k = ((uint32_t)n - i) / (uint32_t)p->n_threads;
         k = k ? k : 1;
         if (!atomic_compare_exchange_weak_explicit(&p->work, &w, w + k, memory_order_acquire,
                                                    memory_order_acquire))
