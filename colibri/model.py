@@ -270,12 +270,10 @@ class Model:
         d: ModelDesc = self.desc
         self.n_vocab = d.n_vocab
         self.n_embd = d.n_embd
-        self.tokenizer = None
-        self.experts = None
+        self.tokenizer, self.experts, self.device = None, None, device
         self.cuda_experts: Any = None
         self.pool: Any = None
         self._fw: Any = None
-        self.device = device
         if not d.is_moe and self._expert_args:
             raise ValueError(f"{', '.join(self._expert_args)}: this {d.arch} model has no "
                              f"experts (expert options apply to MoE models only)")
@@ -324,6 +322,8 @@ class Model:
                          "forces the slot pool", nbytes / 2**20, d.expert_bytes() / 2**20)
         if mode != "mapped" and nbytes is None:
             nbytes = d.expert_bytes()
+        if mode == "mmap":  # faults single experts in: no 2 MiB readahead around each
+            self.gguf.advise(huge=False)
         direct = {"off": 0, "auto": 1, "on": 2}[config.resolve("COLIBRI_EXPERT_DIRECT_IO", None)]
         store = _fw.ExpertStore(d, mode=mode, path=self.path, budget_bytes=nbytes or 0,
                                 policy=policy, min_slots=min_expert_slots(d, self.max_batch),

@@ -43,6 +43,7 @@ from colibri.gguf import (
     TensorInfo,
     _Cursor,
     _identity,
+    advise_pages,
     guard_mapping,
 )
 
@@ -80,6 +81,7 @@ class ContainerFile(GGUFFile):
                 raise ContainerError(f"{self.path}: file is {self.file_size} bytes, too short "
                                      f"for a colibri container preamble ({PREAMBLE})")
             self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            advise_pages(self._mm, huge=True)
             self._ident = _identity(f.fileno())
             guard_mapping(self._mm, self.path)
         try:

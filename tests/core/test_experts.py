@@ -186,6 +186,30 @@ def test_prefetch_option_and_environment(moe, monkeypatch):
         info(expert_mode="cache")
 
 
+def _vm_flags(mm):
+    """The kernel's VmFlags of the mapping that starts at mm's first byte (/proc/self/smaps)."""
+    start = f"{np.frombuffer(mm, np.uint8, count=1).ctypes.data:x}-"
+    with open("/proc/self/smaps") as f:
+        lines = f.read().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.lstrip("0").startswith(start))
+    flags = next(line for line in lines[at + 1:] if line.startswith("VmFlags:"))
+    return flags.split()[1:]
+
+
+@pytest.mark.skipif(not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"),
+                    reason="no transparent huge pages on this OS (Linux only)")
+def test_file_mapping_page_advice(moe):
+    """The file mapping is advised MADV_HUGEPAGE ("hg": experts read in place through 2 MiB
+    folios where the kernel keeps them), except under the mmap store (MADV_NOHUGEPAGE, "nh":
+    it faults single experts in and evicts them)."""
+    path = moe[1]["f32"]
+    for mode, flag in (("mapped", "hg"), ("cache", "hg"), ("mmap", "nh")):
+        kw = {} if mode == "mapped" else {"expert_budget": 1}
+        m = Model(path, threads=1, ctx=16, max_batch=1, tokenizer=False, expert_mode=mode, **kw)
+        assert flag in _vm_flags(m.gguf._mm), mode
+        m.close()
+
+
 def _takes_o_direct(path):
     try:
         os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
