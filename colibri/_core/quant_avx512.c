@@ -325,6 +325,33 @@ INL __m256i block_words(const uint8_t *bw, size_t ws, size_t bb, int NT, int K, 
     return _mm256_setr_epi64x((long long)q[0], (long long)q[1], (long long)q[2], (long long)q[3]);
 }
 
+/* One token's block_words of a pair of blocks (hi = 1, type not MXFP4): word o and word
+ * o + bb/2 of rows 0..7 (rows >= NR: row 0's) as lanes [block b | block b+1], from one masked
+ * load a row and a tree of seven two-source word permutes instead of 16 scalar loads and the
+ * shifts that pack them (the 1-token tile's bottleneck: Q8_0 768x2048 in L2, see the commit). */
+INL __m256i pair_words(const uint8_t *bw, size_t ws, int NR, size_t bb, int o) {
+    const int h = (int)(bb / 2) + o; /* block b+1's word */
+    const __mmask32 m = (__mmask32)((1u << (h + 1)) - 1u);
+    static const int16_t k2[32] = {0, 1, 32, 33, 0, 0, 0, 0, 8, 9, 40, 41};
+    static const int16_t k3[32] = {0, 1, 2, 3, 32, 33, 34, 35, 8, 9, 10, 11, 40, 41, 42, 43};
+    int16_t k1[32] = {0};
+    k1[0] = (int16_t)o;
+    k1[1] = (int16_t)(32 + o);
+    k1[8] = (int16_t)h;
+    k1[9] = (int16_t)(32 + h);
+    const __m512i i1 = loadu512(k1), i2 = loadu512(k2), i3 = loadu512(k3);
+    __m512i p[4];
+    #pragma GCC unroll 4
+    for (int r = 0; r < 8; r += 2) {
+        const __m512i a = _mm512_maskz_loadu_epi16(m, bw + (size_t)(r < NR ? r : 0) * ws);
+        const __m512i b = _mm512_maskz_loadu_epi16(m, bw + (size_t)(r + 1 < NR ? r + 1 : 0) * ws);
+        p[r / 2] = _mm512_permutex2var_epi16(a, i1, b);
+    }
+    const __m512i q0 = _mm512_permutex2var_epi16(p[0], i2, p[1]);
+    const __m512i q1 = _mm512_permutex2var_epi16(p[2], i2, p[3]);
+    return _mm512_castsi512_si256(_mm512_permutex2var_epi16(q0, i3, q1));
+}
+
 /* the blocks' scales d from their words (f16; MXFP4: the e8m0 byte, halved as cb_e8m0_half) */
 INL __m512 word_scales(int type, __m256i h) {
     if (type != CB_TYPE_MXFP4) return _mm512_cvtph_ps(h);
@@ -394,11 +421,14 @@ INLV void tile32i(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t
         __m512i s = reduce_pairs(pv, K);
         if (zsh) s = _mm512_sub_epi32(s, _mm512_slli_epi32(lanes_epi32(zx0, zx1, NT), zsh));
         const __m512 f = _mm512_cvtepi32_ps(s);
-        const __m256i dw = block_words(bw, ws, bb, NT, K, two, 0, type == CB_TYPE_MXFP4);
+        const int pw = NT == 1 && two && type != CB_TYPE_MXFP4;
+        const __m256i dw = pw ? pair_words(bw, ws, NR, bb, 0)
+                              : block_words(bw, ws, bb, NT, K, two, 0, type == CB_TYPE_MXFP4);
         const __m512 sc = _mm512_mul_ps(word_scales(type, dw), lanes_ps(dx0, dx1, NT));
         __m512 m = _mm512_setzero_ps(), sxv = _mm512_setzero_ps();
         if (offset) {
-            m = _mm512_cvtph_ps(block_words(bw, ws, bb, NT, K, two, 2, 0));
+            m = _mm512_cvtph_ps(pw ? pair_words(bw, ws, NR, bb, 1)
+                                   : block_words(bw, ws, bb, NT, K, two, 2, 0));
             sxv = lanes_ps(sx0, sx1, NT);
         }
         vacc = _mm256_fmadd_ps(_mm512_castps512_ps256(f), _mm512_castps512_ps256(sc), vacc);
