@@ -328,7 +328,7 @@ INL __m256i block_words(const uint8_t *bw, size_t ws, size_t bb, int NT, int K, 
 /* One token's block_words of a pair of blocks (hi = 1, type not MXFP4): word o and word
  * o + bb/2 of rows 0..7 (rows >= NR: row 0's) as lanes [block b | block b+1], from one masked
  * load a row and a tree of seven two-source word permutes instead of 16 scalar loads and the
- * shifts that pack them (the 1-token tile's bottleneck: Q8_0 768x2048 in L2, see the commit). */
+ * shifts that pack them (Q8_0 expert-sized matvecs from memory ~6% faster, see the commit). */
 INL __m256i pair_words(const uint8_t *bw, size_t ws, int NR, size_t bb, int o) {
     const int h = (int)(bb / 2) + o; /* block b+1's word */
     const __mmask32 m = (__mmask32)((1u << (h + 1)) - 1u);
