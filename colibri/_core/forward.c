@@ -63,7 +63,17 @@ struct cb_forward {
     cb_moe_hook_fn moe_hook; /* routed experts elsewhere (a GPU), or NULL */
     void *moe_hook_user;
     int fast;             /* !deterministic: cb_matmul_opts_t.fast */
+    /* RoPE's cos/sin of the batch's positions [max_batch x CB_ROPE_ROW], kept from layer to
+     * layer while the parameters stay (every layer of most models; Gemma 3's local and global
+     * layers alternate): the same numbers as cb_rope_batch, computed once instead of twice a
+     * layer (pow and sincos were ~1% of Gemma's decode, on the caller while workers wait) */
+    float *rope_cs, *rope_sn;
+    cb_rope_params_t rope_key;
+    int64_t rope_hd;
+    int rope_ok;          /* 0: none yet in this forward run */
 };
+
+#define CB_ROPE_ROW (CB_FORWARD_MAX_HEAD_DIM / 2)
 
 /* The field tables of the description (forward.h), from the same X-macro lists as the structs. */
 _Static_assert(sizeof(cb_act) == sizeof(int) && sizeof(cb_qk_norm) == sizeof(int) &&
@@ -238,7 +248,7 @@ void cb_forward_free(cb_forward_t *f) {
                     f->o,     f->o2,    f->kv_off, f->g,      f->u,      f->rlog, f->rw, f->shg,
                     f->lrows, f->rid,   f->lists, f->cnt,     f->start,  f->used,
                     f->fill,  f->pos64, f->seqs, f->seq_len0, f->seq_n,  f->tok_slot,
-                    f->seq_base, f->refs, f->ent, f->moe_ws};
+                    f->seq_base, f->refs, f->ent, f->moe_ws, f->rope_cs, f->rope_sn};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     if (f->scores)
         for (int t = 0; t < f->n_threads; t++) free(f->scores[t]);
@@ -311,6 +321,8 @@ cb_status cb_forward_new(const cb_model_desc_t *m, cb_kvcache_t *kv, cb_experts_
     f->used = zalloc(NE, sizeof(int32_t), &fail);
     f->fill = zalloc(NE, sizeof(int32_t), &fail);
     f->pos64 = zalloc(B, sizeof(int64_t), &fail);
+    f->rope_cs = zalloc(B * CB_ROPE_ROW, sizeof(float), &fail);
+    f->rope_sn = zalloc(B * CB_ROPE_ROW, sizeof(float), &fail);
     f->seqs = zalloc(B, sizeof(uint32_t), &fail);
     f->seq_len0 = zalloc(B, sizeof(size_t), &fail);
     f->seq_n = zalloc(B, sizeof(int32_t), &fail);
@@ -434,6 +446,14 @@ static void attn_task(void *vctx, int task, int thread) {
     if (s != CB_OK) c->status = s;
 }
 
+static int same_rope(const cb_rope_params_t *a, const cb_rope_params_t *b) {
+    return a->n_dims == b->n_dims && a->mode == b->mode && a->freq_base == b->freq_base &&
+           a->freq_scale == b->freq_scale && a->ext_factor == b->ext_factor &&
+           a->attn_factor == b->attn_factor && a->beta_fast == b->beta_fast &&
+           a->beta_slow == b->beta_slow && a->n_ctx_orig == b->n_ctx_orig &&
+           a->freq_factors == b->freq_factors;
+}
+
 static void kv_store(uint8_t *dst, const float *src, int64_t n, size_t elt) {
     if (elt == 4) {
         memcpy(dst, src, (size_t)n * sizeof(float));
@@ -474,8 +494,19 @@ static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
     rp.freq_base = L->rope_base;
     rp.freq_scale = L->rope_freq_scale;
     rp.freq_factors = L->rope_freqs;
-    CHECK_OK(cb_rope_batch(f->q, n, nq, m->n_head, hd, f->pos64, &rp));
-    CHECK_OK(cb_rope_batch(f->k, n, nkv, n_kv, hd, f->pos64, &rp));
+    if (!f->rope_ok || f->rope_hd != hd || !same_rope(&f->rope_key, &rp)) {
+        f->rope_ok = 0;
+        CHECK_OK(cb_rope_cache_batch(n, f->pos64, hd, &rp, f->rope_cs, f->rope_sn, CB_ROPE_ROW));
+        f->rope_key = rp;
+        f->rope_hd = hd;
+        f->rope_ok = 1;
+    }
+    const int64_t nd = rp.n_dims ? rp.n_dims : hd;
+    for (int64_t t = 0; t < n; t++) {
+        const float *cs = f->rope_cs + t * CB_ROPE_ROW, *sn = f->rope_sn + t * CB_ROPE_ROW;
+        CHECK_OK(cb_rope_apply(f->q + t * nq, m->n_head, hd, hd, nd, rp.mode, cs, sn));
+        CHECK_OK(cb_rope_apply(f->k + t * nkv, n_kv, hd, hd, nd, rp.mode, cs, sn));
+    }
     /* K/V of every token of the batch into the cache before any query reads */
     const size_t layer_off = f->kv_off[l] * f->kv_elt;
     for (int64_t t = 0; t < n; t++) {
@@ -747,6 +778,7 @@ static cb_status prepare(cb_forward_t *f, const cb_batch_t *b, int32_t *n_seqs_o
     const int64_t n = b->n_tokens;
     int32_t ns = 0;
     *max_ctx = 0;
+    f->rope_ok = 0; /* new positions */
     for (int64_t t = 0; t < n; t++) {
         uint32_t s = b->seq[t];
         int32_t i = 0;

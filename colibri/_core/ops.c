@@ -541,6 +541,25 @@ cb_status cb_rope_cache(int64_t pos, int64_t head_dim, const cb_rope_params_t *p
     return CB_OK;
 }
 
+cb_status cb_rope_cache_batch(int64_t n_tokens, const int64_t *positions, int64_t head_dim,
+                              const cb_rope_params_t *p, float *cos_out, float *sin_out,
+                              int64_t stride) {
+    int64_t nd = 0;
+    cb_status s = rope_resolve(p, head_dim, &nd);
+    if (s != CB_OK) return s;
+    if (n_tokens < 0 || stride < nd / 2)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "cb_rope_cache_batch: n_tokens %lld, stride "
+                       "%lld < n_dims/2 %lld", (long long)n_tokens, (long long)stride,
+                       (long long)(nd / 2));
+    if (n_tokens > 0 && (!positions || !cos_out || !sin_out))
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "cb_rope_cache_batch: NULL pointer");
+    double a[CB_ROPE_MAX_DIMS / 2];
+    double mscale = rope_factors(nd, p, a);
+    for (int64_t t = 0; t < n_tokens; t++)
+        rope_cache_impl(positions[t], nd, a, mscale, cos_out + t * stride, sin_out + t * stride);
+    return CB_OK;
+}
+
 static void rope_apply_impl(float *x, int64_t n_heads, int64_t head_stride, int64_t nd,
                             cb_rope_mode mode, const float *cs, const float *sn) {
     int64_t half = nd / 2;

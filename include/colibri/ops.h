@@ -89,6 +89,12 @@ void cb_rope_yarn_corr_dims(int64_t n_dims, int64_t n_ctx_orig, float freq_base,
 cb_status cb_rope_cache(int64_t pos, int64_t head_dim, const cb_rope_params_t *p,
                         float *cos_out, float *sin_out);
 
+/* cb_rope_cache for n_tokens positions, the pair factors computed once: token t's cos/sin at
+ * cos_out + t*stride and sin_out + t*stride (stride >= n_dims/2). */
+cb_status cb_rope_cache_batch(int64_t n_tokens, const int64_t *positions, int64_t head_dim,
+                              const cb_rope_params_t *p, float *cos_out, float *sin_out,
+                              int64_t stride);
+
 /* Rotates n_heads heads of head_dim floats (head h at x + h*head_stride, head_stride >=
  * head_dim) in place with a cache from cb_rope_cache. */
 cb_status cb_rope_apply(float *x, int64_t n_heads, int64_t head_stride, int64_t head_dim,

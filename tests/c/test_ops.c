@@ -135,6 +135,26 @@ static void check_rope_paths(void) {
     }
     CHECK(same);
     CHECK(pad_kept);
+    /* cb_rope_cache_batch == cb_rope_cache per position (with freq_factors too), rows at a
+     * stride; a stride under n_dims/2 is refused */
+    enum { RS = HD / 2 + 3 };
+    float ff[HD / 2], cb[NT * RS], sb[NT * RS];
+    for (int i = 0; i < HD / 2; i++) ff[i] = 1.0f + (float)i * 0.25f;
+    int batch_same = 1;
+    for (int with_ff = 0; with_ff < 2; with_ff++) {
+        p.freq_factors = with_ff ? ff : NULL;
+        CHECK(cb_rope_cache_batch(NT, pos, HD, &p, cb, sb, RS) == CB_OK);
+        for (int t = 0; t < NT; t++) {
+            float c[HD / 2], s[HD / 2];
+            CHECK(cb_rope_cache(pos[t], HD, &p, c, s) == CB_OK);
+            batch_same &= memcmp(c, cb + t * RS, sizeof c) == 0;
+            batch_same &= memcmp(s, sb + t * RS, sizeof s) == 0;
+        }
+    }
+    CHECK(batch_same);
+    CHECK(cb_rope_cache_batch(NT, pos, HD, &p, cb, sb, HD / 2 - 1) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_rope_cache_batch(NT, NULL, HD, &p, cb, sb, RS) == CB_STATUS_INVALID_ARGUMENT);
+    p.freq_factors = NULL;
     /* dot_rows == scale * dot per row */
     float q[HD], out[NT];
     for (int i = 0; i < HD; i++) q[i] = frand();
