@@ -117,8 +117,8 @@ class DenseCopies:
         return arr
 
     def pack_r16(self, name: str, typ: int, view: np.ndarray, rows: int, cols: int) -> np.ndarray:
-        """The Q8_0 / Q5_0 / Q6_K / Q4_K matrix `view` (rows x cols) packed in its R16 layout (flat uint8,
-        read-only)."""
+        """The Q8_0 / Q5_0 / Q6_K / Q4_K matrix `view` (rows x cols) packed in its R16 layout
+        (flat uint8, read-only)."""
         layout = _quant.r16_layout(typ)
         assert layout is not None, typ
         out = self._take(_quant.r16_bytes(layout, rows, cols))
@@ -130,9 +130,9 @@ class DenseCopies:
 
 
 def packs_r16() -> bool:
-    """Whether copies of Q8_0, Q5_0, Q6_K and Q4_K matrices are packed in their R16 layouts: where the
-    kernels run at the AVX512-VNNI level (its tile reads the layouts in place; the scalar one
-    that serves the other levels is a reference, not fast)."""
+    """Whether copies of Q8_0, Q5_0, Q6_K and Q4_K matrices are packed in their R16 layouts:
+    where the kernels run at the AVX512-VNNI level (its tile reads the layouts in place; the
+    scalar one that serves the other levels is a reference, not fast)."""
     return simd.level() == "avx512vnni"
 
 

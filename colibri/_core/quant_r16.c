@@ -132,11 +132,10 @@ static void pack_q4k_block(const uint8_t *w, size_t ws, int nr, int64_t b, uint8
 static void pack_group(int layout, const uint8_t *w, size_t ws, int nr, int64_t cols,
                        uint8_t *dst) {
     if (layout == CB_TYPE_Q6_K_R16 || layout == CB_TYPE_Q4_K_R16) {
+        void (*pack)(const uint8_t *, size_t, int, int64_t, uint8_t *) =
+            layout == CB_TYPE_Q6_K_R16 ? pack_q6k_block : pack_q4k_block;
         const size_t bst = r16_bstride(layout);
-        for (int64_t b = 0; b < cols / CB_QKK; b++) {
-            if (layout == CB_TYPE_Q6_K_R16) pack_q6k_block(w, ws, nr, b, dst + (size_t)b * bst);
-            else pack_q4k_block(w, ws, nr, b, dst + (size_t)b * bst);
-        }
+        for (int64_t b = 0; b < cols / CB_QKK; b++) pack(w, ws, nr, b, dst + (size_t)b * bst);
         return;
     }
     const int64_t nb = cols / CB_QK;
@@ -374,9 +373,8 @@ int cb_r16_source(int layout) { return r16_source(layout); }
 cb_rp_kernel_t cb_r16_kernel(int layout, int simd_level) {
     const int vnni = simd_level >= CB_SIMD_AVX512_VNNI;
     if (layout == CB_TYPE_Q6_K_R16 || layout == CB_TYPE_Q4_K_R16) {
-        cb_rp_kernel_t k = {R16_ROWS, 4, r16_group_bytes, NULL,
-                            vnni ? cb_avx512_r16_tile_vnni
-                                 : (layout == CB_TYPE_Q6_K_R16 ? r16k_tile_scalar : r16k4_tile_scalar)};
+        cb_rp_kernel_t k = {R16_ROWS, 4, r16_group_bytes, NULL, cb_avx512_r16_tile_vnni};
+        if (!vnni) k.tile = layout == CB_TYPE_Q6_K_R16 ? r16k_tile_scalar : r16k4_tile_scalar;
         return k;
     }
     cb_rp_kernel_t k = {R16_ROWS, CB_RP_MAX_TOKENS, r16_group_bytes, NULL,

@@ -17,9 +17,9 @@
  * small matmul's 32 one-task claims cost more than its weights' bandwidth on two threads; and
  * each claim starts a new stream of weight rows, which the prefetchers take a while to follow,
  * so the first claims are as long as the balance allows (1/(2 n_threads) was 10% slower on
- * 0.45-0.9 MB matrices at two threads, docs/benchmarks.md). A late worker thus either helps the current job or claims nothing;
- * it never dereferences ctx without a claim, so run() may return (and its ctx die) while such a
- * worker is still looking.
+ * 0.45-0.9 MB matrices at two threads, docs/benchmarks.md). A late worker thus either helps the
+ * current job or claims nothing; it never dereferences ctx without a claim, so run() may return
+ * (and its ctx die) while such a worker is still looking.
  * Workers spin ~CB_TP_SPIN polls on the generation before sleeping: a forward pass issues
  * kernels back to back and a sleeping worker costs a futex wake-up (tens of microseconds).
  * `call_mtx` serialises callers; a thread-local marks threads inside a task so that a nested
