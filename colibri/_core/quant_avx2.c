@@ -239,6 +239,79 @@ INL void tile32(int type, int INV, int NR, int NT, int64_t nb, const uint8_t *w,
         for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum_ps(acc[r][t]) + off[r][t];
 }
 
+
+/* Decode (one token), batch-invariant, of the 32-value block types: nr (<= 8) rows one after
+ * the other, so that a task reads one sequential stream (the hardware prefetcher follows it;
+ * rows read side by side are short streams it keeps restarting on), CB_DEC_PF_BYTES ahead
+ * prefetched. First every row's exact block sums (8 blocks share a reduction) and scales into
+ * a chunk buffer, then the float chain with lanes = rows, in block order: acc = fma(isum,
+ * d * dx, acc) (Q4_1/Q5_1: then acc = fma(m, s_x, acc)), as tile32's INV lanes. */
+#define ROWS32_CHUNK 64
+INL void rows32_dec(int type, int64_t nb, const uint8_t *w, size_t ws, int nr, const uint8_t *x,
+                    float *out) {
+    const int offset = type == CB_TYPE_Q4_1 || type == CB_TYPE_Q5_1;
+    const int zp = type == CB_TYPE_Q4_0 ? 1 : (type == CB_TYPE_Q5_0 ? 2 : 0);
+    const int unsig = offset || zp;
+    const size_t bb = bytes32(type);
+    const __m256i ones = _mm256_set1_epi16(1);
+    const cb_q8a_t *xa = (const cb_q8a_t *)(const void *)x;
+    int32_t isb[8][ROWS32_CHUNK] __attribute__((aligned(32)));
+    float db[ROWS32_CHUNK][8] __attribute__((aligned(32))), mb[ROWS32_CHUNK][8] __attribute__((aligned(32)));
+    __m256 vacc = _mm256_setzero_ps();
+    for (int64_t c0 = 0; c0 < nb; c0 += ROWS32_CHUNK) {
+        const int cn = nb - c0 < ROWS32_CHUNK ? (int)(nb - c0) : ROWS32_CHUNK;
+        for (int r = 0; r < 8; r++) {
+            if (r >= nr) { /* lanes of absent rows: zeros */
+                memset(isb[r], 0, sizeof isb[r]);
+                for (int b = 0; b < cn; b++) db[b][r] = mb[b][r] = 0.0f;
+                continue;
+            }
+            const uint8_t *row = w + (size_t)r * ws + (size_t)c0 * bb;
+            for (int b0 = 0; b0 < cn; b0 += 8) {
+                __m256i pv[8];
+                #pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) {
+                    if (b0 + k >= cn) {
+                        pv[k] = _mm256_setzero_si256();
+                        continue;
+                    }
+                    const uint8_t *blk = row + (size_t)(b0 + k) * bb;
+                    const cb_q8a_t *a = xa + c0 + b0 + k;
+                    __builtin_prefetch(blk + CB_DEC_PF_BYTES, 0, 3);
+                    __m256 dv;
+                    float m = 0.0f;
+                    __m256i wq = unpack32(type, blk, &dv, &m);
+                    __m256i aw = unsig ? wq : _mm256_sign_epi8(wq, wq);
+                    __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)a->qs);
+                    if (!unsig) xv = _mm256_sign_epi8(xv, wq);
+                    pv[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones);
+                    db[b0 + k][r] = type == CB_TYPE_MXFP4 ? _mm256_cvtss_f32(dv) : f16(blk);
+                    if (offset) mb[b0 + k][r] = m;
+                }
+                _mm256_store_si256((__m256i *)(void *)&isb[r][b0], reduce_lanes(pv, 8));
+            }
+        }
+        for (int b0 = 0; b0 < cn; b0 += 8) {
+            __m256i rows8[8], t[8];
+            #pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) rows8[r] = _mm256_load_si256((const __m256i *)(const void *)&isb[r][b0]);
+            transpose8(rows8, t);
+            const int kn = cn - b0 < 8 ? cn - b0 : 8;
+            for (int k = 0; k < kn; k++) {
+                const cb_q8a_t *a = xa + c0 + b0 + k;
+                const __m256 sc = _mm256_mul_ps(_mm256_load_ps(db[b0 + k]), _mm256_set1_ps(a->d));
+                /* the zero point out: z * sum(x), exactly (Q4_0: 8, Q5_0: 16) */
+                if (zp) t[k] = _mm256_sub_epi32(t[k], _mm256_set1_epi32(a->isum * 8 * zp));
+                vacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t[k]), sc, vacc);
+                if (offset) vacc = _mm256_fmadd_ps(_mm256_load_ps(mb[b0 + k]), _mm256_set1_ps(a->s), vacc);
+            }
+        }
+    }
+    float o[8];
+    _mm256_storeu_ps(o, vacc);
+    for (int r = 0; r < nr; r++) out[r] = o[r];
+}
+
 /* ------------------------------------------------------------ packed rows (matmul, 32-blocks)
  *
  * For a batch of tokens the 32-block types (Q4_0 ... MXFP4, I4_G128) run on weight rows that
@@ -688,12 +761,26 @@ INL void tile_float(int type, int INV, int NR, int NT, int64_t n, const uint8_t 
 /* CB_DEFINE_TILE (quant_avx2_impl.h) makes a cb_tile_fn of a tile body; the K-quants' are in
  * quant_avx2_k.c. */
 
+#undef CB_TILE_ROWS_HOOK
+#define CB_TILE_ROWS_HOOK if (nt == 1) { rows32_dec(CB_TYPE_Q4_0, n, w, ws, nr, x, out); return; }
 CB_DEFINE_TILE(tile_avx2_q4_0, tile32, CB_TYPE_Q4_0, 2)
+#undef CB_TILE_ROWS_HOOK
+#define CB_TILE_ROWS_HOOK if (nt == 1) { rows32_dec(CB_TYPE_Q4_1, n, w, ws, nr, x, out); return; }
 CB_DEFINE_TILE(tile_avx2_q4_1, tile32, CB_TYPE_Q4_1, 2)
+#undef CB_TILE_ROWS_HOOK
+#define CB_TILE_ROWS_HOOK if (nt == 1) { rows32_dec(CB_TYPE_Q5_0, n, w, ws, nr, x, out); return; }
 CB_DEFINE_TILE(tile_avx2_q5_0, tile32, CB_TYPE_Q5_0, 2)
+#undef CB_TILE_ROWS_HOOK
+#define CB_TILE_ROWS_HOOK if (nt == 1) { rows32_dec(CB_TYPE_Q5_1, n, w, ws, nr, x, out); return; }
 CB_DEFINE_TILE(tile_avx2_q5_1, tile32, CB_TYPE_Q5_1, 2)
+#undef CB_TILE_ROWS_HOOK
+#define CB_TILE_ROWS_HOOK if (nt == 1) { rows32_dec(CB_TYPE_Q8_0, n, w, ws, nr, x, out); return; }
 CB_DEFINE_TILE(tile_avx2_q8_0, tile32, CB_TYPE_Q8_0, 2)
+#undef CB_TILE_ROWS_HOOK
+#define CB_TILE_ROWS_HOOK if (nt == 1) { rows32_dec(CB_TYPE_MXFP4, n, w, ws, nr, x, out); return; }
 CB_DEFINE_TILE(tile_avx2_mxfp4, tile32, CB_TYPE_MXFP4, 2)
+#undef CB_TILE_ROWS_HOOK
+#define CB_TILE_ROWS_HOOK
 CB_DEFINE_TILE(tile_avx2_i4g128, tile_i4, 0, 2)
 CB_DEFINE_TILE(tile_avx2_f32, tile_float, CB_TYPE_F32, 1)
 CB_DEFINE_TILE(tile_avx2_f16, tile_float, CB_TYPE_F16, 1)

@@ -16,6 +16,12 @@
 #ifndef CB_DEC_PF
 #define CB_DEC_PF 4
 #endif
+#ifndef CB_DEC_PF_BYTES
+#define CB_DEC_PF_BYTES 2048
+#endif
+#ifndef CB_TILE_ROWS_HOOK
+#define CB_TILE_ROWS_HOOK
+#endif
 
 INL float hsum_ps(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -73,8 +79,16 @@ INL void store_lanes(__m256 acc, int NR, int NT, float *out, int out_nt, int r_o
  * tile's rows were too close to hide the memory latency: Gemma 3 270M decode 17.3 -> 12.1 CPU
  * ms/token at 1 thread with 4 tiles). */
 INL void prefetch_span(const uint8_t *p, size_t bytes) {
+#ifdef NOPF
+    (void)p; (void)bytes; return;
+#endif
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
     __builtin_prefetch(p + bytes - 1, 0, 3);
+}
+
+/* a * b + c, rounded once (the vector tiles' fma on one lane) */
+INL float fma1(float a, float b, float c) {
+    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
 }
 
 /* an f16 at p as a float */
@@ -120,6 +134,7 @@ INL void transpose_store8(const __m256i *v, uint8_t *o) {
 #define CB_DEFINE_TILE(NAME, BODY, TYPE, INV)                                                    \
     static void NAME(int64_t n, const uint8_t *w, size_t ws, int nr, const uint8_t *x,         \
                      size_t xs, int nt, float *out) {                                          \
+        CB_TILE_ROWS_HOOK                                                                      \
         for (int r = 0; r < nr; r += 2) {                                                      \
             const uint8_t *wr = w + (size_t)r * ws;                                            \
             if (INV == 2 && nt == 1 && nr - r >= 4) { /* decode: one reduction, 4 rows */     \

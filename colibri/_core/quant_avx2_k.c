@@ -108,6 +108,154 @@ INL void tile_q4k(int q5, int INV, int NR, int NT, int64_t nb, const uint8_t *w,
         for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum_ps(acc[r][t]);
 }
 
+
+/* The 12 scale bytes of a Q4_K/Q5_K super-block (at p12; 16 bytes are read) as bytes
+ * [sc0..sc7, m0..m7] (6 bits each), in vector registers (cb_k4_scale_words' unpacking). */
+INL __m128i k4_scales(const uint8_t *p12) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p12);
+    const __m128i lo = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    const __m128i hi = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    __m128i a = _mm_and_si128(lo, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+    __m128i b = _mm_and_si128(_mm_srli_epi16(lo, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
+    __m128i c = _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30));
+    return _mm_or_si128(_mm_or_si128(a, b), c);
+}
+
+/* Shuffles broadcasting int16 scale j of a 128-bit lane to all its words. */
+static const uint8_t k4_scale_shuf[8][32] __attribute__((aligned(32))) = {
+#define S2(j) 2 * (j), 2 * (j) + 1
+#define S16(j) S2(j), S2(j), S2(j), S2(j), S2(j), S2(j), S2(j), S2(j)
+    {S16(0), S16(0)}, {S16(1), S16(1)}, {S16(2), S16(2)}, {S16(3), S16(3)},
+    {S16(4), S16(4)}, {S16(5), S16(5)}, {S16(6), S16(6)}, {S16(7), S16(7)},
+#undef S16
+#undef S2
+};
+
+/* Q6_K: int16 scale 2k (low lane) and 2k+1 (high lane) of a half's 8 to every word. */
+static const uint8_t k6_scale_shuf[4][32] __attribute__((aligned(32))) = {
+#define P2(j) 2 * (j), 2 * (j) + 1
+#define P8(j) P2(j), P2(j), P2(j), P2(j), P2(j), P2(j), P2(j), P2(j)
+    {P8(0), P8(1)}, {P8(2), P8(3)}, {P8(4), P8(5)}, {P8(6), P8(7)},
+#undef P8
+#undef P2
+};
+
+/* A super-block's exact integer sums against one activation block: *isum (8 lanes to add) of
+ * q*x scaled by the sub-block scales, *msum (8 lanes) of the mins times the activation sums. */
+INL void k4_block(int q5, const uint8_t *blk, const cb_q8k_t *a, __m256i *isum, __m256i *msum) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m128i s = k4_scales(blk + 4);
+    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(s));
+    const uint8_t *qs = blk + (q5 ? 48 : 16);
+    __m256i qhv = q5 ? _mm256_loadu_si256((const __m256i *)(const void *)(blk + 16)) : _mm256_setzero_si256();
+    __m256i acc = _mm256_setzero_si256();
+    #pragma GCC unroll 4
+    for (int j2 = 0; j2 < 4; j2++) {
+        __m256i qb = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * j2));
+        __m256i lo = _mm256_and_si256(qb, m4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4);
+        if (q5) {
+            const __m256i b16 = _mm256_set1_epi8(0x10);
+            __m256i ml = _mm256_set1_epi8((char)(1 << (2 * j2)));
+            __m256i mh = _mm256_set1_epi8((char)(1 << (2 * j2 + 1)));
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qhv, ml), ml), b16));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qhv, mh), mh), b16));
+        }
+        __m256i xl = _mm256_loadu_si256((const __m256i *)(const void *)(a->qs + 64 * j2));
+        __m256i xh = _mm256_loadu_si256((const __m256i *)(const void *)(a->qs + 64 * j2 + 32));
+        __m256i slo = _mm256_shuffle_epi8(sc16, _mm256_load_si256((const __m256i *)(const void *)k4_scale_shuf[2 * j2]));
+        __m256i shi = _mm256_shuffle_epi8(sc16, _mm256_load_si256((const __m256i *)(const void *)k4_scale_shuf[2 * j2 + 1]));
+        acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), slo),
+                                                     _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), shi)));
+    }
+    *isum = acc;
+    __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+        s, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
+    *msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(const void *)a->bsums), mins);
+}
+
+/* A Q6_K super-block's exact integer sum against one activation block, in 8 lanes to add:
+ * the scaled q*x sums minus 32 * the scaled activation sums (q is stored unsigned + 32). */
+INL __m256i k6_block(const uint8_t *blk, const cb_q8k_t *a) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 192)));
+    const __m256i schs[2] = {_mm256_permute2x128_si256(scw, scw, 0x00),
+                             _mm256_permute2x128_si256(scw, scw, 0x11)};
+    __m256i acc = _mm256_setzero_si256();
+    #pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m256i sch = schs[h];
+        const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
+        __m256i qa = _mm256_loadu_si256((const __m256i *)(const void *)ql);
+        __m256i qb = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
+        __m256i hv = _mm256_loadu_si256((const __m256i *)(const void *)qh);
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(qa, m4), _mm256_and_si256(_mm256_slli_epi16(hv, 4), m30));
+        q[1] = _mm256_or_si256(_mm256_and_si256(qb, m4), _mm256_and_si256(_mm256_slli_epi16(hv, 2), m30));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qa, 4), m4), _mm256_and_si256(hv, m30));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), m4),
+                               _mm256_and_si256(_mm256_srli_epi16(hv, 2), m30));
+        #pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            /* groups 8h+2k (low lane) and 8h+2k+1 (high lane) */
+            __m256i s16 = _mm256_shuffle_epi8(sch, _mm256_load_si256((const __m256i *)(const void *)k6_scale_shuf[k]));
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(a->qs + 128 * h + 32 * k));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], xv), s16));
+        }
+    }
+    __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)a->bsums);
+    return _mm256_sub_epi32(acc, _mm256_slli_epi32(_mm256_madd_epi16(bs, scw), 5));
+}
+
+/* Decode (one token), batch-invariant: nr rows one after the other, so that a task reads one
+ * sequential stream (the hardware prefetcher follows it; interleaved rows are short streams it
+ * restarts on), CB_DEC_PF_BYTES ahead prefetched. Per row, up to 4 super-blocks (8 for Q6_K)
+ * share one reduction (lanes: the integer sums, then for Q4_K/Q5_K the min sums), then the
+ * element's float chain in block order: acc = fma(isum, d * dx, acc) (Q4_K/Q5_K: then
+ * acc = fnma(msum, dmin * dx, acc)). */
+INL void rows_k_dec(int type, int64_t nb, const uint8_t *w, size_t ws, int nr, const uint8_t *x,
+                    float *out) {
+    const int q6 = type == CB_TYPE_Q6_K, q5 = type == CB_TYPE_Q5_K;
+    const size_t bb = q6 ? 210 : (q5 ? 176 : 144);
+    const int G = q6 ? 8 : 4;
+    const cb_q8k_t *xa = (const cb_q8k_t *)(const void *)x;
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *row = w + (size_t)r * ws;
+        float acc = 0.0f;
+        for (int64_t b0 = 0; b0 < nb; b0 += G) {
+            const int n = nb - b0 < G ? (int)(nb - b0) : G;
+            __m256i v[8];
+            #pragma GCC unroll 8
+            for (int k = 0; k < G; k++) {
+                if (k < n) {
+                    const uint8_t *blk = row + (size_t)(b0 + k) * bb;
+                    prefetch_span(blk + CB_DEC_PF_BYTES, bb);
+                    if (q6)
+                        v[k] = k6_block(blk, xa + b0 + k);
+                    else
+                        k4_block(q5, blk, xa + b0 + k, &v[k], &v[4 + k]);
+                } else {
+                    v[k] = _mm256_setzero_si256();
+                    if (!q6) v[4 + k] = v[k];
+                }
+            }
+            float f[8];
+            _mm256_storeu_ps(f, _mm256_cvtepi32_ps(reduce_lanes(v, 8)));
+            for (int k = 0; k < n; k++) {
+                const uint8_t *blk = row + (size_t)(b0 + k) * bb;
+                const float dx = xa[b0 + k].d;
+                if (q6) {
+                    acc = fma1(f[k], f16(blk + 208) * dx, acc);
+                } else {
+                    acc = fma1(f[k], f16(blk) * dx, acc);
+                    acc = fma1(-f[4 + k], f16(blk + 2) * dx, acc);
+                }
+            }
+        }
+        out[r] = acc;
+    }
+}
+
 INL void tile_q6k(int unused, int INV, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
                   const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
     (void)unused;
@@ -198,9 +346,19 @@ INL void tile_q6k(int unused, int INV, int NR, int NT, int64_t nb, const uint8_t
         for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum_ps(acc[r][t]);
 }
 
+#undef CB_TILE_ROWS_HOOK
+#define CB_TILE_ROWS_HOOK if (nt == 1) { rows_k_dec(CB_TYPE_Q4_K, n, w, ws, nr, x, out); return; }
 CB_DEFINE_TILE(tile_avx2_q4_k, tile_q4k, 0, 2)
+#undef CB_TILE_ROWS_HOOK
+#define CB_TILE_ROWS_HOOK if (nt == 1) { rows_k_dec(CB_TYPE_Q5_K, n, w, ws, nr, x, out); return; }
 CB_DEFINE_TILE(tile_avx2_q5_k, tile_q4k, 1, 2)
+#undef CB_TILE_ROWS_HOOK
+#define CB_TILE_ROWS_HOOK
+#undef CB_TILE_ROWS_HOOK
+#define CB_TILE_ROWS_HOOK if (nt == 1) { rows_k_dec(CB_TYPE_Q6_K, n, w, ws, nr, x, out); return; }
 CB_DEFINE_TILE(tile_avx2_q6_k, tile_q6k, 0, 1)
+#undef CB_TILE_ROWS_HOOK
+#define CB_TILE_ROWS_HOOK
 CB_DEFINE_TILE(tile_avx2_fast_q4_k, tile_q4k, 0, 0)
 CB_DEFINE_TILE(tile_avx2_fast_q5_k, tile_q4k, 1, 0)
 CB_DEFINE_TILE(tile_avx2_fast_q6_k, tile_q6k, 0, 0)

@@ -30,6 +30,53 @@
 #undef _mm512_madd_epi16
 #define _mm512_madd_epi16(a, b) simde_mm512_madd_epi16(a, b)
 /* SIMDe 0.7.4 lacks these: the same conversions on the two 256-bit halves. */
+/* nor the masked word load (GCC's own needs AVX-512BW: a CPU without it fails to build):
+ * the words where m is set, copied into a zeroed vector, so no byte past the mask is read */
+static inline __m512i cb_emu_maskz_loadu_epi16(__mmask32 m, const void *p) {
+    int16_t w[32] = {0};
+    for (int i = 0; i < 32; i++)
+        if ((m >> i) & 1u) memcpy(&w[i], (const uint8_t *)p + 2 * i, 2);
+    return _mm512_loadu_si512(w);
+}
+#undef _mm512_maskz_loadu_epi16
+#define _mm512_maskz_loadu_epi16 cb_emu_maskz_loadu_epi16
+/* and it has the 128-bit lane shuffle under its own name only */
+#undef _mm512_shuffle_i64x2
+#define _mm512_shuffle_i64x2(a, b, imm) simde_mm512_shuffle_i64x2(a, b, imm)
+/* the arithmetic shift and the 32-to-16-bit truncation, lane by lane */
+#ifndef _mm512_srai_epi32
+static inline __m512i cb_emu_srai_epi32(__m512i v, int n) {
+    int32_t a[16];
+    _mm512_storeu_si512(a, v);
+    for (int i = 0; i < 16; i++) a[i] = (int32_t)((int64_t)a[i] >> n);
+    return _mm512_loadu_si512(a);
+}
+#define _mm512_srai_epi32 cb_emu_srai_epi32
+#endif
+#ifndef _mm512_cvtepi32_epi16
+static inline __m256i cb_emu_cvtepi32_epi16(__m512i v) {
+    int32_t a[16];
+    uint16_t h[16];
+    _mm512_storeu_si512(a, v);
+    for (int i = 0; i < 16; i++) h[i] = (uint16_t)a[i];
+    return _mm256_loadu_si256((const __m256i *)(const void *)h);
+}
+#define _mm512_cvtepi32_epi16 cb_emu_cvtepi32_epi16
+#endif
+#ifndef _mm512_cvtepi8_epi32
+static inline __m512i cb_emu_cvtepi8_epi32(__m128i b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepi8_epi32(b)),
+                              _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)), 1);
+}
+#define _mm512_cvtepi8_epi32 cb_emu_cvtepi8_epi32
+#endif
+#ifndef _mm512_cvtepu8_epi32
+static inline __m512i cb_emu_cvtepu8_epi32(__m128i b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi32(b)),
+                              _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)), 1);
+}
+#define _mm512_cvtepu8_epi32 cb_emu_cvtepu8_epi32
+#endif
 #ifndef _mm512_cvtepi32_ps
 static inline __m512 cb_emu_cvtepi32_ps(__m512i v) {
     return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtepi32_ps(_mm512_castsi512_si256(v))),

@@ -20,29 +20,6 @@
 
 #if CB_AVX512_ON
 
-#ifdef CB_AVX512_EMULATE
-/* SIMDe 0.7.4 lacks these two: the same operations lane by lane (emulation only) */
-#ifndef _mm512_srai_epi32
-static inline __m512i cb_emu_srai_epi32(__m512i v, int n) {
-    int32_t a[16];
-    _mm512_storeu_si512(a, v);
-    for (int i = 0; i < 16; i++) a[i] = (int32_t)((int64_t)a[i] >> n);
-    return _mm512_loadu_si512(a);
-}
-#define _mm512_srai_epi32 cb_emu_srai_epi32
-#endif
-#ifndef _mm512_cvtepi32_epi16
-static inline __m256i cb_emu_cvtepi32_epi16(__m512i v) {
-    int32_t a[16];
-    uint16_t h[16];
-    _mm512_storeu_si512(a, v);
-    for (int i = 0; i < 16; i++) h[i] = (uint16_t)a[i];
-    return _mm256_loadu_si256((const __m256i *)(const void *)h);
-}
-#define _mm512_cvtepi32_epi16 cb_emu_cvtepi32_epi16
-#endif
-#endif
-
 /* Software prefetch, a few lines ahead in each of the 16 rows: the block-at-a-time walk over 16
  * rows (the same offset of every row, then the next offset) is not a pattern the hardware
  * prefetchers follow well; without it the packing of a matrix streamed from DRAM ran at 0.6x

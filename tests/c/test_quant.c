@@ -183,6 +183,9 @@ int main(void) {
             test_matmul(t, 13, cols, 6, pool);
             test_matmul(t, 21, cols, 11, NULL); /* packed rows: a partial group and tile */
             test_invariant(t, 21, cols, 30, pool);
+            /* decode reads rows one after another, blocks in groups (4 or 8 super-blocks, 8
+             * blocks) and chunks (64 blocks): rows long enough for partial groups and chunks */
+            if (bs == 256 || bs == 32) test_invariant(t, 11, bs == 256 ? 2304 : 2400, 6, pool);
         }
         cb_cpu_set_max_level(prev);
     }
