@@ -256,6 +256,8 @@ INL void rows32_dec(int type, int64_t nb, const uint8_t *w, size_t ws, int nr, c
     const __m256i ones = _mm256_set1_epi16(1);
     const cb_q8a_t *xa = (const cb_q8a_t *)(const void *)x;
     int32_t isb[8][ROWS32_CHUNK] __attribute__((aligned(32)));
+    /* per block and row: the scale (f16 bits; MXFP4: as a float) and the offset m */
+    uint16_t dh[ROWS32_CHUNK][8] __attribute__((aligned(16)));
     float db[ROWS32_CHUNK][8] __attribute__((aligned(32))), mb[ROWS32_CHUNK][8] __attribute__((aligned(32)));
     __m256 vacc = _mm256_setzero_ps();
     for (int64_t c0 = 0; c0 < nb; c0 += ROWS32_CHUNK) {
@@ -263,7 +265,10 @@ INL void rows32_dec(int type, int64_t nb, const uint8_t *w, size_t ws, int nr, c
         for (int r = 0; r < 8; r++) {
             if (r >= nr) { /* lanes of absent rows: zeros */
                 memset(isb[r], 0, sizeof isb[r]);
-                for (int b = 0; b < cn; b++) db[b][r] = mb[b][r] = 0.0f;
+                for (int b = 0; b < cn; b++) {
+                    db[b][r] = mb[b][r] = 0.0f;
+                    dh[b][r] = 0;
+                }
                 continue;
             }
             const uint8_t *row = w + (size_t)r * ws + (size_t)c0 * bb;
@@ -285,7 +290,10 @@ INL void rows32_dec(int type, int64_t nb, const uint8_t *w, size_t ws, int nr, c
                     __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)a->qs);
                     if (!unsig) xv = _mm256_sign_epi8(xv, wq);
                     pv[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones);
-                    db[b0 + k][r] = type == CB_TYPE_MXFP4 ? _mm256_cvtss_f32(dv) : f16(blk);
+                    if (type == CB_TYPE_MXFP4)
+                        db[b0 + k][r] = _mm256_cvtss_f32(dv);
+                    else
+                        dh[b0 + k][r] = cb_rd16(blk);
                     if (offset) mb[b0 + k][r] = m;
                 }
                 _mm256_store_si256((__m256i *)(void *)&isb[r][b0], reduce_lanes(pv, 8));
@@ -299,7 +307,10 @@ INL void rows32_dec(int type, int64_t nb, const uint8_t *w, size_t ws, int nr, c
             const int kn = cn - b0 < 8 ? cn - b0 : 8;
             for (int k = 0; k < kn; k++) {
                 const cb_q8a_t *a = xa + c0 + b0 + k;
-                const __m256 sc = _mm256_mul_ps(_mm256_load_ps(db[b0 + k]), _mm256_set1_ps(a->d));
+                const __m256 dw = type == CB_TYPE_MXFP4
+                    ? _mm256_load_ps(db[b0 + k])
+                    : _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)dh[b0 + k]));
+                const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(a->d));
                 /* the zero point out: z * sum(x), exactly (Q4_0: 8, Q5_0: 16) */
                 if (zp) t[k] = _mm256_sub_epi32(t[k], _mm256_set1_epi32(a->isum * 8 * zp));
                 vacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t[k]), sc, vacc);
