@@ -13,10 +13,12 @@
  * block, the block's exact integer sum (zero points out), then acc = fma((float)isum,
  * d_w * d_x, acc) in block order from 0 (Q4_1/Q5_1: then acc = fma(m, s_x, acc); Q4_K/Q5_K:
  * then acc = fnma((float)summ, dmin * d_x, acc)). The tile's (row, token) elements are the
- * lanes of one accumulator; one hadd tree per block reduces all of them (reduce_lanes), and a
- * decode tile takes 4 rows (INV = 2; Q6_K, which spills with 4, keeps 2) to share it. INV = 0
- * (cb_avx2_tile_fast) keeps 8 partial sums per element in the lanes and adds them at the end:
- * fewer horizontal sums, another order.
+ * lanes of one accumulator; one hadd tree per block reduces all of them (reduce_lanes). Decode
+ * (one token; rows32_dec, quant_avx2_k.c's rows_k_dec) reads its rows one after another, so
+ * that a task is one sequential stream, and shares the reductions between a row's blocks
+ * instead (I4_G128 keeps a 4-row decode tile: INV = 2). INV = 0 (cb_avx2_tile_fast) keeps 8
+ * partial sums per element in the lanes and adds them at the end: fewer horizontal sums,
+ * another order.
  *
  * Files, per type family: this file holds the activation quantizers, the 32-block types (Q4_0,
  * Q4_1, Q5_0, Q5_1, Q8_0, MXFP4; I4_G128), the float weights, the packed-row entry points and
@@ -772,26 +774,12 @@ INL void tile_float(int type, int INV, int NR, int NT, int64_t n, const uint8_t 
 /* CB_DEFINE_TILE (quant_avx2_impl.h) makes a cb_tile_fn of a tile body; the K-quants' are in
  * quant_avx2_k.c. */
 
-#undef CB_TILE_ROWS_HOOK
-#define CB_TILE_ROWS_HOOK if (nt == 1) { rows32_dec(CB_TYPE_Q4_0, n, w, ws, nr, x, out); return; }
-CB_DEFINE_TILE(tile_avx2_q4_0, tile32, CB_TYPE_Q4_0, 2)
-#undef CB_TILE_ROWS_HOOK
-#define CB_TILE_ROWS_HOOK if (nt == 1) { rows32_dec(CB_TYPE_Q4_1, n, w, ws, nr, x, out); return; }
-CB_DEFINE_TILE(tile_avx2_q4_1, tile32, CB_TYPE_Q4_1, 2)
-#undef CB_TILE_ROWS_HOOK
-#define CB_TILE_ROWS_HOOK if (nt == 1) { rows32_dec(CB_TYPE_Q5_0, n, w, ws, nr, x, out); return; }
-CB_DEFINE_TILE(tile_avx2_q5_0, tile32, CB_TYPE_Q5_0, 2)
-#undef CB_TILE_ROWS_HOOK
-#define CB_TILE_ROWS_HOOK if (nt == 1) { rows32_dec(CB_TYPE_Q5_1, n, w, ws, nr, x, out); return; }
-CB_DEFINE_TILE(tile_avx2_q5_1, tile32, CB_TYPE_Q5_1, 2)
-#undef CB_TILE_ROWS_HOOK
-#define CB_TILE_ROWS_HOOK if (nt == 1) { rows32_dec(CB_TYPE_Q8_0, n, w, ws, nr, x, out); return; }
-CB_DEFINE_TILE(tile_avx2_q8_0, tile32, CB_TYPE_Q8_0, 2)
-#undef CB_TILE_ROWS_HOOK
-#define CB_TILE_ROWS_HOOK if (nt == 1) { rows32_dec(CB_TYPE_MXFP4, n, w, ws, nr, x, out); return; }
-CB_DEFINE_TILE(tile_avx2_mxfp4, tile32, CB_TYPE_MXFP4, 2)
-#undef CB_TILE_ROWS_HOOK
-#define CB_TILE_ROWS_HOOK
+CB_DEFINE_TILE_DEC(tile_avx2_q4_0, tile32, CB_TYPE_Q4_0, rows32_dec)
+CB_DEFINE_TILE_DEC(tile_avx2_q4_1, tile32, CB_TYPE_Q4_1, rows32_dec)
+CB_DEFINE_TILE_DEC(tile_avx2_q5_0, tile32, CB_TYPE_Q5_0, rows32_dec)
+CB_DEFINE_TILE_DEC(tile_avx2_q5_1, tile32, CB_TYPE_Q5_1, rows32_dec)
+CB_DEFINE_TILE_DEC(tile_avx2_q8_0, tile32, CB_TYPE_Q8_0, rows32_dec)
+CB_DEFINE_TILE_DEC(tile_avx2_mxfp4, tile32, CB_TYPE_MXFP4, rows32_dec)
 CB_DEFINE_TILE(tile_avx2_i4g128, tile_i4, 0, 2)
 CB_DEFINE_TILE(tile_avx2_f32, tile_float, CB_TYPE_F32, 1)
 CB_DEFINE_TILE(tile_avx2_f16, tile_float, CB_TYPE_F16, 1)

@@ -16,12 +16,11 @@
 #ifndef CB_DEC_PF
 #define CB_DEC_PF 4
 #endif
+/* the decode walks prefetch this far ahead of their reads (1, 4 and 8 KiB were no faster) */
 #ifndef CB_DEC_PF_BYTES
 #define CB_DEC_PF_BYTES 2048
 #endif
-#ifndef CB_TILE_ROWS_HOOK
-#define CB_TILE_ROWS_HOOK
-#endif
+
 
 INL float hsum_ps(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -73,15 +72,12 @@ INL void store_lanes(__m256 acc, int NR, int NT, float *out, int out_nt, int r_o
         for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = tmp[r * NT + t];
 }
 
-/* Decode (one token) streams each weight row once, and rows are short (a few KiB), so the
- * hardware prefetcher restarts at every row. While a tile reads rows r..r+NR-1 at some offset,
- * prefetch the same offset of the rows CB_DEC_PF tiles ahead (they follow in memory; the next
- * tile's rows were too close to hide the memory latency: Gemma 3 270M decode 17.3 -> 12.1 CPU
- * ms/token at 1 thread with 4 tiles). */
+/* Decode (one token) streams each weight row once. The decode walks (rows32_dec, rows_k_dec)
+ * read rows one after another and prefetch CB_DEC_PF_BYTES ahead of where they read. A tile
+ * reading rows r..r+NR-1 side by side (I4_G128, the INV = 0 tiles) makes short streams the
+ * hardware prefetcher restarts on at every row: it prefetches the same offset of the rows
+ * CB_DEC_PF tiles ahead (Gemma 3 270M decode 17.3 -> 12.1 CPU ms/token at 1 thread with 4). */
 INL void prefetch_span(const uint8_t *p, size_t bytes) {
-#ifdef NOPF
-    (void)p; (void)bytes; return;
-#endif
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
     __builtin_prefetch(p + bytes - 1, 0, 3);
 }
@@ -134,7 +130,6 @@ INL void transpose_store8(const __m256i *v, uint8_t *o) {
 #define CB_DEFINE_TILE(NAME, BODY, TYPE, INV)                                                    \
     static void NAME(int64_t n, const uint8_t *w, size_t ws, int nr, const uint8_t *x,         \
                      size_t xs, int nt, float *out) {                                          \
-        CB_TILE_ROWS_HOOK                                                                      \
         for (int r = 0; r < nr; r += 2) {                                                      \
             const uint8_t *wr = w + (size_t)r * ws;                                            \
             if (INV == 2 && nt == 1 && nr - r >= 4) { /* decode: one reduction, 4 rows */     \
@@ -156,6 +151,18 @@ INL void transpose_store8(const __m256i *v, uint8_t *o) {
                 }                                                                              \
             }                                                                                  \
         }                                                                                      \
+    }
+
+/* A batch-invariant cb_tile_fn NAME whose decode (one token) is the walk DEC(TYPE, n, w, ws, nr,
+ * x, out) and whose other calls run the tile body BODY. */
+#define CB_DEFINE_TILE_DEC(NAME, BODY, TYPE, DEC)                                              \
+    CB_DEFINE_TILE(NAME##_tiles, BODY, TYPE, 1)                                                \
+    static void NAME(int64_t n, const uint8_t *w, size_t ws, int nr, const uint8_t *x,         \
+                     size_t xs, int nt, float *out) {                                          \
+        if (nt == 1)                                                                           \
+            DEC(TYPE, n, w, ws, nr, x, out);                                                   \
+        else                                                                                   \
+            NAME##_tiles(n, w, ws, nr, x, xs, nt, out);                                        \
     }
 
 /* The K-quant kernels (quant_avx2_k.c), for the dispatch in quant_avx2.c. */

@@ -346,19 +346,13 @@ INL void tile_q6k(int unused, int INV, int NR, int NT, int64_t nb, const uint8_t
         for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum_ps(acc[r][t]);
 }
 
-#undef CB_TILE_ROWS_HOOK
-#define CB_TILE_ROWS_HOOK if (nt == 1) { rows_k_dec(CB_TYPE_Q4_K, n, w, ws, nr, x, out); return; }
-CB_DEFINE_TILE(tile_avx2_q4_k, tile_q4k, 0, 2)
-#undef CB_TILE_ROWS_HOOK
-#define CB_TILE_ROWS_HOOK if (nt == 1) { rows_k_dec(CB_TYPE_Q5_K, n, w, ws, nr, x, out); return; }
-CB_DEFINE_TILE(tile_avx2_q5_k, tile_q4k, 1, 2)
-#undef CB_TILE_ROWS_HOOK
-#define CB_TILE_ROWS_HOOK
-#undef CB_TILE_ROWS_HOOK
-#define CB_TILE_ROWS_HOOK if (nt == 1) { rows_k_dec(CB_TYPE_Q6_K, n, w, ws, nr, x, out); return; }
-CB_DEFINE_TILE(tile_avx2_q6_k, tile_q6k, 0, 1)
-#undef CB_TILE_ROWS_HOOK
-#define CB_TILE_ROWS_HOOK
+/* the tile bodies take the Q5_K flag, the decode walk the type */
+#define rows_k_dec_q4(q5, ...) rows_k_dec(CB_TYPE_Q4_K, __VA_ARGS__)
+#define rows_k_dec_q5(q5, ...) rows_k_dec(CB_TYPE_Q5_K, __VA_ARGS__)
+#define rows_k_dec_q6(q5, ...) rows_k_dec(CB_TYPE_Q6_K, __VA_ARGS__)
+CB_DEFINE_TILE_DEC(tile_avx2_q4_k, tile_q4k, 0, rows_k_dec_q4)
+CB_DEFINE_TILE_DEC(tile_avx2_q5_k, tile_q4k, 1, rows_k_dec_q5)
+CB_DEFINE_TILE_DEC(tile_avx2_q6_k, tile_q6k, 0, rows_k_dec_q6)
 CB_DEFINE_TILE(tile_avx2_fast_q4_k, tile_q4k, 0, 0)
 CB_DEFINE_TILE(tile_avx2_fast_q5_k, tile_q4k, 1, 0)
 CB_DEFINE_TILE(tile_avx2_fast_q6_k, tile_q6k, 0, 0)
