@@ -18,10 +18,25 @@
 
 /* ------------------------------------------------------------ K-quants with cb_q8k_t */
 
+/* The values of sub-blocks 2*j2 (*lo) and 2*j2 + 1 (*hi) of a Q4_K/Q5_K super-block (qs: its
+ * nibbles; qhv: Q5_K's fifth bits) as 32 unsigned bytes each. */
+INL void k4_values(int q5, const uint8_t *qs, __m256i qhv, int j2, __m256i *lo, __m256i *hi) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i qb = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * j2));
+    *lo = _mm256_and_si256(qb, m4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4);
+    if (q5) {
+        const __m256i b16 = _mm256_set1_epi8(0x10);
+        const __m256i ml = _mm256_set1_epi8((char)(1 << (2 * j2)));
+        const __m256i mh = _mm256_set1_epi8((char)(1 << (2 * j2 + 1)));
+        *lo = _mm256_or_si256(*lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qhv, ml), ml), b16));
+        *hi = _mm256_or_si256(*hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qhv, mh), mh), b16));
+    }
+}
+
 INL void tile_q4k(int q5, int INV, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
                   const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
     const size_t bb = q5 ? 176 : 144;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256 acc[4][4];
     __m256 vacc = _mm256_setzero_ps(); /* INV: lanes k = r * NT + t */
     __m256i pv[8], mv[8];
@@ -49,18 +64,8 @@ INL void tile_q4k(int q5, int INV, int NR, int NT, int64_t nb, const uint8_t *w,
             /* not unrolled: unrolling makes GCC hoist all four chunks and spill */
             #pragma GCC unroll 1
             for (int j2 = 0; j2 < 4; j2++) {
-                __m256i qb = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * j2));
-                __m256i lo = _mm256_and_si256(qb, m4);
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4);
-                if (q5) {
-                    const __m256i b16 = _mm256_set1_epi8(0x10);
-                    __m256i ml = _mm256_set1_epi8((char)(1 << (2 * j2)));
-                    __m256i mh = _mm256_set1_epi8((char)(1 << (2 * j2 + 1)));
-                    lo = _mm256_or_si256(lo, _mm256_and_si256(
-                        _mm256_cmpeq_epi8(_mm256_and_si256(qhv, ml), ml), b16));
-                    hi = _mm256_or_si256(hi, _mm256_and_si256(
-                        _mm256_cmpeq_epi8(_mm256_and_si256(qhv, mh), mh), b16));
-                }
+                __m256i lo, hi;
+                k4_values(q5, qs, qhv, j2, &lo, &hi);
                 __m256i slo = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * j2))));
                 __m256i shi = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * j2 + 1))));
                 #pragma GCC unroll 8
@@ -143,7 +148,6 @@ static const uint8_t k6_scale_shuf[4][32] __attribute__((aligned(32))) = {
 /* A super-block's exact integer sums against one activation block: *isum (8 lanes to add) of
  * q*x scaled by the sub-block scales, *msum (8 lanes) of the mins times the activation sums. */
 INL void k4_block(int q5, const uint8_t *blk, const cb_q8k_t *a, __m256i *isum, __m256i *msum) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m128i s = k4_scales(blk + 4);
     const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(s));
     const uint8_t *qs = blk + (q5 ? 48 : 16);
@@ -151,16 +155,8 @@ INL void k4_block(int q5, const uint8_t *blk, const cb_q8k_t *a, __m256i *isum, 
     __m256i acc = _mm256_setzero_si256();
     #pragma GCC unroll 4
     for (int j2 = 0; j2 < 4; j2++) {
-        __m256i qb = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * j2));
-        __m256i lo = _mm256_and_si256(qb, m4);
-        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4);
-        if (q5) {
-            const __m256i b16 = _mm256_set1_epi8(0x10);
-            __m256i ml = _mm256_set1_epi8((char)(1 << (2 * j2)));
-            __m256i mh = _mm256_set1_epi8((char)(1 << (2 * j2 + 1)));
-            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qhv, ml), ml), b16));
-            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qhv, mh), mh), b16));
-        }
+        __m256i lo, hi;
+        k4_values(q5, qs, qhv, j2, &lo, &hi);
         __m256i xl = _mm256_loadu_si256((const __m256i *)(const void *)(a->qs + 64 * j2));
         __m256i xh = _mm256_loadu_si256((const __m256i *)(const void *)(a->qs + 64 * j2 + 32));
         __m256i slo = _mm256_shuffle_epi8(sc16, _mm256_load_si256((const __m256i *)(const void *)k4_scale_shuf[2 * j2]));
