@@ -173,6 +173,15 @@ def drop_pages(mm: mmap.mmap, offset: int, nbytes: int) -> int:
         mm.madvise(advice, start, end - start)
     except (OSError, ValueError):
         return 0
+    # The file mapping is advised for huge pages: a read of a tensor left mapped (a norm) next to
+    # the dropped range would map its whole 2 MiB page cache folio, the dropped bytes with it.
+    # No huge pages here: the 2 MiB around such a tensor is no longer one huge-page region.
+    nohuge = getattr(mmap, "MADV_NOHUGEPAGE", None)
+    if nohuge is not None:
+        try:
+            mm.madvise(nohuge, start, end - start)
+        except (OSError, ValueError):
+            pass
     return end - start
 
 
