@@ -241,7 +241,6 @@ INL void tile32(int type, int INV, int NR, int NT, int64_t nb, const uint8_t *w,
         for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum_ps(acc[r][t]) + off[r][t];
 }
 
-
 /* Decode (one token), batch-invariant, of the 32-value block types: nr (<= 8) rows one after
  * the other, so that a task reads one sequential stream (the hardware prefetcher follows it;
  * rows read side by side are short streams it keeps restarting on), CB_DEC_PF_BYTES ahead

@@ -21,7 +21,6 @@
 #define CB_DEC_PF_BYTES 2048
 #endif
 
-
 INL float hsum_ps(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

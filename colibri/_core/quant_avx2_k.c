@@ -34,6 +34,51 @@ INL void k4_values(int q5, const uint8_t *qs, __m256i qhv, int j2, __m256i *lo, 
     }
 }
 
+/* The 12 scale bytes of a Q4_K/Q5_K super-block (at p12; 16 bytes are read) as bytes
+ * [sc0..sc7, m0..m7] (6 bits each), in vector registers (cb_k4_scale_words' unpacking). */
+INL __m128i k4_scales(const uint8_t *p12) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p12);
+    const __m128i lo = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    const __m128i hi = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    __m128i a = _mm_and_si128(lo, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+    __m128i b = _mm_and_si128(_mm_srli_epi16(lo, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
+    __m128i c = _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30));
+    return _mm_or_si128(_mm_or_si128(a, b), c);
+}
+
+/* Shuffles broadcasting int16 scale j of a 128-bit lane to all its words. */
+static const uint8_t k4_scale_shuf[8][32] __attribute__((aligned(32))) = {
+#define S2(j) 2 * (j), 2 * (j) + 1
+#define S16(j) S2(j), S2(j), S2(j), S2(j), S2(j), S2(j), S2(j), S2(j)
+    {S16(0), S16(0)}, {S16(1), S16(1)}, {S16(2), S16(2)}, {S16(3), S16(3)},
+    {S16(4), S16(4)}, {S16(5), S16(5)}, {S16(6), S16(6)}, {S16(7), S16(7)},
+#undef S16
+#undef S2
+};
+
+/* Q6_K: int16 scale 2k (low lane) and 2k+1 (high lane) of a half's 8 to every word. */
+static const uint8_t k6_scale_shuf[4][32] __attribute__((aligned(32))) = {
+#define P2(j) 2 * (j), 2 * (j) + 1
+#define P8(j) P2(j), P2(j), P2(j), P2(j), P2(j), P2(j), P2(j), P2(j)
+    {P8(0), P8(1)}, {P8(2), P8(3)}, {P8(4), P8(5)}, {P8(6), P8(7)},
+#undef P8
+#undef P2
+};
+
+/* The 6-bit values (unsigned, q + 32) of one half of a Q6_K super-block (ql: its 64 low-bit
+ * bytes, qh: its 32 high-bit bytes) as 4 x 32 bytes: q[k] = values 32k..32k+31 of the half. */
+INL void k6_values(const uint8_t *ql, const uint8_t *qh, __m256i q[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i qa = _mm256_loadu_si256((const __m256i *)(const void *)ql);
+    const __m256i qb = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
+    const __m256i hv = _mm256_loadu_si256((const __m256i *)(const void *)qh);
+    q[0] = _mm256_or_si256(_mm256_and_si256(qa, m4), _mm256_and_si256(_mm256_slli_epi16(hv, 4), m30));
+    q[1] = _mm256_or_si256(_mm256_and_si256(qb, m4), _mm256_and_si256(_mm256_slli_epi16(hv, 2), m30));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qa, 4), m4), _mm256_and_si256(hv, m30));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), m4),
+                           _mm256_and_si256(_mm256_srli_epi16(hv, 2), m30));
+}
+
 INL void tile_q4k(int q5, int INV, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
                   const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
     const size_t bb = q5 ? 176 : 144;
@@ -52,9 +97,7 @@ INL void tile_q4k(int q5, int INV, int NR, int NT, int64_t nb, const uint8_t *w,
             prefetch_span(blk + (size_t)NR * CB_DEC_PF * ws, bb);
             const uint8_t *qs = blk + (q5 ? 48 : 16);
             float d = f16(blk), dmin = f16(blk + 2);
-            uint32_t u[4];
-            cb_k4_scale_words(blk + 4, u);
-            __m128i scm = _mm_loadu_si128((const __m128i *)(const void *)u);
+            __m128i scm = k4_scales(blk + 4);
             __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
             __m256i qhv = q5 ? _mm256_loadu_si256((const __m256i *)(const void *)(blk + 16))
                              : _mm256_setzero_si256();
@@ -113,38 +156,6 @@ INL void tile_q4k(int q5, int INV, int NR, int NT, int64_t nb, const uint8_t *w,
         for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = hsum_ps(acc[r][t]);
 }
 
-
-/* The 12 scale bytes of a Q4_K/Q5_K super-block (at p12; 16 bytes are read) as bytes
- * [sc0..sc7, m0..m7] (6 bits each), in vector registers (cb_k4_scale_words' unpacking). */
-INL __m128i k4_scales(const uint8_t *p12) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p12);
-    const __m128i lo = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
-    const __m128i hi = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
-    __m128i a = _mm_and_si128(lo, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
-    __m128i b = _mm_and_si128(_mm_srli_epi16(lo, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
-    __m128i c = _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30));
-    return _mm_or_si128(_mm_or_si128(a, b), c);
-}
-
-/* Shuffles broadcasting int16 scale j of a 128-bit lane to all its words. */
-static const uint8_t k4_scale_shuf[8][32] __attribute__((aligned(32))) = {
-#define S2(j) 2 * (j), 2 * (j) + 1
-#define S16(j) S2(j), S2(j), S2(j), S2(j), S2(j), S2(j), S2(j), S2(j)
-    {S16(0), S16(0)}, {S16(1), S16(1)}, {S16(2), S16(2)}, {S16(3), S16(3)},
-    {S16(4), S16(4)}, {S16(5), S16(5)}, {S16(6), S16(6)}, {S16(7), S16(7)},
-#undef S16
-#undef S2
-};
-
-/* Q6_K: int16 scale 2k (low lane) and 2k+1 (high lane) of a half's 8 to every word. */
-static const uint8_t k6_scale_shuf[4][32] __attribute__((aligned(32))) = {
-#define P2(j) 2 * (j), 2 * (j) + 1
-#define P8(j) P2(j), P2(j), P2(j), P2(j), P2(j), P2(j), P2(j), P2(j)
-    {P8(0), P8(1)}, {P8(2), P8(3)}, {P8(4), P8(5)}, {P8(6), P8(7)},
-#undef P8
-#undef P2
-};
-
 /* A super-block's exact integer sums against one activation block: *isum (8 lanes to add) of
  * q*x scaled by the sub-block scales, *msum (8 lanes) of the mins times the activation sums. */
 INL void k4_block(int q5, const uint8_t *blk, const cb_q8k_t *a, __m256i *isum, __m256i *msum) {
@@ -173,7 +184,6 @@ INL void k4_block(int q5, const uint8_t *blk, const cb_q8k_t *a, __m256i *isum, 
 /* A Q6_K super-block's exact integer sum against one activation block, in 8 lanes to add:
  * the scaled q*x sums minus 32 * the scaled activation sums (q is stored unsigned + 32). */
 INL __m256i k6_block(const uint8_t *blk, const cb_q8k_t *a) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     const __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 192)));
     const __m256i schs[2] = {_mm256_permute2x128_si256(scw, scw, 0x00),
                              _mm256_permute2x128_si256(scw, scw, 0x11)};
@@ -181,16 +191,8 @@ INL __m256i k6_block(const uint8_t *blk, const cb_q8k_t *a) {
     #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
         const __m256i sch = schs[h];
-        const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
-        __m256i qa = _mm256_loadu_si256((const __m256i *)(const void *)ql);
-        __m256i qb = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
-        __m256i hv = _mm256_loadu_si256((const __m256i *)(const void *)qh);
         __m256i q[4];
-        q[0] = _mm256_or_si256(_mm256_and_si256(qa, m4), _mm256_and_si256(_mm256_slli_epi16(hv, 4), m30));
-        q[1] = _mm256_or_si256(_mm256_and_si256(qb, m4), _mm256_and_si256(_mm256_slli_epi16(hv, 2), m30));
-        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qa, 4), m4), _mm256_and_si256(hv, m30));
-        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), m4),
-                               _mm256_and_si256(_mm256_srli_epi16(hv, 2), m30));
+        k6_values(blk + 64 * h, blk + 128 + 32 * h, q);
         #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
             /* groups 8h+2k (low lane) and 8h+2k+1 (high lane) */
@@ -255,7 +257,6 @@ INL void rows_k_dec(int type, int64_t nb, const uint8_t *w, size_t ws, int nr, c
 INL void tile_q6k(int unused, int INV, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
                   const uint8_t *x, size_t xs, float *out, int out_nt, int r_off) {
     (void)unused;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     __m256 acc[4][4];
     __m256 vacc = _mm256_setzero_ps(); /* INV: lanes k = r * NT + t */
     __m256i pv[8];
@@ -280,31 +281,13 @@ INL void tile_q6k(int unused, int INV, int NR, int NT, int64_t nb, const uint8_t
             for (int t = 0; t < NT; t++) isum[t] = _mm256_setzero_si256();
             #pragma GCC unroll 1
             for (int h = 0; h < 2; h++) {
-                const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
-                __m256i qa = _mm256_loadu_si256((const __m256i *)(const void *)ql);
-                __m256i qb = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
-                __m256i hv = _mm256_loadu_si256((const __m256i *)(const void *)qh);
                 __m256i q[4];
-                q[0] = _mm256_or_si256(_mm256_and_si256(qa, m4),
-                                       _mm256_and_si256(_mm256_slli_epi16(hv, 4), m30));
-                q[1] = _mm256_or_si256(_mm256_and_si256(qb, m4),
-                                       _mm256_and_si256(_mm256_slli_epi16(hv, 2), m30));
-                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qa, 4), m4),
-                                       _mm256_and_si256(hv, m30));
-                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), m4),
-                                       _mm256_and_si256(_mm256_srli_epi16(hv, 2), m30));
+                k6_values(blk + 64 * h, blk + 128 + 32 * h, q);
                 #pragma GCC unroll 8
                 for (int k = 0; k < 4; k++) {
                     /* groups 8h+2k (low lane) and 8h+2k+1 (high lane) */
-                    __m256i s16 = _mm256_shuffle_epi8(sch[h], _mm256_setr_epi8(
-                        (char)(4 * k), (char)(4 * k + 1), (char)(4 * k), (char)(4 * k + 1),
-                        (char)(4 * k), (char)(4 * k + 1), (char)(4 * k), (char)(4 * k + 1),
-                        (char)(4 * k), (char)(4 * k + 1), (char)(4 * k), (char)(4 * k + 1),
-                        (char)(4 * k), (char)(4 * k + 1), (char)(4 * k), (char)(4 * k + 1),
-                        (char)(4 * k + 2), (char)(4 * k + 3), (char)(4 * k + 2), (char)(4 * k + 3),
-                        (char)(4 * k + 2), (char)(4 * k + 3), (char)(4 * k + 2), (char)(4 * k + 3),
-                        (char)(4 * k + 2), (char)(4 * k + 3), (char)(4 * k + 2), (char)(4 * k + 3),
-                        (char)(4 * k + 2), (char)(4 * k + 3), (char)(4 * k + 2), (char)(4 * k + 3)));
+                    __m256i s16 = _mm256_shuffle_epi8(
+                        sch[h], _mm256_load_si256((const __m256i *)(const void *)k6_scale_shuf[k]));
                     #pragma GCC unroll 8
                     for (int t = 0; t < NT; t++) {
                         const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
@@ -371,23 +354,8 @@ INL size_t rpk_bstride(int type) {
  * pair (mn_2k, mn_2k+1) of the min terms (Q4_K/Q5_K: (m_k, m_k); Q6_K: (32 sc_2k, 32 sc_2k+1)). */
 INL void rpk_unpack(int type, const uint8_t *blk, __m256i *ch, __m256i *sc, __m256i *mn,
                     float *d, float *dmin) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
     if (type == CB_TYPE_Q6_K) {
-        const __m256i m30 = _mm256_set1_epi8(0x30);
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
-            __m256i qa = _mm256_loadu_si256((const __m256i *)(const void *)ql);
-            __m256i qb = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
-            __m256i hv = _mm256_loadu_si256((const __m256i *)(const void *)qh);
-            ch[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(qa, m4),
-                                            _mm256_and_si256(_mm256_slli_epi16(hv, 4), m30));
-            ch[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(qb, m4),
-                                            _mm256_and_si256(_mm256_slli_epi16(hv, 2), m30));
-            ch[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qa, 4), m4),
-                                            _mm256_and_si256(hv, m30));
-            ch[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), m4),
-                                            _mm256_and_si256(_mm256_srli_epi16(hv, 2), m30));
-        }
+        for (int h = 0; h < 2; h++) k6_values(blk + 64 * h, blk + 128 + 32 * h, ch + 4 * h);
         const __m128i s8 = _mm_loadu_si128((const __m128i *)(const void *)(blk + 192));
         sc[0] = _mm256_cvtepi8_epi32(s8);
         sc[1] = _mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8));
@@ -400,26 +368,11 @@ INL void rpk_unpack(int type, const uint8_t *blk, __m256i *ch, __m256i *sc, __m2
     const uint8_t *qs = blk + (q5 ? 48 : 16);
     __m256i qhv = q5 ? _mm256_loadu_si256((const __m256i *)(const void *)(blk + 16))
                      : _mm256_setzero_si256();
-    for (int c2 = 0; c2 < 4; c2++) {
-        __m256i qb = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * c2));
-        __m256i lo = _mm256_and_si256(qb, m4), hi = _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4);
-        if (q5) {
-            const __m256i b16 = _mm256_set1_epi8(0x10);
-            __m256i ml = _mm256_set1_epi8((char)(1 << (2 * c2)));
-            __m256i mh = _mm256_set1_epi8((char)(1 << (2 * c2 + 1)));
-            lo = _mm256_or_si256(lo, _mm256_and_si256(
-                _mm256_cmpeq_epi8(_mm256_and_si256(qhv, ml), ml), b16));
-            hi = _mm256_or_si256(hi, _mm256_and_si256(
-                _mm256_cmpeq_epi8(_mm256_and_si256(qhv, mh), mh), b16));
-        }
-        ch[2 * c2] = lo;
-        ch[2 * c2 + 1] = hi;
-    }
-    uint32_t u[4];
-    cb_k4_scale_words(blk + 4, u); /* bytes sc[0..7] (u[0..1]) and m[0..7] (u[2..3]) */
-    sc[0] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)u));
+    for (int c2 = 0; c2 < 4; c2++) k4_values(q5, qs, qhv, c2, &ch[2 * c2], &ch[2 * c2 + 1]);
+    const __m128i s16 = k4_scales(blk + 4); /* bytes sc[0..7], m[0..7] */
+    sc[0] = _mm256_cvtepu8_epi32(s16);
     sc[1] = _mm256_setzero_si256();
-    __m256i m32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(u + 2)));
+    __m256i m32 = _mm256_cvtepu8_epi32(_mm_srli_si128(s16, 8));
     *mn = _mm256_or_si256(m32, _mm256_slli_epi32(m32, 16));
     *d = f16(blk);
     *dmin = f16(blk + 2);
