@@ -222,6 +222,8 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
         )
     copy = dense_weights == "copy" and not dequantize and worth_copying(gf.tensors)
     r = _Reader(gf, arch, dequantize, DenseCopies() if copy else None)
+    if copy:  # before any tensor is read: the drops below then stay dropped
+        gf.advise_copied()
     p = gf.path
     n_embd = r.int_key("embedding_length", required=True, lo=1)
     n_layer = r.int_key("block_count", required=True, lo=1, hi=MAX_LAYERS)

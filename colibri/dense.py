@@ -173,16 +173,33 @@ def drop_pages(mm: mmap.mmap, offset: int, nbytes: int) -> int:
         mm.madvise(advice, start, end - start)
     except (OSError, ValueError):
         return 0
-    # The file mapping is advised for huge pages: a read of a tensor left mapped (a norm) next to
-    # the dropped range would map its whole 2 MiB page cache folio, the dropped bytes with it.
-    # No huge pages here: the 2 MiB around such a tensor is no longer one huge-page region.
-    nohuge = getattr(mmap, "MADV_NOHUGEPAGE", None)
-    if nohuge is not None:
-        try:
-            mm.madvise(nohuge, start, end - start)
-        except (OSError, ValueError):
-            pass
     return end - start
 
 
-__all__ = ["COPY_MIN", "DenseCopies", "MODES", "drop_pages", "packs_r16", "worth_copying"]
+def no_huge_outside(mm: mmap.mmap | None, spans: list[tuple[int, int]]) -> int:
+    """Advise a file mapping MADV_NOHUGEPAGE everywhere but the (offset, nbytes) spans (the
+    routed experts, read in place), before the dense matrices are copied and dropped. The
+    mapping was advised for huge pages (colibri.gguf.advise_pages): a read of a tensor left
+    mapped (a norm) next to a dropped one would map its whole 2 MiB page cache folio, the
+    dropped bytes with it. One advice per gap between expert spans, not one per dropped
+    tensor: the mapping stays one VMA for a dense model, about two per layer for an MoE one,
+    never one per tensor (vm.max_map_count). Returns the ranges advised."""
+    advice = getattr(mmap, "MADV_NOHUGEPAGE", None)
+    if mm is None or advice is None:
+        return 0
+    page, size, at, n = mmap.PAGESIZE, len(mm), 0, 0
+    for off, nbytes in sorted(spans) + [(size, 0)]:
+        start = -(-at // page) * page
+        end = size if off >= size else off // page * page
+        if end > start:
+            try:
+                mm.madvise(advice, start, end - start)
+            except (OSError, ValueError):
+                return n
+            n += 1
+        at = max(at, off + nbytes)
+    return n
+
+
+__all__ = ["COPY_MIN", "DenseCopies", "MODES", "drop_pages", "no_huge_outside", "packs_r16",
+           "worth_copying"]

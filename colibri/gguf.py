@@ -312,6 +312,19 @@ class GGUFFile:
             return 0
         return drop_pages(self._mm, t.offset, t.nbytes)
 
+    def expert_extent(self, name: str) -> tuple[int, int]:
+        """(offset, bytes) of an expert tensor's bytes in the file, every expert's."""
+        t = self.tensors[name]
+        return t.offset, t.nbytes
+
+    def advise_copied(self) -> int:
+        """Before the dense matrices are copied and their pages dropped (colibri.dense): no
+        huge pages outside the routed experts (dense.no_huge_outside). Returns the ranges."""
+        from colibri.dense import no_huge_outside
+
+        return no_huge_outside(self._mm, [self.expert_extent(n) for n in self.tensors
+                                          if "_exps" in n])
+
     def check_unchanged(self) -> None:
         """Raise OSError if the mapped file was truncated in place since it was opened: its
         tensors are read through the mapping, and a page past the new end would be a SIGBUS.

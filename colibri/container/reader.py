@@ -132,6 +132,13 @@ class ContainerFile(GGUFFile):
                              offset=self.tensors[name].offset)
         return view, g.stride
 
+    def expert_extent(self, name: str) -> tuple[int, int]:
+        gp = self._group_of.get(name)
+        if gp is None:
+            return super().expert_extent(name)
+        g, p = gp
+        return self.tensors[name].offset, (g.n_expert - 1) * g.stride + p.nbytes
+
     def gguf_metadata_image(self) -> bytes:
         """The metadata as the start of a GGUF v3 file with no tensors (magic, version, counts,
         the key/values): what the tokenizer's metadata reader parses."""

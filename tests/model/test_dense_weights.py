@@ -32,6 +32,23 @@ def _file_rss(path: str) -> int:
     return total
 
 
+def _vmas(path: str) -> list[list[str]]:
+    """The VmFlags of each of this process's mappings (VMAs) of `path`, in address order."""
+    out: list[list[str]] = []
+    inside = False
+    real = os.path.realpath(path)
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+                inside = line.rstrip().endswith(real)
+            elif inside and line.startswith("VmFlags:"):
+                out.append(line.split()[1:])
+    return out
+
+
+THP = os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
 @pytest.fixture(scope="module")
 def gemma() -> str:
     return gemma3_gguf_path()
@@ -70,6 +87,29 @@ def test_drop_pages_keeps_the_data_readable(tmp_path):
     assert dense.drop_pages(mm, 0, 100) == 0
     assert np.array_equal(view, data)  # read back from the page cache
     del view
+    mm.close()
+
+
+def test_no_huge_pages_outside_the_experts(tmp_path):
+    """After the copies, the mapping is advised MADV_NOHUGEPAGE ("nh") in the gaps between the
+    expert spans, one advice per gap (overlapping and touching spans are one), the spans keep
+    MADV_HUGEPAGE ("hg"): five VMAs here, not one per dropped tensor."""
+    mib = 1 << 20
+    p = tmp_path / "f.bin"
+    p.write_bytes(bytes(8 * mib))
+    with open(p, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    assert dense.no_huge_outside(None, []) == 0
+    huge = mm.madvise(mmap.MADV_HUGEPAGE) is None if THP else False
+    spans = [(4 * mib, 2 * mib), (mib + 100, 2 * mib), (3 * mib + mib // 2, mib // 2)]
+    n = dense.no_huge_outside(mm, spans)
+    vmas = _vmas(str(p))
+    if huge:
+        assert n == 3
+        assert [("nh" in v, "hg" in v) for v in vmas] == [(True, False), (False, True)] * 2 + [
+            (True, False)]
+    else:
+        assert n in (0, 3) and len(vmas) in (1, 5)
     mm.close()
 
 
@@ -120,6 +160,9 @@ def test_gemma_copy_equals_mapped_and_drops_the_file_pages(gemma):
     rss_copy = _file_rss(gemma)
     assert copied_bytes > 200e6
     assert rss_copy < rss_mapped - 0.9 * copied_bytes, (rss_copy, rss_mapped, copied_bytes)
+    # no routed experts: the whole mapping is advised no huge pages, and stays one VMA (the
+    # drops do not split it per tensor)
+    assert _vmas(gemma) == [_vmas(gemma)[0]] and ("nh" in _vmas(gemma)[0]) == THP
     m.close()
 
 
