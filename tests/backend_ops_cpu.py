@@ -347,7 +347,7 @@ def get_rows_cases(t):
 
 # Batch variants of matmul: decode (1 token, the matvec, through the 1-D API too), a batch
 # below every packed-row threshold, 25 tokens (above every per-level threshold of quant.c
-# rp_min_tokens, the largest being Q4_K's 24 with AVX2 only: the packed tiles where the type
+# rp_min_tokens, the largest being Q4_K's 16 with AVX2 only: the packed tiles where the type
 # has them), the packed path forced on a tiny batch and off a large one, the fast (not batch
 # invariant: the AVX-512 direct tiles) kernels, and 2 threads splitting rows.
 MATMUL_VARIANTS = [

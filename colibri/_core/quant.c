@@ -746,7 +746,7 @@ static int rp_min_tokens(int type, cb_simd_level level) {
         }
     }
     switch (type) {
-    case CB_TYPE_Q4_K: return 24;
+    case CB_TYPE_Q4_K: return 16; /* packing wins from 12-16 tokens (docs/benchmarks.md) */
     case CB_TYPE_Q5_K:
     case CB_TYPE_Q6_K: return 8;
     case CB_TYPE_Q8_0: return 5;

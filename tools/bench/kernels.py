@@ -119,7 +119,7 @@ PACKED_TOKENS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
 # rp_min_tokens() in colibri/_core/quant.c, for the report (the test of this table is the
 # benchmark itself: a threshold far from the measured crossover shows there)
 PACKED_MIN_AVX2 = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q5_1": 4, "MXFP4": 4, "I4_G128": 4,
-                   "Q8_0": 5, "Q5_K": 8, "Q6_K": 8, "Q4_K": 24}
+                   "Q8_0": 5, "Q5_K": 8, "Q6_K": 8, "Q4_K": 16}
 PACKED_MIN_AVX512 = {**{t: 4 for t in PACKED_MIN_AVX2}, "Q8_0": 5, "Q5_K": 5, "Q6_K": 5, "Q4_K": 5}
 PACKED_MIN_AVX512_VNNI = {**{t: 2 for t in PACKED_MIN_AVX2}, "Q5_K": 5, "Q6_K": 5, "Q4_K": 5}
 
