@@ -19,31 +19,32 @@ from colibri.gguf import GGUFFile
 from tests.gguf_util import gemma3_gguf_path
 
 
-def _file_rss(path: str) -> int:
-    """Resident bytes of this process's mappings of `path` (/proc/self/smaps)."""
-    total, inside = 0, False
-    real = os.path.realpath(path)
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
-                inside = line.rstrip().endswith(real)
-            elif inside and line.startswith("Rss:"):
-                total += int(line.split()[1]) * 1024
-    return total
-
-
-def _vmas(path: str) -> list[list[str]]:
-    """The VmFlags of each of this process's mappings (VMAs) of `path`, in address order."""
-    out: list[list[str]] = []
+def _smaps(path: str) -> list[dict[str, list[str]]]:
+    """Each of this process's mappings (VMAs) of `path`, in address order: its /proc/self/smaps
+    fields (name -> the words after it)."""
+    out: list[dict[str, list[str]]] = []
     inside = False
     real = os.path.realpath(path)
     with open("/proc/self/smaps") as f:
         for line in f:
             if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
                 inside = line.rstrip().endswith(real)
-            elif inside and line.startswith("VmFlags:"):
-                out.append(line.split()[1:])
+                if inside:
+                    out.append({})
+            elif inside and ":" in line:
+                key, _, rest = line.partition(":")
+                out[-1][key] = rest.split()
     return out
+
+
+def _file_rss(path: str) -> int:
+    """Resident bytes of this process's mappings of `path`."""
+    return sum(int(v["Rss"][0]) * 1024 for v in _smaps(path))
+
+
+def _vmas(path: str) -> list[list[str]]:
+    """The VmFlags of each of this process's mappings of `path`, in address order."""
+    return [v["VmFlags"] for v in _smaps(path)]
 
 
 THP = os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled")
