@@ -109,8 +109,8 @@ INL void tile_q4k(int q5, int INV, int NR, int NT, int64_t nb, const uint8_t *w,
             for (int j2 = 0; j2 < 4; j2++) {
                 __m256i lo, hi;
                 k4_values(q5, qs, qhv, j2, &lo, &hi);
-                __m256i slo = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * j2))));
-                __m256i shi = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * j2 + 1))));
+                __m256i slo = _mm256_shuffle_epi8(sc16, _mm256_load_si256((const __m256i *)(const void *)k4_scale_shuf[2 * j2]));
+                __m256i shi = _mm256_shuffle_epi8(sc16, _mm256_load_si256((const __m256i *)(const void *)k4_scale_shuf[2 * j2 + 1]));
                 #pragma GCC unroll 8
                 for (int t = 0; t < NT; t++) {
                     const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;

@@ -115,8 +115,8 @@ class ContainerFile(GGUFFile):
         if gp is None:
             return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
         g, p = gp
-        span = np.frombuffer(self._mm, dtype=np.uint8, count=(g.n_expert - 1) * g.stride + p.nbytes,
-                             offset=t.offset)
+        off, n = self.expert_extent(name)
+        span = np.frombuffer(self._mm, dtype=np.uint8, count=n, offset=off)
         return np.lib.stride_tricks.as_strided(span, shape=(g.n_expert, p.nbytes),
                                                strides=(g.stride, 1), writeable=False)
 
@@ -127,12 +127,11 @@ class ContainerFile(GGUFFile):
         gp = self._group_of.get(name)
         if gp is None or self._mm is None:
             return None
-        g, p = gp
-        view = np.frombuffer(self._mm, dtype=np.uint8, count=(g.n_expert - 1) * g.stride + p.nbytes,
-                             offset=self.tensors[name].offset)
-        return view, g.stride
+        off, n = self.expert_extent(name)
+        return np.frombuffer(self._mm, dtype=np.uint8, count=n, offset=off), gp[0].stride
 
     def expert_extent(self, name: str) -> tuple[int, int]:
+        """(offset, bytes) from expert 0's slice to the end of the last expert's slice."""
         gp = self._group_of.get(name)
         if gp is None:
             return super().expert_extent(name)

@@ -92,7 +92,7 @@ def test_drop_pages_keeps_the_data_readable(tmp_path):
 
 
 def test_no_huge_pages_outside_the_experts(tmp_path):
-    """After the copies, the mapping is advised MADV_NOHUGEPAGE ("nh") in the gaps between the
+    """Before the copies, the mapping is advised MADV_NOHUGEPAGE ("nh") in the gaps between the
     expert spans, one advice per gap (overlapping and touching spans are one), the spans keep
     MADV_HUGEPAGE ("hg"): five VMAs here, not one per dropped tensor."""
     mib = 1 << 20
