@@ -194,7 +194,7 @@ INL void tile32(int type, int INV, int NR, int NT, int64_t nb, const uint8_t *w,
         float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
-            __builtin_prefetch(w + (size_t)(r + NR * CB_DEC_PF) * ws + (size_t)b * bb, 0, 3);
+            cb_prefetch_l2(w + (size_t)(r + NR * CB_DEC_PF) * ws + (size_t)b * bb);
             wq[r] = unpack32(type, w + (size_t)r * ws + (size_t)b * bb, &dv[r], &m[r]);
             aw[r] = unsig ? wq[r] : _mm256_sign_epi8(wq[r], wq[r]);
         }
@@ -283,7 +283,7 @@ INL void rows32_dec(int type, int64_t nb, const uint8_t *w, size_t ws, int nr, c
                     }
                     const uint8_t *blk = row + (size_t)(b0 + k) * bb;
                     const cb_q8a_t *a = xa + c0 + b0 + k;
-                    __builtin_prefetch(blk + CB_DEC_PF_BYTES, 0, 3);
+                    cb_prefetch_l1(blk + CB_DEC_PF_BYTES);
                     __m256 dv;
                     float m = 0.0f;
                     __m256i wq = unpack32(type, blk, &dv, &m);

@@ -227,7 +227,7 @@ INL void rows_k_dec(int type, int64_t nb, const uint8_t *w, size_t ws, int nr, c
             for (int k = 0; k < G; k++) {
                 if (k < n) {
                     const uint8_t *blk = row + (size_t)(b0 + k) * bb;
-                    prefetch_span(blk + CB_DEC_PF_BYTES, bb);
+                    prefetch_span_l1(blk + CB_DEC_PF_BYTES, bb);
                     if (q6)
                         v[k] = k6_block(blk, xa + b0 + k);
                     else

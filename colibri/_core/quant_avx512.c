@@ -934,8 +934,8 @@ INLV void r16_tile(int layout, int NT, const uint8_t *pk, int64_t nb, const uint
         for (int v = 0; v < 4; v++) {
             if (!q8) { /* Q5_0: the block CB_R16_PF ahead, spread over the steps (Q8_0 streams
                         * faster without: the hardware prefetchers keep up with its plain loads) */
-                __builtin_prefetch(q + CB_R16_PF * bst + 64 * v, 0, 3);
-                if (v < 2) __builtin_prefetch(q + CB_R16_PF * bst + 256 + 64 * v, 0, 3);
+                cb_prefetch_l2(q + CB_R16_PF * bst + 64 * v);
+                if (v < 2) cb_prefetch_l2(q + CB_R16_PF * bst + 256 + 64 * v);
             }
             __m512i w0, w1; /* steps v and v + 4 */
             if (q8) {

@@ -211,8 +211,8 @@ INL __m512i sign_by(__m512i x, __m512i w) {
 #define CB_DEC_PF512 4
 #endif
 INL void prefetch_span(const uint8_t *p, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
-    __builtin_prefetch(p + bytes - 1, 0, 3);
+    for (size_t o = 0; o < bytes; o += 64) cb_prefetch_l2(p + o);
+    cb_prefetch_l2(p + bytes - 1);
 }
 
 /* the 16-row tiles' output: out[r * NT + t] = lane r of facc[t] */

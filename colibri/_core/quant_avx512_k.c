@@ -504,7 +504,7 @@ INLV void r16k_tile(int unused, int NT, const uint8_t *pk, int64_t nb, const uin
                 /* the super-block CB_R16K_PF ahead, 4 lines a chunk (the next groups are
                  * contiguous: prefetching past this group's end is reading ahead) */
                 #pragma GCC unroll 4
-                for (int l = 0; l < 4; l++) __builtin_prefetch(q + CB_R16K_PF * 3360 + 256 * k + 64 * l, 0, 3);
+                for (int l = 0; l < 4; l++) cb_prefetch_l2(q + CB_R16K_PF * 3360 + 256 * k + 64 * l);
                 const __m512i l0 = loadu512(c), l1 = loadu512(c + 64), h = loadu512(c + 128);
                 /* (low or high nibbles) | (the high-bit field at bits 4, 5) */
                 __m512i w[4];
@@ -588,9 +588,9 @@ INLV void r16k4_tile(int unused, int NT, const uint8_t *pk, int64_t nb, const ui
                 const int s = 8 * j + i;
                 if (i % 2 == 0) { /* the super-block CB_R16K_PF ahead, 9 lines a sub-block pair */
                     const uint8_t *pf = q + CB_R16K4_PF * 2304 + 576 * j + 64 * (i / 2);
-                    __builtin_prefetch(pf, 0, 3);
-                    __builtin_prefetch(pf + 256, 0, 3);
-                    if (i == 0) __builtin_prefetch(pf + 512, 0, 3);
+                    cb_prefetch_l2(pf);
+                    cb_prefetch_l2(pf + 256);
+                    if (i == 0) cb_prefetch_l2(pf + 512);
                 }
                 const __m512i v = loadu512(q + 64 * s);
                 const __m512i wl = _mm512_and_si512(v, m4), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);

@@ -267,7 +267,7 @@ INL void pack_32(int type, const uint8_t *w, size_t ws, int nr, int64_t cols, ui
         for (int r = 0; r < 16; r++) p[r] = r < nr ? w + (size_t)r * ws + (size_t)b * bb : zero_block;
         /* PACK_PF_32 bytes ahead in each row, as this block enters a new line of row 0 */
         if ((b * (int64_t)bb) % 64 < (int64_t)bb && (b + 1) * (int64_t)bb + PACK_PF_32 < nb * (int64_t)bb)
-            for (int r = 0; r < nr; r++) __builtin_prefetch(p[r] + PACK_PF_32, 0, 3);
+            for (int r = 0; r < nr; r++) cb_prefetch_l2(p[r] + PACK_PF_32);
         pack_b32(type, p, dst + (size_t)b * bst);
     }
 }

@@ -12,6 +12,16 @@
 
 #include "colibri/quant.h"
 
+/* Software prefetch of the weight streams. Far ahead (tiles ahead, the next groups of a layout,
+ * 4 KiB and more) into L2 only (prefetcht2): into L1 (prefetcht0) the lines arrive tens of KiB
+ * before their loads, more than L1 holds, and each holds one of the core's few L1 miss buffers
+ * for a DRAM latency; on the Zen4 VM of 2026-12-03 that capped the AVX-512 1-token tiles from
+ * memory at 8-13 GB/s, where ggml's vec_dot read 20 and the same tiles with the L2 hint 20-25.
+ * Near (the AVX2 decode walks, CB_DEC_PF_BYTES = 2 KiB ahead in the row) into L1: the L2 hint
+ * made them 1.5x slower there (docs/benchmarks.md, "Prefetch hints"). */
+#define cb_prefetch_l2(p) __builtin_prefetch((p), 0, 1)
+#define cb_prefetch_l1(p) __builtin_prefetch((p), 0, 3)
+
 #define CB_QK 32   /* values per block of the 32-blocks (Q4_0 ... MXFP4) */
 #define CB_QKK 256 /* values per K-quant super-block */
 
