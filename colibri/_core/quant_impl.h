@@ -18,8 +18,12 @@
  * for a DRAM latency; on the Zen4 VM of 2026-12-03 that capped the AVX-512 1-token tiles from
  * memory at 8-13 GB/s, where ggml's vec_dot read 20 and the same tiles with the L2 hint 20-25.
  * Near (the AVX2 decode walks, CB_DEC_PF_BYTES = 2 KiB ahead in the row) into L1: the L2 hint
- * made them 1.5x slower there (docs/benchmarks.md, "Prefetch hints"). */
-#define cb_prefetch_l2(p) __builtin_prefetch((p), 0, 1)
+ * made them 1.5x slower there (docs/benchmarks.md, "Prefetch hints"; the A/B:
+ * tools/bench/vs_ggml_matvec.py --far-hint 3). */
+#ifndef CB_PF_FAR_HINT
+#define CB_PF_FAR_HINT 1
+#endif
+#define cb_prefetch_l2(p) __builtin_prefetch((p), 0, CB_PF_FAR_HINT)
 #define cb_prefetch_l1(p) __builtin_prefetch((p), 0, 3)
 
 #define CB_QK 32   /* values per block of the 32-blocks (Q4_0 ... MXFP4) */

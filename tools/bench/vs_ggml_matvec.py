@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""One-token matvec from memory, colibri against ggml's vec_dot (llama-cpp-python's bundled
+libggml-cpu) on the same weights: tools/bench/vs_ggml_matvec.c, compiled here with colibri's C
+sources (-O3 -march=native, plus --cflags; --far-hint 3 builds the far prefetches into L1, the
+A/B of docs/benchmarks.md "Prefetch hints").
+
+    python tools/bench/vs_ggml_matvec.py [--far-hint N] [--cflags=...] [--threads 1] [--rounds 2] [--avx2]
+
+The shapes are the MoE bench model's (tools/make_bench_model.py): an expert's gate/up (Q4_K and
+Q8_0 768x2048) and down (Q6_K 2048x768), 200 distinct matrices each, and its 159744x2048 Q6_K
+head in the R16 layout colibri reads it in; Gemma's Q5_0 layer shape in R16. Rounds alternate
+the cases; each line is one run's median over its iterations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = [  # type, rows, cols, matrices, iterations, r16, what
+    (12, 768, 2048, 200, 2000, 0, "Q4_K 768x2048 (expert gate/up)"),
+    (14, 2048, 768, 200, 2000, 0, "Q6_K 2048x768 (expert down)"),
+    (8, 768, 2048, 200, 2000, 0, "Q8_0 768x2048 (Q8_0 expert)"),
+    (14, 159744, 2048, 1, 12, 1, "Q6_K_R16 159744x2048 (head)"),
+    (6, 2048, 640, 200, 3000, 1, "Q5_0_R16 2048x640 (Gemma layer)"),
+]
+
+
+def build(out: Path, cflags: list[str]) -> Path:
+    srcs = sorted((ROOT / "colibri" / "_core").glob("*.c"))
+    flags = ["-O3", "-march=native", "-std=c11", "-D_GNU_SOURCE", "-pthread", f"-I{ROOT / 'include'}",
+             f"-I{ROOT / 'colibri' / '_core'}", f"-I{ROOT / 'cuda'}", *cflags]
+
+    def cc(src: Path) -> Path:
+        obj = out / (src.stem + ".o")
+        subprocess.run(["gcc", *flags, "-c", str(src), "-o", str(obj)], check=True)
+        return obj
+
+    with ThreadPoolExecutor(os.cpu_count() or 1) as ex:
+        objs = list(ex.map(cc, srcs))
+    exe = out / "vs_ggml_matvec"
+    subprocess.run(["gcc", *flags, str(ROOT / "tools" / "bench" / "vs_ggml_matvec.c"), *map(str, objs),
+                    "-lm", "-ldl", "-o", str(exe)], check=True)
+    return exe
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cflags", default="", help="extra C flags for colibri's sources")
+    ap.add_argument("--far-hint", type=int, choices=(0, 1, 2, 3),
+                    help="the far prefetches' locality (CB_PF_FAR_HINT; colibri's: 1, prefetcht2)")
+    ap.add_argument("--threads", type=int, default=1, help="colibri's threads (ggml: 1)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--avx2", action="store_true", help="cap colibri at its AVX2 kernels")
+    a = ap.parse_args(argv)
+    try:
+        import llama_cpp
+    except ImportError:
+        print("needs llama-cpp-python (pip install llama-cpp-python)", file=sys.stderr)
+        return 2
+    env = dict(os.environ, GGMLCPU=str(Path(llama_cpp.__file__).parent / "lib" / "libggml-cpu.so"))
+    if a.avx2:
+        env["VS_GGML_MAX_SIMD"] = "1"
+    with tempfile.TemporaryDirectory() as tmp:
+        cflags = a.cflags.split() + ([f"-DCB_PF_FAR_HINT={a.far_hint}"] if a.far_hint is not None else [])
+        exe = build(Path(tmp), cflags)
+        for r in range(a.rounds):
+            for t, rows, cols, nm, it, r16, what in CASES:
+                out = subprocess.run([str(exe), str(t), str(rows), str(cols), str(nm), str(it),
+                                      str(a.threads), str(r16)], env=env, check=True,
+                                     capture_output=True, text=True).stdout.strip()
+                print(f"round {r + 1} {what:34s} {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
