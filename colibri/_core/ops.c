@@ -321,16 +321,23 @@ AVX2_FN static void axpy_avx2(float a, const float *x, int64_t n, float *y) {
 AVX2_FN static void dot_rows8_avx2(const float *q, const float *k, int64_t k_stride, int64_t n,
                                    float scale, float *out) {
     __m256 t[8];
-    for (int r = 0; r < 8; r++) {
-        const float *b = k + r * k_stride;
-        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (int r = 0; r < 8; r += 2) { /* two rows a pass: one load of q for both */
+        const float *b = k + r * k_stride, *c = b + k_stride;
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, u0 = s0, u1 = s0, u2 = s0, u3 = s0;
         for (int64_t i = 0; i < n; i += 32) {
-            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(b + i), s0);
-            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-            s2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 16), _mm256_loadu_ps(b + i + 16), s2);
-            s3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+            const __m256 q0 = _mm256_loadu_ps(q + i), q1 = _mm256_loadu_ps(q + i + 8);
+            const __m256 q2 = _mm256_loadu_ps(q + i + 16), q3 = _mm256_loadu_ps(q + i + 24);
+            s0 = _mm256_fmadd_ps(q0, _mm256_loadu_ps(b + i), s0);
+            s1 = _mm256_fmadd_ps(q1, _mm256_loadu_ps(b + i + 8), s1);
+            s2 = _mm256_fmadd_ps(q2, _mm256_loadu_ps(b + i + 16), s2);
+            s3 = _mm256_fmadd_ps(q3, _mm256_loadu_ps(b + i + 24), s3);
+            u0 = _mm256_fmadd_ps(q0, _mm256_loadu_ps(c + i), u0);
+            u1 = _mm256_fmadd_ps(q1, _mm256_loadu_ps(c + i + 8), u1);
+            u2 = _mm256_fmadd_ps(q2, _mm256_loadu_ps(c + i + 16), u2);
+            u3 = _mm256_fmadd_ps(q3, _mm256_loadu_ps(c + i + 24), u3);
         }
         t[r] = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+        t[r + 1] = _mm256_add_ps(_mm256_add_ps(u0, u1), _mm256_add_ps(u2, u3));
     }
     __m256 w[4]; /* w[p]: [w of row 2p | w of row 2p + 1] */
     for (int p = 0; p < 4; p++)
