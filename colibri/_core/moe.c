@@ -287,8 +287,11 @@ cb_status cb_moe_run(const cb_moe_run_t *r, cb_threadpool_t *pool) {
         return cb_fail(CB_STATUS_INTERNAL, "moe: %d entries over the experts, %lld expected",
                        (int)first, (long long)n_entries);
     /* tasks: tokens / entries in 4 per thread; gate/up chunks so that every thread gets about
-     * MOE_TASKS_PER_THREAD tasks when few experts are used; down rows likewise */
-    const int64_t want = (int64_t)n_threads * MOE_TASKS_PER_THREAD;
+     * MOE_TASKS_PER_THREAD tasks when few experts are used; down rows likewise. One thread
+     * needs no balance: an expert's gate/up whole and one down task (each expert's rows in one
+     * pass, not 16 row ranges of 8 experts: 2-3% faster MoE bench decode at 1 thread, the same
+     * rows and sums) */
+    const int64_t want = n_threads == 1 ? 1 : (int64_t)n_threads * MOE_TASKS_PER_THREAD;
     c.tok_per_task = (r->n_tokens + 4 * n_threads - 1) / (4 * n_threads);
     c.ent_per_task = (n_entries + 4 * n_threads - 1) / (4 * n_threads);
     c.gu_rows = rows_per(c.ff, (want + r->n_used - 1) / r->n_used);
