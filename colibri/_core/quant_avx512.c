@@ -409,7 +409,7 @@ INLV void tile32i(int type, int NR, int NT, int64_t nb, const uint8_t *w, size_t
             }
         }
         __m512i pv[8];
-        #pragma GCC unroll 4
+        #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const uint8_t *p0 = bw + (size_t)r * ws;
             prefetch_span(p0 + (size_t)NR * CB_DEC_PF512 * ws, two ? 2 * bb : bb);
