@@ -5,11 +5,14 @@ sources (-O3 -march=native, plus --cflags; --far-hint 3 builds the far prefetche
 A/B of docs/benchmarks.md "Prefetch hints").
 
     python tools/bench/vs_ggml_matvec.py [--far-hint N] [--cflags=...] [--threads 1] [--rounds 2] [--avx2]
+                                         [--in-cache]
 
 The shapes are the MoE bench model's (tools/make_bench_model.py): an expert's gate/up (Q4_K and
 Q8_0 768x2048) and down (Q6_K 2048x768), 200 distinct matrices each, and its 159744x2048 Q6_K
-head in the R16 layout colibri reads it in; Gemma's Q5_0 layer shape in R16. Rounds alternate
-the cases; each line is one run's median over its iterations.
+head in the R16 layout colibri reads it in; Gemma's Q5_0 layer shape and Q8_0 head in R16.
+--in-cache times one matrix of each expert shape over and over instead (in L2: the compute rate),
+in the file's layout and in R16. Rounds alternate the cases; each line is one run's median over
+its iterations (and its best).
 """
 
 from __future__ import annotations
@@ -29,7 +32,14 @@ CASES = [  # type, rows, cols, matrices, iterations, r16, what
     (8, 768, 2048, 200, 2000, 0, "Q8_0 768x2048 (Q8_0 expert)"),
     (14, 159744, 2048, 1, 12, 1, "Q6_K_R16 159744x2048 (head)"),
     (6, 2048, 640, 200, 3000, 1, "Q5_0_R16 2048x640 (Gemma layer)"),
+    (8, 262144, 640, 1, 12, 1, "Q8_0_R16 262144x640 (Gemma head)"),
 ]
+# --in-cache: one matrix over and over (it stays in L2): what the tiles compute, the file's layout
+# (the experts') against R16 (the dense matrices')
+CACHE_CASES = [(t, rows, cols, 1, 4000, r16, f"{name} {rows}x{cols} {'R16' if r16 else 'direct'}, in L2")
+               for t, rows, cols, name in ((12, 768, 2048, "Q4_K"), (14, 2048, 768, "Q6_K"),
+                                           (8, 768, 2048, "Q8_0"))
+               for r16 in (0, 1)]
 
 
 def build(out: Path, cflags: list[str]) -> Path:
@@ -58,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="colibri's threads (ggml: 1)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--avx2", action="store_true", help="cap colibri at its AVX2 kernels")
+    ap.add_argument("--in-cache", action="store_true",
+                    help="one matrix per expert shape, direct and R16, over and over (in L2)")
     a = ap.parse_args(argv)
     try:
         import llama_cpp
@@ -71,11 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         cflags = a.cflags.split() + ([f"-DCB_PF_FAR_HINT={a.far_hint}"] if a.far_hint is not None else [])
         exe = build(Path(tmp), cflags)
         for r in range(a.rounds):
-            for t, rows, cols, nm, it, r16, what in CASES:
+            for t, rows, cols, nm, it, r16, what in (CACHE_CASES if a.in_cache else CASES):
                 out = subprocess.run([str(exe), str(t), str(rows), str(cols), str(nm), str(it),
                                       str(a.threads), str(r16)], env=env, check=True,
                                      capture_output=True, text=True).stdout.strip()
-                print(f"round {r + 1} {what:34s} {out}", flush=True)
+                print(f"round {r + 1} {what:36s} {out}", flush=True)
     return 0
 
 
