@@ -500,6 +500,11 @@ class Model:
         seqs[i] at its next position (a single sequence id applies to every token). Returns the
         logits of the tokens that want them (all by default), in batch order. Batches larger
         than max_batch are split."""
+        if (embd is None and logits is None and isinstance(seqs, list | tuple)
+                and isinstance(tokens, list | tuple) and len(seqs) == 1 and len(tokens) == 1):
+            out = self._decode_one(seqs[0], tokens[0])
+            if out is not None:
+                return out
         seqs = _integers(seqs, 2**31, "seqs", "the sequence ids")
         if tokens is not None:
             tokens = token_ids(tokens, self.n_vocab, "tokens")
@@ -541,6 +546,21 @@ class Model:
                 if self._usage and time.monotonic() - self._usage_t > USAGE_SAVE_S:
                     self.save_expert_usage()
         return np.concatenate(outs) if len(outs) > 1 else outs[0]
+
+    def _decode_one(self, seq: Any, token: Any) -> np.ndarray | None:
+        """eval's decode step (one plain int token for one plain int sequence) with the fewest
+        Python and numpy calls: the step's weight stream leaves the caches cold, and eval's
+        general path took ~0.4 ms a step there (docs/benchmarks.md). None: take the general
+        path (other types, or a full context, whose error it raises)."""
+        if (type(seq) is not int or type(token) is not int or not 0 <= seq < 2**31
+                or not 0 <= token < self.n_vocab):
+            return None
+        self.gguf.check_unchanged()  # as eval
+        with self._lock:
+            out = self._fw.decode_one(seq, token, self.ctx)
+            if out is not None and self._usage and time.monotonic() - self._usage_t > USAGE_SAVE_S:
+                self.save_expert_usage()
+        return out
 
     @_requires_open
     def logits(self, ids: Sequence[int]) -> np.ndarray:

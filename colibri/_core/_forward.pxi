@@ -527,6 +527,41 @@ cdef class Forward:
         its batch; False: the faster kernels that are not (cb_forward_set_deterministic)."""
         cb_forward_set_deterministic(self.f, 1 if deterministic else 0)
 
+    def decode_one(self, seq, token, int64_t ctx):
+        """One token appended to one sequence at its next position, the sequence's length
+        (Model.eval's decode step): run()'s checks without its arrays, which cost ~0.2 ms a
+        step once the step's weight stream has flushed the caches (docs/benchmarks.md). Returns
+        float32 [1, n_vocab], or None when the token would take the sequence past ctx tokens
+        (the caller raises its error)."""
+        cdef uint32_t s = _seq_id(seq)
+        v = operator.index(token)
+        if v < 0 or v >= self.n_vocab:
+            raise ValueError(f"token id {v} is out of range [0, {self.n_vocab})")
+        cdef int32_t t = <int32_t>v
+        self.kv._open()
+        cdef size_t length = 0
+        check(cb_kvcache_seq_len(self.kv._kv, s, &length))
+        if <int64_t>length + 1 > ctx or length >= (1u << 31) - 1:
+            return None
+        cdef int32_t p = <int32_t>length
+        cdef cb_batch_t b
+        memset(&b, 0, sizeof(cb_batch_t))
+        b.n_tokens = 1
+        b.tokens = &t
+        b.seq = &s
+        b.pos = &p
+        out = np.empty((1, self.n_vocab), dtype=np.float32)
+        cdef float *op = <float *><uintptr_t>out.ctypes.data
+        cdef cb_status st
+        self._hook_error = None
+        with nogil:
+            st = cb_forward_run(self.f, &b, op)
+        if self._hook_error is not None:
+            exc, self._hook_error = self._hook_error, None
+            raise exc
+        check(st)
+        return out
+
     def run(self, seq, pos, tokens=None, embd=None, logits=None):
         """Run one batch. seq, pos: int arrays [n]; tokens int [n] or embd float32 [n, n_embd];
         logits: bool [n] (which tokens get logits; None = all). Returns float32 [n_wanted, n_vocab]."""

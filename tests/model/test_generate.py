@@ -211,6 +211,55 @@ def test_seeded_generation_is_reproducible(model):
     assert a == b
 
 
+class _CountingForward:
+    """A Model's forward context, counting the single-token shortcut's calls."""
+
+    def __init__(self, fw):
+        self.fw, self.shortcuts = fw, 0
+
+    def __getattr__(self, name):
+        return getattr(self.fw, name)
+
+    def decode_one(self, *args):
+        self.shortcuts += 1
+        return self.fw.decode_one(*args)
+
+
+def test_single_token_eval_shortcut_matches_the_general_path(tiny):
+    """eval([seq], tokens=[t]) with plain ints takes a shortcut (Model._decode_one: fewer
+    Python and numpy calls a decode step); the same steps through the general path (numpy
+    ids) give the same logits bit for bit, the same lengths and the same errors."""
+    m = Model(tiny, threads=2, ctx=8, max_batch=8)
+    m._fw = counting = _CountingForward(m._fw)
+    a, b = m.new_sequence(), m.new_sequence()
+    ids = prompt(4, seed=3)
+    assert np.array_equal(m.eval([a], tokens=ids), m.eval([b], tokens=ids))
+    t = 5
+    for _ in range(4):  # up to the context's 8 tokens
+        fa = m.eval([a], tokens=[t])
+        fb = m.eval(np.array([b]), tokens=np.array([t]))
+        assert fa.shape == fb.shape == (1, m.n_vocab) and fa.dtype == fb.dtype == np.float32
+        assert np.array_equal(fa, fb)
+        assert m.sequence_length(a) == m.sequence_length(b)
+        t = int(np.argmax(fa[0]))
+    assert counting.shortcuts == 4
+    with pytest.raises(ColibriError, match="context full"):
+        m.eval([a], tokens=[1])
+    assert m.sequence_length(a) == 8
+    c = m.new_sequence()
+    with pytest.raises(ValueError, match="out of the vocabulary"):
+        m.eval([c], tokens=[m.n_vocab])
+    with pytest.raises(TypeError):
+        m.eval([c], tokens=[True])
+    errors = []
+    for seqs in ([12345], np.array([12345])):  # not a live sequence: the same error both ways
+        with pytest.raises(Exception) as e:
+            m.eval(seqs, tokens=[1])
+        errors.append((type(e.value), str(e.value)))
+    assert errors[0] == errors[1]
+    assert m.sequence_length(c) == 0
+
+
 def test_context_full_is_an_error_or_a_chosen_stop(tiny):
     small = Model(tiny, threads=1, ctx=16, max_batch=16)
     ids = prompt(12, seed=6)
