@@ -527,6 +527,17 @@ cdef class Forward:
         its batch; False: the faster kernels that are not (cb_forward_set_deterministic)."""
         cb_forward_set_deterministic(self.f, 1 if deterministic else 0)
 
+    cdef _forward(self, const cb_batch_t *b, float *op):
+        """cb_forward_run with the GIL released; then a MoE hook's exception, or the status."""
+        cdef cb_status st
+        self._hook_error = None
+        with nogil:
+            st = cb_forward_run(self.f, b, op)
+        if self._hook_error is not None:
+            exc, self._hook_error = self._hook_error, None
+            raise exc
+        check(st)
+
     def decode_one(self, seq, token, int64_t ctx):
         """One token appended to one sequence at its next position, the sequence's length
         (Model.eval's decode step): run()'s checks without its arrays, which cost ~0.2 ms a
@@ -552,14 +563,7 @@ cdef class Forward:
         b.pos = &p
         out = np.empty((1, self.n_vocab), dtype=np.float32)
         cdef float *op = <float *><uintptr_t>out.ctypes.data
-        cdef cb_status st
-        self._hook_error = None
-        with nogil:
-            st = cb_forward_run(self.f, &b, op)
-        if self._hook_error is not None:
-            exc, self._hook_error = self._hook_error, None
-            raise exc
-        check(st)
+        self._forward(&b, op)
         return out
 
     def run(self, seq, pos, tokens=None, embd=None, logits=None):
@@ -601,12 +605,5 @@ cdef class Forward:
         b.pos = <const int32_t *><uintptr_t>p.ctypes.data
         out = np.empty((max(nw, 1), self.n_vocab), dtype=np.float32)
         cdef float *op = <float *><uintptr_t>out.ctypes.data
-        cdef cb_status st
-        self._hook_error = None
-        with nogil:
-            st = cb_forward_run(self.f, &b, op)
-        if self._hook_error is not None:
-            exc, self._hook_error = self._hook_error, None
-            raise exc
-        check(st)
+        self._forward(&b, op)
         return out[:nw]
