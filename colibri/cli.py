@@ -200,7 +200,7 @@ def _read_prompt(args: argparse.Namespace) -> str:
     not valid UTF-8 is explained, not passed on: from the command line the terminal's
     encoding is the cause, and --prompt-file reads the bytes as they are."""
     if args.prompt_file is not None:
-        from colibri.model import as_text
+        from colibri.inputs import as_text
 
         if args.prompt_file == "-":
             raw = sys.stdin.buffer.read()
@@ -213,7 +213,7 @@ def _read_prompt(args: argparse.Namespace) -> str:
     if prompt is None:
         if sys.stdin.isatty():
             raise ValueError("give a prompt: colibri run -p 'Once upon a time'")
-        from colibri.model import as_text
+        from colibri.inputs import as_text
 
         return as_text(sys.stdin.buffer.read(), "the prompt read from stdin")
     try:

@@ -152,7 +152,7 @@ def stream(
     """An iterator of the continuation of prompt as pieces of text, each made of whole
     characters. Every argument is checked and the prompt tokenized here, at the call; the
     forward passes run as the iterator is consumed."""
-    from colibri.model import token_ids
+    from colibri.inputs import token_ids
 
     if on_context_full not in ("error", "stop"):
         raise ValueError(f"on_context_full must be 'error' or 'stop', got {on_context_full!r}")

@@ -23,6 +23,7 @@ from colibri.arch import ModelDesc, UnsupportedModel
 from colibri.default_model import ProgressCallback, default_model_path
 from colibri.default_model import tqdm_progress as tqdm_progress  # re-exported (the CLI's)
 from colibri.errors import ColibriError
+from colibri.inputs import as_text, integers, token_ids
 from colibri.kv import KVArena, KVCache
 from colibri.meminfo import mem_available
 
@@ -69,43 +70,6 @@ def _open_file(path: str, dequantize: bool, verify: bool,
     except BaseException:
         f.close()
         raise
-
-
-def as_text(text: str | bytes | bytearray, what: str = "prompt") -> str:
-    """Text as given, or bytes decoded as strict UTF-8 (an invalid byte is a ValueError naming
-    its offset, never a silent replacement)."""
-    if isinstance(text, str):
-        return text
-    if isinstance(text, bytes | bytearray | memoryview):
-        try:
-            return bytes(text).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{what} is not valid UTF-8: byte {e.object[e.start]:#04x} at offset "
-                             f"{e.start} ({e.reason})") from None
-    raise TypeError(f"{what} must be str or UTF-8 bytes, got {type(text).__name__}")
-
-
-def token_ids(ids: Any, n_vocab: int, what: str = "token ids") -> list[int]:
-    """A list of token ids, each an integer (not a bool, a float or a string) in [0, n_vocab)."""
-    return _integers(ids, n_vocab, what, "the vocabulary")
-
-
-def _integers(values: Any, limit: int, what: str, range_name: str) -> list[int]:
-    """values as a list of ints in [0, limit): integers only, never coerced; errors name the
-    position (what[i]) and range_name."""
-    import numbers
-
-    if isinstance(values, str | bytes | bytearray):
-        raise TypeError(f"{what} must be a sequence of integers, got {type(values).__name__}")
-    out = []
-    for i, t in enumerate(values):
-        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-            raise TypeError(f"{what}[{i}] = {t!r}: must be an integer")
-        v = int(t)
-        if not 0 <= v < limit:
-            raise ValueError(f"{what}[{i}] = {v}: out of {range_name} [0, {limit})")
-        out.append(v)
-    return out
 
 
 def _requires_open(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -505,7 +469,7 @@ class Model:
             out = self._decode_one(seqs[0], tokens[0])
             if out is not None:
                 return out
-        seqs = _integers(seqs, 2**31, "seqs", "the sequence ids")
+        seqs = integers(seqs, 2**31, "seqs", "the sequence ids")
         if tokens is not None:
             tokens = token_ids(tokens, self.n_vocab, "tokens")
         count = len(tokens) if tokens is not None else (len(embd) if embd is not None else 0)

@@ -192,7 +192,7 @@ class Engine(_Scheduler):
                 logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
                 add_special: bool = True, parse_special: bool = False,
                 constraint: Any = None) -> list[Request]:
-        from colibri.model import as_text, token_ids
+        from colibri.inputs import as_text, token_ids
 
         if constraint is not None and (n != 1 or not all(
                 callable(getattr(constraint, a, None)) for a in ("mask", "advance", "finished"))):
