@@ -507,9 +507,14 @@ class Model:
                 kw["embd"] = embd[a:b]
             with self._lock:  # one forward at a time per context (shared scratch); GIL released inside
                 outs.append(self._fw.run(seqs[a:b], pos[a:b], logits=want[a:b], **kw))
-                if self._usage and time.monotonic() - self._usage_t > USAGE_SAVE_S:
-                    self.save_expert_usage()
+                self._usage_due()
         return np.concatenate(outs) if len(outs) > 1 else outs[0]
+
+    def _usage_due(self) -> None:
+        """After a forward (the lock held): the route counts into the usage record when
+        USAGE_SAVE_S have passed since the last save."""
+        if self._usage and time.monotonic() - self._usage_t > USAGE_SAVE_S:
+            self.save_expert_usage()
 
     def _decode_one(self, seq: Any, token: Any) -> np.ndarray | None:
         """eval's decode step (one plain int token for one plain int sequence) with the fewest
@@ -522,8 +527,8 @@ class Model:
         self.gguf.check_unchanged()  # as eval
         with self._lock:
             out = self._fw.decode_one(seq, token, self.ctx)
-            if out is not None and self._usage and time.monotonic() - self._usage_t > USAGE_SAVE_S:
-                self.save_expert_usage()
+            if out is not None:
+                self._usage_due()
         return out
 
     @_requires_open
