@@ -587,7 +587,7 @@ cb_tile_fn CB_AVX512_FN(tile_invariant)(int type, int vnni) {
     switch (type) {
     case CB_TYPE_Q4_K:
     case CB_TYPE_Q5_K:
-    case CB_TYPE_Q6_K: return CB_AVX512_FN(k_tile)(type);
+    case CB_TYPE_Q6_K: return vnni ? CB_AVX512_FN(k_tile_vnni)(type) : CB_AVX512_FN(k_tile)(type);
     case CB_TYPE_Q4_0: return vnni ? tile512i_q4_0 : NULL;
     case CB_TYPE_Q4_1: return vnni ? tile512i_q4_1 : NULL;
     case CB_TYPE_Q5_0: return vnni ? tile512i_q5_0 : NULL;

@@ -188,14 +188,21 @@ INL int32_t rd_i32(const uint8_t *p) {
 /* Q4_K/Q5_K: cb_k4_scale_words in a register (p: the 12 scale bytes; reads 16): bytes sc[0..7]
  * in dwords 0..1, m[0..7] in dwords 2..3. The scalar version writes four words that a vector load
  * then reads back, a store-forwarding stall per row and block (the Q4_K decode tile: ~9%). */
-INL __m128i k4_scale_vec(const uint8_t *p) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p); /* u0, u1, u2, - */
-    const __m128i x = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));       /* u0, u2, u1, u2 */
-    const __m128i y = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));       /* -, u0, -, u1 */
+INL __m128i k4_scales_of(__m128i x, __m128i y) { /* x = u0, u2, u1, u2; y = -, u0, -, u1 */
     const __m128i lo = _mm_and_si128(_mm_srlv_epi32(x, _mm_setr_epi32(0, 0, 0, 4)),
                                      _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
     const __m128i hi = _mm_and_si128(_mm_srli_epi32(y, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
     return _mm_or_si128(lo, hi);
+}
+
+INL __m128i k4_scale_vec(const uint8_t *p) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p); /* u0, u1, u2, - */
+    return k4_scales_of(_mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)), _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)));
+}
+
+/* the same from the block's first 16 bytes v = dd (d, dmin), u0, u1, u2 */
+INL __m128i k4_scale_vec_dd(__m128i v) {
+    return k4_scales_of(_mm_shuffle_epi32(v, _MM_SHUFFLE(3, 2, 3, 1)), _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 1, 1)));
 }
 
 /* x with its bytes negated where w is negative (vpsignb for |w| * x, w != 0 lanes) */
@@ -309,6 +316,7 @@ void CB_AVX512_FN(rp16_pack)(int type, const uint8_t *w, size_t ws, int nr, int6
  * Q4_K/Q5_K/Q6_K (NULL for another type), their packed-row tiles, without and with VNNI, and the
  * tile of the Q6_K_R16 / Q4_K_R16 layouts. */
 cb_tile_fn CB_AVX512_FN(k_tile)(int type);
+cb_tile_fn CB_AVX512_FN(k_tile_vnni)(int type);
 void CB_AVX512_FN(k_rp_tile)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
                              int nt, float *out);
 void CB_AVX512_FN(k_rp16_tile_vnni)(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa,
