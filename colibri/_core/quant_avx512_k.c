@@ -151,6 +151,19 @@ INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
         for (int t = 0; t < NT; t++) out[(r + r_off) * out_nt + t] = tmp[r * NT + t];
 }
 
+/* n lines from p into L2 (the one-token tiles: a block's lines CB_DEC_PF512 tiles ahead) */
+INL void prefetch_lines(const uint8_t *p, int n) {
+    for (int l = 0; l < n; l++) cb_prefetch_l2(p + 64 * l);
+}
+
+/* Lane r = the sum of the 16 int32 lanes of S[r] (unpacks, then one fold across the lanes) */
+INL __m128i sum16x4(const __m512i *S) {
+    const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[0], S[1]), _mm512_unpackhi_epi32(S[0], S[1]));
+    const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[2], S[3]), _mm512_unpackhi_epi32(S[2], S[3]));
+    const __m256i u = fold_epi32(_mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23)));
+    return _mm_add_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+}
+
 /* The one-token Q4_K tile with VNNI, four rows (the experts' gate/up in a decode step). Per row
  * and super-block: vpdpbusd of the low and high nibbles of the two 64-byte halves of qs against
  * the activations as tile_q4k arranges them gives, per 128-bit lane, four int32 partial sums of
@@ -193,9 +206,7 @@ INLV void tile_q4k_1v(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size
         #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             const uint8_t *blk = w0 + (size_t)r * ws;
-            cb_prefetch_l2(blk + PF);
-            cb_prefetch_l2(blk + PF + 64);
-            cb_prefetch_l2(blk + PF + 128);
+            prefetch_lines(blk + PF, 3); /* a block's 144 bytes: the next block's prefetch has the rest */
             const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)blk); /* dd, u0, u1, u2 */
             V[r] = v;
             const __m128i scm = k4_scale_vec_dd(v); /* sc[0..7], m[0..7] */
@@ -210,11 +221,7 @@ INLV void tile_q4k_1v(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size
                                        _mm512_packs_epi32(pl1, ph1), p1);
             M[r] = _mm_madd_epi16(_mm_unpackhi_epi8(scm, z128), bsp);
         }
-        const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[0], S[1]), _mm512_unpackhi_epi32(S[0], S[1]));
-        const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[2], S[3]), _mm512_unpackhi_epi32(S[2], S[3]));
-        const __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
-        const __m256i u8 = fold_epi32(u);
-        const __m128i isum = _mm_add_epi32(_mm256_castsi256_si128(u8), _mm256_extracti128_si256(u8, 1));
+        const __m128i isum = sum16x4(S);
         const __m128i m01 = _mm_add_epi32(_mm_unpacklo_epi32(M[0], M[1]), _mm_unpackhi_epi32(M[0], M[1]));
         const __m128i m23 = _mm_add_epi32(_mm_unpacklo_epi32(M[2], M[3]), _mm_unpackhi_epi32(M[2], M[3]));
         const __m128i msum = _mm_add_epi32(_mm_unpacklo_epi64(m01, m23), _mm_unpackhi_epi64(m01, m23));
@@ -336,10 +343,7 @@ INLV void tile_q6k_1v(int unused, int NR, int NT, int64_t nb, const uint8_t *w, 
         #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             const uint8_t *blk = w0 + (size_t)r * ws;
-            cb_prefetch_l2(blk + PF);
-            cb_prefetch_l2(blk + PF + 64);
-            cb_prefetch_l2(blk + PF + 128);
-            cb_prefetch_l2(blk + PF + 192);
+            prefetch_lines(blk + PF, 4);
             dw |= (uint64_t)cb_rd16(blk + 208) << (16 * r);
             __m512i p[4];
             #pragma GCC unroll 2
@@ -359,11 +363,7 @@ INLV void tile_q6k_1v(int unused, int NR, int NT, int64_t nb, const uint8_t *w, 
             s = _mm512_dpwssd_epi32(s, _mm512_packs_epi32(p[2], p[3]), _mm512_permutexvar_epi16(idxb, sc));
             S[r] = _mm512_dpwssd_epi32(s, nbs, zext_si(_mm256_slli_epi16(scw, 5)));
         }
-        const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[0], S[1]), _mm512_unpackhi_epi32(S[0], S[1]));
-        const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[2], S[3]), _mm512_unpackhi_epi32(S[2], S[3]));
-        const __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
-        const __m256i u8 = fold_epi32(u);
-        const __m128i isum = _mm_add_epi32(_mm256_castsi256_si128(u8), _mm256_extracti128_si256(u8, 1));
+        const __m128i isum = sum16x4(S);
         const __m128 sc4 = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)dw)), _mm_set1_ps(a->d));
         acc = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), sc4, acc);
     }
