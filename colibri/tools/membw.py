@@ -1,7 +1,7 @@
 """The machine's streaming read bandwidth: tools/bench/membw.c (a plain multi-threaded read of a
 large buffer, the peer of the decode kernels) compiled once per process and run.
 
-Used by tools/bench/kernels.py and colibri.tools.roofline. The C source lives in the checkout
+Used by tools/bench/quant_kernels.py and colibri.tools.roofline. The C source lives in the checkout
 (tools/bench/membw.c), not in the installed package: these benchmarks run from a checkout, and a
 C compiler (cc or gcc) is needed.
 """

@@ -55,3 +55,28 @@ def test_no_test_imports_a_script():
     assert IMPORTS_TOOLS.search(bad)
     assert IMPORTS_TOOLS.search('spec = spec_from_file_location("x", ROOT / "tools" / "x.py")')
     assert not IMPORTS_TOOLS.search('subprocess.run([sys.executable, ROOT / "tools" / "x.py"])')
+
+
+# Names the dependencies import when they find them (transformers' optional integrations among
+# them): a script beside a file of that name, run as `python tools/bench/x.py`, has its folder
+# first on sys.path, so the dependency imports the script instead (transformers 5.25 imports
+# `kernels`, HF's kernel hub, and failed on tools/bench/kernels.py, now quant_kernels.py).
+OPTIONAL_IMPORTS = {"kernels", "accelerate", "peft", "safetensors", "tokenizers", "datasets",
+                    "triton", "bitsandbytes", "optimum", "sentencepiece", "torchvision", "jinja2"}
+
+
+def _shadowed(names: set[str]) -> dict[str, str]:
+    import importlib.metadata
+    import sys
+    taken = set(sys.stdlib_module_names) | set(importlib.metadata.packages_distributions())
+    return {n: "a module the interpreter or a dependency imports" for n in names
+            if n in taken or n in OPTIONAL_IMPORTS}
+
+
+def test_no_script_shadows_a_module():
+    scripts = {p.stem: str(p.relative_to(ROOT)) for p in (ROOT / "tools").rglob("*.py")
+               if not SKIP & set(p.relative_to(ROOT).parts)}
+    assert len(scripts) > 20, "the walk found too few scripts: wrong root?"
+    bad = {scripts[n]: why for n, why in _shadowed(set(scripts)).items()}
+    assert not bad, f"scripts named like a module a dependency imports (rename them): {bad}"
+    assert _shadowed({"kernels", "json", "numpy"}).keys() == {"kernels", "json", "numpy"}

@@ -15,7 +15,7 @@ Every kernel's output is first checked against gguf's dequantizer + a float64 pr
 the activation-quantization bound) before it is timed. Times are the best of repeated runs
 (other processes share the machine; best-of is the least noisy estimate for both sides).
 
-Usage: python tools/bench/kernels.py [--types Q4_0,Q4_K] [--threads 1,2] [--tokens 32,128]
+Usage: python tools/bench/quant_kernels.py [--types Q4_0,Q4_K] [--threads 1,2] [--tokens 32,128]
        [--parts matvec,matmul,packed] [--seconds 0.5] [--json out.json]
 """
 
