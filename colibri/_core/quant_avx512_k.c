@@ -788,7 +788,8 @@ void CB_AVX512_FN(r16k_tile_vnni)(int layout, const uint8_t *pk, int64_t nb, con
         r16_q6_k(pk, nb, xa, xs, nt, out);
 }
 
-/* the invariant one-token tiles with VNNI: Q4_K's above, the others' k_tile */
+/* the invariant direct tiles with VNNI: Q4_K's and Q6_K's one-token tiles above (other shapes
+ * fall back to k_tile's inside them), k_tile for Q5_K */
 cb_tile_fn CB_AVX512_FN(k_tile_vnni)(int type) {
     switch (type) {
     case CB_TYPE_Q4_K: return tile512v_q4_k;

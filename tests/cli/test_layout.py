@@ -5,7 +5,9 @@ that tests need lives in the package, colibri/tools/)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,18 +67,16 @@ OPTIONAL_IMPORTS = {"kernels", "accelerate", "peft", "safetensors", "tokenizers"
                     "triton", "bitsandbytes", "optimum", "sentencepiece", "torchvision", "jinja2"}
 
 
-def _shadowed(names: set[str]) -> dict[str, str]:
-    import importlib.metadata
-    import sys
+def _shadowed(names: set[str]) -> set[str]:
+    """The names a stdlib, installed or optionally imported module already has."""
     taken = set(sys.stdlib_module_names) | set(importlib.metadata.packages_distributions())
-    return {n: "a module the interpreter or a dependency imports" for n in names
-            if n in taken or n in OPTIONAL_IMPORTS}
+    return names & (taken | OPTIONAL_IMPORTS)
 
 
 def test_no_script_shadows_a_module():
     scripts = {p.stem: str(p.relative_to(ROOT)) for p in (ROOT / "tools").rglob("*.py")
                if not SKIP & set(p.relative_to(ROOT).parts)}
     assert len(scripts) > 20, "the walk found too few scripts: wrong root?"
-    bad = {scripts[n]: why for n, why in _shadowed(set(scripts)).items()}
+    bad = sorted(scripts[n] for n in _shadowed(set(scripts)))
     assert not bad, f"scripts named like a module a dependency imports (rename them): {bad}"
-    assert _shadowed({"kernels", "json", "numpy"}).keys() == {"kernels", "json", "numpy"}
+    assert _shadowed({"kernels", "json", "numpy"}) == {"kernels", "json", "numpy"}
