@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
 
-from colibri.tools.roofline import CLASSES, add_shares, bytes_per_token, tensor_class
+from colibri.tools.roofline import CLASSES, add_shares, bytes_per_token, report, tensor_class
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -199,6 +199,28 @@ def test_shares():
                     "colibri_best_tps": 45.0, "llama_cpp_best_tps": None}, 200e6)
     assert r["llama_cpp_share"] is None and r["ratio"] is None
     assert r["colibri_best_share"] == pytest.approx(0.9) and r["llama_cpp_best_share"] is None
+    assert r["colibri_paired_share"] is None  # no rounds given
+
+
+def test_paired_shares():
+    """Each round's rate over the probe run just before it (colibri: the round's first probe,
+    llama.cpp: its own), the median of the rounds; the headline share stays the conservative
+    median rate over the best probe of all."""
+    samples = {"bandwidth_gbs": [10.0, 20.0, 16.0], "colibri_tps": [40.0, 60.0, 72.0],
+               "llama_cpp_bandwidth_gbs": [8.0, 20.0, 10.0], "llama_cpp_tps": [20.0, 30.0, 40.0]}
+    r = add_shares({"bandwidth_gbs": 20.0, "colibri_tps": 60.0, "llama_cpp_tps": 30.0,
+                    "samples": samples}, 200e6)
+    assert r["colibri_paired_shares"] == pytest.approx([0.8, 0.6, 0.9])
+    assert r["colibri_paired_share"] == pytest.approx(0.8)
+    assert r["llama_cpp_paired_shares"] == pytest.approx([0.5, 0.3, 0.8])
+    assert r["llama_cpp_paired_share"] == pytest.approx(0.5)
+    assert r["colibri_share"] == pytest.approx(0.6)  # 60 tok/s x 200 MB / 20 GB/s
+    line = report("m", {"total": 200e6, "ctx_pos": 20, "kv_dtype": "f32", "tied_head": False,
+                        "expert_shares": {}, "classes": dict.fromkeys(CLASSES, 0.0)},
+                  [{**r, "threads": 1, "roofline_tps": 100.0, "colibri_best_tps": 72.0,
+                    "llama_cpp_best_tps": 40.0, "colibri_best_share": 0.72,
+                    "llama_cpp_best_share": 0.4}])
+    assert "paired" in line and "colibri 80% (60-90%)" in line and "llama.cpp 50% (30-80%)" in line
 
 
 def test_rejects_bad_arguments(models):
@@ -235,4 +257,7 @@ def test_script_end_to_end(models, tmp_path):
     assert run["colibri_share"] == pytest.approx(
         run["colibri_tps"] * counted["total"] / (run["bandwidth_gbs"] * 1e9))
     assert run["colibri_best_tps"] == max(run["samples"]["colibri_tps"])
+    assert run["colibri_paired_share"] == pytest.approx(
+        run["colibri_tps"] * counted["total"] / (run["samples"]["bandwidth_gbs"][0] * 1e9))
+    assert "paired" in p.stdout
     assert run["llama_cpp_tps"] is None and run["ratio"] is None
