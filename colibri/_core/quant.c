@@ -835,6 +835,14 @@ void cb_mm_prep_row(const cb_mm_ctx *c, const float *x, uint8_t *dst) {
         memcpy(dst, x, (size_t)c->cols * 4);
 }
 
+/* Where a tile of nt == 1 may write its nr outputs straight into y (a decode row: y's rows r0..
+ * are out's layout), or NULL: the tile writes a local buffer that mm_store then copies. Writing
+ * in place saves a library memcpy call a tile (16 384 a token on Gemma's head). */
+static inline float *mm_direct_out(const cb_mm_ctx *c, int64_t r0, int64_t t0, int nt) {
+    if (nt != 1 || c->token_ids || c->token_scale || c->accumulate) return NULL;
+    return c->y + t0 * c->y_stride + r0;
+}
+
 static inline void mm_store(const cb_mm_ctx *c, int64_t r0, int nr, int64_t t0, int nt,
                             const float *out) {
     if (nt == 1 && !c->token_ids && !c->token_scale && !c->accumulate) { /* a decode row */
@@ -874,7 +882,9 @@ static void mm_rows_direct(const cb_mm_ctx *c, int64_t r_begin, int64_t r_end) {
             int nr = c1 - r0 < tr ? (int)(c1 - r0) : tr;
             const uint8_t *w = c->w + r0 * c->w_stride;
             if (c->tile) {
-                c->tile(c->kn, w, c->w_stride, nr, x, c->xa_stride, nt, out);
+                float *y = nr == tr ? mm_direct_out(c, r0, t0, nt) : NULL; /* full tiles */
+                c->tile(c->kn, w, c->w_stride, nr, x, c->xa_stride, nt, y ? y : out);
+                if (y) continue;
             } else {
                 for (int r = 0; r < nr; r++)
                     for (int t = 0; t < nt; t++)
@@ -918,8 +928,10 @@ static void mm_rows_rp(const cb_mm_ctx *c, int64_t r_begin, int64_t r_end, int t
             int nt = c->n_tokens - t0 < T ? (int)(c->n_tokens - t0) : T;
             size_t pf_end = t0 + T >= c->n_tokens ? pf_bytes : pf_at + pf_step;
             for (; pf_at < pf_end && pf_at < pf_bytes; pf_at += 64) __builtin_prefetch(nx + pf_at, 0, 2);
-            c->rk.tile(c->type, pk, c->kn, c->xa + t0 * c->xa_stride, c->xa_stride, nt, out);
-            mm_store(c, r0, nr, t0, nt, out);
+            /* a packed tile writes all G rows: in place only for a full group */
+            float *y = nr == G ? mm_direct_out(c, r0, t0, nt) : NULL;
+            c->rk.tile(c->type, pk, c->kn, c->xa + t0 * c->xa_stride, c->xa_stride, nt, y ? y : out);
+            if (!y) mm_store(c, r0, nr, t0, nt, out);
         }
     }
 }
