@@ -15,8 +15,8 @@ dim x bytes per element (colibri's kv_dtype, f32 by default) x the positions it 
 context position + 1, at most the sliding window on sliding-window layers). The timed steps
 run at positions P + warm-up .. P + warm-up + N - 1; the KV term is counted at their mean.
 
-**Bandwidth**: tools/bench/membw.c (colibri.tools.membw) at each thread count, best of the
-rounds. **Decode**: colibri.bench.run_colibri and run_llama_cpp (the code of `colibri bench
+**Bandwidth**: tools/bench/membw.c (colibri.tools.membw) at each thread count, the best of all
+the run's probes at that count. **Decode**: colibri.bench.run_colibri and run_llama_cpp (the code of `colibri bench
 --vs-llama-cpp`), each in a fresh process: load, prefault (llama.cpp maps with MAP_POPULATE),
 a P-token prompt, 4 untimed greedy steps, then N timed single-token greedy steps. Each round
 runs bandwidth, colibri, bandwidth again and llama.cpp one after the other at each thread count,
