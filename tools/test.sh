@@ -5,9 +5,25 @@
 # nvcc compilation of every cuda/*.cu for sm_80 and sm_90, the sdist + wheel built and installed
 # in a fresh venv (tools/check_wheel.sh), and pytest (which runs every README example).
 # Usage: bash tools/test.sh [pytest args...]
+#
+# It installs into a virtual environment of its own, .venv in the checkout (git ignores it;
+# reused by the next run), never into the interpreter that runs it: the editable install the
+# tests need points at this checkout, and left in a shared interpreter it would break `import
+# colibri` there (ModuleNotFoundError) once the checkout moves or is deleted, the README's own
+# `pip install ".[demo]"` included. PYTHON=/path/to/python runs everything with that interpreter
+# instead (it gets the editable install).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+if [ -n "${PYTHON:-}" ]; then
+    PY=$PYTHON
+else
+    PY=.venv/bin/python
+    if ! "$PY" -c "import sys; sys.exit(sys.prefix == sys.base_prefix)" 2>/dev/null; then
+        echo "== virtual environment (.venv)"
+        rm -rf .venv
+        python3 -m venv .venv
+    fi
+fi
 
 echo "== install"
 "$PY" -m pip install -q --disable-pip-version-check -e ".[test]"
@@ -30,7 +46,7 @@ echo "== CUDA kernels (nvcc)"
 bash tools/build_cuda.sh
 
 echo "== wheel (sdist, wheel, fresh venv, README outside the checkout)"
-bash tools/check_wheel.sh
+PYTHON="$PY" bash tools/check_wheel.sh
 
 echo "== pytest"
 "$PY" -m pytest -q "$@"
