@@ -845,8 +845,9 @@ static inline float *mm_direct_out(const cb_mm_ctx *c, int64_t r0, int64_t t0, i
 
 static inline void mm_store(const cb_mm_ctx *c, int64_t r0, int nr, int64_t t0, int nt,
                             const float *out) {
-    if (nt == 1 && !c->token_ids && !c->token_scale && !c->accumulate) { /* a decode row */
-        memcpy(c->y + t0 * c->y_stride + r0, out, sizeof(float) * (size_t)nr);
+    float *row = mm_direct_out(c, r0, t0, nt);
+    if (row) { /* a decode row (a partial tile or group) */
+        memcpy(row, out, sizeof(float) * (size_t)nr);
         return;
     }
     for (int t = 0; t < nt; t++) {
@@ -881,17 +882,17 @@ static void mm_rows_direct(const cb_mm_ctx *c, int64_t r_begin, int64_t r_end) {
         for (int64_t r0 = c0; r0 < c1; r0 += tr) {
             int nr = c1 - r0 < tr ? (int)(c1 - r0) : tr;
             const uint8_t *w = c->w + r0 * c->w_stride;
+            /* a full tile writes its rows in place */
+            float *y = c->tile && nr == tr ? mm_direct_out(c, r0, t0, nt) : NULL;
             if (c->tile) {
-                float *y = nr == tr ? mm_direct_out(c, r0, t0, nt) : NULL; /* full tiles */
                 c->tile(c->kn, w, c->w_stride, nr, x, c->xa_stride, nt, y ? y : out);
-                if (y) continue;
             } else {
                 for (int r = 0; r < nr; r++)
                     for (int t = 0; t < nt; t++)
                         out[r * nt + t] =
                             c->dot(c->kn, w + r * c->w_stride, x + t * c->xa_stride);
             }
-            mm_store(c, r0, nr, t0, nt, out);
+            if (!y) mm_store(c, r0, nr, t0, nt, out);
         }
     }
     }
