@@ -153,10 +153,19 @@ class ModelDesc(_forward.CModelDesc):
         """(n_layers, n_kv_heads, head_dim) to make the KV cache with: the model's when every
         layer has the same shape, else one flat row per token that the forward splits by layer
         (gemma4's sliding and global layers differ)."""
-        if all(L.n_head_kv in (0, self.n_head_kv) and L.head_dim in (0, self.head_dim)
-               for L in self.layers):
+        if self._kv_uniform():
             return self.n_layer, self.n_head_kv, self.head_dim
         return 1, 1, self.kv_values_per_token() // 2
+
+    def _kv_uniform(self) -> bool:
+        return all(L.n_head_kv in (0, self.n_head_kv) and L.head_dim in (0, self.head_dim)
+                   for L in self.layers)
+
+    def kv_page_tokens(self) -> int:
+        """Tokens per page of the KV cache's layout (include/colibri/arena.h): 256, so that
+        attention reads each K/V head's rows in runs of 256 tokens; 1 (position-major) for the
+        flat row of kv_dims(), whose rows are not one head each."""
+        return 256 if self._kv_uniform() else 1
 
     def dense_bytes(self) -> int:
         """Bytes of every tensor except the routed experts."""

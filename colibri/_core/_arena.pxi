@@ -298,11 +298,14 @@ cdef class KVCache:
     """Per-sequence K/V storage in a KVArena: one arena block per sequence.
 
     KVCache(arena, n_layers, n_kv_heads, head_dim, dtype="f16", *, max_sequences=1024,
-            chunk_tokens=16, doubling=False)
+            chunk_tokens=16, doubling=False, page_tokens=256)
 
-    Layout (position-major): token t of a sequence starts at block + t * token_stride,
-    token_stride = n_layers * 2 * n_kv_heads * head_dim * itemsize, and inside a token the
-    order is [layer][0 = K, 1 = V][kv_head][head_dim]. reserve() grows the block in steps of
+    Layout (include/colibri/arena.h): token_stride = n_layers * 2 * n_kv_heads * head_dim *
+    itemsize bytes a token; a sequence's block is pages of page_tokens tokens (the last may hold
+    fewer), and inside a page each (layer, K or V, kv_head)'s head_dim-value rows of the page's
+    tokens are one run, so attention streams a head's keys. page_tokens=1: position-major, a
+    token's [layer][K, V][kv_head][head_dim] together. keys()/values() copy a layer out,
+    set_keys()/set_values() copy into it. reserve() grows the block in steps of
     chunk_tokens (or at least doubling the capacity with doubling=True); when the cache is full
     it tries the exact count, then gives back every sequence's rounding and compacts the cache
     (moving other sequences' blocks) and tries again; else MemoryError saying how full the
@@ -316,11 +319,12 @@ cdef class KVCache:
     cdef readonly int head_dim
     cdef readonly object dtype
     cdef readonly size_t token_stride
+    cdef readonly size_t page_tokens
     cdef size_t _elt
     cdef bint _closed
 
     def __cinit__(self, KVArena arena not None, n_layers, n_kv_heads, head_dim, dtype="f16", *,
-                  max_sequences=1024, chunk_tokens=16, doubling=False):
+                  max_sequences=1024, chunk_tokens=16, doubling=False, page_tokens=256):
         self._kv = NULL
         self._closed = True
         self.arena = arena
@@ -336,6 +340,10 @@ cdef class KVCache:
         p.max_sequences = <uint32_t>ms
         p.chunk_tokens = <uint32_t>_dim(chunk_tokens, "chunk_tokens")
         p.doubling = 1 if doubling else 0
+        pt = operator.index(page_tokens)
+        if pt <= 0 or pt > (1 << 20):
+            raise ValueError(f"page_tokens must be in [1, 2**20], got {pt}")
+        p.page_tokens = <uint32_t>pt
         if arena.closed:
             check(cb_fail(CB_STATUS_CLOSED, "KVCache: the arena is closed"))
         cdef cb_kvcache_t *kv = NULL
@@ -348,6 +356,7 @@ cdef class KVCache:
         self.dtype = dt
         self._elt = dt.itemsize
         self.token_stride = cb_kvcache_token_stride(kv)
+        self.page_tokens = cb_kvcache_page_tokens(kv)
 
     def __dealloc__(self):
         if self._kv != NULL:
@@ -429,19 +438,22 @@ cdef class KVCache:
         check(cb_kvcache_seq_offset(self._kv, _seq_id(seq), &off, &has))
         return off if has else None
 
-    def token_offset(self, seq, pos, layer, kv_index):
-        """Arena byte offset of K (kv_index 0) or V (1) of token pos in layer (what the C
-        cb_kvcache_token_ptr returns, minus the arena base)."""
+    def token_offset(self, seq, pos, layer, kv_index, head=0):
+        """Arena byte offset of the row of K (kv_index 0) or V (1) of token pos, layer and
+        kv_head `head` (what the C cb_kvcache_row_ptr returns, minus the arena base)."""
         self._open()
         cdef void *ptr = NULL
-        cdef uint32_t l, k
+        cdef uint32_t l, k, h
         lv = operator.index(layer)
         kvi = operator.index(kv_index)
-        if lv < 0 or lv >= self.n_layers or kvi not in (0, 1):
-            raise ValueError(f"layer {lv} (of {self.n_layers}) or kv_index {kvi} out of range")
+        hv = operator.index(head)
+        if lv < 0 or lv >= self.n_layers or kvi not in (0, 1) or hv < 0 or hv >= self.n_kv_heads:
+            raise ValueError(f"layer {lv} (of {self.n_layers}), kv_index {kvi} or head {hv} "
+                             f"(of {self.n_kv_heads}) out of range")
         l = <uint32_t>lv
         k = <uint32_t>kvi
-        check(cb_kvcache_token_ptr(self._kv, _seq_id(seq), _nonneg(pos, "pos"), l, k, &ptr))
+        h = <uint32_t>hv
+        check(cb_kvcache_row_ptr(self._kv, _seq_id(seq), _nonneg(pos, "pos"), l, k, h, &ptr))
         return <size_t>(<uintptr_t>ptr - <uintptr_t>cb_arena_base(self.arena._a))
 
     def sequences(self):
@@ -452,36 +464,57 @@ cdef class KVCache:
         n = cb_kvcache_list(self._kv, &ids[0], n)
         return [int(ids[i]) for i in range(min(n, ids.shape[0]))]
 
-    def _layer_view(self, seq, layer, int kv_index):
-        self._open()
+    cdef uint32_t _layer(self, layer) except? 0xFFFFFFFF:
         lv = operator.index(layer)
         if lv < 0 or lv >= self.n_layers:
             raise ValueError(f"layer {lv} out of range (n_layers {self.n_layers})")
-        cdef uint32_t s = _seq_id(seq)
-        cdef size_t n = 0, off = 0
-        cdef int has = 0
+        return <uint32_t>lv
+
+    def _read(self, seq, layer, uint32_t kv_index):
+        self._open()
+        cdef uint32_t l = self._layer(layer), s = _seq_id(seq)
+        cdef size_t n = 0
         check(cb_kvcache_seq_len(self._kv, s, &n))
-        check(cb_kvcache_seq_offset(self._kv, s, &off, &has))
-        shape = (n, self.n_kv_heads, self.head_dim)
-        if n == 0 or not has:
-            return np.empty(shape, dtype=self.dtype)
-        mv = self.arena.view(off, n * self.token_stride)
-        cdef size_t e = self._elt
-        return np.ndarray(
-            shape, dtype=self.dtype, buffer=mv,
-            offset=(lv * 2 + kv_index) * self.n_kv_heads * self.head_dim * e,
-            strides=(self.token_stride, self.head_dim * e, e),
-        )
+        out = np.empty((n, self.n_kv_heads, self.head_dim), dtype=self.dtype)
+        cdef char[::1] buf = out.reshape(-1).view(np.int8) if n else np.zeros(1, np.int8)
+        cdef cb_status st
+        with nogil:
+            st = cb_kvcache_read(self._kv, s, l, kv_index, 0, n, &buf[0])
+        check(st)
+        return out
+
+    def _write(self, seq, layer, uint32_t kv_index, data, start):
+        self._open()
+        cdef uint32_t l = self._layer(layer), s = _seq_id(seq)
+        cdef size_t at = _nonneg(start, "start")
+        a = np.ascontiguousarray(data, dtype=self.dtype)
+        if a.ndim != 3 or a.shape[1:] != (self.n_kv_heads, self.head_dim):
+            raise ValueError(f"data must have shape [n, {self.n_kv_heads}, {self.head_dim}], got "
+                             f"{list(a.shape)}")
+        cdef size_t n = a.shape[0]
+        cdef const char[::1] buf = a.reshape(-1).view(np.int8) if n else np.zeros(1, np.int8)
+        cdef cb_status st
+        with nogil:
+            st = cb_kvcache_write(self._kv, s, l, kv_index, at, n, &buf[0])
+        check(st)
 
     def keys(self, seq, layer):
-        """Writable numpy view [length, n_kv_heads, head_dim] of layer's K (strided into the
-        arena; valid until the next reserve of any sequence - a full reserve compacts the
-        cache - or free of this one)."""
-        return self._layer_view(seq, layer, 0)
+        """A copy of layer's K of the sequence's tokens: [length, n_kv_heads, head_dim]."""
+        return self._read(seq, layer, 0)
 
     def values(self, seq, layer):
         """Like keys(), for V."""
-        return self._layer_view(seq, layer, 1)
+        return self._read(seq, layer, 1)
+
+    def set_keys(self, seq, layer, data, start=0):
+        """Write layer's K of tokens [start, start + n) from data [n, n_kv_heads, head_dim]
+        (converted to the cache's dtype); they must be within capacity(seq) (reserve first), the
+        length is not changed (set_length). ValueError otherwise, nothing written."""
+        self._write(seq, layer, 0, data, start)
+
+    def set_values(self, seq, layer, data, start=0):
+        """Like set_keys(), for V."""
+        self._write(seq, layer, 1, data, start)
 
     def close(self):
         """Free every sequence's block. Idempotent; later calls raise ColibriError."""

@@ -72,6 +72,7 @@ cdef extern from "colibri/arena.h" nogil:
         uint32_t max_sequences
         uint32_t chunk_tokens
         int doubling
+        uint32_t page_tokens
 
     cb_kvcache_params cb_kvcache_default_params()
     cb_status cb_kvcache_new(cb_arena_t *arena, const cb_kvcache_params *params, cb_kvcache_t **out)
@@ -87,5 +88,10 @@ cdef extern from "colibri/arena.h" nogil:
     cb_status cb_kvcache_seq_offset(cb_kvcache_t *kv, uint32_t seq, size_t *offset, int *has_block)
     size_t cb_kvcache_token_stride(const cb_kvcache_t *kv)
     size_t cb_kvcache_list(cb_kvcache_t *kv, uint32_t *ids, size_t max_ids)
-    cb_status cb_kvcache_token_ptr(cb_kvcache_t *kv, uint32_t seq, size_t pos, uint32_t layer,
-                                   uint32_t kv_index, void **ptr)
+    size_t cb_kvcache_page_tokens(const cb_kvcache_t *kv)
+    cb_status cb_kvcache_row_ptr(cb_kvcache_t *kv, uint32_t seq, size_t pos, uint32_t layer,
+                                 uint32_t kv_index, uint32_t kv_head, void **ptr)
+    cb_status cb_kvcache_read(cb_kvcache_t *kv, uint32_t seq, uint32_t layer, uint32_t kv_index,
+                              size_t start, size_t n, void *buf) nogil
+    cb_status cb_kvcache_write(cb_kvcache_t *kv, uint32_t seq, uint32_t layer, uint32_t kv_index,
+                               size_t start, size_t n, const void *buf) nogil

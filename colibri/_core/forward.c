@@ -43,6 +43,7 @@ struct cb_forward {
     int n_threads;
     size_t token_stride;  /* KV bytes per token */
     size_t kv_elt;        /* 4 (f32) or 2 (f16) */
+    size_t kv_page, kv_row, kv_tok; /* the cache's page tokens, row and token values (arena.h) */
     size_t *kv_off;       /* [n_layer] element offset of each layer's K/V inside a token */
     int64_t max_ff;       /* widest FFN (dense, expert or shared) */
     int32_t max_expert, max_used;
@@ -53,8 +54,8 @@ struct cb_forward {
     uint32_t *seqs;       /* distinct sequences of the batch */
     size_t *seq_len0;     /* their lengths before the batch */
     int32_t *seq_n;       /* their token counts in the batch */
-    uint8_t **tok_slot;   /* per token: its KV slot (token position) */
-    uint8_t **seq_base;   /* per token: its sequence's position 0 */
+    size_t *seq_cap;      /* per token: its sequence's capacity (the block's layout) */
+    uint8_t **seq_base;   /* per token: its sequence's block */
     cb_expert_ref_t *refs;
     void *moe_ws;         /* the routed experts' workspace (moe_impl.h), 64-byte aligned */
     size_t moe_ws_bytes;
@@ -247,7 +248,7 @@ void cb_forward_free(cb_forward_t *f) {
     void *bufs[] = {f->x,     f->h,     f->q,    f->k,        f->v,      f->att,
                     f->o,     f->o2,    f->kv_off, f->g,      f->u,      f->rlog, f->rw, f->shg,
                     f->lrows, f->rid,   f->lists, f->cnt,     f->start,  f->used,
-                    f->fill,  f->pos64, f->seqs, f->seq_len0, f->seq_n,  f->tok_slot,
+                    f->fill,  f->pos64, f->seqs, f->seq_len0, f->seq_n,  f->seq_cap,
                     f->seq_base, f->refs, f->ent, f->moe_ws, f->rope_cs, f->rope_sn};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     if (f->scores)
@@ -292,6 +293,9 @@ cb_status cb_forward_new(const cb_model_desc_t *m, cb_kvcache_t *kv, cb_experts_
     f->n_threads = cb_threadpool_n_threads(pool);
     f->token_stride = stride;
     f->kv_elt = stride / per_elt;
+    f->kv_page = cb_kvcache_page_tokens(kv);
+    f->kv_row = cb_kvcache_row_elems(kv);
+    f->kv_tok = per_elt;
     f->max_ff = max_ff;
     f->max_expert = max_expert;
     f->max_used = max_used;
@@ -326,7 +330,7 @@ cb_status cb_forward_new(const cb_model_desc_t *m, cb_kvcache_t *kv, cb_experts_
     f->seqs = zalloc(B, sizeof(uint32_t), &fail);
     f->seq_len0 = zalloc(B, sizeof(size_t), &fail);
     f->seq_n = zalloc(B, sizeof(int32_t), &fail);
-    f->tok_slot = zalloc(B, sizeof(uint8_t *), &fail);
+    f->seq_cap = zalloc(B, sizeof(size_t), &fail);
     f->seq_base = zalloc(B, sizeof(uint8_t *), &fail);
     f->refs = zalloc(NE, sizeof(cb_expert_ref_t), &fail);
     f->ent = zalloc(B * K, sizeof(int32_t), &fail);
@@ -358,7 +362,18 @@ cb_status cb_forward_new(const cb_model_desc_t *m, cb_kvcache_t *kv, cb_experts_
     size_t off = 0;
     for (int l = 0; l < m->n_layer; l++) {
         f->kv_off[l] = off;
-        off += 2 * (size_t)layer_nkv(m, &m->layers[l]) * (size_t)layer_hd(m, &m->layers[l]);
+        const size_t hd = (size_t)layer_hd(m, &m->layers[l]), rows = 2 * (size_t)layer_nkv(m, &m->layers[l]);
+        /* in pages, a head's values must be one cache row (a row's tokens are not adjacent) */
+        for (size_t j = 0; j < rows && f->kv_page > 1; j++)
+            if ((off + j * hd) % f->kv_row + hd > f->kv_row) {
+                cb_forward_free(f);
+                return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                               "forward: layer %d's K/V heads of %zu values are not whole rows of "
+                               "the KV cache (rows of %zu values in pages of %zu tokens): make the "
+                               "cache with page_tokens 1", l, hd, cb_kvcache_row_elems(kv),
+                               cb_kvcache_page_tokens(kv));
+            }
+        off += rows * hd;
     }
     *out = f;
     return CB_OK;
@@ -389,6 +404,37 @@ static int32_t attn_heads_per_task(int64_t n_tokens, int n_head, int n_kv, int n
     return hpt;
 }
 
+/* Address of element elem (counted in a position-major token) of token pos of token t's
+ * sequence: the cache's layout (arena.h). */
+static inline uint8_t *kv_at(const cb_forward_t *f, int64_t t, size_t pos, size_t elem) {
+    return f->seq_base[t] + cb_kvcache_row_elem(pos, f->seq_cap[t], f->kv_page, f->kv_tok, f->kv_row, elem) * f->kv_elt;
+}
+
+/* Token t's K rows (out NULL: G heads' scores sc[h * sst + j] = scale * q_h . k_(lo + j)) or V
+ * rows (out: the heads' outputs += sc * v) of positions [lo, lo + n) at element el of a token,
+ * a page's rows at a time: they are contiguous there (with pages of one token the rows are a
+ * token apart, all in one call). The same numbers as one call over all rows: each row's score
+ * is its own, and the V sum runs in row order. */
+static cb_status attn_rows(const cb_forward_t *f, int64_t t, int64_t lo, int64_t n, size_t el,
+                           const float *q, int64_t hd, int G, float *sc, int64_t sst, float *out) {
+    const size_t P = f->kv_page;
+    const int64_t rs = P == 1 ? (int64_t)f->kv_tok : (int64_t)f->kv_row; /* row stride */
+    for (int64_t j = lo, end = lo + n; j < end;) {
+        const int64_t e = P == 1 ? end : ((j / (int64_t)P + 1) * (int64_t)P < end ? (j / (int64_t)P + 1) * (int64_t)P : end);
+        const void *rows = kv_at(f, t, (size_t)j, el);
+        cb_status s;
+        if (!out)
+            s = f->kv_elt == 4 ? cb_dot_rows_multi_f32(q, hd, G, rows, e - j, rs, hd, f->m->attn_scale, sc + (j - lo), sst)
+                               : cb_dot_rows_multi_f16(q, hd, G, rows, e - j, rs, hd, f->m->attn_scale, sc + (j - lo), sst);
+        else
+            s = f->kv_elt == 4 ? cb_axpy_rows_multi_f32(sc + (j - lo), sst, G, rows, e - j, rs, hd, out, hd)
+                               : cb_axpy_rows_multi_f16(sc + (j - lo), sst, G, rows, e - j, rs, hd, out, hd);
+        if (s != CB_OK) return s;
+        j = e;
+    }
+    return CB_OK;
+}
+
 static void attn_task(void *vctx, int task, int thread) {
     attn_ctx *c = vctx;
     cb_forward_t *f = c->f;
@@ -405,44 +451,29 @@ static void attn_task(void *vctx, int task, int thread) {
     float *out0 = f->att + (size_t)t * m->n_head * hd + (size_t)hq0 * hd;
     float *sc0 = f->scores[thread];
     const int64_t sst = (int64_t)f->scores_cap; /* head h's scores at sc0 + h * sst */
-    const size_t elt = f->kv_elt, stride = f->token_stride;
-    const size_t koff = (f->kv_off[c->layer] + (size_t)hk * hd) * elt;
-    const size_t voff = koff + (size_t)c->n_kv * hd * elt;
-    const uint8_t *base = f->seq_base[t];
-    if (elt == 4) {
-        cb_status s = cb_dot_rows_multi_f32(q0, hd, G, (const float *)(base + lo * stride + koff),
-                                            n, (int64_t)(stride / 4), hd, m->attn_scale, sc0, sst);
-        if (s != CB_OK) {
-            c->status = s;
-            return;
-        }
-    } else {
+    const size_t kel = f->kv_off[c->layer] + (size_t)hk * hd; /* K's element in a token */
+    const size_t vel = kel + (size_t)c->n_kv * hd;
+    float qh[CB_ATTN_MAX_HPT * CB_FORWARD_MAX_HEAD_DIM];
+    if (f->kv_elt == 2) {
         /* f16 cache: like llama.cpp, the query is rounded to f16 for the K products and the
          * probabilities to f16 for the V sum (so an f16 cache reproduces llama.cpp's numerics) */
-        float qh[CB_ATTN_MAX_HPT * CB_FORWARD_MAX_HEAD_DIM];
         for (int64_t i = 0; i < G * hd; i++) qh[i] = cb_f16_to_f32(cb_f32_to_f16(q0[i]));
-        cb_status s = cb_dot_rows_multi_f16(qh, hd, G, (const uint16_t *)(base + lo * stride + koff),
-                                            n, (int64_t)(stride / 2), hd, m->attn_scale, sc0, sst);
-        if (s != CB_OK) {
-            c->status = s;
-            return;
-        }
+        q0 = qh;
+    }
+    cb_status s = attn_rows(f, t, lo, n, kel, q0, hd, G, sc0, sst, NULL);
+    if (s != CB_OK) {
+        c->status = s;
+        return;
     }
     for (int h = 0; h < G; h++) {
         if (m->attn_softcap > 0) cb_softcap(sc0 + h * sst, n, m->attn_softcap);
         cb_softmax(sc0 + h * sst, n);
     }
     memset(out0, 0, (size_t)G * (size_t)hd * sizeof(float));
-    if (elt == 4) {
-        cb_status s = cb_axpy_rows_multi_f32(sc0, sst, G, (const float *)(base + lo * stride + voff),
-                                             n, (int64_t)(stride / 4), hd, out0, hd);
-        if (s != CB_OK) c->status = s;
-        return;
-    }
-    for (int h = 0; h < G; h++)
-        for (int64_t j = 0; j < n; j++) sc0[h * sst + j] = cb_f16_to_f32(cb_f32_to_f16(sc0[h * sst + j]));
-    cb_status s = cb_axpy_rows_multi_f16(sc0, sst, G, (const uint16_t *)(base + lo * stride + voff), n,
-                                         (int64_t)(stride / 2), hd, out0, hd);
+    if (f->kv_elt == 2)
+        for (int h = 0; h < G; h++)
+            for (int64_t j = 0; j < n; j++) sc0[h * sst + j] = cb_f16_to_f32(cb_f32_to_f16(sc0[h * sst + j]));
+    s = attn_rows(f, t, lo, n, vel, q0, hd, G, sc0, sst, out0);
     if (s != CB_OK) c->status = s;
 }
 
@@ -508,12 +539,11 @@ static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
         CHECK_OK(cb_rope_apply(f->k + t * nkv, n_kv, hd, hd, nd, rp.mode, cs, sn));
     }
     /* K/V of every token of the batch into the cache before any query reads */
-    const size_t layer_off = f->kv_off[l] * f->kv_elt;
-    for (int64_t t = 0; t < n; t++) {
-        uint8_t *slot = f->tok_slot[t] + layer_off;
-        kv_store(slot, f->k + t * nkv, nkv, f->kv_elt);
-        kv_store(slot + (size_t)nkv * f->kv_elt, f->v + t * nkv, nkv, f->kv_elt);
-    }
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t h = 0; h < 2 * n_kv; h++) { /* K heads, then V heads */
+            const float *src = (h < n_kv ? f->k + t * nkv : f->v + t * nkv) + (h % n_kv) * hd;
+            kv_store(kv_at(f, t, (size_t)b->pos[t], f->kv_off[l] + (size_t)(h * hd)), src, hd, f->kv_elt);
+        }
     const int32_t hpt = attn_heads_per_task(n, m->n_head, (int)n_kv, f->n_threads);
     attn_ctx c = {f, b, l, L->sliding_window, (int32_t)hd, (int32_t)n_kv, hpt, CB_OK};
     CHECK_OK(cb_threadpool_run(f->pool, attn_task, &c, (int)(n * (m->n_head / hpt))));
@@ -806,9 +836,8 @@ static cb_status prepare(cb_forward_t *f, const cb_batch_t *b, int32_t *n_seqs_o
     /* pointers only after every reserve (a reserve may move that sequence's block) */
     for (int64_t t = 0; t < n; t++) {
         void *p0;
-        CHECK_OK(cb_kvcache_token_ptr(f->kv, b->seq[t], 0, 0, 0, &p0));
+        CHECK_OK(cb_kvcache_seq_block(f->kv, b->seq[t], &p0, &f->seq_cap[t]));
         f->seq_base[t] = p0;
-        f->tok_slot[t] = (uint8_t *)p0 + (size_t)b->pos[t] * f->token_stride;
     }
     *n_seqs_out = ns;
     return CB_OK;

@@ -1,6 +1,6 @@
 /* The KV cache (include/colibri/arena.h, "KV cache"): sequences of tokens whose K and V live in
- * one block of a cb_arena_t per sequence, position-major, so growing a sequence never re-lays its
- * data out.
+ * one block of a cb_arena_t per sequence, in pages of page_tokens tokens inside which each K/V
+ * head's rows are one run; a capacity change re-lays out only the block's last page (relayout).
  *
  * Table. max_sequences kv_seq slots allocated at cb_kvcache_new (never resized) and a stack of the
  * unused ids; a slot is live between cb_kvcache_seq_new and cb_kvcache_seq_free. A live slot with
@@ -39,7 +39,8 @@ struct cb_kvcache {
     pthread_mutex_t mu;
     cb_arena_t *arena; /* borrowed */
     cb_kvcache_params p;
-    size_t elt, stride, kv_stride; /* bytes: element, token, one layer's K (or V) */
+    size_t elt, stride;            /* bytes: element, token */
+    size_t page, row_elems, token_elems, n_groups; /* the layout (arena.h) */
     kv_seq *seqs;                  /* max_sequences entries */
     uint32_t *free_ids;            /* stack of unused ids */
     uint32_t n_free;
@@ -54,6 +55,7 @@ cb_kvcache_params cb_kvcache_default_params(void) {
     p.dtype = CB_KV_F16;
     p.max_sequences = 1024;
     p.chunk_tokens = 16;
+    p.page_tokens = CB_KV_PAGE_TOKENS;
     return p;
 }
 
@@ -68,6 +70,8 @@ cb_status cb_kvcache_new(cb_arena_t *arena, const cb_kvcache_params *p, cb_kvcac
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: max_sequences %u must be in [1, 2^24]", p->max_sequences);
     if (p->chunk_tokens == 0)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: chunk_tokens must be > 0");
+    if (p->page_tokens == 0 || p->page_tokens > (1u << 20))
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: page_tokens %u must be in [1, 2^20]", p->page_tokens);
     size_t elt = p->dtype == CB_KV_F32 ? 4 : 2;
     uint64_t kvs = (uint64_t)p->n_kv_heads * p->head_dim * elt;
     uint64_t stride = kvs * 2 * p->n_layers;
@@ -92,8 +96,11 @@ cb_status cb_kvcache_new(cb_arena_t *arena, const cb_kvcache_params *p, cb_kvcac
     kv->arena = arena;
     kv->p = *p;
     kv->elt = elt;
-    kv->kv_stride = (size_t)kvs;
     kv->stride = (size_t)stride;
+    kv->page = p->page_tokens;
+    kv->row_elems = p->head_dim;
+    kv->token_elems = (size_t)stride / elt;
+    kv->n_groups = (size_t)p->n_layers * 2 * p->n_kv_heads;
     pthread_mutex_init(&kv->mu, NULL);
     *out = kv;
     return CB_OK;
@@ -129,6 +136,30 @@ void cb_kvcache_free(cb_kvcache_t *kv) {
 }
 
 size_t cb_kvcache_token_stride(const cb_kvcache_t *kv) { return kv ? kv->stride : 0; }
+size_t cb_kvcache_page_tokens(const cb_kvcache_t *kv) { return kv ? kv->page : 0; }
+size_t cb_kvcache_row_elems(const cb_kvcache_t *kv) { return kv ? kv->row_elems : 0; }
+
+/* Rows of the page starting at token `start` in a block of cap tokens. */
+static size_t page_rows(const cb_kvcache_t *kv, size_t cap, size_t start) {
+    return cap - start < kv->page ? cap - start : kv->page;
+}
+
+/* A block's capacity changes from a to b tokens (mu held; blk: the block, holding the larger
+ * of the two layouts' bytes): the tokens [0, min(a, b)) keep their values. Only the page
+ * holding token min(a, b) can differ between the layouts (the ones before are full in both),
+ * and only when that page holds data: each row group's run of it moves, in the order that
+ * never overwrites a run not yet moved. */
+static void relayout(const cb_kvcache_t *kv, uint8_t *blk, size_t a, size_t b) {
+    const size_t m = a < b ? a : b, start = m - m % kv->page;
+    if (m == start) return;
+    const size_t ra = page_rows(kv, a, start), rb = page_rows(kv, b, start);
+    const size_t row = kv->row_elems * kv->elt, v = (m - start) * row;
+    uint8_t *pg = blk + start * kv->stride;
+    if (rb > ra)
+        for (size_t g = kv->n_groups; g-- > 1;) memmove(pg + g * rb * row, pg + g * ra * row, v);
+    else if (rb < ra)
+        for (size_t g = 1; g < kv->n_groups; g++) memmove(pg + g * rb * row, pg + g * ra * row, v);
+}
 
 #define KV_LOCK(kv)                                                                  \
     do {                                                                             \
@@ -171,13 +202,15 @@ cb_status cb_kvcache_seq_new(cb_kvcache_t *kv, uint32_t *seq) {
 
 static cb_status reserve_bytes(cb_kvcache_t *kv, kv_seq *s, size_t tokens) {
     if (tokens > SIZE_MAX / kv->stride) return cb_fail(CB_STATUS_OUT_OF_MEMORY, "kvcache: %zu tokens overflow size_t", tokens);
-    size_t bytes = tokens * kv->stride, off;
+    size_t bytes = tokens * kv->stride, off, old = s->has_block ? s->cap : 0;
     cb_status st = s->has_block ? cb_arena_grow(kv->arena, s->offset, bytes, &off)
                                 : cb_arena_alloc(kv->arena, bytes, &off);
     if (st != CB_OK) return st;
     s->offset = off;
     s->has_block = 1;
     s->cap = tokens;
+    uint8_t *base = cb_arena_base(kv->arena);
+    if (old && base) relayout(kv, base + off, old, tokens);
     return CB_OK;
 }
 
@@ -199,9 +232,15 @@ static void make_room(cb_kvcache_t *kv, uint32_t grow) {
         if (!s->live || !s->has_block) continue;
         size_t keep = s->need > s->len ? s->need : s->len, off;
         if (keep == 0) keep = 1;
-        if (keep < s->cap && cb_arena_grow(kv->arena, s->offset, keep * kv->stride, &off) == CB_OK) {
-            s->offset = off; /* a shrink stays in place */
-            s->cap = keep;
+        uint8_t *base = cb_arena_base(kv->arena);
+        if (keep < s->cap && base) {
+            relayout(kv, base + s->offset, s->cap, keep); /* before the tail is given back */
+            if (cb_arena_grow(kv->arena, s->offset, keep * kv->stride, &off) == CB_OK) {
+                s->offset = off; /* a shrink stays in place */
+                s->cap = keep;
+            } else {
+                relayout(kv, base + s->offset, keep, s->cap);
+            }
         }
         kv->place[k].offset = s->offset;
         kv->place[k].seq = i;
@@ -310,9 +349,19 @@ cb_status cb_kvcache_copy_prefix(cb_kvcache_t *kv, uint32_t src, uint32_t dst, s
         if (st != CB_OK) KV_RETURN(kv, st);
         uint8_t *base = cb_arena_base(kv->arena);
         if (!base) KV_RETURN(kv, cb_fail(CB_STATUS_CLOSED, "kvcache: the arena is closed"));
-        /* position-major: the first n tokens of every layer's K and V are one run of bytes;
-         * two live blocks never overlap */
-        memcpy(base + kv->seqs[dst].offset, base + kv->seqs[src].offset, n_tokens * kv->stride);
+        /* the full pages are full in both blocks (both hold >= n_tokens): one run of bytes;
+         * the last page's rows are a run per row group. Two live blocks never overlap. */
+        uint8_t *d = base + kv->seqs[dst].offset;
+        const uint8_t *sp = base + kv->seqs[src].offset;
+        const size_t full = n_tokens - n_tokens % kv->page, row = kv->row_elems * kv->elt;
+        memcpy(d, sp, full * kv->stride);
+        if (full < n_tokens) {
+            const size_t rs = page_rows(kv, kv->seqs[src].cap, full), rd = page_rows(kv, kv->seqs[dst].cap, full);
+            d += full * kv->stride;
+            sp += full * kv->stride;
+            for (size_t g = 0; g < kv->n_groups; g++)
+                memcpy(d + g * rd * row, sp + g * rs * row, (n_tokens - full) * row);
+        }
     }
     kv->seqs[dst].len = n_tokens;
     KV_RETURN(kv, CB_OK);
@@ -378,16 +427,75 @@ size_t cb_kvcache_list(cb_kvcache_t *kv, uint32_t *ids, size_t max_ids) {
     return n;
 }
 
-cb_status cb_kvcache_token_ptr(cb_kvcache_t *kv, uint32_t seq, size_t pos, uint32_t layer,
-                               uint32_t kv_index, void **ptr) {
-    if (!kv || !ptr) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: NULL argument");
-    if (kv->closed) return cb_fail(CB_STATUS_CLOSED, "kvcache: the cache is closed");
+/* Checks of row_ptr/read/write (mu held): seq live, [pos, pos + n) within its capacity (a
+ * block when n > 0), layer, kv_index and head in range. */
+static cb_status rows_check(const cb_kvcache_t *kv, uint32_t seq, size_t pos, size_t n,
+                            uint32_t layer, uint32_t kv_index, uint32_t head) {
     if (seq >= kv->p.max_sequences || !kv->seqs[seq].live) return bad_seq(kv, seq);
     const kv_seq *s = &kv->seqs[seq];
-    if (pos >= s->cap || layer >= kv->p.n_layers || kv_index > 1)
-        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: sequence %u: position %zu (capacity %zu), layer %u (of %u), kv %u (0 or 1) out of range", seq, pos, s->cap, layer, kv->p.n_layers, kv_index);
-    uint8_t *base = cb_arena_base(kv->arena);
-    if (!base) return cb_fail(CB_STATUS_CLOSED, "kvcache: the arena is closed");
-    *ptr = base + s->offset + pos * kv->stride + ((size_t)layer * 2 + kv_index) * kv->kv_stride;
+    if (pos > s->cap || n > s->cap - pos || layer >= kv->p.n_layers ||
+        kv_index > 1 || head >= kv->p.n_kv_heads)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                       "kvcache: sequence %u: positions [%zu, %zu) (capacity %zu), layer %u (of %u), "
+                       "kv %u (0 or 1), head %u (of %u) out of range",
+                       seq, pos, pos + n, s->cap, layer, kv->p.n_layers, kv_index, head,
+                       kv->p.n_kv_heads);
+    if (n && !cb_arena_base(kv->arena)) return cb_fail(CB_STATUS_CLOSED, "kvcache: the arena is closed");
     return CB_OK;
+}
+
+/* Address of a row (checks done, mu held). */
+static uint8_t *row_addr(const cb_kvcache_t *kv, const kv_seq *s, size_t pos, uint32_t layer,
+                         uint32_t kv_index, uint32_t head) {
+    size_t g = ((size_t)layer * 2 + kv_index) * kv->p.n_kv_heads + head;
+    return cb_arena_base(kv->arena) + s->offset +
+           cb_kvcache_row_elem(pos, s->cap, kv->page, kv->token_elems, kv->row_elems, g * kv->row_elems) * kv->elt;
+}
+
+cb_status cb_kvcache_row_ptr(cb_kvcache_t *kv, uint32_t seq, size_t pos, uint32_t layer,
+                             uint32_t kv_index, uint32_t kv_head, void **ptr) {
+    if (!ptr) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: NULL argument");
+    KV_LOCK(kv);
+    cb_status st = rows_check(kv, seq, pos, 1, layer, kv_index, kv_head);
+    if (st == CB_OK) *ptr = row_addr(kv, &kv->seqs[seq], pos, layer, kv_index, kv_head);
+    KV_RETURN(kv, st);
+}
+
+cb_status cb_kvcache_seq_block(cb_kvcache_t *kv, uint32_t seq, void **base, size_t *cap) {
+    if (!base || !cap) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: NULL argument");
+    KV_LOCK(kv);
+    SEQ_OR_FAIL(kv, seq);
+    const kv_seq *s = &kv->seqs[seq];
+    uint8_t *b = cb_arena_base(kv->arena);
+    if (!b) KV_RETURN(kv, cb_fail(CB_STATUS_CLOSED, "kvcache: the arena is closed"));
+    *base = s->has_block ? b + s->offset : NULL;
+    *cap = s->has_block ? s->cap : 0;
+    KV_RETURN(kv, CB_OK);
+}
+
+static cb_status rows_copy(cb_kvcache_t *kv, uint32_t seq, uint32_t layer, uint32_t kv_index,
+                           size_t start, size_t n, uint8_t *buf, int into_cache) {
+    if (!buf && n) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: NULL buffer");
+    KV_LOCK(kv);
+    cb_status st = rows_check(kv, seq, start, n, layer, kv_index, 0);
+    if (st != CB_OK) KV_RETURN(kv, st);
+    const size_t row = kv->row_elems * kv->elt;
+    for (size_t t = 0; t < n; t++)
+        for (uint32_t h = 0; h < kv->p.n_kv_heads; h++) {
+            uint8_t *r = row_addr(kv, &kv->seqs[seq], start + t, layer, kv_index, h);
+            uint8_t *b = buf + (t * kv->p.n_kv_heads + h) * row;
+            if (into_cache) memcpy(r, b, row);
+            else memcpy(b, r, row);
+        }
+    KV_RETURN(kv, CB_OK);
+}
+
+cb_status cb_kvcache_read(cb_kvcache_t *kv, uint32_t seq, uint32_t layer, uint32_t kv_index,
+                          size_t start, size_t n, void *buf) {
+    return rows_copy(kv, seq, layer, kv_index, start, n, buf, 0);
+}
+
+cb_status cb_kvcache_write(cb_kvcache_t *kv, uint32_t seq, uint32_t layer, uint32_t kv_index,
+                           size_t start, size_t n, const void *buf) {
+    return rows_copy(kv, seq, layer, kv_index, start, n, (uint8_t *)(uintptr_t)buf, 1);
 }

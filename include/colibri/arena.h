@@ -167,12 +167,19 @@ uint8_t *cb_arena_base(const cb_arena_t *a);
 /* ------------------------------------------------------------------------------------------
  * KV cache: sequences of tokens whose K and V live in one arena block per sequence.
  *
- * Layout (position-major, so growing never re-lays data out):
- *   token_stride = n_layers * 2 * n_kv_heads * head_dim * elt_size   (bytes)
- *   K/V of token t of a sequence start at  block_offset + t * token_stride;
- *   inside a token: [layer][kv: 0 = K, 1 = V][kv_head][head_dim], C order.
- * So keys(seq, layer) is a strided view of shape [len, n_kv_heads, head_dim] with strides
- * (token_stride, head_dim*elt_size, elt_size) starting at layer*2*n_kv_heads*head_dim*elt_size.
+ * Layout (paged; inside a page, one K/V head's rows are one run):
+ *   token_stride = n_layers * 2 * n_kv_heads * head_dim * elt_size   (bytes per token)
+ *   a row is head_dim values of one token for one group g = (layer * 2 + kv) * n_kv_heads + head
+ *     (kv: 0 = K, 1 = V);
+ *   page p of a sequence (tokens [p*P, p*P + r), P = page_tokens, r = min(P, cap - p*P)) starts
+ *   at block_offset + p*P * token_stride; inside it group g's r rows are contiguous:
+ *   row (t, g) is at page + (g * r + t % P) * head_dim * elt_size (cb_kvcache_row_elem).
+ * Every page but a block's last is full (r = P), so a block holds exactly cap tokens; when the
+ * capacity changes (a reserve, the give-back below) only that last page is re-laid out (fewer
+ * than P tokens move). Why: attention reads one head's rows of every token, and runs of a few
+ * hundred bytes a token stride apart stream at a third of the bandwidth of long runs
+ * (docs/benchmarks.md). page_tokens = 1 is the position-major layout (a token's rows together:
+ * [layer][kv][kv_head][head_dim]), never re-laid out.
  *
  * Sequence ids are small integers (slots of a table of max_sequences preallocated at
  * cb_kvcache_new); a freed id may be reused. A sequence's capacity (tokens that fit without a
@@ -189,7 +196,8 @@ uint8_t *cb_arena_base(const cb_arena_t *a);
  * the sequence's length and tokens are unchanged (its block may have moved with the
  * compaction).
  *
- * Threads: table operations take the cache's mutex. Pointers from cb_kvcache_token_ptr are
+ * Threads: table operations take the cache's mutex. Pointers from cb_kvcache_row_ptr and
+ * cb_kvcache_seq_block are
  * valid until the next reserve of ANY sequence of the cache (a full reserve compacts, moving
  * other sequences' blocks) or free of that sequence; no sequence may be reserved while another
  * thread reads the cache through such a pointer (cb_forward_run reserves all its sequences
@@ -211,7 +219,22 @@ typedef struct cb_kvcache_params {
     uint32_t max_sequences; /* table size, default 1024 */
     uint32_t chunk_tokens;  /* reserve granularity in tokens, default 16 */
     int doubling;           /* non-zero: a reserve at least doubles the capacity; default 0 */
+    uint32_t page_tokens;   /* tokens per page (the layout above), default CB_KV_PAGE_TOKENS */
 } cb_kvcache_params;
+
+#define CB_KV_PAGE_TOKENS 256
+
+/* Element offset, from the start of a block of capacity cap tokens, of element elem (counted in
+ * a position-major token: elem = ((layer * 2 + kv) * n_kv_heads + head) * head_dim + i) of token
+ * pos, for pages of page_tokens tokens, token_elems values a token and rows of row_elems
+ * (head_dim) values. The one formula of the layout; pos < cap. */
+static inline size_t cb_kvcache_row_elem(size_t pos, size_t cap, size_t page_tokens,
+                                         size_t token_elems, size_t row_elems, size_t elem) {
+    const size_t start = pos - pos % page_tokens;
+    const size_t r = cap - start < page_tokens ? cap - start : page_tokens;
+    return start * token_elems + (elem / row_elems * r + pos % page_tokens) * row_elems +
+           elem % row_elems;
+}
 
 cb_kvcache_params cb_kvcache_default_params(void);
 
@@ -234,8 +257,8 @@ cb_status cb_kvcache_seq_new(cb_kvcache_t *kv, uint32_t *seq);
 /* Makes room for n_tokens tokens (length unchanged). */
 cb_status cb_kvcache_seq_reserve(cb_kvcache_t *kv, uint32_t seq, size_t n_tokens);
 
-/* Copies the K and V of tokens [0, n_tokens) of sequence src (every layer; one memcpy, as a
- * token's layers are contiguous) into sequence dst, reserving dst for n_tokens first (which may
+/* Copies the K and V of tokens [0, n_tokens) of sequence src (every layer; one memcpy for the
+ * full pages, a run per row group for the last) into sequence dst, reserving dst for n_tokens first (which may
  * compact, like any reserve), and sets dst's length to n_tokens (whatever dst held beyond is
  * dropped). src is unchanged. INVALID_ARGUMENT when either is not live, src == dst or
  * n_tokens > src's length; OUT_OF_MEMORY (dst unchanged) when dst cannot hold n_tokens. */
@@ -257,14 +280,31 @@ cb_status cb_kvcache_seq_offset(cb_kvcache_t *kv, uint32_t seq, size_t *offset, 
 /* Bytes per token (see the layout above). */
 size_t cb_kvcache_token_stride(const cb_kvcache_t *kv);
 
+/* Tokens per page (params.page_tokens) and values per row (head_dim); 0 for NULL. */
+size_t cb_kvcache_page_tokens(const cb_kvcache_t *kv);
+size_t cb_kvcache_row_elems(const cb_kvcache_t *kv);
+
 /* Number of live sequences; ids[0..min(n, max_ids)) receives them in increasing order. */
 size_t cb_kvcache_list(cb_kvcache_t *kv, uint32_t *ids, size_t max_ids);
 
-/* Address of K (kv_index 0) or V (1) of token pos, layer, head 0: n_kv_heads*head_dim
- * elements of dtype, C order [kv_head][head_dim]. Bounds-checked against capacity;
- * INVALID_ARGUMENT otherwise. *ptr is borrowed (see the thread note above). */
-cb_status cb_kvcache_token_ptr(cb_kvcache_t *kv, uint32_t seq, size_t pos, uint32_t layer,
-                               uint32_t kv_index, void **ptr);
+/* Address of the row of K (kv_index 0) or V (1) of token pos, layer, kv_head: head_dim elements
+ * of dtype. Bounds-checked against capacity; INVALID_ARGUMENT otherwise. *ptr is borrowed (see
+ * the thread note above). */
+cb_status cb_kvcache_row_ptr(cb_kvcache_t *kv, uint32_t seq, size_t pos, uint32_t layer,
+                             uint32_t kv_index, uint32_t kv_head, void **ptr);
+
+/* The sequence's block (*base; NULL before its first reserve) and capacity, in one call: with
+ * cb_kvcache_row_elem they address every row (what cb_forward_run does). */
+cb_status cb_kvcache_seq_block(cb_kvcache_t *kv, uint32_t seq, void **base, size_t *cap);
+
+/* Copy K (kv_index 0) or V (1) of layer for tokens [start, start + n) between the cache and buf,
+ * n * n_kv_heads * head_dim elements of dtype in C order [token][kv_head][head_dim]: read copies
+ * out of the cache, write into it. start + n must be within the capacity (not the length: the
+ * length is set after writing); INVALID_ARGUMENT otherwise, nothing copied. */
+cb_status cb_kvcache_read(cb_kvcache_t *kv, uint32_t seq, uint32_t layer, uint32_t kv_index,
+                          size_t start, size_t n, void *buf);
+cb_status cb_kvcache_write(cb_kvcache_t *kv, uint32_t seq, uint32_t layer, uint32_t kv_index,
+                           size_t start, size_t n, const void *buf);
 
 #ifdef __cplusplus
 }

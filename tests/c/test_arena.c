@@ -238,9 +238,12 @@ static void kvcache(void) {
     kp.head_dim = 8;
     kp.dtype = CB_KV_F32;
     kp.chunk_tokens = 4;
+    kp.page_tokens = 0;
+    CHECK(cb_kvcache_new(a, &kp, &kv) == CB_STATUS_INVALID_ARGUMENT);
+    kp.page_tokens = 5; /* pages of 5 tokens: every sequence crosses pages, growth re-lays out */
     CHECK(cb_kvcache_new(a, &kp, &kv) == CB_OK);
     size_t stride = cb_kvcache_token_stride(kv);
-    CHECK(stride == 3 * 2 * 2 * 8 * 4);
+    CHECK(stride == 3 * 2 * 2 * 8 * 4 && cb_kvcache_page_tokens(kv) == 5 && cb_kvcache_row_elems(kv) == 8);
     uint32_t s[4];
     for (int i = 0; i < 4; i++) CHECK(cb_kvcache_seq_new(kv, &s[i]) == CB_OK);
     CHECK(s[0] == 0 && s[3] == 3);
@@ -251,11 +254,12 @@ static void kvcache(void) {
             if (t >= (size_t)(40 * (q + 1))) continue;
             CHECK(cb_kvcache_seq_reserve(kv, s[q], t + 1) == CB_OK);
             for (uint32_t l = 0; l < 3; l++)
-                for (uint32_t k = 0; k < 2; k++) {
-                    float *f;
-                    CHECK(cb_kvcache_token_ptr(kv, s[q], t, l, k, (void **)&f) == CB_OK);
-                    for (int e = 0; e < 16; e++) f[e] = (float)(q * 100000 + t * 100 + l * 10 + k) + e * 0.25f;
-                }
+                for (uint32_t k = 0; k < 2; k++)
+                    for (uint32_t h = 0; h < 2; h++) {
+                        float *f;
+                        CHECK(cb_kvcache_row_ptr(kv, s[q], t, l, k, h, (void **)&f) == CB_OK);
+                        for (int e = 0; e < 8; e++) f[e] = (float)(q * 100000 + t * 100 + l * 10 + k) + (h * 8 + e) * 0.25f;
+                    }
             CHECK(cb_kvcache_seq_set_len(kv, s[q], t + 1) == CB_OK);
         }
     }
@@ -266,18 +270,30 @@ static void kvcache(void) {
         CHECK(cb_kvcache_seq_capacity(kv, s[q], &cap) == CB_OK && cap >= len && cap % 4 == 0);
         CHECK(cb_kvcache_seq_offset(kv, s[q], &off, &has) == CB_OK && has);
         const uint8_t *base = cb_arena_base(a);
+        /* the documented layout: page of 5 at start * stride, r rows, group g's rows together */
         for (size_t t = 0; t < len; t++)
             for (uint32_t l = 0; l < 3; l++)
-                for (uint32_t k = 0; k < 2; k++) {
-                    const float *f = (const float *)(base + off + t * stride + (l * 2 + k) * 2 * 8 * 4);
-                    for (int e = 0; e < 16; e++)
-                        if (f[e] != (float)(q * 100000 + t * 100 + l * 10 + k) + e * 0.25f) bad++;
-                }
+                for (uint32_t k = 0; k < 2; k++)
+                    for (uint32_t h = 0; h < 2; h++) {
+                        size_t start = t / 5 * 5, r = cap - start < 5 ? cap - start : 5, g = (l * 2 + k) * 2 + h;
+                        const float *f = (const float *)(base + off + start * stride + (g * r + t % 5) * 8 * 4);
+                        for (int e = 0; e < 8; e++)
+                            if (f[e] != (float)(q * 100000 + t * 100 + l * 10 + k) + (h * 8 + e) * 0.25f) bad++;
+                    }
     }
     CHECK(bad == 0);
     void *ptr;
-    CHECK(cb_kvcache_token_ptr(kv, s[0], cap + 1000, 0, 0, &ptr) == CB_STATUS_INVALID_ARGUMENT);
-    CHECK(cb_kvcache_token_ptr(kv, s[0], 0, 3, 0, &ptr) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_kvcache_row_ptr(kv, s[0], cap + 1000, 0, 0, 0, &ptr) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_kvcache_row_ptr(kv, s[0], 0, 3, 0, 0, &ptr) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_kvcache_row_ptr(kv, s[0], 0, 0, 0, 2, &ptr) == CB_STATUS_INVALID_ARGUMENT);
+    float rows[40 * 2 * 8];
+    CHECK(cb_kvcache_read(kv, s[0], 2, 1, 0, 40, rows) == CB_OK);
+    bad = 0;
+    for (size_t t = 0; t < 40; t++)
+        for (int e = 0; e < 16; e++) bad += rows[t * 16 + e] != (float)(t * 100 + 21) + e * 0.25f;
+    CHECK(bad == 0);
+    CHECK(cb_kvcache_read(kv, s[0], 2, 1, 1, 40, rows) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_kvcache_write(kv, s[0], 2, 1, 0, 40, rows) == CB_OK);
     CHECK(cb_kvcache_seq_set_len(kv, s[0], 1000) == CB_STATUS_INVALID_ARGUMENT);
     cb_arena_stats_t st0, st1;
     cb_arena_stats(a, &st0);
@@ -294,7 +310,7 @@ static void kvcache(void) {
     cb_arena_stats(a, &st1);
     CHECK(st1.used == 0 && st1.n_blocks == 0);
     CHECK(cb_kvcache_seq_new(kv, &s[0]) == CB_STATUS_CLOSED);
-    CHECK(cb_kvcache_token_ptr(kv, s[2], 0, 0, 0, &ptr) == CB_STATUS_CLOSED);
+    CHECK(cb_kvcache_row_ptr(kv, s[2], 0, 0, 0, 0, &ptr) == CB_STATUS_CLOSED);
     CHECK(cb_kvcache_list(kv, NULL, 0) == 0);
     cb_kvcache_close(kv);
     cb_kvcache_free(kv);
@@ -461,9 +477,12 @@ static void kvcache_full(void) {
                 full = 1;
                 break;
             }
-            float *f;
-            CHECK(cb_kvcache_token_ptr(kv, s[q], t, 0, 0, (void **)&f) == CB_OK);
-            for (int e = 0; e < 4 * 16; e++) f[e] = (float)(q * 1000 + t) + e * 0.5f;
+            for (uint32_t l = 0; l < 2; l++)
+                for (uint32_t k = 0; k < 2; k++) {
+                    float *f;
+                    CHECK(cb_kvcache_row_ptr(kv, s[q], t, l, k, 0, (void **)&f) == CB_OK);
+                    for (int e = 0; e < 16; e++) f[e] = (float)(q * 1000 + t) + ((l * 2 + k) * 16 + e) * 0.5f;
+                }
             CHECK(cb_kvcache_seq_set_len(kv, s[q], t + 1) == CB_OK);
             held++;
         }
@@ -474,11 +493,13 @@ static void kvcache_full(void) {
     for (int q = 0; q < 3; q++) {
         size_t len = 0;
         CHECK(cb_kvcache_seq_len(kv, s[q], &len) == CB_OK);
-        for (size_t t = 0; t < len; t++) {
-            float *f;
-            CHECK(cb_kvcache_token_ptr(kv, s[q], t, 0, 0, (void **)&f) == CB_OK);
-            for (int e = 0; e < 4 * 16; e++) bad += f[e] != (float)(q * 1000 + t) + e * 0.5f;
-        }
+        for (size_t t = 0; t < len; t++)
+            for (uint32_t l = 0; l < 2; l++)
+                for (uint32_t k = 0; k < 2; k++) {
+                    float *f;
+                    CHECK(cb_kvcache_row_ptr(kv, s[q], t, l, k, 0, (void **)&f) == CB_OK);
+                    for (int e = 0; e < 16; e++) bad += f[e] != (float)(q * 1000 + t) + ((l * 2 + k) * 16 + e) * 0.5f;
+                }
     }
     CHECK(bad == 0);
     cb_kvcache_free(kv);
@@ -488,36 +509,37 @@ static void kvcache_full(void) {
 /* Byte b of token t of sequence tag q: a pattern that differs by token, layer, K/V and byte. */
 static uint8_t kv_pat(unsigned q, size_t t, size_t b) { return (uint8_t)(q * 131u + t * 7u + b * 13u + 1u); }
 
-static void kv_fill(cb_kvcache_t *kv, uint32_t seq, unsigned q, size_t from, size_t to) {
-    size_t stride = cb_kvcache_token_stride(kv);
-    for (size_t t = from; t < to; t++) {
-        uint8_t *p = NULL;
-        CHECK(cb_kvcache_token_ptr(kv, seq, t, 0, 0, (void **)&p) == CB_OK);
-        for (size_t b = 0; b < stride; b++) p[b] = kv_pat(q, t, b);
-    }
+static void kv_fill(cb_kvcache_t *kv, const cb_kvcache_params *kp, uint32_t seq, unsigned q, size_t from, size_t to) {
+    const size_t row = cb_kvcache_token_stride(kv) / (2 * kp->n_layers * kp->n_kv_heads);
+    for (size_t t = from; t < to; t++)
+        for (uint32_t g = 0; g < 2 * kp->n_layers * kp->n_kv_heads; g++) {
+            uint8_t *p = NULL;
+            CHECK(cb_kvcache_row_ptr(kv, seq, t, g / (2 * kp->n_kv_heads), g / kp->n_kv_heads % 2, g % kp->n_kv_heads, (void **)&p) == CB_OK);
+            for (size_t b = 0; b < row; b++) p[b] = kv_pat(q, t, g * row + b);
+        }
     CHECK(cb_kvcache_seq_set_len(kv, seq, to) == CB_OK);
 }
 
-/* Whether tokens [0, n) of seq hold q's pattern, read layer by layer, K and V, through
- * cb_kvcache_token_ptr (so the layout, not one memcmp of the block, is what is checked). */
-static int kv_holds(cb_kvcache_t *kv, uint32_t seq, unsigned q, size_t n, uint32_t n_layers, size_t kvs) {
+/* Whether tokens [0, n) of seq hold q's pattern, read row by row through cb_kvcache_row_ptr
+ * (so the layout, not one memcmp of the block, is what is checked). */
+static int kv_holds(cb_kvcache_t *kv, const cb_kvcache_params *kp, uint32_t seq, unsigned q, size_t n) {
+    const size_t row = cb_kvcache_token_stride(kv) / (2 * kp->n_layers * kp->n_kv_heads);
     for (size_t t = 0; t < n; t++)
-        for (uint32_t l = 0; l < n_layers; l++)
-            for (uint32_t k = 0; k < 2; k++) {
-                uint8_t *p = NULL;
-                if (cb_kvcache_token_ptr(kv, seq, t, l, k, (void **)&p) != CB_OK) return 0;
-                size_t b0 = ((size_t)l * 2 + k) * kvs;
-                for (size_t b = 0; b < kvs; b++)
-                    if (p[b] != kv_pat(q, t, b0 + b)) return 0;
-            }
+        for (uint32_t g = 0; g < 2 * kp->n_layers * kp->n_kv_heads; g++) {
+            uint8_t *p = NULL;
+            if (cb_kvcache_row_ptr(kv, seq, t, g / (2 * kp->n_kv_heads), g / kp->n_kv_heads % 2, g % kp->n_kv_heads, (void **)&p) != CB_OK) return 0;
+            for (size_t b = 0; b < row; b++)
+                if (p[b] != kv_pat(q, t, g * row + b)) return 0;
+        }
     return 1;
 }
 
-/* cb_kvcache_copy_prefix: every layer's K and V, both dtypes, its argument checks, a copy
- * over a longer destination, a copy whose reserve must compact the cache (both blocks move),
- * and a destination that cannot hold the prefix (unchanged). */
+/* cb_kvcache_copy_prefix: every layer's K and V, both dtypes, pages of 256 and 4 tokens, its
+ * argument checks, a copy over a longer destination, a copy whose reserve must compact the cache
+ * (both blocks move), and a destination that cannot hold the prefix (unchanged). */
 static void copy_prefix(void) {
-    for (int dt = 0; dt < 2; dt++) {
+    for (int cfg = 0; cfg < 4; cfg++) {
+        const int dt = cfg & 1;
         cb_arena_params p = cb_arena_default_params();
         p.capacity = 64 * 4096;
         p.min_block = 256;
@@ -530,30 +552,31 @@ static void copy_prefix(void) {
         kp.head_dim = 8;
         kp.dtype = dt ? CB_KV_F32 : CB_KV_F16;
         kp.chunk_tokens = 4;
+        kp.page_tokens = cfg & 2 ? 4 : 256;
         cb_kvcache_t *kv = NULL;
         CHECK(cb_kvcache_new(a, &kp, &kv) == CB_OK);
-        size_t stride = cb_kvcache_token_stride(kv), kvs = stride / (2 * kp.n_layers);
+        size_t stride = cb_kvcache_token_stride(kv);
         CHECK(stride == 3u * 2 * 2 * 8 * (dt ? 4 : 2));
         uint32_t src, dst, other, dead;
         CHECK(cb_kvcache_seq_new(kv, &src) == CB_OK && cb_kvcache_seq_new(kv, &dst) == CB_OK);
         CHECK(cb_kvcache_seq_reserve(kv, src, 37) == CB_OK);
-        kv_fill(kv, src, 1, 0, 37);
+        kv_fill(kv, &kp, src, 1, 0, 37);
         /* into an empty sequence */
         CHECK(cb_kvcache_copy_prefix(kv, src, dst, 21) == CB_OK);
         size_t len = 0, cap = 0;
         CHECK(cb_kvcache_seq_len(kv, dst, &len) == CB_OK && len == 21);
         CHECK(cb_kvcache_seq_capacity(kv, dst, &cap) == CB_OK && cap >= 21);
-        CHECK(kv_holds(kv, dst, 1, 21, kp.n_layers, kvs));
+        CHECK(kv_holds(kv, &kp, dst, 1, 21));
         CHECK(cb_kvcache_seq_len(kv, src, &len) == CB_OK && len == 37);
-        CHECK(kv_holds(kv, src, 1, 37, kp.n_layers, kvs));
+        CHECK(kv_holds(kv, &kp, src, 1, 37));
         /* over a longer destination: its length becomes n, its own tokens beyond are dropped */
         CHECK(cb_kvcache_seq_new(kv, &other) == CB_OK && cb_kvcache_seq_reserve(kv, other, 50) == CB_OK);
-        kv_fill(kv, other, 2, 0, 50);
+        kv_fill(kv, &kp, other, 2, 0, 50);
         CHECK(cb_kvcache_copy_prefix(kv, src, other, 37) == CB_OK);
         CHECK(cb_kvcache_seq_len(kv, other, &len) == CB_OK && len == 37);
-        CHECK(kv_holds(kv, other, 1, 37, kp.n_layers, kvs));
+        CHECK(kv_holds(kv, &kp, other, 1, 37));
         /* the whole source, then zero tokens */
-        CHECK(cb_kvcache_copy_prefix(kv, other, dst, 37) == CB_OK && kv_holds(kv, dst, 1, 37, kp.n_layers, kvs));
+        CHECK(cb_kvcache_copy_prefix(kv, other, dst, 37) == CB_OK && kv_holds(kv, &kp, dst, 1, 37));
         CHECK(cb_kvcache_copy_prefix(kv, src, dst, 0) == CB_OK);
         CHECK(cb_kvcache_seq_len(kv, dst, &len) == CB_OK && len == 0);
         /* argument checks: nothing changes */
@@ -580,7 +603,7 @@ static void copy_prefix(void) {
                 CHECK(cb_kvcache_seq_free(kv, fill[nf]) == CB_OK);
                 break;
             }
-            kv_fill(kv, fill[nf], 10 + (unsigned)nf % 50, 0, 5);
+            kv_fill(kv, &kp, fill[nf], 10 + (unsigned)nf % 50, 0, 5);
             nf++;
         }
         CHECK(nf > 8 && nf < 256);
@@ -597,27 +620,27 @@ static void copy_prefix(void) {
         size_t before[256];
         for (size_t i = 1; i < nf; i += 2) CHECK(cb_kvcache_seq_offset(kv, fill[i], &before[i], &has) == CB_OK);
         CHECK(cb_kvcache_copy_prefix(kv, src, dst, n) == CB_OK);
-        CHECK(kv_holds(kv, dst, 1, n, kp.n_layers, kvs) && kv_holds(kv, src, 1, 37, kp.n_layers, kvs));
+        CHECK(kv_holds(kv, &kp, dst, 1, n) && kv_holds(kv, &kp, src, 1, 37));
         size_t moved = 0;
         for (size_t i = 1; i < nf; i += 2) {
             CHECK(cb_kvcache_seq_offset(kv, fill[i], &off, &has) == CB_OK);
             moved += off != before[i];
         }
         CHECK(moved > 0); /* the reserve did compact */
-        for (size_t i = 1; i < nf; i += 2) CHECK(kv_holds(kv, fill[i], 10 + (unsigned)i % 50, 5, kp.n_layers, kvs));
+        for (size_t i = 1; i < nf; i += 2) CHECK(kv_holds(kv, &kp, fill[i], 10 + (unsigned)i % 50, 5));
         CHECK(cb_kvcache_seq_offset(kv, src, &off, &has) == CB_OK && has);
         CHECK(cb_arena_check(a) == CB_OK);
         /* a destination that cannot hold the prefix: OUT_OF_MEMORY, its length unchanged */
         uint32_t big, hog;
         CHECK(cb_kvcache_seq_new(kv, &big) == CB_OK);
         CHECK(cb_kvcache_seq_reserve(kv, big, 1) == CB_OK);
-        kv_fill(kv, big, 3, 0, 1);
+        kv_fill(kv, &kp, big, 3, 0, 1);
         CHECK(cb_kvcache_seq_new(kv, &hog) == CB_OK);
         size_t h = 1;
         while (cb_kvcache_seq_reserve(kv, hog, h) == CB_OK) h++; /* takes the rest */
         CHECK(h > 37);
         CHECK(cb_kvcache_copy_prefix(kv, src, big, 37) == CB_STATUS_OUT_OF_MEMORY);
-        CHECK(cb_kvcache_seq_len(kv, big, &len) == CB_OK && len == 1 && kv_holds(kv, big, 3, 1, kp.n_layers, kvs));
+        CHECK(cb_kvcache_seq_len(kv, big, &len) == CB_OK && len == 1 && kv_holds(kv, &kp, big, 3, 1));
         CHECK(cb_arena_check(a) == CB_OK);
         cb_kvcache_close(kv);
         CHECK(cb_kvcache_copy_prefix(kv, src, dst, 1) == CB_STATUS_CLOSED);

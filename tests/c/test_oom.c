@@ -102,7 +102,7 @@ static uint64_t work_kv(void) {
             STEP(cb_kvcache_seq_reserve(kv, seq[i], n * (size_t)(i + 1)));
             STEP(cb_kvcache_seq_set_len(kv, seq[i], n));
             void *p;
-            STEP(cb_kvcache_token_ptr(kv, seq[i], n - 1, 1, 1, &p));
+            STEP(cb_kvcache_row_ptr(kv, seq[i], n - 1, 1, 1, 0, &p));
             ((uint16_t *)p)[0] = (uint16_t)(n * 31 + (size_t)i);
         }
     STEP(cb_kvcache_seq_free(kv, seq[1]));
@@ -115,7 +115,7 @@ static uint64_t work_kv(void) {
         sum = sum * 31 + len * 1000 + cap;
     }
     void *p;
-    STEP(cb_kvcache_token_ptr(kv, seq[2], 36, 1, 1, &p));
+    STEP(cb_kvcache_row_ptr(kv, seq[2], 36, 1, 1, 0, &p));
     sum = sum * 31 + ((uint16_t *)p)[0];
     size_t off;
     STEP(cb_arena_alloc(shm, 5000, &off));

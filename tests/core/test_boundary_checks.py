@@ -175,7 +175,7 @@ def test_kv_sizes_and_ids_are_checked():
         kv.keys(s, -1)
     cap = kv.capacity(s)
     assert cap >= 4
-    with pytest.raises(ValueError, match=f"position {cap} \\(capacity {cap}\\)"):
+    with pytest.raises(ValueError, match=f"positions \\[{cap}, {cap + 1}\\) \\(capacity {cap}\\)"):
         kv.token_offset(s, cap, 0, 0)
 
 

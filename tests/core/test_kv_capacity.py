@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import re
 
+import numpy as np
 import pytest
 
 from colibri.kv import KVArena, KVCache
@@ -18,10 +19,10 @@ DIMS = (18, 1, 256)  # n_layers, n_kv_heads, head_dim of Gemma 3 270M
 STRIDE = DIMS[0] * 2 * DIMS[1] * DIMS[2] * 4
 
 
-def cache(ctx: int) -> KVCache:
+def cache(ctx: int, page_tokens: int = 256) -> KVCache:
     """The arena as Model(ctx=ctx) makes it: ctx tokens plus 1 MiB."""
     arena = KVArena(max(ctx, 1) * STRIDE + (1 << 20), hugepages="off")
-    return KVCache(arena, *DIMS, "f32", max_sequences=4096)
+    return KVCache(arena, *DIMS, "f32", max_sequences=4096, page_tokens=page_tokens)
 
 
 def held(kv: KVCache) -> int:
@@ -86,9 +87,11 @@ def test_sequences_growing_one_token_at_a_time_fill_the_cache(ctx, n_seq):
     kv.arena.check()
 
 
-def test_compaction_keeps_every_sequences_tokens():
-    """A full reserve compacts the cache, moving other sequences: their K/V move with them."""
-    kv = cache(64)
+@pytest.mark.parametrize("page", [1, 5, 256])
+def test_compaction_keeps_every_sequences_tokens(page):
+    """A full reserve compacts the cache, moving other sequences: their K/V move with them, and
+    the give-back re-lays their last pages out (pages of 5 tokens: across page boundaries)."""
+    kv = cache(64, page)
     seqs = [kv.new_sequence() for _ in range(6)]
     total = 0
     with pytest.raises(MemoryError):
@@ -97,8 +100,8 @@ def test_compaction_keeps_every_sequences_tokens():
                 t = kv.length(s)
                 kv.reserve(s, t + 1)
                 kv.set_length(s, t + 1)
-                kv.keys(s, 3)[t] = i * 1000 + t
-                kv.values(s, 17)[t] = -(i * 1000 + t)
+                kv.set_keys(s, 3, np.full((1, 1, 256), i * 1000 + t), t)
+                kv.set_values(s, 17, np.full((1, 1, 256), -(i * 1000 + t)), t)
                 total += 1
     assert total >= 64
     for i, s in enumerate(seqs):

@@ -1,6 +1,7 @@
-"""KVCache: the documented position-major layout checked against a numpy reference, K/V data
-surviving the growth (and moves) of its own and other sequences, failure leaving a sequence
-unchanged, memory returned on free, dtypes, close, threads."""
+"""KVCache: the documented paged layout checked against a numpy reference (pages of 1, 3 and 256
+tokens), K/V data surviving the growth (and moves, and the last page's re-layout) of its own and
+other sequences, failure leaving a sequence unchanged, memory returned on free, dtypes, close,
+threads."""
 
 from __future__ import annotations
 
@@ -20,42 +21,70 @@ def make(capacity: int = 1 << 20, dtype: object = "f32", **kw: object) -> tuple[
     return arena, KVCache(arena, L, H, D, dtype, **kw)
 
 
+PAGES = [1, 3, 256]
+
+
 def raw_block(kv: KVCache, seq: int, n_tokens: int) -> np.ndarray:
-    """The sequence's first n_tokens tokens as the documented layout [t][layer][K/V][head][dim]."""
-    off = kv.offset(seq)
-    assert off is not None
-    mv = kv.arena.view(off, n_tokens * kv.token_stride)
-    return np.frombuffer(mv, dtype=kv.dtype).reshape(n_tokens, L, 2, H, D)
+    """The sequence's first n_tokens tokens [t][layer][K/V][head][dim], read from the block's
+    bytes as arena.h documents the layout: pages of P tokens, page p at p * P token strides,
+    holding r = min(P, capacity - p * P) tokens as [layer][K/V][head][r][dim]."""
+    off, cap, P = kv.offset(seq), kv.capacity(seq), kv.page_tokens
+    if n_tokens == 0:
+        return np.empty((0, L, 2, H, D), kv.dtype)
+    assert off is not None and n_tokens <= cap
+    block = np.frombuffer(kv.arena.view(off, cap * kv.token_stride), dtype=kv.dtype)
+    per_token = L * 2 * H * D
+    pages = []
+    for start in range(0, n_tokens, P):
+        r = min(P, cap - start)
+        page = block[start * per_token:(start + r) * per_token].reshape(L, 2, H, r, D)
+        pages.append(page.transpose(3, 0, 1, 2, 4))
+    return np.concatenate(pages)[:n_tokens]
 
 
-def test_layout_matches_the_documented_reference():
-    arena, kv = make()
+def fill(kv: KVCache, seq: int, ref: np.ndarray, start: int = 0) -> None:
+    """Write ref [n][layer][K/V][head][dim] at tokens [start, start + n)."""
+    for layer in range(L):
+        kv.set_keys(seq, layer, ref[:, layer, 0], start)
+        kv.set_values(seq, layer, ref[:, layer, 1], start)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_layout_matches_the_documented_reference(page):
+    arena, kv = make(page_tokens=page)
     itemsize = 4
-    assert kv.token_stride == L * 2 * H * D * itemsize
+    assert kv.token_stride == L * 2 * H * D * itemsize and kv.page_tokens == page
     s = kv.new_sequence()
     assert kv.offset(s) is None and kv.length(s) == 0 and kv.capacity(s) == 0
     kv.reserve(s, 5)
     kv.set_length(s, 5)
+    cap = kv.capacity(s)
     rng = np.random.default_rng(0)
     ref = rng.standard_normal((5, L, 2, H, D)).astype(np.float32)
-    for layer in range(L):
-        kv.keys(s, layer)[:] = ref[:, layer, 0]
-        kv.values(s, layer)[:] = ref[:, layer, 1]
+    fill(kv, s, ref)
     assert np.array_equal(raw_block(kv, s, 5), ref)
     base = kv.offset(s)
     for t in range(5):
+        start = t - t % page
+        r = min(page, cap - start)
         for layer in range(L):
             for k in range(2):
-                assert kv.token_offset(s, t, layer, k) == (
-                    base + t * kv.token_stride + (layer * 2 + k) * H * D * itemsize)
+                for h in range(H):
+                    g = (layer * 2 + k) * H + h
+                    assert kv.token_offset(s, t, layer, k, h) == (
+                        base + start * kv.token_stride + (g * r + t % page) * D * itemsize)
     k1 = kv.keys(s, 1)
-    assert k1.shape == (5, H, D) and k1.strides == (kv.token_stride, D * itemsize, itemsize)
-    assert k1.dtype == np.float32 and k1.flags.writeable
+    assert k1.shape == (5, H, D) and np.array_equal(k1, ref[:, 1, 0])
+    assert k1.dtype == np.float32
+    k1[:] = 0  # a copy: the cache is unchanged
+    assert np.array_equal(kv.keys(s, 1), ref[:, 1, 0])
 
 
-def test_data_survives_growth_of_this_and_other_sequences():
-    # A small arena and interleaved growth force blocks to move.
-    arena, kv = make(capacity=96 * 1024, chunk_tokens=2)
+@pytest.mark.parametrize("page", PAGES)
+def test_data_survives_growth_of_this_and_other_sequences(page):
+    # A small arena and interleaved growth force blocks to move; pages of 3 tokens re-lay the
+    # last page out at every growth and cross page boundaries.
+    arena, kv = make(capacity=96 * 1024, chunk_tokens=2, page_tokens=page)
     seqs = [kv.new_sequence() for _ in range(3)]
     target = {seqs[0]: 40, seqs[1]: 25, seqs[2]: 12}
     ref = {s: np.zeros((target[s], L, 2, H, D), np.float32) for s in seqs}
@@ -70,11 +99,10 @@ def test_data_survives_growth_of_this_and_other_sequences():
             offsets_seen[s].add(kv.offset(s))
             tok = rng.standard_normal((L, 2, H, D)).astype(np.float32)
             ref[s][t] = tok
-            for layer in range(L):
-                kv.keys(s, layer)[t] = tok[layer, 0]
-                kv.values(s, layer)[t] = tok[layer, 1]
+            fill(kv, s, tok[None], t)
             for q in seqs:  # every sequence still holds everything written so far
                 n = kv.length(q)
+                assert np.array_equal(raw_block(kv, q, n), ref[q][:n])
                 for layer in range(L):
                     assert np.array_equal(kv.keys(q, layer), ref[q][:n, layer, 0])
                     assert np.array_equal(kv.values(q, layer), ref[q][:n, layer, 1])
@@ -87,7 +115,7 @@ def test_reserve_that_cannot_fit_leaves_the_sequence_unchanged():
     s = kv.new_sequence()
     kv.reserve(s, 10)
     kv.set_length(s, 10)
-    kv.keys(s, 2)[:] = 7.5
+    kv.set_keys(s, 2, np.full((10, H, D), 7.5))
     before = (kv.length(s), kv.capacity(s), kv.offset(s), arena.stats())
     with pytest.raises(MemoryError, match=f"sequence {s}"):
         kv.reserve(s, 10_000)
@@ -143,7 +171,7 @@ def test_dtypes(dtype, np_dtype):
     s = kv.new_sequence()
     kv.reserve(s, 3)
     kv.set_length(s, 3)
-    kv.values(s, 0)[:] = np.arange(3 * H * D).reshape(3, H, D)
+    kv.set_values(s, 0, np.arange(3 * H * D).reshape(3, H, D))
     assert np.array_equal(raw_block(kv, s, 3)[:, 0, 1], np.arange(3 * H * D, dtype=np_dtype).reshape(3, H, D))
 
 
@@ -173,7 +201,18 @@ def test_bad_arguments():
         kv.token_offset(s, kv.capacity(s), 0, 0)
     with pytest.raises(ValueError):
         kv.token_offset(s, 0, 0, 2)
+    with pytest.raises(ValueError):
+        kv.token_offset(s, 0, 0, 0, H)
     assert kv.keys(s, 0).shape == (0, H, D)
+    with pytest.raises(ValueError, match="capacity"):
+        kv.set_keys(s, 0, np.zeros((1, H, D)), kv.capacity(s))
+    with pytest.raises(ValueError, match="shape"):
+        kv.set_keys(s, 0, np.zeros((2, H, D + 1)))
+    with pytest.raises(ValueError):
+        kv.set_values(s, L, np.zeros((1, H, D)))
+    for page in (0, -1, (1 << 20) + 1):
+        with pytest.raises(ValueError, match="page_tokens"):
+            KVCache(arena, L, H, D, "f32", page_tokens=page)
 
 
 def test_sequence_ids_run_out_cleanly():
@@ -207,9 +246,7 @@ def test_closed_arena_makes_cache_calls_fail_cleanly():
     s = kv.new_sequence()
     kv.reserve(s, 4)
     kv.set_length(s, 4)
-    keys = kv.keys(s, 0)
     arena.close()
-    keys[:] = 1.0  # the exported view pins the mapping
     with pytest.raises(ColibriError, match="closed"):
         kv.reserve(s, 100)
     with pytest.raises(ColibriError, match="closed"):
@@ -220,8 +257,9 @@ def test_closed_arena_makes_cache_calls_fail_cleanly():
     kv.close()
 
 
-def test_threads_grow_their_own_sequences():
-    arena, kv = make(capacity=2 << 20, chunk_tokens=4)
+@pytest.mark.parametrize("page", [3, 256])
+def test_threads_grow_their_own_sequences(page):
+    arena, kv = make(capacity=2 << 20, chunk_tokens=4, page_tokens=page)
     errors: list[BaseException] = []
 
     def worker(w: int) -> None:
@@ -234,9 +272,7 @@ def test_threads_grow_their_own_sequences():
                 for t in range(n):
                     kv.reserve(s, t + 1)
                     kv.set_length(s, t + 1)
-                    for layer in range(L):
-                        kv.keys(s, layer)[t] = ref[t, layer, 0]
-                        kv.values(s, layer)[t] = ref[t, layer, 1]
+                    fill(kv, s, ref[t:t + 1], t)
                 for layer in range(L):
                     assert np.array_equal(kv.keys(s, layer), ref[:, layer, 0])
                     assert np.array_equal(kv.values(s, layer), ref[:, layer, 1])
@@ -254,20 +290,19 @@ def test_threads_grow_their_own_sequences():
     arena.check()
 
 
-@pytest.mark.parametrize("dtype", ["f16", "f32"])
-def test_copy_prefix_copies_every_layer_k_and_v(dtype):
-    _, kv = make(dtype=dtype)
+@pytest.mark.parametrize("dtype,page", [("f16", 256), ("f32", 256), ("f32", 1), ("f16", 3),
+                                        ("f32", 16)])
+def test_copy_prefix_copies_every_layer_k_and_v(dtype, page):
+    _, kv = make(dtype=dtype, page_tokens=page)
     rng = np.random.default_rng(1)
     src, dst, other = kv.new_sequence(), kv.new_sequence(), kv.new_sequence()
     kv.reserve(src, 40)
     kv.set_length(src, 40)
     ref = rng.standard_normal((40, L, 2, H, D)).astype(kv.dtype)
-    for layer in range(L):
-        kv.keys(src, layer)[:] = ref[:, layer, 0]
-        kv.values(src, layer)[:] = ref[:, layer, 1]
+    fill(kv, src, ref)
     kv.reserve(other, 50)  # a longer destination: its length becomes n
     kv.set_length(other, 50)
-    for d, n in ((dst, 25), (other, 40), (dst, 1)):
+    for d, n in ((dst, 25), (other, 40), (dst, 1), (dst, 33)):
         kv.copy_prefix(src, d, n)
         assert kv.length(d) == n and kv.capacity(d) >= n
         assert np.array_equal(raw_block(kv, d, n), ref[:n])
@@ -284,7 +319,7 @@ def test_copy_prefix_checks_its_arguments_and_fits_or_leaves_dst_unchanged():
     src, dst = kv.new_sequence(), kv.new_sequence()
     kv.reserve(src, 10)
     kv.set_length(src, 10)
-    kv.keys(src, 2)[:] = 7.0
+    kv.set_keys(src, 2, np.full((10, H, D), 7.0))
     with pytest.raises(ValueError, match="holds 10"):
         kv.copy_prefix(src, dst, 11)
     with pytest.raises(ValueError, match="same sequence"):
