@@ -368,8 +368,8 @@ cb_status cb_forward_new(const cb_model_desc_t *m, cb_kvcache_t *kv, cb_experts_
             if ((off + j * hd) % f->kv_row + hd > f->kv_row) {
                 cb_forward_free(f);
                 return cb_fail(CB_STATUS_INVALID_ARGUMENT,
-                               "forward: layer %d's K/V heads of %zu values are not whole rows of "
-                               "the KV cache (rows of %zu values in pages of %zu tokens): make the "
+                               "forward: layer %d's K/V heads of %zu values are split across rows "
+                               "of the KV cache (rows of %zu values in pages of %zu tokens): make the "
                                "cache with page_tokens 1", l, hd, cb_kvcache_row_elems(kv),
                                cb_kvcache_page_tokens(kv));
             }

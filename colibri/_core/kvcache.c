@@ -440,16 +440,14 @@ static cb_status rows_check(const cb_kvcache_t *kv, uint32_t seq, size_t pos, si
                        "kv %u (0 or 1), head %u (of %u) out of range",
                        seq, pos, pos + n, s->cap, layer, kv->p.n_layers, kv_index, head,
                        kv->p.n_kv_heads);
-    if (n && !cb_arena_base(kv->arena)) return cb_fail(CB_STATUS_CLOSED, "kvcache: the arena is closed");
     return CB_OK;
 }
 
-/* Address of a row (checks done, mu held). */
-static uint8_t *row_addr(const cb_kvcache_t *kv, const kv_seq *s, size_t pos, uint32_t layer,
-                         uint32_t kv_index, uint32_t head) {
+/* Address of a row in the sequence's block at blk (checks done, mu held). */
+static uint8_t *row_addr(const cb_kvcache_t *kv, const kv_seq *s, uint8_t *blk, size_t pos,
+                         uint32_t layer, uint32_t kv_index, uint32_t head) {
     size_t g = ((size_t)layer * 2 + kv_index) * kv->p.n_kv_heads + head;
-    return cb_arena_base(kv->arena) + s->offset +
-           cb_kvcache_row_elem(pos, s->cap, kv->page, kv->token_elems, kv->row_elems, g * kv->row_elems) * kv->elt;
+    return blk + cb_kvcache_row_elem(pos, s->cap, kv->page, kv->token_elems, kv->row_elems, g * kv->row_elems) * kv->elt;
 }
 
 cb_status cb_kvcache_row_ptr(cb_kvcache_t *kv, uint32_t seq, size_t pos, uint32_t layer,
@@ -457,7 +455,9 @@ cb_status cb_kvcache_row_ptr(cb_kvcache_t *kv, uint32_t seq, size_t pos, uint32_
     if (!ptr) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: NULL argument");
     KV_LOCK(kv);
     cb_status st = rows_check(kv, seq, pos, 1, layer, kv_index, kv_head);
-    if (st == CB_OK) *ptr = row_addr(kv, &kv->seqs[seq], pos, layer, kv_index, kv_head);
+    uint8_t *base = cb_arena_base(kv->arena);
+    if (st == CB_OK && !base) st = cb_fail(CB_STATUS_CLOSED, "kvcache: the arena is closed");
+    if (st == CB_OK) *ptr = row_addr(kv, &kv->seqs[seq], base + kv->seqs[seq].offset, pos, layer, kv_index, kv_head);
     KV_RETURN(kv, st);
 }
 
@@ -478,15 +478,21 @@ static cb_status rows_copy(cb_kvcache_t *kv, uint32_t seq, uint32_t layer, uint3
     if (!buf && n) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: NULL buffer");
     KV_LOCK(kv);
     cb_status st = rows_check(kv, seq, start, n, layer, kv_index, 0);
+    if (st != CB_OK || n == 0) KV_RETURN(kv, st);
+    /* the block pinned while copying: a cb_arena_close from another thread defers the unmap */
+    const kv_seq *s = &kv->seqs[seq];
+    void *blk = NULL;
+    st = cb_arena_view(kv->arena, s->offset, s->cap * kv->stride, &blk);
     if (st != CB_OK) KV_RETURN(kv, st);
     const size_t row = kv->row_elems * kv->elt;
     for (size_t t = 0; t < n; t++)
         for (uint32_t h = 0; h < kv->p.n_kv_heads; h++) {
-            uint8_t *r = row_addr(kv, &kv->seqs[seq], start + t, layer, kv_index, h);
+            uint8_t *r = row_addr(kv, s, blk, start + t, layer, kv_index, h);
             uint8_t *b = buf + (t * kv->p.n_kv_heads + h) * row;
             if (into_cache) memcpy(r, b, row);
             else memcpy(b, r, row);
         }
+    cb_arena_unpin(kv->arena);
     KV_RETURN(kv, CB_OK);
 }
 

@@ -183,7 +183,8 @@ uint8_t *cb_arena_base(const cb_arena_t *a);
  *
  * Sequence ids are small integers (slots of a table of max_sequences preallocated at
  * cb_kvcache_new); a freed id may be reused. A sequence's capacity (tokens that fit without a
- * reserve) is floor(block bytes / token_stride). cb_kvcache_seq_reserve grows the block
+ * reserve, and the cap of the layout) is the token count it last reserved: the block's requested
+ * bytes / token_stride. cb_kvcache_seq_reserve grows the block
  * through cb_arena_grow, rounding the token count up to a multiple of chunk_tokens, or, with
  * doubling, to at least twice the current capacity. When that does not fit, the cache is
  * full, not the request: it tries the exact token count; then (when the free bytes plus the
@@ -300,7 +301,8 @@ cb_status cb_kvcache_seq_block(cb_kvcache_t *kv, uint32_t seq, void **base, size
 /* Copy K (kv_index 0) or V (1) of layer for tokens [start, start + n) between the cache and buf,
  * n * n_kv_heads * head_dim elements of dtype in C order [token][kv_head][head_dim]: read copies
  * out of the cache, write into it. start + n must be within the capacity (not the length: the
- * length is set after writing); INVALID_ARGUMENT otherwise, nothing copied. */
+ * length is set after writing); INVALID_ARGUMENT otherwise, nothing copied. The block is pinned
+ * while copying (cb_arena_view), so a concurrent cb_arena_close never unmaps it mid-copy. */
 cb_status cb_kvcache_read(cb_kvcache_t *kv, uint32_t seq, uint32_t layer, uint32_t kv_index,
                           size_t start, size_t n, void *buf);
 cb_status cb_kvcache_write(cb_kvcache_t *kv, uint32_t seq, uint32_t layer, uint32_t kv_index,

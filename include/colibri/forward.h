@@ -195,8 +195,10 @@ typedef struct cb_batch {
 } cb_batch_t;
 
 /* Validates the description (sizes, matrix shapes against the sizes, types supported) and
- * allocates scratch for up to max_batch tokens. kv must have been made with this model's
- * n_layer, n_head_kv and head_dim. experts may be NULL for a dense model. pool may be NULL. */
+ * allocates scratch for up to max_batch tokens. kv must hold this model's K/V values per token
+ * (n_layer, n_head_kv and head_dim, or one flat row per token); with page_tokens > 1 each K/V
+ * head must lie inside one of its rows (INVALID_ARGUMENT naming page_tokens 1 otherwise).
+ * experts may be NULL for a dense model. pool may be NULL. */
 cb_status cb_forward_new(const cb_model_desc_t *model, cb_kvcache_t *kv, cb_experts_t *experts,
                          cb_threadpool_t *pool, int32_t max_batch, cb_forward_t **out);
 

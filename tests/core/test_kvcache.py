@@ -257,6 +257,37 @@ def test_closed_arena_makes_cache_calls_fail_cleanly():
     kv.close()
 
 
+def _copy_until_closed(kv: KVCache, s: int, data: np.ndarray, outcomes: list[str]) -> None:
+    for i in range(200):
+        try:
+            if i % 2:
+                kv.set_keys(s, 1, data)
+            else:
+                assert kv.keys(s, 1).shape == data.shape
+        except ColibriError as e:
+            assert "closed" in str(e)
+            outcomes.append("closed")
+            return
+    outcomes.append("done")
+
+
+def test_arena_closed_while_other_threads_copy_rows():
+    """keys()/set_keys() copy with the block pinned: a close from another thread mid-copy defers
+    the unmap (the copy finishes, or the next one says "closed"), never a crash."""
+    for _ in range(5):
+        arena, kv = make(capacity=64 << 20, page_tokens=7)
+        s = kv.new_sequence()
+        kv.reserve(s, 4000)
+        kv.set_length(s, 4000)
+        outcomes: list[str] = []
+        t = threading.Thread(target=_copy_until_closed,
+                             args=(kv, s, np.ones((4000, H, D), np.float32), outcomes))
+        t.start()
+        arena.close()
+        t.join()
+        assert outcomes in (["closed"], ["done"])
+
+
 @pytest.mark.parametrize("page", [3, 256])
 def test_threads_grow_their_own_sequences(page):
     arena, kv = make(capacity=2 << 20, chunk_tokens=4, page_tokens=page)
