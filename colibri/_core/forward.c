@@ -457,7 +457,8 @@ static void attn_task(void *vctx, int task, int thread) {
     if (f->kv_elt == 2) {
         /* f16 cache: like llama.cpp, the query is rounded to f16 for the K products and the
          * probabilities to f16 for the V sum (so an f16 cache reproduces llama.cpp's numerics) */
-        for (int64_t i = 0; i < G * hd; i++) qh[i] = cb_f16_to_f32(cb_f32_to_f16(q0[i]));
+        memcpy(qh, q0, (size_t)(G * hd) * sizeof(float));
+        cb_f16_round(qh, G * hd);
         q0 = qh;
     }
     cb_status s = attn_rows(f, t, lo, n, kel, q0, hd, G, sc0, sst, NULL);
@@ -471,8 +472,7 @@ static void attn_task(void *vctx, int task, int thread) {
     }
     memset(out0, 0, (size_t)G * (size_t)hd * sizeof(float));
     if (f->kv_elt == 2)
-        for (int h = 0; h < G; h++)
-            for (int64_t j = 0; j < n; j++) sc0[h * sst + j] = cb_f16_to_f32(cb_f32_to_f16(sc0[h * sst + j]));
+        for (int h = 0; h < G; h++) cb_f16_round(sc0 + h * sst, n);
     s = attn_rows(f, t, lo, n, vel, q0, hd, G, sc0, sst, out0);
     if (s != CB_OK) c->status = s;
 }
@@ -486,12 +486,8 @@ static int same_rope(const cb_rope_params_t *a, const cb_rope_params_t *b) {
 }
 
 static void kv_store(uint8_t *dst, const float *src, int64_t n, size_t elt) {
-    if (elt == 4) {
-        memcpy(dst, src, (size_t)n * sizeof(float));
-    } else {
-        uint16_t *d = (uint16_t *)dst;
-        for (int64_t i = 0; i < n; i++) d[i] = cb_f32_to_f16(src[i]);
-    }
+    if (elt == 4) memcpy(dst, src, (size_t)n * sizeof(float));
+    else cb_f32_to_f16_n(src, n, (uint16_t *)(void *)dst);
 }
 
 static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {

@@ -413,6 +413,21 @@ __attribute__((target("avx2,fma,f16c"))) static void widen_f16_avx2(const uint16
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + i))));
     for (; i < n; i++) dst[i] = _cvtsh_ss(src[i]);
 }
+/* n floats -> f16 (round to nearest even, as cb_f32_to_f16), and floats rounded through f16 */
+__attribute__((target("avx2,fma,f16c"))) static int64_t narrow_f16_avx2(const float *src, int64_t n,
+                                                                       uint16_t *dst) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(void *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    return i;
+}
+__attribute__((target("avx2,fma,f16c"))) static int64_t round_f16_avx2(float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT)));
+    return i;
+}
 #endif /* CB_OPS_X86 */
 
 /* ------------------------------------------------------------------------------------- */
@@ -889,6 +904,24 @@ cb_status cb_axpy_rows_multi_f32(const float *p, int64_t p_stride, int n_q, cons
     return CB_OK;
 }
 
+/* f16 conversions of the f16 KV cache (ops.h): F16C's conversions round to nearest even as
+ * cb_f32_to_f16 does, so both paths give the same bits (a NaN stays a NaN). */
+void cb_f32_to_f16_n(const float *x, int64_t n, uint16_t *out) {
+    int64_t i = 0;
+#if CB_OPS_X86
+    if (n > 0 && use_avx2()) i = narrow_f16_avx2(x, n, out);
+#endif
+    for (; i < n; i++) out[i] = cb_f32_to_f16(x[i]);
+}
+
+void cb_f16_round(float *x, int64_t n) {
+    int64_t i = 0;
+#if CB_OPS_X86
+    if (n > 0 && use_avx2()) i = round_f16_avx2(x, n);
+#endif
+    for (; i < n; i++) x[i] = cb_f16_to_f32(cb_f32_to_f16(x[i]));
+}
+
 /* ---------------------------------------------------------------- f16 K/V rows
  * The f16 KV cache's attention: rows widened to floats, F16_CHUNK floats at a time on the stack
  * (L1-resident), then the f32 kernels above on them: the results are those of the f32 entry
@@ -908,6 +941,14 @@ static void widen_rows(const uint16_t *src, int64_t stride, int64_t rows, int64_
 }
 
 /* rows of n floats per chunk: a multiple of 8 (the row kernels' group) when more than 8 fit */
+/* Prefetch rows [j, j + rows) of n f16 values at stride into L2: the next chunk's, while this one
+ * is widened and used (the widening otherwise waits on each chunk's reads). */
+static void prefetch_f16_rows(const uint16_t *src, int64_t stride, int64_t j, int64_t rows,
+                              int64_t n_rows, int64_t n) {
+    for (int64_t r = j; r < j + rows && r < n_rows; r++)
+        for (int64_t o = 0; o < n; o += 32) __builtin_prefetch(src + r * stride + o, 0, 1);
+}
+
 static int64_t chunk_rows(int64_t n) { /* 0 < n <= F16_CHUNK */
     int64_t r = F16_CHUNK / n;
     return r >= 16 ? r / 8 * 8 : r;
@@ -936,6 +977,7 @@ cb_status cb_dot_rows_multi_f16(const float *q, int64_t q_stride, int n_q, const
     const int64_t cr = chunk_rows(n);
     for (int64_t j0 = 0; j0 < n_rows; j0 += cr) {
         const int64_t r = n_rows - j0 < cr ? n_rows - j0 : cr;
+        prefetch_f16_rows(k, k_stride, j0 + cr, cr, n_rows, n);
         widen_rows(k + j0 * k_stride, k_stride, r, n, buf);
         cb_status s = cb_dot_rows_multi_f32(q, q_stride, n_q, buf, r, n, n, scale, out + j0, o_stride);
         if (s != CB_OK) return s;
@@ -960,6 +1002,7 @@ cb_status cb_axpy_rows_multi_f16(const float *p, int64_t p_stride, int n_q, cons
     const int64_t cr = chunk_rows(n);
     for (int64_t j0 = 0; j0 < n_rows; j0 += cr) {
         const int64_t r = n_rows - j0 < cr ? n_rows - j0 : cr;
+        prefetch_f16_rows(v, v_stride, j0 + cr, cr, n_rows, n);
         widen_rows(v + j0 * v_stride, v_stride, r, n, buf);
         cb_status s = cb_axpy_rows_multi_f32(p + j0, p_stride, n_q, buf, r, n, n, y, y_stride);
         if (s != CB_OK) return s;

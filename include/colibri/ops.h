@@ -171,6 +171,12 @@ cb_status cb_axpy_rows_multi_f16(const float *p, int64_t p_stride, int n_q, cons
                                  int64_t n_rows, int64_t v_stride, int64_t n, float *y,
                                  int64_t y_stride);
 
+/* out[i] = cb_f32_to_f16(x[i]) and x[i] = cb_f16_to_f32(cb_f32_to_f16(x[i])) for i < n (F16C
+ * where the CPU has AVX2: the same bits, round to nearest even; a NaN stays a NaN). The f16 KV
+ * cache's stores and its rounding of queries and probabilities. */
+void cb_f32_to_f16_n(const float *x, int64_t n, uint16_t *out);
+void cb_f16_round(float *x, int64_t n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -302,13 +302,62 @@ static void check_attention_rows_f16(void) {
     CHECK(cb_dot_rows_multi_f16(f, 0, 1, NULL, 2, 0, 0, 1.0f, o, 2) == CB_OK && o[0] == 0.0f && o[1] == 0.0f);
 }
 
+/* cb_f32_to_f16_n and cb_f16_round (F16C under AVX2) give cb_f32_to_f16's bits: every f16 value,
+ * the midpoints between neighbours (ties to even), f32 subnormals, overflow to infinity, and
+ * random bit patterns; lengths with a tail. A NaN only needs to stay a NaN. */
+static int f16_is_nan(uint16_t h) { return (h & 0x7C00u) == 0x7C00u && (h & 0x3FFu) != 0; }
+
+static void check_f16_conversions(void) {
+    enum { N = 65536 * 2 + 4099 };
+    static float x[N], r[N];
+    static uint16_t h[N];
+    size_t n = 0;
+    for (uint32_t v = 0; v < 65536; v++) {
+        float a = cb_f16_to_f32((uint16_t)v), b = cb_f16_to_f32((uint16_t)(v + 1));
+        x[n++] = a;
+        if ((v & 0x7C00u) != 0x7C00u && ((v + 1) & 0x7C00u) != 0x7C00u && (v & 0x7FFFu) != 0x7FFFu)
+            x[n++] = (float)(((double)a + (double)b) / 2); /* the tie between neighbours */
+    }
+    uint32_t seed = 12345u;
+    while (n < N) {
+        seed = seed * 1664525u + 1013904223u;
+        uint32_t bits = seed;
+        memcpy(&x[n++], &bits, 4);
+    }
+    const float edge[] = {65504.0f, 65519.99f, 65520.0f, 1e-45f, -1e-40f, 5.9604645e-8f, 2.9802322e-8f,
+                          INFINITY, -INFINITY, NAN};
+    memcpy(x, edge, sizeof edge);
+    int bad = 0;
+    for (size_t len = N; len + 3 >= N; len--) { /* tails of 0..3 past a multiple of 8 */
+        memcpy(r, x, len * sizeof(float));
+        cb_f32_to_f16_n(x, (int64_t)len, h);
+        cb_f16_round(r, (int64_t)len);
+        for (size_t i = 0; i < len; i++) {
+            uint16_t want = cb_f32_to_f16(x[i]);
+            float wr = cb_f16_to_f32(want);
+            if (f16_is_nan(want)) {
+                bad += !f16_is_nan(h[i]) || r[i] == r[i];
+            } else {
+                uint32_t a, b;
+                memcpy(&a, &r[i], 4);
+                memcpy(&b, &wr, 4);
+                bad += h[i] != want || a != b;
+            }
+        }
+    }
+    if (bad) fprintf(stderr, "f16 conversions: %d values differ from cb_f32_to_f16\n", bad);
+    CHECK(bad == 0);
+}
+
 int main(void) {
     check_rope_paths();
     check_attention_rows();
     check_attention_rows_f16();
+    check_f16_conversions();
     cb_simd_level best = cb_cpu_detect();
     cb_cpu_set_max_level(CB_SIMD_SCALAR);
     check_attention_rows_f16();
+    check_f16_conversions();
     cb_cpu_set_max_level(CB_SIMD_AVX512_VNNI);
     check_level(CB_SIMD_SCALAR);
     if (best >= CB_SIMD_AVX2) check_level(CB_SIMD_AVX2);

@@ -28,16 +28,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=8, help="ABBA rounds of 2 blocks each")
     ap.add_argument("--block", type=int, default=8, help="decode steps per timed block")
+    ap.add_argument("--kv-dtype", default="f32", choices=["f32", "f16"])
     a = ap.parse_args()
     m = colibri.Model(a.model, threads=a.threads, ctx=64, verbose=False, tokenizer=False)
     d = m.desc
-    stride = d.kv_bytes_per_token("f32")
+    stride = d.kv_bytes_per_token(a.kv_dtype)
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(3, min(m.n_vocab, 30000), a.ctx)]
     steps = 2 * a.block * (2 * a.rounds + 1)
     state = {}
     for page in (1, 256):
-        kv = KVCache(KVArena((a.ctx + steps + 16) * stride + (1 << 20)), *d.kv_dims(), "f32",
+        kv = KVCache(KVArena((a.ctx + steps + 16) * stride + (1 << 20)), *d.kv_dims(), a.kv_dtype,
                      page_tokens=page)
         fw = _forward.Forward(d, kv, m.experts, m.pool, 512)
         s = kv.new_sequence()
@@ -62,7 +63,7 @@ def main() -> None:
             res[page].append(block(page, a.block))
     one, paged = float(np.median(res[1])), float(np.median(res[256]))
     pairs = [x / y for x, y in zip(res[1], res[256], strict=True)]
-    print(f"{d.arch}, context {a.ctx}, {a.threads} thread(s): pages of 1 token {one * 1e3:.2f} "
+    print(f"{d.arch}, {a.kv_dtype} KV, context {a.ctx}, {a.threads} thread(s): pages of 1 token {one * 1e3:.2f} "
           f"ms/token, of 256 tokens {paged * 1e3:.2f}: {one / paged:.3f}x (per pair: median "
           f"{np.median(pairs):.3f}, {min(pairs):.3f}-{max(pairs):.3f})")
     m.close()
