@@ -41,7 +41,6 @@ struct cb_forward {
     cb_threadpool_t *pool;
     int32_t max_batch;
     int n_threads;
-    size_t token_stride;  /* KV bytes per token */
     size_t kv_elt;        /* 4 (f32) or 2 (f16) */
     size_t kv_page, kv_row, kv_tok; /* the cache's page tokens, row and token values (arena.h) */
     size_t *kv_off;       /* [n_layer] element offset of each layer's K/V inside a token */
@@ -291,7 +290,6 @@ cb_status cb_forward_new(const cb_model_desc_t *m, cb_kvcache_t *kv, cb_experts_
     f->pool = pool;
     f->max_batch = max_batch;
     f->n_threads = cb_threadpool_n_threads(pool);
-    f->token_stride = stride;
     f->kv_elt = stride / per_elt;
     f->kv_page = cb_kvcache_page_tokens(kv);
     f->kv_row = cb_kvcache_row_elems(kv);
@@ -420,7 +418,8 @@ static cb_status attn_rows(const cb_forward_t *f, int64_t t, int64_t lo, int64_t
     const size_t P = f->kv_page;
     const int64_t rs = P == 1 ? (int64_t)f->kv_tok : (int64_t)f->kv_row; /* row stride */
     for (int64_t j = lo, end = lo + n; j < end;) {
-        const int64_t e = P == 1 ? end : ((j / (int64_t)P + 1) * (int64_t)P < end ? (j / (int64_t)P + 1) * (int64_t)P : end);
+        const int64_t page_end = (j / (int64_t)P + 1) * (int64_t)P;
+        const int64_t e = P == 1 || page_end > end ? end : page_end;
         const void *rows = kv_at(f, t, (size_t)j, el);
         cb_status s;
         if (!out)
