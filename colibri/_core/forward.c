@@ -386,13 +386,17 @@ typedef struct attn_ctx {
     int32_t window;
     int32_t hd, n_kv;     /* this layer's head_dim and KV heads */
     int32_t hpt;          /* query heads per task: a divisor of n_head / n_kv */
+    /* the split path (attention_split): per (token, K/V head) pair, n_chunks tasks of `chunk`
+     * score rows, then n_cols tasks of `cols` value columns */
+    int64_t chunk, n_chunks, cols, n_cols;
     cb_status status;
 } attn_ctx;
 
 /* Query heads per attention task: the whole group sharing a K/V head (its K and V rows are then
  * read once for all of them; at long contexts they do not stay in cache between heads), halved
  * while that leaves fewer than two tasks per thread; at most CB_ATTN_MAX_HPT (the scores'
- * scratch). Every head's numbers are the same whatever the grouping. */
+ * scratch). Every head's numbers are the same whatever the grouping. Where it halves a group of
+ * few pairs, the split path (attention_split) runs instead. */
 #define CB_ATTN_MAX_HPT 8
 static int32_t attn_heads_per_task(int64_t n_tokens, int n_head, int n_kv, int n_threads) {
     int32_t g = n_head / n_kv, hpt = g;
@@ -414,7 +418,8 @@ static inline uint8_t *kv_at(const cb_forward_t *f, int64_t t, size_t pos, size_
  * token apart, all in one call). The same numbers as one call over all rows: each row's score
  * is its own, and the V sum runs in row order. */
 static cb_status attn_rows(const cb_forward_t *f, int64_t t, int64_t lo, int64_t n, size_t el,
-                           const float *q, int64_t hd, int G, float *sc, int64_t sst, float *out) {
+                           const float *q, int64_t hd, int64_t cols, int G, float *sc, int64_t sst,
+                           float *out) {
     const size_t P = f->kv_page;
     const int64_t rs = P == 1 ? (int64_t)f->kv_tok : (int64_t)f->kv_row; /* row stride */
     for (int64_t j = lo, end = lo + n; j < end;) {
@@ -426,12 +431,34 @@ static cb_status attn_rows(const cb_forward_t *f, int64_t t, int64_t lo, int64_t
             s = f->kv_elt == 4 ? cb_dot_rows_multi_f32(q, hd, G, rows, e - j, rs, hd, f->m->attn_scale, sc + (j - lo), sst)
                                : cb_dot_rows_multi_f16(q, hd, G, rows, e - j, rs, hd, f->m->attn_scale, sc + (j - lo), sst);
         else
-            s = f->kv_elt == 4 ? cb_axpy_rows_multi_f32(sc + (j - lo), sst, G, rows, e - j, rs, hd, out, hd)
-                               : cb_axpy_rows_multi_f16(sc + (j - lo), sst, G, rows, e - j, rs, hd, out, hd);
+            s = f->kv_elt == 4 ? cb_axpy_rows_multi_f32(sc + (j - lo), sst, G, rows, e - j, rs, cols, out, hd)
+                               : cb_axpy_rows_multi_f16(sc + (j - lo), sst, G, rows, e - j, rs, cols, out, hd);
         if (s != CB_OK) return s;
         j = e;
     }
     return CB_OK;
+}
+
+/* Token t's attended positions [*lo, *lo + n): all before it, or the window's. */
+static int64_t attn_span(const attn_ctx *c, int64_t t, int64_t *lo) {
+    const int64_t p = c->b->pos[t];
+    *lo = c->window > 0 && p - c->window + 1 > 0 ? p - c->window + 1 : 0;
+    return p - *lo + 1;
+}
+
+/* The query of an f16 cache is rounded to f16 for the K products and the probabilities for the V
+ * sum, as llama.cpp does (an f16 cache then reproduces llama.cpp's numerics). */
+static const float *attn_query(const cb_forward_t *f, const float *q, int64_t n, float *qh) {
+    if (f->kv_elt != 2) return q;
+    memcpy(qh, q, (size_t)n * sizeof(float));
+    cb_f16_round(qh, n);
+    return qh;
+}
+
+static void attn_softmax(const cb_forward_t *f, float *sc, int64_t n) {
+    if (f->m->attn_softcap > 0) cb_softcap(sc, n, f->m->attn_softcap);
+    cb_softmax(sc, n);
+    if (f->kv_elt == 2) cb_f16_round(sc, n);
 }
 
 static void attn_task(void *vctx, int task, int thread) {
@@ -442,38 +469,104 @@ static void attn_task(void *vctx, int task, int thread) {
     const int t = task / groups, hq0 = (task % groups) * G;
     const int hk = hq0 / (m->n_head / c->n_kv);
     const int64_t hd = c->hd;
-    const int64_t p = c->b->pos[t];
-    int64_t lo = 0;
-    if (c->window > 0 && p - c->window + 1 > 0) lo = p - c->window + 1;
-    const int64_t n = p - lo + 1;
-    const float *q0 = f->q + (size_t)t * m->n_head * hd + (size_t)hq0 * hd;
+    int64_t lo;
+    const int64_t n = attn_span(c, t, &lo);
     float *out0 = f->att + (size_t)t * m->n_head * hd + (size_t)hq0 * hd;
     float *sc0 = f->scores[thread];
     const int64_t sst = (int64_t)f->scores_cap; /* head h's scores at sc0 + h * sst */
     const size_t kel = f->kv_off[c->layer] + (size_t)hk * hd; /* K's element in a token */
     const size_t vel = kel + (size_t)c->n_kv * hd;
     float qh[CB_ATTN_MAX_HPT * CB_FORWARD_MAX_HEAD_DIM];
-    if (f->kv_elt == 2) {
-        /* f16 cache: like llama.cpp, the query is rounded to f16 for the K products and the
-         * probabilities to f16 for the V sum (so an f16 cache reproduces llama.cpp's numerics) */
-        memcpy(qh, q0, (size_t)(G * hd) * sizeof(float));
-        cb_f16_round(qh, G * hd);
-        q0 = qh;
-    }
-    cb_status s = attn_rows(f, t, lo, n, kel, q0, hd, G, sc0, sst, NULL);
+    const float *q0 = attn_query(f, f->q + (size_t)t * m->n_head * hd + (size_t)hq0 * hd, G * hd, qh);
+    cb_status s = attn_rows(f, t, lo, n, kel, q0, hd, hd, G, sc0, sst, NULL);
     if (s != CB_OK) {
         c->status = s;
         return;
     }
-    for (int h = 0; h < G; h++) {
-        if (m->attn_softcap > 0) cb_softcap(sc0 + h * sst, n, m->attn_softcap);
-        cb_softmax(sc0 + h * sst, n);
-    }
+    for (int h = 0; h < G; h++) attn_softmax(f, sc0 + h * sst, n);
     memset(out0, 0, (size_t)G * (size_t)hd * sizeof(float));
-    if (f->kv_elt == 2)
-        for (int h = 0; h < G; h++) cb_f16_round(sc0 + h * sst, n);
-    s = attn_rows(f, t, lo, n, vel, q0, hd, G, sc0, sst, out0);
+    s = attn_rows(f, t, lo, n, vel, q0, hd, hd, G, sc0, sst, out0);
     if (s != CB_OK) c->status = s;
+}
+
+/* The split path, for few (token, K/V head) pairs on more threads (one decoded token of a model
+ * with fewer K/V heads than threads: Gemma 3 has one): splitting the query heads of a group
+ * between tasks would have each task read all of the group's K and V rows again. Instead the
+ * score tasks split the rows (each task: all of the group's heads over `chunk` rows, into the
+ * pair's scores, f->scores[pair]), the caller runs the softmaxes, and the value tasks split the
+ * head dimension (each task: `cols` of every head's output, over all rows). Each K and V byte is
+ * read once, and the numbers are the one-task path's: a score is its own row's, and each output
+ * value sums its rows in row order (cols is a multiple of 64, so the kernels' lanes do not
+ * change). */
+static void attn_score_task(void *vctx, int task, int thread) {
+    (void)thread;
+    attn_ctx *c = vctx;
+    cb_forward_t *f = c->f;
+    const cb_model_desc_t *m = f->m;
+    const int64_t pair = task / c->n_chunks, j0 = (task % c->n_chunks) * c->chunk;
+    const int64_t t = pair / c->n_kv, hk = pair % c->n_kv, G = m->n_head / c->n_kv, hd = c->hd;
+    int64_t lo;
+    const int64_t n = attn_span(c, t, &lo);
+    if (j0 >= n) return;
+    float qh[CB_ATTN_MAX_HPT * CB_FORWARD_MAX_HEAD_DIM];
+    const float *q0 = attn_query(f, f->q + (size_t)(t * m->n_head + hk * G) * (size_t)hd, G * hd, qh);
+    const int64_t r = n - j0 < c->chunk ? n - j0 : c->chunk;
+    cb_status s = attn_rows(f, t, lo + j0, r, f->kv_off[c->layer] + (size_t)(hk * hd), q0, hd, hd,
+                            (int)G, f->scores[pair] + j0, (int64_t)f->scores_cap, NULL);
+    if (s != CB_OK) c->status = s;
+}
+
+static void attn_value_task(void *vctx, int task, int thread) {
+    (void)thread;
+    attn_ctx *c = vctx;
+    cb_forward_t *f = c->f;
+    const cb_model_desc_t *m = f->m;
+    const int64_t pair = task / c->n_cols, c0 = (task % c->n_cols) * c->cols;
+    const int64_t t = pair / c->n_kv, hk = pair % c->n_kv, G = m->n_head / c->n_kv, hd = c->hd;
+    int64_t lo;
+    const int64_t n = attn_span(c, t, &lo);
+    float *out0 = f->att + (size_t)(t * m->n_head + hk * G) * (size_t)hd + (size_t)c0;
+    for (int64_t h = 0; h < G; h++) memset(out0 + h * hd, 0, (size_t)c->cols * sizeof(float));
+    cb_status s = attn_rows(f, t, lo, n, f->kv_off[c->layer] + (size_t)((c->n_kv + hk) * hd + c0),
+                            NULL, hd, c->cols, (int)G, f->scores[pair], (int64_t)f->scores_cap, out0);
+    if (s != CB_OK) c->status = s;
+}
+
+/* Whether the split path runs this layer: its query heads were split between tasks (hpt below
+ * the group) and the pairs fit the score scratch (one thread's, CB_ATTN_MAX_HPT heads, per
+ * pair). It paid from the shortest contexts measured (40 positions) on. *max_rows: the longest
+ * span of the batch. */
+static int attn_split_rows(const attn_ctx *c, int64_t n_tokens, int64_t *max_rows) {
+    const cb_forward_t *f = c->f;
+    const int32_t g = f->m->n_head / c->n_kv;
+    if (c->hpt == g || g > CB_ATTN_MAX_HPT || n_tokens * c->n_kv > f->n_threads)
+        return 0;
+    *max_rows = 0;
+    for (int64_t t = 0; t < n_tokens; t++) {
+        int64_t lo, n = attn_span(c, t, &lo);
+        if (n > *max_rows) *max_rows = n;
+    }
+    return 1;
+}
+
+static cb_status attention_split(attn_ctx *c, int64_t n_tokens, int64_t max_rows) {
+    cb_forward_t *f = c->f;
+    const int64_t pairs = n_tokens * c->n_kv, G = f->m->n_head / c->n_kv;
+    const int64_t want = (2 * f->n_threads + pairs - 1) / pairs; /* tasks per pair */
+    c->chunk = ((max_rows + want - 1) / want + 7) / 8 * 8;
+    c->n_chunks = (max_rows + c->chunk - 1) / c->chunk;
+    c->n_cols = want;
+    while (c->n_cols > 1 && (c->hd % c->n_cols || (c->hd / c->n_cols) % 64)) c->n_cols--;
+    c->cols = c->hd / c->n_cols;
+    CHECK_OK(cb_threadpool_run(f->pool, attn_score_task, c, (int)(pairs * c->n_chunks)));
+    if (c->status != CB_OK) return c->status;
+    for (int64_t pr = 0; pr < pairs; pr++) {
+        int64_t lo;
+        const int64_t n = attn_span(c, pr / c->n_kv, &lo);
+        for (int64_t h = 0; h < G; h++) attn_softmax(f, f->scores[pr] + h * (int64_t)f->scores_cap, n);
+    }
+    CHECK_OK(cb_threadpool_run(f->pool, attn_value_task, c, (int)(pairs * c->n_cols)));
+    return c->status;
 }
 
 static int same_rope(const cb_rope_params_t *a, const cb_rope_params_t *b) {
@@ -540,8 +633,12 @@ static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
             kv_store(kv_at(f, t, (size_t)b->pos[t], f->kv_off[l] + (size_t)(h * hd)), src, hd, f->kv_elt);
         }
     const int32_t hpt = attn_heads_per_task(n, m->n_head, (int)n_kv, f->n_threads);
-    attn_ctx c = {f, b, l, L->sliding_window, (int32_t)hd, (int32_t)n_kv, hpt, CB_OK};
-    CHECK_OK(cb_threadpool_run(f->pool, attn_task, &c, (int)(n * (m->n_head / hpt))));
+    attn_ctx c = {f, b, l, L->sliding_window, (int32_t)hd, (int32_t)n_kv, hpt, 0, 0, 0, 0, CB_OK};
+    int64_t max_rows;
+    if (attn_split_rows(&c, n, &max_rows))
+        CHECK_OK(attention_split(&c, n, max_rows));
+    else
+        CHECK_OK(cb_threadpool_run(f->pool, attn_task, &c, (int)(n * (m->n_head / hpt))));
     if (c.status != CB_OK) return c.status;
     CHECK_OK(fmm(f, &L->wo, f->att, n, nq, f->o, E));
     for (int64_t t = 0; t < n; t++) {

@@ -153,3 +153,23 @@ def test_fast_mode_is_an_opt_out(tmp_path) -> None:
         one = _run_chunks(m, ids, [1])
     for v in (whole, one):
         np.testing.assert_allclose(v, ref, rtol=1e-3, atol=1e-3 * float(np.abs(ref).max()))
+
+
+@pytest.mark.parametrize("threads,kv_dtype", [(1, "f32"), (2, "f32"), (3, "f32"), (2, "f16")])
+def test_gemma_long_decode_matches_the_prompt(threads: int, kv_dtype: str) -> None:
+    """Decoding one token at a time past the 512-token window and across KV pages gives the same
+    logits as the whole prompt in one eval. Gemma 3 has one K/V head: a decoded token has fewer
+    K/V groups than threads, and its attention splits the rows, then the head dimension, between
+    tasks (forward.c, attention_split); the whole prompt runs the per-group tasks."""
+    n, tail = 600, 12
+    with colibri.Model(ctx=1024, threads=threads, kv_dtype=kv_dtype, verbose=False,
+                       tokenizer=False) as m:
+        ids = _ids(m, n, 7)
+        ref = _run_chunks(m, ids, [n])[-tail:]
+        s = m.new_sequence()
+        try:
+            m.eval([s], ids[:n - tail], logits=[False] * (n - tail))
+            got = np.concatenate([m.eval([s], [t]) for t in ids[n - tail:]])
+        finally:
+            m.free_sequence(s)
+    assert np.array_equal(ref, got), _first_diff(ref, got)
