@@ -318,6 +318,7 @@ AVX2_FN static void axpy_avx2(float a, const float *x, int64_t n, float *y) {
  * multiple of 32), bit-identical to scale * dot_avx2(q_h, k_j, n): per row the same four
  * accumulators and (s0 + s1) + (s2 + s3), then hsum8's tree (w_i = v_i + v_i+4, (w0 + w2) +
  * (w1 + w3)) computed for the 8 rows together by shuffles instead of one reduction per row. */
+AVX2_FN static inline void reduce_rows8_avx2(const __m256 *t, float scale, float *out);
 AVX2_FN static void dot_rows8_avx2(const float *q, const float *k, int64_t k_stride, int64_t n,
                                    float scale, float *out) {
     __m256 t[8];
@@ -339,6 +340,12 @@ AVX2_FN static void dot_rows8_avx2(const float *q, const float *k, int64_t k_str
         t[r] = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
         t[r + 1] = _mm256_add_ps(_mm256_add_ps(u0, u1), _mm256_add_ps(u2, u3));
     }
+    reduce_rows8_avx2(t, scale, out);
+}
+
+/* out[r] = scale * (hsum8's tree of t[r]) for 8 rows (dot_rows8_avx2's and the AVX-512 kernel's
+ * partial sums, ops_avx512.c) */
+AVX2_FN static inline void reduce_rows8_avx2(const __m256 *t, float scale, float *out) {
     __m256 w[4]; /* w[p]: [w of row 2p | w of row 2p + 1] */
     for (int p = 0; p < 4; p++)
         w[p] = _mm256_add_ps(_mm256_permute2f128_ps(t[2 * p], t[2 * p + 1], 0x20),
@@ -353,6 +360,15 @@ AVX2_FN static void dot_rows8_avx2(const float *q, const float *k, int64_t k_str
     /* lanes hold rows 0 2 4 6 | 1 3 5 7 */
     r = _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_set1_ps(scale), r));
+}
+
+/* The AVX-512 score kernel (ops_avx512.c): rows' 8-lane partial sums, reduced here */
+void cb_avx512_dot_rows8_t(const float *q, int64_t q_stride, int n_q, const float *k,
+                           int64_t k_stride, int64_t n, float *t);
+AVX2_FN static void reduce_rows8_t(const float *t, float scale, float *out) {
+    __m256 v[8];
+    for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_ps(t + 8 * r);
+    reduce_rows8_avx2(v, scale, out);
 }
 
 /* Prefetch rows [j, j + 8) of n floats at stride `stride` into L2. The KV cache keeps a token's
@@ -855,7 +871,18 @@ cb_status cb_dot_rows_multi_f32(const float *q, int64_t q_stride, int n_q, const
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "cb_dot_rows_multi_f32: NULL pointer");
     int64_t j0 = 0;
 #if CB_OPS_X86
-    if (n % 32 == 0 && use_avx2())
+    if (n % 32 == 0 && cb_cpu_level() >= CB_SIMD_AVX512) {
+        for (; j0 + 8 <= n_rows; j0 += 8) {
+            prefetch_rows8(k, j0 + 16, n_rows, k_stride, n);
+            for (int h0 = 0; h0 < n_q; h0 += 8) {
+                float t[8 * 64]; /* 8 heads x 8 rows x 8 lanes */
+                const int hn = n_q - h0 < 8 ? n_q - h0 : 8;
+                cb_avx512_dot_rows8_t(q + h0 * q_stride, q_stride, hn, k + j0 * k_stride, k_stride, n, t);
+                for (int h = 0; h < hn; h++)
+                    reduce_rows8_t(t + h * 64, scale, out + (h0 + h) * o_stride + j0);
+            }
+        }
+    } else if (n % 32 == 0 && use_avx2())
         for (; j0 + 8 <= n_rows; j0 += 8) {
             prefetch_rows8(k, j0 + 16, n_rows, k_stride, n);
             for (int h = 0; h < n_q; h++)
