@@ -365,10 +365,23 @@ AVX2_FN static inline void reduce_rows8_avx2(const __m256 *t, float scale, float
 /* The AVX-512 score kernel (ops_avx512.c): rows' 8-lane partial sums, reduced here */
 void cb_avx512_dot_rows8_t(const float *q, int64_t q_stride, int n_q, const float *k,
                            int64_t k_stride, int64_t n, float *t);
-AVX2_FN static void reduce_rows8_t(const float *t, float scale, float *out) {
-    __m256 v[8];
-    for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_ps(t + 8 * r);
-    reduce_rows8_avx2(v, scale, out);
+void cb_avx512_dot_rows8_t_f16(const float *q, int64_t q_stride, int n_q, const uint16_t *k,
+                               int64_t k_stride, int64_t n, float *t);
+/* 8 rows' scores for n_q heads by the AVX-512 kernel, f32 or f16 rows (n a multiple of 32) */
+AVX2_FN static void scores8_avx512(const float *q, int64_t q_stride, int n_q, const void *k,
+                                   int f16, int64_t k_stride, int64_t n, float scale, float *out,
+                                   int64_t o_stride) {
+    for (int h0 = 0; h0 < n_q; h0 += 8) {
+        float t[8 * 64]; /* 8 heads x 8 rows x 8 lanes */
+        const int hn = n_q - h0 < 8 ? n_q - h0 : 8;
+        if (f16) cb_avx512_dot_rows8_t_f16(q + h0 * q_stride, q_stride, hn, k, k_stride, n, t);
+        else cb_avx512_dot_rows8_t(q + h0 * q_stride, q_stride, hn, k, k_stride, n, t);
+        for (int h = 0; h < hn; h++) {
+            __m256 v[8];
+            for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_ps(t + h * 64 + 8 * r);
+            reduce_rows8_avx2(v, scale, out + (h0 + h) * o_stride);
+        }
+    }
 }
 
 /* Prefetch rows [j, j + 8) of n floats at stride `stride` into L2. The KV cache keeps a token's
@@ -874,13 +887,7 @@ cb_status cb_dot_rows_multi_f32(const float *q, int64_t q_stride, int n_q, const
     if (n % 32 == 0 && cb_cpu_level() >= CB_SIMD_AVX512) {
         for (; j0 + 8 <= n_rows; j0 += 8) {
             prefetch_rows8(k, j0 + 16, n_rows, k_stride, n);
-            for (int h0 = 0; h0 < n_q; h0 += 8) {
-                float t[8 * 64]; /* 8 heads x 8 rows x 8 lanes */
-                const int hn = n_q - h0 < 8 ? n_q - h0 : 8;
-                cb_avx512_dot_rows8_t(q + h0 * q_stride, q_stride, hn, k + j0 * k_stride, k_stride, n, t);
-                for (int h = 0; h < hn; h++)
-                    reduce_rows8_t(t + h * 64, scale, out + (h0 + h) * o_stride + j0);
-            }
+            scores8_avx512(q, q_stride, n_q, k + j0 * k_stride, 0, k_stride, n, scale, out + j0, o_stride);
         }
     } else if (n % 32 == 0 && use_avx2())
         for (; j0 + 8 <= n_rows; j0 += 8) {
@@ -952,7 +959,8 @@ void cb_f16_round(float *x, int64_t n) {
 /* ---------------------------------------------------------------- f16 K/V rows
  * The f16 KV cache's attention: rows widened to floats, F16_CHUNK floats at a time on the stack
  * (L1-resident), then the f32 kernels above on them: the results are those of the f32 entry
- * points on the widened rows, bit for bit, while memory reads half the bytes. */
+ * points on the widened rows, bit for bit, while memory reads half the bytes. With AVX-512 the
+ * score kernel reads the f16 rows itself (widened in registers, the same floats). */
 #define F16_CHUNK 4096
 
 static void widen_rows(const uint16_t *src, int64_t stride, int64_t rows, int64_t n, float *dst) {
@@ -1000,9 +1008,17 @@ cb_status cb_dot_rows_multi_f16(const float *q, int64_t q_stride, int n_q, const
             for (int64_t j = 0; j < n_rows; j++) out[h * o_stride + j] = 0.0f;
         return CB_OK;
     }
+    int64_t j0 = 0;
+#if CB_OPS_X86
+    if (n % 32 == 0 && cb_cpu_level() >= CB_SIMD_AVX512) /* rows widened in registers */
+        for (; j0 + 8 <= n_rows; j0 += 8) {
+            prefetch_f16_rows(k, k_stride, j0 + 16, 8, n_rows, n);
+            scores8_avx512(q, q_stride, n_q, k + j0 * k_stride, 1, k_stride, n, scale, out + j0, o_stride);
+        }
+#endif
     float buf[F16_CHUNK];
     const int64_t cr = chunk_rows(n);
-    for (int64_t j0 = 0; j0 < n_rows; j0 += cr) {
+    for (; j0 < n_rows; j0 += cr) {
         const int64_t r = n_rows - j0 < cr ? n_rows - j0 : cr;
         prefetch_f16_rows(k, k_stride, j0 + cr, cr, n_rows, n);
         widen_rows(k + j0 * k_stride, k_stride, r, n, buf);

@@ -1,5 +1,5 @@
-/* Attention's score rows (cb_dot_rows_multi_f32) at every SIMD level against one scalar
- * reference of their summation order, bit for bit:
+/* Attention's score rows (cb_dot_rows_multi_f32, and _f16 on f16 rows) at every SIMD level
+ * against one scalar reference of their summation order, bit for bit:
  *   - the AVX-512 kernel (colibri/_core/ops_avx512.c) compiled again here on SIMDe
  *     (CB_AVX512_EMULATE: cb_avx512emu_dot_rows8_t), so its code is checked on any x86-64 CPU,
  *     and its native copy (cb_avx512_dot_rows8_t) where the CPU has AVX-512;
@@ -23,6 +23,8 @@
 
 void cb_avx512_dot_rows8_t(const float *q, int64_t q_stride, int n_q, const float *k,
                            int64_t k_stride, int64_t n, float *t);
+void cb_avx512_dot_rows8_t_f16(const float *q, int64_t q_stride, int n_q, const uint16_t *k,
+                               int64_t k_stride, int64_t n, float *t);
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static float rnd(void) { /* a float in (-2, 2) with a full mantissa */
@@ -49,9 +51,11 @@ static float ref_score(const float *q, const float *k, int64_t n, float scale) {
 }
 
 typedef void (*rows8_fn)(const float *, int64_t, int, const float *, int64_t, int64_t, float *);
+typedef void (*rows8_f16_fn)(const float *, int64_t, int, const uint16_t *, int64_t, int64_t, float *);
 
-/* the kernel's partial sums of 8 rows x n_q heads against the reference's */
-static void check_kernel(rows8_fn fn, const char *name) {
+/* the kernel's partial sums of 8 rows x n_q heads against the reference's (f16 rows: fn16, on
+ * the rows rounded to f16, the reference on them widened) */
+static void check_kernel(rows8_fn fn, rows8_f16_fn fn16, const char *name) {
     static const int64_t ns[] = {32, 64, 128, 256, 512};
     int bad = 0;
     for (int trial = 0; trial < 200; trial++) {
@@ -62,7 +66,17 @@ static void check_kernel(rows8_fn fn, const char *name) {
         float t[8 * 64], r[8];
         for (int64_t i = 0; i < n_q * qs; i++) q[i] = rnd();
         for (int64_t i = 0; i < 8 * ks; i++) k[i] = rnd();
-        fn(q, qs, n_q, k, ks, n, t);
+        if (fn16) {
+            uint16_t *kh = malloc(sizeof(uint16_t) * (size_t)(8 * ks));
+            for (int64_t i = 0; i < 8 * ks; i++) {
+                kh[i] = cb_f32_to_f16(k[i]);
+                k[i] = cb_f16_to_f32(kh[i]);
+            }
+            fn16(q, qs, n_q, kh, ks, n, t);
+            free(kh);
+        } else {
+            fn(q, qs, n_q, k, ks, n, t);
+        }
         for (int h = 0; h < n_q; h++)
             for (int row = 0; row < 8; row++) {
                 ref_t(q + h * qs, k + row * ks, n, r);
@@ -78,7 +92,7 @@ static void check_kernel(rows8_fn fn, const char *name) {
 /* cb_dot_rows_multi_f32 at the level in use against the reference: ragged row counts (the
  * rows past the last 8 take the one-row path), heads past 8 (the kernel's head chunks), n not a
  * multiple of 32 (no vector path) */
-static void check_rows(const char *level) {
+static void check_rows(const char *level, int f16) {
     int bad = 0;
     for (int trial = 0; trial < 120; trial++) {
         const int64_t n = trial % 10 == 9 ? 40 : 32 << (trial % 4);
@@ -90,7 +104,17 @@ static void check_rows(const char *level) {
         for (int64_t i = 0; i < n_q * qs; i++) q[i] = rnd();
         for (int64_t i = 0; i < rows * ks; i++) k[i] = rnd();
         const float scale = 0.125f + 0.01f * (float)trial;
-        CHECK(cb_dot_rows_multi_f32(q, qs, n_q, k, rows, ks, n, scale, out, os) == CB_OK);
+        if (f16) {
+            uint16_t *kh = malloc(sizeof(uint16_t) * (size_t)(rows * ks));
+            for (int64_t i = 0; i < rows * ks; i++) {
+                kh[i] = cb_f32_to_f16(k[i]);
+                k[i] = cb_f16_to_f32(kh[i]);
+            }
+            CHECK(cb_dot_rows_multi_f16(q, qs, n_q, kh, rows, ks, n, scale, out, os) == CB_OK);
+            free(kh);
+        } else {
+            CHECK(cb_dot_rows_multi_f32(q, qs, n_q, k, rows, ks, n, scale, out, os) == CB_OK);
+        }
         if (n % 32 == 0) /* the reference's lanes need n a multiple of 32 */
             for (int h = 0; h < n_q; h++)
                 for (int64_t j = 0; j < rows; j++) {
@@ -101,22 +125,29 @@ static void check_rows(const char *level) {
         free(k);
         free(out);
     }
-    if (bad) fprintf(stderr, "cb_dot_rows_multi_f32 at %s: %d scores differ from the reference\n", level, bad);
+    if (bad)
+        fprintf(stderr, "cb_dot_rows_multi_%s at %s: %d scores differ from the reference\n",
+                f16 ? "f16" : "f32", level, bad);
     CHECK(bad == 0);
 }
 
 int main(void) {
-    check_kernel(cb_avx512emu_dot_rows8_t, "emulated AVX-512 kernel");
+    check_kernel(cb_avx512emu_dot_rows8_t, NULL, "emulated AVX-512 kernel");
+    check_kernel(NULL, cb_avx512emu_dot_rows8_t_f16, "emulated AVX-512 kernel, f16 rows");
     const cb_simd_level cpu = cb_cpu_detect();
-    if (cpu >= CB_SIMD_AVX512)
-        check_kernel(cb_avx512_dot_rows8_t, "native AVX-512 kernel");
-    else
-        printf("test_ops_avx512: no AVX-512 on this CPU: the native kernel is not run (the emulated one was)\n");
+    if (cpu >= CB_SIMD_AVX512) {
+        check_kernel(cb_avx512_dot_rows8_t, NULL, "native AVX-512 kernel");
+        check_kernel(NULL, cb_avx512_dot_rows8_t_f16, "native AVX-512 kernel, f16 rows");
+    } else {
+        printf("test_ops_avx512: no AVX-512 on this CPU: the native kernels are not run (the emulated ones were)\n");
+    }
     if (cpu >= CB_SIMD_AVX2) {
-        check_rows(cb_simd_level_str(cb_cpu_level()));
-        const cb_simd_level prev = cb_cpu_set_max_level(CB_SIMD_AVX2);
-        check_rows("avx2");
-        cb_cpu_set_max_level(prev);
+        for (int f16 = 0; f16 < 2; f16++) {
+            check_rows(cb_simd_level_str(cb_cpu_level()), f16);
+            const cb_simd_level prev = cb_cpu_set_max_level(CB_SIMD_AVX2);
+            check_rows("avx2", f16);
+            cb_cpu_set_max_level(prev);
+        }
     } else {
         printf("test_ops_avx512: no AVX2 on this CPU: the scalar path sums in another order\n");
     }
