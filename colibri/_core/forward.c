@@ -498,38 +498,40 @@ static void attn_task(void *vctx, int task, int thread) {
  * read once, and the numbers are the one-task path's: a score is its own row's, and each output
  * value sums its rows in row order (cols is a multiple of 64, so the kernels' lanes do not
  * change). */
-static void attn_score_task(void *vctx, int task, int thread) {
-    (void)thread;
-    attn_ctx *c = vctx;
+static void attn_split_task(attn_ctx *c, int task, int values) {
     cb_forward_t *f = c->f;
     const cb_model_desc_t *m = f->m;
-    const int64_t pair = task / c->n_chunks, j0 = (task % c->n_chunks) * c->chunk;
+    const int64_t per = values ? c->n_cols : c->n_chunks, pair = task / per, piece = task % per;
     const int64_t t = pair / c->n_kv, hk = pair % c->n_kv, G = m->n_head / c->n_kv, hd = c->hd;
+    const size_t kel = f->kv_off[c->layer] + (size_t)(hk * hd); /* K's element in a token */
     int64_t lo;
     const int64_t n = attn_span(c, t, &lo);
-    if (j0 >= n) return;
-    float qh[CB_ATTN_MAX_HPT * CB_FORWARD_MAX_HEAD_DIM];
-    const float *q0 = attn_query(f, f->q + (size_t)(t * m->n_head + hk * G) * (size_t)hd, G * hd, qh);
-    const int64_t r = n - j0 < c->chunk ? n - j0 : c->chunk;
-    cb_status s = attn_rows(f, t, lo + j0, r, f->kv_off[c->layer] + (size_t)(hk * hd), q0, hd, hd,
-                            (int)G, f->scores[pair] + j0, (int64_t)f->scores_cap, NULL);
+    cb_status s;
+    if (values) { /* columns [c0, c0 + cols) of every head's output, over all rows */
+        const int64_t c0 = piece * c->cols;
+        float *out0 = f->att + (size_t)(t * m->n_head + hk * G) * (size_t)hd + (size_t)c0;
+        for (int64_t h = 0; h < G; h++) memset(out0 + h * hd, 0, (size_t)c->cols * sizeof(float));
+        s = attn_rows(f, t, lo, n, kel + (size_t)(c->n_kv * hd + c0), NULL, hd, c->cols, (int)G,
+                      f->scores[pair], (int64_t)f->scores_cap, out0);
+    } else { /* the scores of rows [j0, j0 + chunk) for every head */
+        const int64_t j0 = piece * c->chunk;
+        if (j0 >= n) return;
+        float qh[CB_ATTN_MAX_HPT * CB_FORWARD_MAX_HEAD_DIM];
+        const float *q0 = attn_query(f, f->q + (size_t)(t * m->n_head + hk * G) * (size_t)hd, G * hd, qh);
+        s = attn_rows(f, t, lo + j0, n - j0 < c->chunk ? n - j0 : c->chunk, kel, q0, hd, hd, (int)G,
+                      f->scores[pair] + j0, (int64_t)f->scores_cap, NULL);
+    }
     if (s != CB_OK) c->status = s;
+}
+
+static void attn_score_task(void *vctx, int task, int thread) {
+    (void)thread;
+    attn_split_task(vctx, task, 0);
 }
 
 static void attn_value_task(void *vctx, int task, int thread) {
     (void)thread;
-    attn_ctx *c = vctx;
-    cb_forward_t *f = c->f;
-    const cb_model_desc_t *m = f->m;
-    const int64_t pair = task / c->n_cols, c0 = (task % c->n_cols) * c->cols;
-    const int64_t t = pair / c->n_kv, hk = pair % c->n_kv, G = m->n_head / c->n_kv, hd = c->hd;
-    int64_t lo;
-    const int64_t n = attn_span(c, t, &lo);
-    float *out0 = f->att + (size_t)(t * m->n_head + hk * G) * (size_t)hd + (size_t)c0;
-    for (int64_t h = 0; h < G; h++) memset(out0 + h * hd, 0, (size_t)c->cols * sizeof(float));
-    cb_status s = attn_rows(f, t, lo, n, f->kv_off[c->layer] + (size_t)((c->n_kv + hk) * hd + c0),
-                            NULL, hd, c->cols, (int)G, f->scores[pair], (int64_t)f->scores_cap, out0);
-    if (s != CB_OK) c->status = s;
+    attn_split_task(vctx, task, 1);
 }
 
 /* Whether the split path runs this layer: its query heads were split between tasks (hpt below
