@@ -496,8 +496,8 @@ static void attn_task(void *vctx, int task, int thread) {
  * pair's scores, f->scores[pair]), the caller runs the softmaxes, and the value tasks split the
  * head dimension (each task: `cols` of every head's output, over all rows). Each K and V byte is
  * read once, and the numbers are the one-task path's: a score is its own row's, and each output
- * value sums its rows in row order (cols is a multiple of 64, so the kernels' lanes do not
- * change). */
+ * value sums its rows in row order (cols is hd or a multiple of 64, so the kernels' lanes do
+ * not change). */
 static void attn_split_task(attn_ctx *c, int task, int values) {
     cb_forward_t *f = c->f;
     const cb_model_desc_t *m = f->m;
@@ -536,24 +536,20 @@ static void attn_value_task(void *vctx, int task, int thread) {
 
 /* Whether the split path runs this layer: its query heads were split between tasks (hpt below
  * the group) and the pairs fit the score scratch (one thread's, CB_ATTN_MAX_HPT heads, per
- * pair). It paid from the shortest contexts measured (40 positions) on. *max_rows: the longest
- * span of the batch. */
-static int attn_split_rows(const attn_ctx *c, int64_t n_tokens, int64_t *max_rows) {
-    const cb_forward_t *f = c->f;
-    const int32_t g = f->m->n_head / c->n_kv;
-    if (c->hpt == g || g > CB_ATTN_MAX_HPT || n_tokens * c->n_kv > f->n_threads)
-        return 0;
-    *max_rows = 0;
-    for (int64_t t = 0; t < n_tokens; t++) {
-        int64_t lo, n = attn_span(c, t, &lo);
-        if (n > *max_rows) *max_rows = n;
-    }
-    return 1;
+ * pair). It paid from the shortest contexts measured (40 positions) on. */
+static int attn_split_applies(const attn_ctx *c, int64_t n_tokens) {
+    const int32_t g = c->f->m->n_head / c->n_kv;
+    return c->hpt < g && g <= CB_ATTN_MAX_HPT && n_tokens * c->n_kv <= c->f->n_threads;
 }
 
-static cb_status attention_split(attn_ctx *c, int64_t n_tokens, int64_t max_rows) {
+static cb_status attention_split(attn_ctx *c, int64_t n_tokens) {
     cb_forward_t *f = c->f;
     const int64_t pairs = n_tokens * c->n_kv, G = f->m->n_head / c->n_kv;
+    int64_t max_rows = 0, lo; /* the longest span of the batch */
+    for (int64_t t = 0; t < n_tokens; t++) {
+        const int64_t n = attn_span(c, t, &lo);
+        if (n > max_rows) max_rows = n;
+    }
     const int64_t want = (2 * f->n_threads + pairs - 1) / pairs; /* tasks per pair */
     c->chunk = ((max_rows + want - 1) / want + 7) / 8 * 8;
     c->n_chunks = (max_rows + c->chunk - 1) / c->chunk;
@@ -636,9 +632,8 @@ static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
         }
     const int32_t hpt = attn_heads_per_task(n, m->n_head, (int)n_kv, f->n_threads);
     attn_ctx c = {f, b, l, L->sliding_window, (int32_t)hd, (int32_t)n_kv, hpt, 0, 0, 0, 0, CB_OK};
-    int64_t max_rows;
-    if (attn_split_rows(&c, n, &max_rows))
-        CHECK_OK(attention_split(&c, n, max_rows));
+    if (attn_split_applies(&c, n))
+        CHECK_OK(attention_split(&c, n));
     else
         CHECK_OK(cb_threadpool_run(f->pool, attn_task, &c, (int)(n * (m->n_head / hpt))));
     if (c.status != CB_OK) return c.status;

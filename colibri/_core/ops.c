@@ -18,6 +18,7 @@
 
 #include "colibri/cpu.h"
 #include "colibri/quant.h"
+#include "quant_impl.h" /* the AVX-512 score kernel's declaration (ops_avx512.c) */
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define CB_OPS_X86 1
@@ -30,6 +31,14 @@
 static inline int use_avx2(void) {
 #if CB_OPS_X86
     return cb_cpu_level() >= CB_SIMD_AVX2;
+#else
+    return 0;
+#endif
+}
+
+static inline int use_avx512(void) {
+#if CB_OPS_X86
+    return cb_cpu_level() >= CB_SIMD_AVX512;
 #else
     return 0;
 #endif
@@ -362,11 +371,6 @@ AVX2_FN static inline void reduce_rows8_avx2(const __m256 *t, float scale, float
     _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_set1_ps(scale), r));
 }
 
-/* The AVX-512 score kernel (ops_avx512.c): rows' 8-lane partial sums, reduced here */
-void cb_avx512_dot_rows8_t(const float *q, int64_t q_stride, int n_q, const float *k,
-                           int64_t k_stride, int64_t n, float *t);
-void cb_avx512_dot_rows8_t_f16(const float *q, int64_t q_stride, int n_q, const uint16_t *k,
-                               int64_t k_stride, int64_t n, float *t);
 /* 8 rows' scores for n_q heads by the AVX-512 kernel, f32 or f16 rows (n a multiple of 32) */
 AVX2_FN static void scores8_avx512(const float *q, int64_t q_stride, int n_q, const void *k,
                                    int f16, int64_t k_stride, int64_t n, float scale, float *out,
@@ -884,7 +888,7 @@ cb_status cb_dot_rows_multi_f32(const float *q, int64_t q_stride, int n_q, const
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "cb_dot_rows_multi_f32: NULL pointer");
     int64_t j0 = 0;
 #if CB_OPS_X86
-    if (n % 32 == 0 && cb_cpu_level() >= CB_SIMD_AVX512) {
+    if (n % 32 == 0 && use_avx512()) {
         for (; j0 + 8 <= n_rows; j0 += 8) {
             prefetch_rows8(k, j0 + 16, n_rows, k_stride, n);
             scores8_avx512(q, q_stride, n_q, k + j0 * k_stride, 0, k_stride, n, scale, out + j0, o_stride);
@@ -1010,7 +1014,7 @@ cb_status cb_dot_rows_multi_f16(const float *q, int64_t q_stride, int n_q, const
     }
     int64_t j0 = 0;
 #if CB_OPS_X86
-    if (n % 32 == 0 && cb_cpu_level() >= CB_SIMD_AVX512) /* rows widened in registers */
+    if (n % 32 == 0 && use_avx512()) /* rows widened in registers */
         for (; j0 + 8 <= n_rows; j0 += 8) {
             prefetch_f16_rows(k, k_stride, j0 + 16, 8, n_rows, n);
             scores8_avx512(q, q_stride, n_q, k + j0 * k_stride, 1, k_stride, n, scale, out + j0, o_stride);

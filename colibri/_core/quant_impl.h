@@ -108,6 +108,12 @@ void cb_avx512_rp_tile(int type, const uint8_t *pk, int64_t nb, const uint8_t *x
  * results. */
 void cb_avx512_rp_tile_vnni(int type, const uint8_t *pk, int64_t nb, const uint8_t *xa, size_t xs,
                             int nt, float *out);
+/* Attention's score rows (ops_avx512.c, for ops.c): the 8-lane partial sums t of 8 rows of k
+ * (f32, or f16 widened) against n_q heads, in the AVX2 kernel's order; ops.c reduces them. */
+void cb_avx512_dot_rows8_t(const float *q, int64_t q_stride, int n_q, const float *k,
+                           int64_t k_stride, int64_t n, float *t);
+void cb_avx512_dot_rows8_t_f16(const float *q, int64_t q_stride, int n_q, const uint16_t *k,
+                               int64_t k_stride, int64_t n, float *t);
 
 /* 16-row groups for the AVX512-VNNI packed tile of the 32-block types (quant_avx2.c): the
  * 8-row layout with 64-byte steps (rows 0..7 low, 8..15 high), d[16] (m[16]), Q8_0 as w + 128. */

@@ -21,11 +21,6 @@
 #include "colibri/ops.h"
 #include "testutil.h"
 
-void cb_avx512_dot_rows8_t(const float *q, int64_t q_stride, int n_q, const float *k,
-                           int64_t k_stride, int64_t n, float *t);
-void cb_avx512_dot_rows8_t_f16(const float *q, int64_t q_stride, int n_q, const uint16_t *k,
-                               int64_t k_stride, int64_t n, float *t);
-
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static float rnd(void) { /* a float in (-2, 2) with a full mantissa */
     rng ^= rng << 13;
