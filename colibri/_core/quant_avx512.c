@@ -932,8 +932,9 @@ INLV void r16_tile(int layout, int NT, const uint8_t *pk, int64_t nb, const uint
         for (int t = 0; t < NT; t++) iacc[t] = _mm512_setzero_si512();
         #pragma GCC unroll 4
         for (int v = 0; v < 4; v++) {
-            if (!q8) { /* Q5_0: the block CB_R16_PF ahead, spread over the steps (Q8_0 streams
-                        * faster without: the hardware prefetchers keep up with its plain loads) */
+            if (!q8 && NT > 1) { /* Q5_0 token tiles: the block CB_R16_PF ahead, spread over the
+                                  * steps (Q8_0 streams faster without, and so does one token's
+                                  * Q5_0 tile: the hardware prefetchers keep up; r16k_tile) */
                 cb_prefetch_l2(q + CB_R16_PF * bst + 64 * v);
                 if (v < 2) cb_prefetch_l2(q + CB_R16_PF * bst + 256 + 64 * v);
             }

@@ -621,10 +621,15 @@ CB_DEFINE_RP(rp512_q6_k, rpk_tile, CB_TYPE_Q6_K)
  * whose int32 sums start at -32 * bsum (the zero point) and are then multiplied by the rows' int8
  * scales. The integers per row are the Q6_K tiles' (exact), then fma(isum, d * d_x, acc) per
  * super-block as they do: bit-identical. out[r * NT + t], NT <= 4 (cb_q8k_t rows).
- * No software prefetch: a group is one sequential stream the hardware prefetchers follow. The
- * prefetch of the super-block 2 ahead (4 lines a chunk) cost the 255 MB Q6_K_R16 head of the MoE
- * bench model 12-15% from memory at 1 thread (25 -> 29 GB/s, vs_ggml_matvec), the model's decode
- * 1.04-1.05x at 1 thread, 1.00-1.03x at 2 (2026-12-04, docs/benchmarks.md). */
+ * Software prefetch (the super-block CB_R16K_PF ahead) only in token tiles (NT > 1): one token's
+ * tile reads a group as one sequential stream, which the hardware prefetchers follow, and there
+ * the prefetch cost the 255 MB Q6_K_R16 head of the MoE bench model 12-15% from memory at 1 thread
+ * (25 -> 29 GB/s, vs_ggml_matvec) and its decode 4-5%; with 16 prompt tokens (more arithmetic a
+ * byte) it gains a few % (2026-12-04, docs/benchmarks.md). The same rule in r16k4_tile and
+ * quant_avx512.c's r16_tile. */
+#ifndef CB_R16K_PF
+#define CB_R16K_PF 2 /* super-blocks ahead (from memory, 1 thread: 1 and 3-8 were slower) */
+#endif
 INLV void r16k_tile(int unused, int NT, const uint8_t *pk, int64_t nb, const uint8_t *xa,
                     size_t xs, float *out) {
     (void)unused;
@@ -652,6 +657,11 @@ INLV void r16k_tile(int unused, int NT, const uint8_t *pk, int64_t nb, const uin
             for (int i = 0; i < 4; i++) {
                 const int k = 4 * G + i;
                 const uint8_t *c = q + 192 * k;
+                if (NT > 1) { /* 4 lines a chunk (the next groups are contiguous: prefetching
+                               * past this group's end is reading ahead) */
+                    #pragma GCC unroll 4
+                    for (int l = 0; l < 4; l++) cb_prefetch_l2(q + CB_R16K_PF * 3360 + 256 * k + 64 * l);
+                }
                 const __m512i l0 = loadu512(c), l1 = loadu512(c + 64), h = loadu512(c + 128);
                 /* (low or high nibbles) | (the high-bit field at bits 4, 5) */
                 __m512i w[4];
@@ -733,7 +743,7 @@ INLV void r16k4_tile(int unused, int NT, const uint8_t *pk, int64_t nb, const ui
             #pragma GCC unroll 8
             for (int i = 0; i < 8; i++) {
                 const int s = 8 * j + i;
-                if (i % 2 == 0) { /* the super-block CB_R16K4_PF ahead, 9 lines a sub-block pair */
+                if (NT > 1 && i % 2 == 0) { /* token tiles: the super-block CB_R16K4_PF ahead, 9 lines a pair */
                     const uint8_t *pf = q + CB_R16K4_PF * 2304 + 576 * j + 64 * (i / 2);
                     cb_prefetch_l2(pf);
                     cb_prefetch_l2(pf + 256);
