@@ -278,6 +278,27 @@ INL __m512i pair_idx(int p) {
         if (r < nr) NAME##_pairs(n, w + (size_t)r * ws, ws, nr - r, x, xs, nt, out + (size_t)r * nt); \
     }
 
+/* As CB_DEFINE_TILE4, and with 2-4 tokens four rows at a time too (BODY(TYPE, 4, NT, ...)). */
+#define CB_DEFINE_TILE4N(NAME, BODY, TYPE, TARGET, R1)                                          \
+    CB_DEFINE_TILE_AT(NAME##_pairs, BODY, TYPE, TARGET)                                         \
+    TARGET static void NAME(int64_t n, const uint8_t *w, size_t ws, int nr, const uint8_t *x,  \
+                            size_t xs, int nt, float *out) {                                   \
+        int r = 0;                                                                             \
+        if (nt == 1)                                                                           \
+            for (; (R1) > 4 && nr - r >= (R1); r += (R1))                                      \
+                BODY(TYPE, (R1), 1, n, w + (size_t)r * ws, ws, x, xs, out, nt, r);             \
+        for (; nr - r >= 4; r += 4) {                                                          \
+            const uint8_t *wr = w + (size_t)r * ws;                                            \
+            switch (nt) {                                                                      \
+            case 1: BODY(TYPE, 4, 1, n, wr, ws, x, xs, out, nt, r); break;                     \
+            case 2: BODY(TYPE, 4, 2, n, wr, ws, x, xs, out, nt, r); break;                     \
+            case 3: BODY(TYPE, 4, 3, n, wr, ws, x, xs, out, nt, r); break;                     \
+            default: BODY(TYPE, 4, 4, n, wr, ws, x, xs, out, nt, r); break;                    \
+            }                                                                                  \
+        }                                                                                      \
+        if (r < nr) NAME##_pairs(n, w + (size_t)r * ws, ws, nr - r, x, xs, nt, out + (size_t)r * nt); \
+    }
+
 /* A packed-row tile NAME (nt <= 4 tokens) of the body BODY(TYPE, NT, ...); RPV: the VNNI one. */
 #define CB_DEFINE_RP(NAME, BODY, TYPE)                                                          \
     CB_AVX512_TARGET static void NAME(const uint8_t *pk, int64_t nb, const uint8_t *xa,        \
