@@ -39,9 +39,10 @@ def _rss() -> int:
 
 
 def run_colibri(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ctx: int,
-                warmup: int = 0, kv_dtype: str = "f32") -> dict[str, Any]:
+                warmup: int = 0, kv_dtype: str = "f32", prefill_repeats: int = 1) -> dict[str, Any]:
     """colibri's figures in this process; `warmup` greedy decode steps run untimed after the
-    prompt, before the gen_tokens timed ones (their tokens are not counted)."""
+    prompt, before the gen_tokens timed ones (their tokens are not counted). The prompt is
+    prefilled `prefill_repeats` times, each into a fresh sequence: the median is the figure."""
     from colibri.model import Model
 
     t0 = time.perf_counter()
@@ -51,10 +52,15 @@ def run_colibri(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ct
     load = time.perf_counter() - t0
     ids = _prompt_ids(prompt_tokens, m.n_vocab, m.tokenizer.bos_id if m.tokenizer else None)
     m.logits(ids[: min(8, len(ids))])
+    pre: list[float] = []
     seq = m.new_sequence()
-    t = time.perf_counter()
-    logits = m.eval([seq], tokens=ids, logits=[False] * (len(ids) - 1) + [True])[-1]
-    prefill = time.perf_counter() - t
+    for i in range(max(prefill_repeats, 1)):
+        if i:
+            m.free_sequence(seq)
+            seq = m.new_sequence()
+        t = time.perf_counter()
+        logits = m.eval([seq], tokens=ids, logits=[False] * (len(ids) - 1) + [True])[-1]
+        pre.append(time.perf_counter() - t)
     first = int(np.argmax(logits))
     lat = []
     nxt = first
@@ -65,12 +71,13 @@ def run_colibri(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ct
         logits = m.eval([seq], tokens=[nxt])[-1]
         lat.append(time.perf_counter() - t)
         nxt = int(np.argmax(logits))
-    return _figures("colibri", load, prompt_tokens, prefill, lat, first, _rss(), m.expert_stats())
+    return _figures("colibri", load, prompt_tokens, pre, lat, first, _rss(), m.expert_stats())
 
 
 def run_llama_cpp(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ctx: int,
-                  warmup: int = 0) -> dict[str, Any]:
-    """llama.cpp's figures in this process, the same work as run_colibri's."""
+                  warmup: int = 0, prefill_repeats: int = 1) -> dict[str, Any]:
+    """llama.cpp's figures in this process, the same work as run_colibri's (each repeated
+    prefill after a reset, which drops the cached tokens)."""
     from llama_cpp import Llama
 
     t0 = time.perf_counter()
@@ -83,10 +90,12 @@ def run_llama_cpp(path: str, threads: int, prompt_tokens: int, gen_tokens: int, 
         return np.ctypeslib.as_array(ll._ctx.get_logits_ith(-1), shape=(ll.n_vocab(),))
 
     ll.eval(ids[: min(8, len(ids))])
-    ll.reset()
-    t = time.perf_counter()
-    ll.eval(ids)
-    prefill = time.perf_counter() - t
+    pre: list[float] = []
+    for _ in range(max(prefill_repeats, 1)):
+        ll.reset()
+        t = time.perf_counter()
+        ll.eval(ids)
+        pre.append(time.perf_counter() - t)
     first = int(np.argmax(last_logits()))
     lat = []
     nxt = first
@@ -98,18 +107,20 @@ def run_llama_cpp(path: str, threads: int, prompt_tokens: int, gen_tokens: int, 
         ll.eval([nxt])
         lat.append(time.perf_counter() - t)
         nxt = int(np.argmax(last_logits()))
-    return _figures("llama.cpp", load, prompt_tokens, prefill, lat, first, _rss(), {})
+    return _figures("llama.cpp", load, prompt_tokens, pre, lat, first, _rss(), {})
 
 
-def _figures(engine: str, load: float, n_prompt: int, prefill: float, lat: list[float], first: int,
-             rss: int, expert: dict[str, Any]) -> dict[str, Any]:
+def _figures(engine: str, load: float, n_prompt: int, pre: list[float], lat: list[float],
+             first: int, rss: int, expert: dict[str, Any]) -> dict[str, Any]:
     lat_a = np.array(lat) if lat else np.array([np.nan])
+    prefill = float(np.median(pre))
     return {
         "engine": engine,
         "load_s": load,
         "prompt_tokens": n_prompt,
         "prefill_tps": n_prompt / prefill if prefill > 0 else 0.0,
         "ttft_s": prefill,
+        "prefill_s_all": pre,
         "decode_tps": len(lat) / float(np.sum(lat_a)) if lat else 0.0,
         "p50_ms": float(np.percentile(lat_a, 50) * 1e3),
         "p99_ms": float(np.percentile(lat_a, 99) * 1e3),

@@ -1,7 +1,8 @@
 """colibri.tools.roofline: the bytes one decode step reads, counted from the GGUF, checked against
 sums computed here independently (gguf's GGUFReader and GGML_QUANT_SIZES, the models' own
 configs for the KV term) on tiny dense and MoE models; and tools/bench/roofline.py run end to
-end (colibri alone, 2 tokens) with its JSON read back. No timing is asserted."""
+end (colibri alone, 2 tokens) with its JSON read back; likewise tools/bench/prefill.py and the
+repeated prefill of colibri.bench under it. No timing is asserted."""
 
 from __future__ import annotations
 
@@ -261,3 +262,43 @@ def test_script_end_to_end(models, tmp_path):
         run["colibri_tps"] * counted["total"] / (run["samples"]["bandwidth_gbs"][0] * 1e9))
     assert "paired" in p.stdout
     assert run["llama_cpp_tps"] is None and run["ratio"] is None
+
+
+def test_repeated_prefill_times_each_and_keeps_the_first_token(models):
+    """colibri.bench.run_colibri(prefill_repeats=3): three prefills of the prompt, each into a
+    fresh sequence (the one before freed), the figure their median; the greedy first token and
+    the decode after it as with one prefill (a sequence left over would change neither the
+    token nor the timing list's length, so both are checked)."""
+    from colibri.bench import run_colibri
+
+    one = run_colibri(models["bench"], threads=1, prompt_tokens=6, gen_tokens=2, ctx=64)
+    three = run_colibri(models["bench"], threads=1, prompt_tokens=6, gen_tokens=2, ctx=64,
+                        prefill_repeats=3)
+    assert len(one["prefill_s_all"]) == 1 and len(three["prefill_s_all"]) == 3
+    assert three["ttft_s"] == pytest.approx(float(np.median(three["prefill_s_all"])))
+    assert three["prefill_tps"] == pytest.approx(6 / three["ttft_s"])
+    assert three["first_token"] == one["first_token"]
+    assert all(t > 0 for t in three["prefill_s_all"])
+
+
+def test_prefill_script_end_to_end(models, tmp_path):
+    out = tmp_path / "prefill.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "bench" / "prefill.py"), "-m", models["bench"],
+         "--no-llama-cpp", "--tokens", "4,8", "--threads", "1", "--rounds", "2", "--repeats", "2",
+         "--ctx", "64", "--json", str(out)],
+        capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [(r["threads"], r["tokens"]) for r in rows] == [(1, 4), (1, 8)]
+    for r in rows:
+        assert len(r["colibri_tps"]) == 2 and all(np.isfinite(x) and x > 0 for x in r["colibri_tps"])
+        assert r["colibri"] == pytest.approx(float(np.median(r["colibri_tps"])))
+        assert "ratio" not in r and r["llama_cpp_tps"] == []
+    bad = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "bench" / "prefill.py"), "-m", models["bench"],
+         "--no-llama-cpp", "--tokens", "128", "--ctx", "64"],
+        capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and "shorter than the longest prompt" in bad.stderr
