@@ -237,6 +237,15 @@ INL __m512i pair_idx(int p) {
     return join_si(_mm256_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1));
 }
 
+/* BODY(TYPE, NR, nt, ...) with nt (1..4) as a constant */
+#define CB_TILE_BY_NT(BODY, TYPE, NR, n, w, ws, x, xs, out, nt, r)                             \
+    switch (nt) {                                                                              \
+    case 1: BODY(TYPE, NR, 1, n, w, ws, x, xs, out, nt, r); break;                             \
+    case 2: BODY(TYPE, NR, 2, n, w, ws, x, xs, out, nt, r); break;                             \
+    case 3: BODY(TYPE, NR, 3, n, w, ws, x, xs, out, nt, r); break;                             \
+    default: BODY(TYPE, NR, 4, n, w, ws, x, xs, out, nt, r); break;                            \
+    }
+
 /* The rows-in-pairs dispatch: a cb_tile_fn NAME (with the target attribute TARGET) running the
  * tile body BODY(TYPE, NR, NT, ...) on nr rows, two at a time, nt <= 4 tokens. */
 #define CB_DEFINE_TILE_AT(NAME, BODY, TYPE, TARGET)                                             \
@@ -245,19 +254,9 @@ INL __m512i pair_idx(int p) {
         for (int r = 0; r < nr; r += 2) {                                                      \
             const uint8_t *wr = w + (size_t)r * ws;                                            \
             if (nr - r >= 2) {                                                                 \
-                switch (nt) {                                                                  \
-                case 1: BODY(TYPE, 2, 1, n, wr, ws, x, xs, out, nt, r); break;                 \
-                case 2: BODY(TYPE, 2, 2, n, wr, ws, x, xs, out, nt, r); break;                 \
-                case 3: BODY(TYPE, 2, 3, n, wr, ws, x, xs, out, nt, r); break;                 \
-                default: BODY(TYPE, 2, 4, n, wr, ws, x, xs, out, nt, r); break;                \
-                }                                                                              \
+                CB_TILE_BY_NT(BODY, TYPE, 2, n, wr, ws, x, xs, out, nt, r)                     \
             } else {                                                                           \
-                switch (nt) {                                                                  \
-                case 1: BODY(TYPE, 1, 1, n, wr, ws, x, xs, out, nt, r); break;                 \
-                case 2: BODY(TYPE, 1, 2, n, wr, ws, x, xs, out, nt, r); break;                 \
-                case 3: BODY(TYPE, 1, 3, n, wr, ws, x, xs, out, nt, r); break;                 \
-                default: BODY(TYPE, 1, 4, n, wr, ws, x, xs, out, nt, r); break;                \
-                }                                                                              \
+                CB_TILE_BY_NT(BODY, TYPE, 1, n, wr, ws, x, xs, out, nt, r)                     \
             }                                                                                  \
         }                                                                                      \
     }
@@ -289,12 +288,7 @@ INL __m512i pair_idx(int p) {
                 BODY(TYPE, (R1), 1, n, w + (size_t)r * ws, ws, x, xs, out, nt, r);             \
         for (; nr - r >= 4; r += 4) {                                                          \
             const uint8_t *wr = w + (size_t)r * ws;                                            \
-            switch (nt) {                                                                      \
-            case 1: BODY(TYPE, 4, 1, n, wr, ws, x, xs, out, nt, r); break;                     \
-            case 2: BODY(TYPE, 4, 2, n, wr, ws, x, xs, out, nt, r); break;                     \
-            case 3: BODY(TYPE, 4, 3, n, wr, ws, x, xs, out, nt, r); break;                     \
-            default: BODY(TYPE, 4, 4, n, wr, ws, x, xs, out, nt, r); break;                    \
-            }                                                                                  \
+            CB_TILE_BY_NT(BODY, TYPE, 4, n, wr, ws, x, xs, out, nt, r)                         \
         }                                                                                      \
         if (r < nr) NAME##_pairs(n, w + (size_t)r * ws, ws, nr - r, x, xs, nt, out + (size_t)r * nt); \
     }

@@ -231,15 +231,18 @@ def test_rejects_bad_arguments(models):
         bytes_per_token(models["bench"], -1)
 
 
-def test_script_end_to_end(models, tmp_path):
-    out = tmp_path / "roof.json"
+def _tool(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """python tools/bench/SCRIPT ARGS with this checkout first on PYTHONPATH."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "bench" / "roofline.py"), "-m", models["bench"],
-         "--no-llama-cpp", "--tokens", "2", "--threads", "1", "--rounds", "1",
-         "--membw-mib", "64", "--json", str(out)],
-        capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "bench" / script), *args],
+                          capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_script_end_to_end(models, tmp_path):
+    out = tmp_path / "roof.json"
+    p = _tool("roofline.py", "-m", models["bench"], "--no-llama-cpp", "--tokens", "2",
+              "--threads", "1", "--rounds", "1", "--membw-mib", "64", "--json", str(out))
     assert p.returncode == 0, p.stderr[-3000:]
     assert "MB read per token" in p.stdout
     r = json.loads(out.read_text())
@@ -283,13 +286,8 @@ def test_repeated_prefill_times_each_and_keeps_the_first_token(models):
 
 def test_prefill_script_end_to_end(models, tmp_path):
     out = tmp_path / "prefill.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "bench" / "prefill.py"), "-m", models["bench"],
-         "--no-llama-cpp", "--tokens", "4,8", "--threads", "1", "--rounds", "2", "--repeats", "2",
-         "--ctx", "64", "--json", str(out)],
-        capture_output=True, text=True, env=env, timeout=300)
+    p = _tool("prefill.py", "-m", models["bench"], "--no-llama-cpp", "--tokens", "4,8",
+              "--threads", "1", "--rounds", "2", "--repeats", "2", "--ctx", "64", "--json", str(out))
     assert p.returncode == 0, p.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert [(r["threads"], r["tokens"]) for r in rows] == [(1, 4), (1, 8)]
@@ -297,8 +295,6 @@ def test_prefill_script_end_to_end(models, tmp_path):
         assert len(r["colibri_tps"]) == 2 and all(np.isfinite(x) and x > 0 for x in r["colibri_tps"])
         assert r["colibri"] == pytest.approx(float(np.median(r["colibri_tps"])))
         assert "ratio" not in r and r["llama_cpp_tps"] == []
-    bad = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "bench" / "prefill.py"), "-m", models["bench"],
-         "--no-llama-cpp", "--tokens", "128", "--ctx", "64"],
-        capture_output=True, text=True, env=env, timeout=120)
+    bad = _tool("prefill.py", "-m", models["bench"], "--no-llama-cpp", "--tokens", "128",
+                "--ctx", "64", timeout=120)
     assert bad.returncode == 2 and "shorter than the longest prompt" in bad.stderr
