@@ -7,6 +7,8 @@ import argparse
 import json
 import os
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,17 @@ def gpu_main(args: argparse.Namespace, results: dict[str, Any], root: Path) -> i
     results.update(device=rt.name, arch=rt.arch, compile_s=time.perf_counter() - t0)
     log(f"  {rt.name} ({rt.arch}): kernels compiled and loaded in {results['compile_s']:.1f} s")
     rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+    failed: list[str] = results.setdefault("failed", [])
+
+    def step(name: str, fn: Callable[..., Any], *fn_args: Any) -> Any:
+        """One check: its failure is logged with the traceback and recorded (results["failed"],
+        exit status 1), and the later checks still run (None is returned)."""
+        try:
+            return fn(*fn_args)
+        except Exception:  # noqa: BLE001 - a failed check must not hide the others
+            log(f"  FAILED: {name}\n{traceback.format_exc()}")
+            failed.append(name)
+            return None
 
     log("== routing vs reference")
 
@@ -68,7 +81,7 @@ def gpu_main(args: argparse.Namespace, results: dict[str, Any], root: Path) -> i
             raise AssertionError("sel_offset differs from the slot table")
         return h
 
-    check_routing(route_fn, rng)
+    step("routing", check_routing, route_fn, rng)
 
     log("== grouped expert FFN vs reference (outputs pre-filled with NaN)")
 
@@ -95,16 +108,47 @@ def gpu_main(args: argparse.Namespace, results: dict[str, Any], root: Path) -> i
     results.update(gemm_pipeline=rt.gemm_pipeline, pipelines=pipelines)
     log(f"  fp16 GEMM pipelines: {pipelines} (default {rt.gemm_pipeline}); int4: regs")
     ffn_cases = FFN_CASES_CPU if args.small else FFN_CASES
-    results["ffn"] = check_ffn(ffn_for(pipelines[0]), rng, ffn_cases, f" [{pipelines[0]}]")
-    for pipe in pipelines[1:]:
-        results["ffn"] += check_ffn(ffn_for(pipe), rng, [c for c in ffn_cases if c[0] == "f16"],
-                                    f" [{pipe}]")
+    results["ffn"] = []
+    for i, pipe in enumerate(pipelines):
+        cases = ffn_cases if i == 0 else [c for c in ffn_cases if c[0] == "f16"]
+        rows = step(f"ffn [{pipe}]", check_ffn, ffn_for(pipe), rng, cases, f" [{pipe}]")
+        results["ffn"] += rows or []
 
     log("== peers")
     peak, peer = measure_matmul_peer()
     results.update(matmul_tflops=peak, matmul_peer=peer)
     log(f"  fp16 matmul: {f'{peak:.1f} TFLOP/s' if peak else 'n/a'} ({peer})")
-    nbytes = 1 << (26 if args.small else 30)
+    copy_bw = copy_bandwidth(drv, 1 << (26 if args.small else 30))
+    results["copy_gbs"] = copy_bw
+    log(f"  device copy: {copy_bw:.0f} GB/s (read + write)")
+
+    log("== timing (median of CUDA-event runs after warm-up)")
+    timings = []
+    shapes = SMALL_TIMING_SHAPES if args.small else TIMING_SHAPES
+    tokens = SMALL_TIMING_TOKENS if args.small else TIMING_TOKENS
+    for shape_name, shape in shapes.items():
+        timings += step(f"timing {shape_name}", time_shape, rt, drv, shape_name, shape,
+                        pipelines, peak, copy_bw, rng, args, tokens) or []
+    results["timings"] = timings
+
+    log("== staged expert path vs the whole pool (pinned expert store slots)")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        results["staged"] = step("staged", staged_check, rt, rng, Path(tmp), args.small)
+    results["small_shapes"] = args.small
+    results["target"] = report_target(timings, peak, shapes)
+    results["total_s"] = time.perf_counter() - t_start
+    if failed:
+        log(f"== FAILED after {results['total_s']:.0f} s: {', '.join(failed)}")
+        return 1
+    log(f"== all checks passed in {results['total_s']:.0f} s")
+    return 0
+
+
+def copy_bandwidth(drv: Any, nbytes: int) -> float:
+    """Device-to-device copy bandwidth, GB/s counting bytes read and written (median of 10
+    CUDA-event-timed copies after 2 warm-ups)."""
     src, dst = drv.mem_alloc(nbytes), drv.mem_alloc(nbytes)
     s_ev, e_ev = drv.Event(), drv.Event()
     copies = []
@@ -115,31 +159,9 @@ def gpu_main(args: argparse.Namespace, results: dict[str, Any], root: Path) -> i
         e_ev.synchronize()
         if i >= 2:
             copies.append(e_ev.time_since(s_ev) / 1e3)
-    copy_bw = 2 * nbytes / float(np.median(copies)) / 1e9  # read + write
     src.free()
     dst.free()
-    results["copy_gbs"] = copy_bw
-    log(f"  device copy: {copy_bw:.0f} GB/s (read + write)")
-
-    log("== timing (median of CUDA-event runs after warm-up)")
-    timings = []
-    shapes = SMALL_TIMING_SHAPES if args.small else TIMING_SHAPES
-    tokens = SMALL_TIMING_TOKENS if args.small else TIMING_TOKENS
-    for shape_name, shape in shapes.items():
-        timings += time_shape(rt, drv, shape_name, shape, pipelines, peak, copy_bw, rng, args,
-                              tokens)
-    results["timings"] = timings
-
-    log("== staged expert path vs the whole pool (pinned expert store slots)")
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        results["staged"] = staged_check(rt, rng, Path(tmp), args.small)
-    results["small_shapes"] = args.small
-    results["target"] = report_target(timings, peak, shapes)
-    results["total_s"] = time.perf_counter() - t_start
-    log(f"== all checks passed in {results['total_s']:.0f} s")
-    return 0
+    return 2 * nbytes / float(np.median(copies)) / 1e9
 
 
 

@@ -36,6 +36,24 @@ def find_cuda_root() -> Path | None:
     return None
 
 
+def find_libcuda_so1() -> str | None:
+    """The driver library libcuda.so.1: from the loader cache (ldconfig -p), else in the
+    folders of $LD_LIBRARY_PATH and the usual driver mounts (/usr/local/nvidia/lib64, ...),
+    which containers often leave out of the cache."""
+    found = re.findall(r"=>\s*(\S*libcuda\.so\.1)\b",
+                       subprocess.run(["bash", "-c", "ldconfig -p 2>/dev/null"],
+                                      capture_output=True, text=True).stdout)
+    if found:
+        return found[0]
+    dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d]
+    dirs += ["/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/lib/x86_64-linux-gnu",
+             "/usr/lib64", "/usr/lib", "/usr/local/cuda/compat", "/usr/local/cuda/lib64"]
+    for d in dirs:
+        if (Path(d) / "libcuda.so.1").exists():
+            return str(Path(d) / "libcuda.so.1")
+    return None
+
+
 def ensure_pycuda(root: Path) -> float | None:
     """Import PyCUDA, building it from build/pycuda_wheels when absent: its dependencies are
     installed from the carried wheels into build/pycuda_site, the sdist is unpacked into
@@ -89,16 +107,14 @@ def ensure_pycuda(root: Path) -> float | None:
     have_so = any((Path(d) / "libcuda.so").exists() for d in
                   libdirs + ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"])
     if not have_so:
-        found = re.findall(r"=>\s*(\S*libcuda\.so\.1)\b",
-                           subprocess.run(["bash", "-c", "ldconfig -p 2>/dev/null"],
-                                          capture_output=True, text=True).stdout)
+        found = find_libcuda_so1()
         if found:
             link_dir = root / "build" / "pycuda_libcuda"
             link_dir.mkdir(parents=True, exist_ok=True)
             link = link_dir / "libcuda.so"
             if link.is_symlink() or link.exists():
                 link.unlink()
-            link.symlink_to(found[0])
+            link.symlink_to(found)
             libdirs.append(str(link_dir))
     curand = (cuda_root / "include" / "curand.h").is_file()
     (src / "siteconf.py").write_text(
