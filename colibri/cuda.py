@@ -404,26 +404,20 @@ class CudaRuntime:
 
     def pin_host_memory(self, array: np.ndarray) -> np.ndarray:
         """Page-lock host memory owned elsewhere (e.g. the expert store's slots) with
-        cuMemHostRegister; returns a view of it whose ``.base.unregister()`` undoes that
+        cuMemHostRegister (colibri.cuda_host: the driver itself, PyCUDA's wrapper fails with
+        NumPy 2); returns a view of it whose ``.base.unregister()`` undoes that
         (:meth:`unpin_host_memory`; call it before the owner frees the memory). ``array`` must
         be C-contiguous. Registering a range that overlaps a registered one fails."""
-        if not array.flags.c_contiguous:
-            raise ValueError("pin_host_memory needs a C-contiguous array")
-        if array.nbytes == 0:
-            raise ValueError("pin_host_memory needs a non-empty array")
-        try:
-            pinned: np.ndarray = self._drv.register_host_memory(array, flags=0)
-        except Exception as e:
-            raise ColibriError(f"cuMemHostRegister of {array.nbytes} bytes failed: {e}") from e
-        return pinned
+        from colibri import cuda_host
+
+        return cuda_host.pin(array)
 
     def unpin_host_memory(self, pinned: np.ndarray) -> None:
         """Undo :meth:`pin_host_memory` (cuMemHostUnregister) for the view it returned."""
-        try:
-            reg: Any = pinned.base
-            reg.unregister()
-        except Exception as e:
-            raise ColibriError(f"cuMemHostUnregister of {pinned.nbytes} bytes failed: {e}") from e
+        reg: Any = pinned.base
+        if not hasattr(reg, "unregister"):
+            raise ColibriError("unpin_host_memory: not a view returned by pin_host_memory")
+        reg.unregister()
 
     @property
     def stream(self) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import shutil
 import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -84,6 +85,54 @@ class HostRegistry:
 
     def is_pinned(self, ptr: int, n: int) -> bool:
         return any(a <= ptr and ptr + n <= b for a, b in self.pinned.items())
+
+
+class FakeDriverLibrary:
+    """The driver entry points colibri.cuda_host calls through ctypes (cuMemHostRegister_v2,
+    cuMemHostUnregister, cuGetErrorName) on the HostRegistry: an overlapping registration
+    fails with CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED (712), unregistering a range that is
+    not registered with CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED (713), as the real driver does."""
+
+    NAMES = {712: b"CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+             713: b"CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"}
+
+    def __init__(self, reg: HostRegistry) -> None:
+        self.reg = reg
+
+    def cuMemHostRegister_v2(self, ptr, nbytes, flags) -> int:  # noqa: N802 - the driver's name
+        a, n = int(ptr.value), int(nbytes.value)
+        if any(s < a + n and a < e for s, e in self.reg.pinned.items()):
+            return 712
+        self.reg.pinned[a] = a + n
+        self.reg.log.append(("register", a, n))
+        return 0
+
+    def cuMemHostUnregister(self, ptr) -> int:  # noqa: N802
+        a = int(ptr.value)
+        if a not in self.reg.pinned:
+            return 713
+        n = self.reg.pinned.pop(a) - a
+        self.reg.log.append(("unregister", a, n))
+        return 0
+
+    def cuGetErrorName(self, rc, out) -> int:  # noqa: N802
+        if rc not in self.NAMES:
+            return 1
+        out._obj.value = self.NAMES[rc]
+        return 0
+
+
+def install_fake_pycuda(monkeypatch, lib: ctypes.CDLL, calls: dict[str, int],
+                        **kw) -> dict[str, types.ModuleType]:
+    """make_fake_pycuda's modules put in sys.modules, and its driver library in place of
+    libcuda.so.1 for colibri.cuda_host (undone by monkeypatch)."""
+    import colibri.cuda_host
+
+    fake = make_fake_pycuda(lib, calls, **kw)
+    for name, mod in fake.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setattr(colibri.cuda_host, "driver_library", lambda: fake["pycuda.driver"].libcuda)
+    return fake
 
 
 def make_fake_pycuda(lib: ctypes.CDLL, calls: dict[str, int],
@@ -206,31 +255,6 @@ def make_fake_pycuda(lib: ctypes.CDLL, calls: dict[str, int],
         def synchronize(self):
             calls["stream_sync"] = calls.get("stream_sync", 0) + 1
 
-    class RegisteredHostMemory:
-        """pycuda.driver.RegisteredHostMemory: the base of the array register_host_memory
-        returns; unregister() ends the registration (a second call fails)."""
-
-        def __init__(self, ary):
-            self.ary, self.start, self.valid = ary, int(ary.ctypes.data), True
-            self.__array_interface__ = ary.__array_interface__
-
-        def unregister(self):
-            if not self.valid:
-                raise Error("registered_host_memory::free failed: invalid resource handle")
-            self.valid = False
-            del reg.pinned[self.start]
-            reg.log.append(("unregister", self.start, self.ary.nbytes))
-
-    def register_host_memory(ary, flags=0):
-        if not isinstance(ary, np.ndarray) or not ary.flags.c_contiguous:
-            raise Error("register_host_memory failed: ary argument is not contiguous")
-        a, n = int(ary.ctypes.data), ary.nbytes
-        if any(s < a + n and a < e for s, e in reg.pinned.items()):
-            raise Error("cuMemHostRegister failed: CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED")
-        reg.pinned[a] = a + n
-        reg.log.append(("register", a, n))
-        return np.asarray(RegisteredHostMemory(ary))
-
     class Event:
         def record(self, stream=None):
             import time
@@ -261,7 +285,7 @@ def make_fake_pycuda(lib: ctypes.CDLL, calls: dict[str, int],
     drv.memcpy_htod = memcpy_htod
     drv.memcpy_dtod = memcpy_dtod
     drv.memcpy_htod_async = memcpy_htod_async
-    drv.register_host_memory = register_host_memory
+    drv.libcuda = FakeDriverLibrary(reg)  # type: ignore[attr-defined]
     drv.Stream = Stream
 
     class GPUArray:

@@ -4,10 +4,9 @@ session), a CudaRuntime on the stand-in pycuda (tests/fake_pycuda.py), and small
 from __future__ import annotations
 
 import ctypes
-import sys
 
 import pytest
-from fake_pycuda import build_emu_lib, make_fake_pycuda
+from fake_pycuda import build_emu_lib, install_fake_pycuda
 
 
 @pytest.fixture(scope="session")
@@ -18,8 +17,7 @@ def emu_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
 @pytest.fixture()
 def rt(emu_lib, monkeypatch, tmp_path):
     calls: dict[str, int] = {}
-    for name, mod in make_fake_pycuda(emu_lib, calls).items():
-        monkeypatch.setitem(sys.modules, name, mod)
+    install_fake_pycuda(monkeypatch, emu_lib, calls)
     monkeypatch.setenv("COLIBRI_CUDA_CACHE", str(tmp_path / "cache"))
     import colibri.cuda as cuda
 

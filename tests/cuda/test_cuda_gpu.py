@@ -134,6 +134,31 @@ def test_every_output_written(rt):
     rt._check_err(ws.err, "moe_ffn")
 
 
+def test_pin_host_memory(rt):
+    """cuMemHostRegister through the driver (colibri.cuda_host; PyCUDA's wrapper fails with
+    NumPy 2): a view of the same memory, an overlapping registration refused by the driver,
+    an asynchronous copy from a slice of the range arriving whole, unregistering twice
+    refused."""
+    host = np.arange(1 << 20, dtype=np.uint8)
+    pinned = rt.pin_host_memory(host)
+    assert np.shares_memory(pinned, host) and pinned.base.registered
+    with pytest.raises(ColibriError, match="ALREADY_REGISTERED"):
+        rt.pin_host_memory(host[4096:8192])
+    dev = rt.alloc(host.nbytes)
+    rt.copy_htod(int(dev), host[96:], rt.stream)
+    rt.stream.synchronize()
+    back = np.empty(host.nbytes - 96, np.uint8)
+    rt._drv.memcpy_dtoh(back, int(dev))
+    np.testing.assert_array_equal(back, host[96:])
+    dev.free()
+    rt.unpin_host_memory(pinned)
+    assert not pinned.base.registered
+    with pytest.raises(ColibriError, match="not registered"):
+        rt.unpin_host_memory(pinned)
+    again = rt.pin_host_memory(host)  # the range is free to register again
+    rt.unpin_host_memory(again)
+
+
 @pytest.mark.parametrize("family,weights", [("mixtral", "f16"), ("qwen2_moe", "int4-g128")])
 def test_model_on_the_device(tmp_path, family, weights):
     """Model(device="cuda") against the CPU forward on a tiny oracle MoE model."""

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from fake_pycuda import EMULATION_MARKS, make_fake_pycuda
+from fake_pycuda import EMULATION_MARKS, install_fake_pycuda
 
 from colibri import ColibriError
 from colibri._cuda_ref import (
@@ -136,9 +136,7 @@ def test_gemm_pipeline_choice(emu_lib, monkeypatch, tmp_path, cc, optin, env, wa
     COLIBRI_CUDA_GEMM_PIPELINE overrides, and asking for what the device cannot do fails
     clearly, at construction or at the call."""
     calls: dict[str, int] = {}
-    fake = make_fake_pycuda(emu_lib, calls, cc=cc, smem_optin=optin)
-    for name, mod in fake.items():
-        monkeypatch.setitem(sys.modules, name, mod)
+    install_fake_pycuda(monkeypatch, emu_lib, calls, cc=cc, smem_optin=optin)
     monkeypatch.setenv("COLIBRI_CUDA_CACHE", str(tmp_path / "cache"))
     if env is None:
         monkeypatch.delenv("COLIBRI_CUDA_GEMM_PIPELINE", raising=False)

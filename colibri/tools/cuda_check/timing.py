@@ -234,7 +234,8 @@ def time_shape(rt: Any, drv: Any, shape_name: str, shape: dict[str, int], pipeli
                     f"{row['ms']:.3f} ms{route}, {tf:.1f} TFLOP/s = {frac}"
                     f"{row['frac_roofline']:.0%} of roofline ({row['roofline_tflops']:.0f}), "
                     f"weights {row['weight_gbs']:.0f} GB/s = {row['frac_copy_bw']:.0%} of copy bw"
-                    f"{peer}; err {err:.1e}{'' if same is None else f', same as cp: {same}'}")
+                    f"{peer}; err {f'{err:.1e}' if want is not None else 'not checked (large T)'}"
+                    f"{'' if same is None else f', same as cp: {same}'}")
         pool_dev.free()
     return rows
 
