@@ -164,6 +164,16 @@ INL __m128i sum16x4(const __m512i *S) {
     return _mm_add_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
 }
 
+/* four rows' sums (acc[t]: token t) into out[(r_off + r) * out_nt + t] */
+INL void store_4xnt(const __m128 *acc, int NT, float *out, int out_nt, int r_off) {
+    #pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        float tmp[4];
+        _mm_storeu_ps(tmp, acc[t]);
+        for (int r = 0; r < 4; r++) out[(r + r_off) * out_nt + t] = tmp[r];
+    }
+}
+
 /* The Q4_K tile with VNNI, four rows and 1-4 tokens (the experts' gate/up in a decode step, and
  * in a prefill, where 64 prompt tokens give an expert ~4: before, 2-4 tokens ran tile_q4k in row
  * pairs; in L2 this is 1.4-1.5x faster there, the MoE bench model's 64-token prefill 1.02-1.06x,
@@ -255,12 +265,7 @@ INLV void tile_q4k_1v(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size
             acc[t] = _mm_fnmadd_ps(_mm_cvtepi32_ps(msum), _mm256_extractf128_ps(dm, 1), acc[t]);
         }
     }
-    #pragma GCC unroll 4
-    for (int t = 0; t < NT; t++) {
-        float tmp[4];
-        _mm_storeu_ps(tmp, acc[t]);
-        for (int r = 0; r < 4; r++) out[(r + r_off) * out_nt + t] = tmp[r];
-    }
+    store_4xnt(acc, NT, out, out_nt, r_off);
 }
 
 CB_DEFINE_TILE4N(tile512v_q4_k, tile_q4k_1v, 0, CB_AVX512_VNNI_TARGET, 4)
@@ -412,12 +417,7 @@ INLV void tile_q6k_1v(int unused, int NR, int NT, int64_t nb, const uint8_t *w, 
             acc[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(scw4, _mm_set1_ps(a[t]->d)), acc[t]);
         }
     }
-    #pragma GCC unroll 4
-    for (int t = 0; t < NT; t++) {
-        float tmp[4];
-        _mm_storeu_ps(tmp, acc[t]);
-        for (int r = 0; r < 4; r++) out[(r + r_off) * out_nt + t] = tmp[r];
-    }
+    store_4xnt(acc, NT, out, out_nt, r_off);
 }
 
 CB_DEFINE_TILE4N(tile512v_q6_k, tile_q6k_1v, 0, CB_AVX512_VNNI_TARGET, 4)

@@ -123,7 +123,7 @@ def gpu_main(args: argparse.Namespace, results: dict[str, Any], root: Path) -> i
     log(f"  device copy: {copy_bw:.0f} GB/s (read + write)")
 
     log("== timing (median of CUDA-event runs after warm-up)")
-    timings = []
+    timings: list[dict[str, Any]] = []
     shapes = SMALL_TIMING_SHAPES if args.small else TIMING_SHAPES
     tokens = SMALL_TIMING_TOKENS if args.small else TIMING_TOKENS
     for shape_name, shape in shapes.items():
