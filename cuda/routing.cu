@@ -24,7 +24,8 @@
  * plus O(n_tokens * k * n_experts / 32) warp steps for the placement, about tens of
  * microseconds at 1024 tokens x 128 experts, small next to the expert GEMMs it feeds.
  *   Phase 1: thread per token: route, write ids/weights/offsets, count per expert in shared
- *            memory (atomics: the counts do not depend on order).
+ *            memory (atomics: the counts do not depend on order). Up to CB_ROUTE_STAGE_FLOATS
+ *            logits (a decode step's) are first copied to shared memory by the whole block.
  *   Phase 2: one thread: exclusive prefix sum of the padded counts (n_experts <= 1024 adds).
  *   Phase 3: warp per expert: walk the tokens 32 at a time in ascending order; a ballot of
  *            "this lane's token chose e" and a popcount give each token its row, so the order
@@ -150,6 +151,10 @@ __device__ __forceinline__ void cb_route_clear_tail(int first, int stride, int t
     for (int i = total / tile + first; i < cap / tile; i += stride) tile_expert[i] = -1;
 }
 
+/* logits staged in shared memory by cb_route_topk when they fit (16 KiB: 32 tokens of 128
+ * experts, 4 of 1024) */
+#define CB_ROUTE_STAGE_FLOATS 4096
+
 #define CB_ROUTE_ARGS_OK(nthreads)                                                           \
     (n_tokens >= 0 && n_experts >= 1 && n_experts <= CB_ROUTE_MAX_EXPERTS && k >= 1 &&       \
      k <= n_experts && k <= CB_ROUTE_MAX_K && tile >= 1 && cap >= 0 && cap % tile == 0 &&    \
@@ -178,6 +183,7 @@ extern "C" __global__ void __launch_bounds__(1024) cb_route_topk(
     __shared__ int s_count[CB_ROUTE_MAX_EXPERTS];
     __shared__ int s_seg[CB_ROUTE_MAX_EXPERTS + 1];
     __shared__ int s_ok;
+    __shared__ float s_logits[CB_ROUTE_STAGE_FLOATS];
     const int tid = threadIdx.x, nthreads = blockDim.x;
     const int warp = tid >> 5, lane = tid & 31, nwarps = nthreads >> 5;
 
@@ -185,12 +191,20 @@ extern "C" __global__ void __launch_bounds__(1024) cb_route_topk(
     CB_KCHECK(CB_ROUTE_ARGS_OK(nthreads), err, CB_KERR_ROUTE_ARG, 0);
 
     for (int e = tid; e < n_experts; e += nthreads) s_count[e] = 0;
+    /* Few tokens (a decode step): the logits copied to shared memory by the whole block in
+     * one coalesced pass first, so that the thread routing a token reads them from there: its
+     * passes over the row (finite check, max, exp-sum, scores) otherwise wait a global-memory
+     * latency per logit, one after the other. The same routine on the same values: the same
+     * bits. */
+    const bool staged = (long long)n_tokens * n_experts <= CB_ROUTE_STAGE_FLOATS;
+    if (staged)
+        for (int i = tid; i < n_tokens * n_experts; i += nthreads) s_logits[i] = logits[i];
     __syncthreads();
 
     /* Phase 1: route each token. */
     for (int t = tid; t < n_tokens; t += nthreads)
-        cb_route_one(logits, t, n_experts, k, gating, bias, renorm, scale, slot_offset,
-                     topk_ids, topk_w, sel_offset, pair_pos, s_count, err);
+        cb_route_one(staged ? s_logits : logits, t, n_experts, k, gating, bias, renorm, scale,
+                     slot_offset, topk_ids, topk_w, sel_offset, pair_pos, s_count, err);
     __syncthreads();
 
     /* Phase 2: padded exclusive prefix sum. */

@@ -123,7 +123,9 @@ def route_topk_cases(rng):
     return [route_case(1, 8, 2, "softmax", False, False, 1.0, 16, 4096, seed=1),
             route_case(70, 64, 6, "softmax", False, True, 1.0, 16, 4096, seed=2),
             route_case(1100, 128, 8, "sigmoid", True, True, 2.5, 64, 4096, seed=3),
-            route_case(3, 256, 8, "sigmoid", True, False, 1.0, 64, 4096, seed=4)]
+            route_case(3, 256, 8, "sigmoid", True, False, 1.0, 64, 4096, seed=4),
+            # 4096 logits: the most cb_route_topk stages in shared memory (70 x 64 above: not)
+            route_case(32, 128, 8, "softmax", True, True, 1.0, 16, 4096, seed=8)]
 
 
 def route_multi_cases(rng):

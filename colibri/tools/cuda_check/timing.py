@@ -219,9 +219,11 @@ def time_shape(rt: Any, drv: Any, shape_name: str, shape: dict[str, int], pipeli
                 if fmt == "f16" and pipe == pipelines[0]:
                     # the same logits: re-routing rewrites r with what it already holds
                     lg_gpu = rt.to_gpu(logits)
-                    row["route_ms"] = 1e3 * cuda_event_median(
-                        drv, lambda lg=lg_gpu, r=r: rt.route_launch(lg, r, 0, None, True, 1.0,
-                                                                    None), min(20, runs))
+                    for key, mb in (("route_ms", False), ("route_mb_ms", True)):
+                        # the single block, and the multi-block pair (for the switch-over point)
+                        row[key] = 1e3 * cuda_event_median(
+                            drv, lambda lg=lg_gpu, r=r, mb=mb: rt.route_launch(
+                                lg, r, 0, None, True, 1.0, None, multi_block=mb), min(20, runs))
                     tp = torch_loop_peer(h, d, f, n_exp, max(5, runs // 4))
                     row["torch_loop_ms"] = tp * 1e3 if tp else None
                     row["vs_torch_loop"] = tp / t if tp else None
@@ -229,7 +231,8 @@ def time_shape(rt: Any, drv: Any, shape_name: str, shape: dict[str, int], pipeli
                 frac = f"{row['frac_matmul']:.0%} of matmul, " if peak else ""
                 peer = (f", torch loop {row['torch_loop_ms']:.3f} ms ({row['vs_torch_loop']:.1f}x)"
                         if row.get("vs_torch_loop") else "")
-                route = f" (route {row['route_ms']:.3f} ms)" if row.get("route_ms") else ""
+                route = (f" (route {row['route_ms']:.3f} ms, multi-block {row['route_mb_ms']:.3f})"
+                         if row.get("route_ms") else "")
                 log(f"     {fmt:9s} [{pipe:4s}] T={n_tokens:5d} tile={r.tile:2d}: "
                     f"{row['ms']:.3f} ms{route}, {tf:.1f} TFLOP/s = {frac}"
                     f"{row['frac_roofline']:.0%} of roofline ({row['roofline_tflops']:.0f}), "
