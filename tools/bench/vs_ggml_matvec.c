@@ -69,8 +69,9 @@ int main(int argc, char **argv) {
     case 6: bs = 32, bb = 22, doff = 0; break;
     case 8: bs = 32, bb = 34, doff = 0; break;
     case 12: bs = 256, bb = 144, doff = 0; break;
+    case 13: bs = 256, bb = 176, doff = 0; break;
     case 14: bs = 256, bb = 210, doff = 208; break;
-    default: fprintf(stderr, "type %d: one of 6, 8, 12, 14\n", type); return 2;
+    default: fprintf(stderr, "type %d: one of 6, 8, 12, 13, 14\n", type); return 2;
     }
     if (rows <= 0 || cols <= 0 || cols % bs || nm <= 0 || it <= 0 || th <= 0 || nt <= 0) {
         fprintf(stderr, "bad shape or counts\n");
@@ -89,7 +90,7 @@ int main(int argc, char **argv) {
     for (size_t b = 0; b < mb * (size_t)nm / (size_t)bb; b++) {
         const uint16_t h = (uint16_t)(0x2000 + (rand() & 0x3ff)); /* ~0.008: finite sums */
         memcpy(w + b * (size_t)bb + doff, &h, 2);
-        if (type == 12) memcpy(w + b * (size_t)bb + 2, &h, 2); /* Q4_K's dmin */
+        if (type == 12 || type == 13) memcpy(w + b * (size_t)bb + 2, &h, 2); /* Q4_K's, Q5_K's dmin */
     }
     for (long c = 0; c < cols * nt; c++) x[c] = (float)rand() / (float)RAND_MAX - 0.5f;
     if (getenv("VS_GGML_MAX_SIMD")) cb_cpu_set_max_level((cb_simd_level)atoi(getenv("VS_GGML_MAX_SIMD")));
