@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write a benchmark GGUF with random weights in the shape of Qwen3-30B-A3B (or a tiny MoE).
 
-    python -m colibri.tools.make_bench_model OUT.gguf [--layers 12] [--type q4_k_m|q8_0|q4_0]
+    python -m colibri.tools.make_bench_model OUT.gguf [--layers 12] [--type q4_k_m|q5_k_m|q8_0|q4_0]
                                              [--routing spread|raw] [--shape qwen3-30b-a3b|tiny]
 
 (also `colibri make-bench-model OUT.gguf ...` and, from a checkout, tools/make_bench_model.py)
@@ -36,7 +36,7 @@ over the experts, token by token, with no temporal locality (random tokens): a h
 a cache than real text, where consecutive tokens share experts. `raw` keeps the random routers.
 
 Types: q8_0 (every matrix Q8_0); q4_0; q4_k_m (llama.cpp's recipe: Q4_K for most matrices,
-Q6_K for attn_v, ffn_down(_exps) and the output).
+Q6_K for attn_v, ffn_down(_exps) and the output); q5_k_m (the same with Q5_K).
 """
 
 from __future__ import annotations
@@ -89,6 +89,11 @@ def random_blocks(qtype: QT, n_blocks: int, rng: np.random.Generator) -> np.ndar
         d = rng.uniform(0.5, 1.5, n_blocks) * 0.02 / 32 / 8
         b[:, 0:2] = _f16(d)
         b[:, 2:4] = _f16(d * 7.5)
+    elif qtype == QT.Q5_K:
+        # as Q4_K with 5-bit q (mean 15.5): dmin = 15.5 d centres the weights on zero
+        d = rng.uniform(0.5, 1.5, n_blocks) * 0.02 / 32 / 16
+        b[:, 0:2] = _f16(d)
+        b[:, 2:4] = _f16(d * 15.5)
     elif qtype == QT.Q6_K:
         b[:, 192:208] = rng.integers(-32, 32, size=(n_blocks, 16), dtype=np.int8).view(np.uint8)
         b[:, 208:210] = _f16(rng.uniform(0.5, 1.5, n_blocks) * 0.02 / 32 / 16)
@@ -130,7 +135,8 @@ class Pool:
 
 
 # bytes of a block holding its fp16 scale(s): every value of the block is linear in them
-_SCALE_FIELDS = {QT.Q8_0: (0, 2), QT.Q4_0: (0, 2), QT.Q4_K: (0, 4), QT.Q6_K: (208, 210)}
+_SCALE_FIELDS = {QT.Q8_0: (0, 2), QT.Q4_0: (0, 2), QT.Q4_K: (0, 4), QT.Q5_K: (0, 4),
+                 QT.Q6_K: (208, 210)}
 # with `spread` routing: attention's output projection, scaled down (see the module docstring)
 ATTN_OUT_SCALE = 0.1
 
@@ -147,8 +153,10 @@ def plan(n_layers: int, kind: str, shape: str = "qwen3-30b-a3b"
         main = attn_v = down = out = QT.Q4_0
     elif kind == "q4_k_m":
         main, attn_v, down, out = QT.Q4_K, QT.Q6_K, QT.Q6_K, QT.Q6_K
+    elif kind == "q5_k_m":
+        main, attn_v, down, out = QT.Q5_K, QT.Q6_K, QT.Q6_K, QT.Q6_K
     else:
-        raise ValueError(f"unknown type {kind!r}: q4_k_m, q8_0 or q4_0")
+        raise ValueError(f"unknown type {kind!r}: q4_k_m, q5_k_m, q8_0 or q4_0")
     t: list[tuple[str, tuple[int, ...], QT | None]] = [("token_embd.weight", (V, E), main)]
     for i in range(n_layers):
         b = f"blk.{i}."
@@ -209,7 +217,7 @@ def _write(tmp: str, n_layers: int, kind: str, rng: np.random.Generator,
            seed: int) -> None:
     w = gguf.GGUFWriter(tmp, ARCH)
     w.add_name(f"colibri-bench-{shape}-shape-{n_layers}L-{kind}")
-    w.add_file_type({"q8_0": 7, "q4_0": 2, "q4_k_m": 15}[kind])
+    w.add_file_type({"q8_0": 7, "q4_0": 2, "q4_k_m": 15, "q5_k_m": 17}[kind])
     w.add_context_length(s["n_ctx"])
     w.add_embedding_length(s["n_embd"])
     w.add_block_count(n_layers)
@@ -359,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
     ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--type", default="q4_k_m", choices=["q4_k_m", "q8_0", "q4_0"])
+    ap.add_argument("--type", default="q4_k_m", choices=["q4_k_m", "q5_k_m", "q8_0", "q4_0"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shape", default="qwen3-30b-a3b", choices=list(SHAPES),
                     help="qwen3-30b-a3b: the real model's layer shapes (default); tiny: the same "

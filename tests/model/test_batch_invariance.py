@@ -35,7 +35,8 @@ def _tiny(tmp: str, kind: str | None) -> str:
     return str(write(tmp, 2, kind=kind, shape="tiny"))
 
 
-@pytest.fixture(scope="module", params=[None, "q8_0", "q4_0"], ids=["q4_k_m", "q8_0", "q4_0"])
+@pytest.fixture(scope="module", params=[None, "q8_0", "q4_0", "q5_k_m"],
+                ids=["q4_k_m", "q8_0", "q4_0", "q5_k_m"])
 def tiny(request: pytest.FixtureRequest,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[colibri.Model]:
     p = _tiny(str(tmp_path_factory.mktemp("inv") / "tiny.gguf"), request.param)
