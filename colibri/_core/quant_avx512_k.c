@@ -49,6 +49,15 @@ INL __m512i q4k_sidx(int k) {
     return join_si(_mm256_set1_epi16((short)lo), _mm256_set1_epi16((short)(lo + 2)));
 }
 
+/* Q5_K: vector k of the nibble layout below (sub-blocks [lo | lo + 2], lo = 4 (k / 2) + k % 2)
+ * with its fifth bits ORed in: bit j of qh[l] (qh's 32 bytes in both halves) is the fifth bit of
+ * sub-block j's value l. */
+INL __m512i q5k_fifth_bits(__m512i w, __m512i qh, int k) {
+    const int lo = 4 * (k / 2) + (k & 1);
+    const __m512i bit = join_si(_mm256_set1_epi8((char)(1 << lo)), _mm256_set1_epi8((char)(1 << (lo + 2))));
+    return _mm512_or_si512(w, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(qh, bit), _mm512_set1_epi8(0x10)));
+}
+
 /* Q4_K/Q5_K: the 128 qs bytes as two 64-byte vectors Z0, Z1 (chunks 0|1, 2|3 of 32 bytes; chunk
  * c holds sub-block 2c in its low nibbles, 2c+1 in its high): W0 = low nibbles of Z0 =
  * sub-blocks [0 | 2], W1 = its high nibbles = [1 | 3], W2 = [4 | 6], W3 = [5 | 7]. The
@@ -95,13 +104,7 @@ INL void tile_q4k(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size_t w
                 /* bit j of qh[l] is the fifth bit of sub-block j's value l */
                 const __m512i qh = _mm512_broadcast_i64x4(loadu256(blk + 16));
                 #pragma GCC unroll 4
-                for (int k = 0; k < 4; k++) {
-                    int lo = 4 * (k / 2) + (k & 1);
-                    __m512i bit = join_si(_mm256_set1_epi8((char)(1 << lo)),
-                                          _mm256_set1_epi8((char)(1 << (lo + 2))));
-                    wv[k] = _mm512_or_si512(wv[k], _mm512_maskz_mov_epi8(
-                        _mm512_test_epi8_mask(qh, bit), _mm512_set1_epi8(0x10)));
-                }
+                for (int k = 0; k < 4; k++) wv[k] = q5k_fifth_bits(wv[k], qh, k);
             }
             __m512i sv[4];
             #pragma GCC unroll 4
@@ -202,7 +205,6 @@ INLV void tile_q4k_1v(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size
     }
     const size_t bb = q5 ? 176 : 144;
     const __m512i m4 = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
-    const __m512i b16 = _mm512_set1_epi8(0x10);
     const __m128i z128 = _mm_setzero_si128();
     const __m512i idx0 = join_si(_mm256_setr_epi16(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1),
                                  _mm256_setr_epi16(2, 2, 2, 2, 3, 3, 3, 3, 2, 2, 2, 2, 3, 3, 3, 3));
@@ -243,16 +245,12 @@ INLV void tile_q4k_1v(int q5, int NR, int NT, int64_t nb, const uint8_t *w, size
             const __m512i z0 = loadu512(blk + (q5 ? 48 : 16)), z1 = loadu512(blk + (q5 ? 112 : 80));
             __m512i wl0 = _mm512_and_si512(z0, m4), wh0 = _mm512_and_si512(_mm512_srli_epi16(z0, 4), m4);
             __m512i wl1 = _mm512_and_si512(z1, m4), wh1 = _mm512_and_si512(_mm512_srli_epi16(z1, 4), m4);
-            if (q5) { /* Q5_K: bit j of qh[l] is the fifth bit of sub-block j's value l (0..31) */
+            if (q5) { /* Q5_K: values 0..31 */
                 const __m512i qh = _mm512_broadcast_i64x4(loadu256(blk + 16));
-                wl0 = _mm512_or_si512(wl0, _mm512_maskz_mov_epi8(
-                    _mm512_test_epi8_mask(qh, join_si(_mm256_set1_epi8(0x01), _mm256_set1_epi8(0x04))), b16));
-                wh0 = _mm512_or_si512(wh0, _mm512_maskz_mov_epi8(
-                    _mm512_test_epi8_mask(qh, join_si(_mm256_set1_epi8(0x02), _mm256_set1_epi8(0x08))), b16));
-                wl1 = _mm512_or_si512(wl1, _mm512_maskz_mov_epi8(
-                    _mm512_test_epi8_mask(qh, join_si(_mm256_set1_epi8(0x10), _mm256_set1_epi8(0x40))), b16));
-                wh1 = _mm512_or_si512(wh1, _mm512_maskz_mov_epi8(
-                    _mm512_test_epi8_mask(qh, join_si(_mm256_set1_epi8(0x20), _mm256_set1_epi8((char)0x80))), b16));
+                wl0 = q5k_fifth_bits(wl0, qh, 0);
+                wh0 = q5k_fifth_bits(wh0, qh, 1);
+                wl1 = q5k_fifth_bits(wl1, qh, 2);
+                wh1 = q5k_fifth_bits(wh1, qh, 3);
             }
             const __m512i sc16 = zext_si(_mm256_cvtepu8_epi16(scm));
             const __m512i p0 = _mm512_permutexvar_epi16(idx0, sc16), p1 = _mm512_permutexvar_epi16(idx1, sc16);
