@@ -201,8 +201,9 @@ def test_staged_model_matches_the_whole_pool(tmp_path, weights):
         np.testing.assert_array_equal(staged.eval([s], tokens=[t]), whole.eval([w], tokens=[t]))
     st = staged.device_expert_stats()
     assert st["misses"] > 0 and st["evictions"] > 0 and st["splits"] > 0
+    store = staged.experts  # close() drops the Model's reference; the store lives on here
     staged.close()
-    assert not staged.experts.pool()["pinned"]
+    assert not store.pool()["pinned"]  # unpinned through the driver (an error would raise)
 
 
 def test_cuda_check_staged_step(rt, tmp_path):
