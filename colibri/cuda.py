@@ -43,7 +43,7 @@ import numpy as np
 
 from colibri import _cuda_ref as ref
 from colibri._core import _forward
-from colibri._core._forward import ROUTE_MAX_EXPERTS, ROUTE_MAX_K
+from colibri._core._forward import ROUTE_MAX_EXPERTS, ROUTE_MAX_K, ROUTE_WARP_MAX_EXPERTS
 from colibri._cuda_ref import (
     ExpertLayout,
     build_pool,
@@ -78,6 +78,9 @@ MODULES = ("routing", "moe_gemm")
 ROUTE_THREADS = 1024
 ROUTE_MB_THREADS = 256  # the multi-block routing kernels' blocks
 MULTI_BLOCK_TOKENS = 2048  # route() uses the multi-block pair above this many tokens
+# route(): phase 1 by a warp per token (up to ROUTE_WARP_MAX_EXPERTS experts; the single block
+# up to this many tokens), else by a thread per token: the same bits, different times
+ROUTE_WARP_TOKENS = 1 << 30
 MAX_EXPERTS = ROUTE_MAX_EXPERTS  # CB_ROUTE_MAX_EXPERTS in cuda/routing_logic.h
 MAX_K = ROUTE_MAX_K  # CB_ROUTE_MAX_K
 TILES = (16, 64)  # the GEMM row tiles (m16 and m64 kernels)
@@ -94,8 +97,8 @@ GEMM_PIPELINES = ("cp", "regs")
 # follow the C parameter lists; tests/cuda/test_cuda_sources.py checks them against the .cu files.
 _GEMM_SIG = "PPPPPP" + "iiii" + "PPP"
 KERNELS: dict[str, tuple[str, str]] = {
-    "cb_route_topk": ("routing", "P" + "iiii" + "P" + "if" + "ii" + "P" * 11),
-    "cb_route_count": ("routing", "P" + "iiii" + "P" + "if" + "P" * 7),
+    "cb_route_topk": ("routing", "P" + "iiii" + "P" + "if" + "iii" + "P" * 11),
+    "cb_route_count": ("routing", "P" + "iiii" + "P" + "if" + "i" + "P" * 7),
     "cb_route_place": ("routing", "iiiii" + "P" * 9),
     "cb_moe_combine": ("moe_gemm", "PP" + "iii" + "PP"),
     **{
@@ -457,6 +460,7 @@ class CudaRuntime:
         slot_offset: np.ndarray | None = None,
         check: bool = True,
         multi_block: bool | None = None,
+        per_warp: bool | None = None,
     ) -> Routing:
         """Route ``logits`` [n_tokens, n_experts] (float32) with the fused kernel.
 
@@ -466,7 +470,9 @@ class CudaRuntime:
         routed expert is resident. With ``check`` the device error record is read (one sync).
         ``multi_block``: the two-kernel routing (cb_route_count over the tokens, then
         cb_route_place, a warp per expert over the grid) instead of the single block; None
-        picks it above MULTI_BLOCK_TOKENS tokens. Both write the same outputs.
+        picks it above MULTI_BLOCK_TOKENS tokens. ``per_warp``: route each token with a whole
+        warp (up to ROUTE_WARP_MAX_EXPERTS experts) rather than one thread; None picks it up to
+        ROUTE_WARP_TOKENS tokens (the multi-block pair: always). All write the same outputs.
         """
         lg = np.ascontiguousarray(logits, dtype=np.float32)
         if lg.ndim != 2 or lg.shape[0] < 1:
@@ -519,24 +525,30 @@ class CudaRuntime:
         r = Routing(n_tokens, k, n_experts, tile, cap, arrays, [lg_gpu, bias_gpu, slot_gpu])
         if multi_block is None:
             multi_block = n_tokens > MULTI_BLOCK_TOKENS
+        if per_warp and n_experts > ROUTE_WARP_MAX_EXPERTS:
+            raise ValueError(f"per_warp routing takes at most {ROUTE_WARP_MAX_EXPERTS} experts")
+        if per_warp is None:
+            per_warp = multi_block or n_tokens <= ROUTE_WARP_TOKENS
         self.route_launch(lg_gpu, r, ref.GATINGS[gating], bias_gpu, renorm, scale, slot_gpu,
-                          multi_block=multi_block)
+                          multi_block=multi_block, per_warp=per_warp)
         if check:
             self._check_err(arrays["err"], "cb_route_topk")
         return r
 
     def route_launch(self, logits_gpu: Any, r: Routing, gating: int, bias_gpu: Any,
                      renorm: bool, scale: float, slot_gpu: Any, stream: Any = None,
-                     multi_block: bool = False) -> None:
+                     multi_block: bool = False, per_warp: bool = True) -> None:
         """Launch cb_route_topk (or the multi-block pair) into the buffers of ``r`` (no checks,
-        no sync)."""
+        no sync); ``per_warp`` where the expert count allows it."""
         a = r.arrays
+        pw = int(per_warp and r.n_experts <= ROUTE_WARP_MAX_EXPERTS)
         if multi_block:
             self._drv.memset_d32(_ptr(a["counts"]), 0, r.n_experts)  # summed into by blocks
             self._launch(
-                "cb_route_count", (-(-r.n_tokens // ROUTE_MB_THREADS), 1), ROUTE_MB_THREADS,
+                "cb_route_count", (-(-r.n_tokens // (ROUTE_MB_THREADS // (32 if pw else 1))), 1),
+                ROUTE_MB_THREADS,
                 [_ptr(logits_gpu), r.n_tokens, r.n_experts, r.k, gating, _ptr(bias_gpu),
-                 int(bool(renorm)), float(scale), _ptr(slot_gpu), _ptr(a["topk_ids"]),
+                 int(bool(renorm)), float(scale), pw, _ptr(slot_gpu), _ptr(a["topk_ids"]),
                  _ptr(a["topk_w"]), _ptr(a["sel_offset"]), _ptr(a["pair_pos"]),
                  _ptr(a["counts"]), _ptr(a["err"])],
                 stream,
@@ -555,7 +567,7 @@ class CudaRuntime:
             "cb_route_topk", (1, 1), ROUTE_THREADS,
             [_ptr(logits_gpu), r.n_tokens, r.n_experts, r.k, gating,
              _ptr(bias_gpu), int(bool(renorm)), float(scale),
-             r.tile, r.cap, _ptr(slot_gpu),
+             r.tile, r.cap, r.n_tokens if pw else 0, _ptr(slot_gpu),
              _ptr(a["topk_ids"]), _ptr(a["topk_w"]), _ptr(a["sel_offset"]),
              _ptr(a["counts"]), _ptr(a["seg_offset"]), _ptr(a["sorted_token"]),
              _ptr(a["sorted_weight"]), _ptr(a["pair_pos"]), _ptr(a["tile_expert"]),

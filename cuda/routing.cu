@@ -21,11 +21,13 @@
  * Launch: ONE block (grid 1), blockDim a multiple of 32 up to 1024 (colibri uses 1024).
  * A single block is what makes the counting, the prefix sum and the stable placement
  * possible without a grid-wide barrier; the work is O(n_tokens * n_experts) for the gating
- * plus O(n_tokens * k * n_experts / 32) warp steps for the placement, about tens of
- * microseconds at 1024 tokens x 128 experts, small next to the expert GEMMs it feeds.
- *   Phase 1: thread per token: route, write ids/weights/offsets, count per expert in shared
- *            memory (atomics: the counts do not depend on order). Up to CB_ROUTE_STAGE_FLOATS
- *            logits (a decode step's) are first copied to shared memory by the whole block.
+ * plus O(n_tokens * k * n_experts / 32) warp steps for the placement (the times an H200
+ * takes, and where the multi-block pair below takes over: docs/benchmarks.md "CUDA").
+ *   Phase 1: route each token, write ids/weights/offsets, count per expert in shared memory
+ *            (atomics: the counts do not depend on order). Up to `warp_tokens` tokens of at
+ *            most CB_ROUTE_WARP_MAX_EXPERTS experts: a warp per token (cb_route_token_warp,
+ *            the same bits as the serial routine); else a thread per token (cb_route_token),
+ *            with up to CB_ROUTE_STAGE_FLOATS logits first copied to shared memory.
  *   Phase 2: one thread: exclusive prefix sum of the padded counts (n_experts <= 1024 adds).
  *   Phase 3: warp per expert: walk the tokens 32 at a time in ascending order; a ballot of
  *            "this lane's token chose e" and a popcount give each token its row, so the order
@@ -43,9 +45,10 @@
  * Multi-block routing for large batches (the single block walks every token on 1024 threads):
  * the same outputs from two launches on the same stream, with the same per-token and
  * per-expert code (the helpers below) and no host round trip in between:
- *   cb_route_count (grid ceil(n_tokens / blockDim)): phase 1, a thread per token; each block
- *     counts in shared memory and adds its counts to `counts` with atomics (zeroed by the
- *     caller first; integer sums do not depend on order).
+ *   cb_route_count: phase 1, a warp per token (per_warp; grid ceil(n_tokens / warps a block))
+ *     or a thread per token (grid ceil(n_tokens / blockDim)); each block counts in shared
+ *     memory and adds its counts to `counts` with atomics (zeroed by the caller first;
+ *     integer sums do not depend on order).
  *   cb_route_place (any grid): every block computes the padded prefix sum of `counts` itself
  *     (n_experts <= 1024 adds), block 0 writes seg_offset and reports a capacity overflow;
  *     then a warp per expert over the whole grid (phase 3) and grid-stride phase 4.
@@ -57,8 +60,39 @@
 #include "common.cuh"
 #include "routing_logic.h"
 
-/* Phase 1 for token t: route it, write its ids, weights, pool offsets and pair_pos = -1, and
- * count its experts into cnt (shared memory). */
+/* A token's routing status into the error record (one place, so that both phase-1 paths
+ * report a failure the same way). */
+__device__ __forceinline__ void cb_route_report(int st, int t, int *__restrict__ err)
+{
+    if (st != CB_ROUTE_OK)
+        cb_kernel_fail(err, st == CB_ROUTE_ENONFINITE ? CB_KERR_ROUTE_NONFINITE
+                                                      : CB_KERR_ROUTE_ARG,
+                       __LINE__, CB_FILE_ID, t);
+}
+
+/* Token t's choice j (expert e, -1 if the token failed, weight w): its id, weight, pool
+ * offset and pair_pos = -1, and its count into cnt (shared memory). */
+__device__ __forceinline__ void cb_route_choice(
+    int t, int j, int e, float w, int k, const long long *__restrict__ slot_offset,
+    int *__restrict__ topk_ids, float *__restrict__ topk_w, long long *__restrict__ sel_offset,
+    int *__restrict__ pair_pos, int *cnt, int *__restrict__ err)
+{
+    const size_t p = (size_t)t * k + j;
+    long long off = -1;
+    topk_ids[p] = e;
+    topk_w[p] = w;
+    pair_pos[p] = -1;
+    if (e >= 0) {
+        atomicAdd(&cnt[e], 1);
+        if (slot_offset != nullptr) {
+            off = slot_offset[e];
+            if (off < 0) cb_kernel_fail(err, CB_KERR_NOT_RESIDENT, __LINE__, CB_FILE_ID, e);
+        }
+    }
+    sel_offset[p] = off;
+}
+
+/* Phase 1 for token t by one thread: route it (cb_route_token), then write its choices. */
 __device__ __forceinline__ void cb_route_one(
     const float *__restrict__ logits, int t, int n_experts, int k, int gating,
     const float *__restrict__ bias, int renorm, float scale,
@@ -66,27 +100,133 @@ __device__ __forceinline__ void cb_route_one(
     float *__restrict__ topk_w, long long *__restrict__ sel_offset, int *__restrict__ pair_pos,
     int *cnt, int *__restrict__ err)
 {
-    int *ids = topk_ids + (size_t)t * k;
-    float *w = topk_w + (size_t)t * k;
-    int st = cb_route_token(logits + (size_t)t * n_experts, n_experts, k, gating, bias, renorm,
-                            scale, ids, w);
-    if (st != CB_ROUTE_OK)
-        cb_kernel_fail(err, st == CB_ROUTE_ENONFINITE ? CB_KERR_ROUTE_NONFINITE
-                                                      : CB_KERR_ROUTE_ARG,
-                       __LINE__, CB_FILE_ID, t);
-    for (int j = 0; j < k; j++) {
-        int e = ids[j];
-        long long off = -1;
-        pair_pos[(size_t)t * k + j] = -1;
-        if (e >= 0) {
-            atomicAdd(&cnt[e], 1);
-            if (slot_offset != nullptr) {
-                off = slot_offset[e];
-                if (off < 0) cb_kernel_fail(err, CB_KERR_NOT_RESIDENT, __LINE__, CB_FILE_ID, e);
+    /* The insertion top-k reads back what it wrote: in the thread's own arrays, not in global
+     * memory (where each read after a write waited on L2, ~0.05 ms for 1 token x 128 experts). */
+    int ids[CB_ROUTE_MAX_K];
+    float w[CB_ROUTE_MAX_K];
+    const int st = cb_route_token(logits + (size_t)t * n_experts, n_experts, k, gating, bias,
+                                  renorm, scale, ids, w);
+    cb_route_report(st, t, err);
+    for (int j = 0; j < k; j++)
+        cb_route_choice(t, j, ids[j], w[j], k, slot_offset, topk_ids, topk_w, sel_offset, pair_pos,
+                        cnt, err);
+}
+
+/* Warp-per-token routing: the 32 lanes of a warp route one token together, lane l holding the
+ * experts l, l + 32, ... (at most CB_ROUTE_WARP_MAX_EXPERTS, CB_ROUTE_WARP_R per lane, in
+ * registers). The same arithmetic as cb_route_token (routing_logic.h) and, where the order of
+ * float operations matters, the same order, so the same bits:
+ *   - finiteness of every logit and bias: a ballot;
+ *   - the softmax maximum: exact in any order (a butterfly of shuffles);
+ *   - the exp sum: every lane adds the n_experts terms in ascending expert order from 0.0f,
+ *     each fetched from the lane that computed it (a shuffle);
+ *   - each expert's score and selection value by cb_route_score, as the serial loop does;
+ *   - top-k: k rounds of a warp arg-max of (selection value, then the lower expert id), which
+ *     picks the experts of the insertion top-k in its order (descending value, ties by
+ *     ascending id);
+ *   - weights: lane j < k recomputes choice j's score; the total is summed in order j =
+ *     0..k-1, then the same renorm and scale.
+ * Lane j < k gets choice j in *id and *weight (-1 and 0 when the token fails). Returns the
+ * status, the same in every lane. The caller checks CB_ROUTE_ARGS_OK and n_experts <=
+ * CB_ROUTE_WARP_MAX_EXPERTS. */
+#define CB_ROUTE_WARP_R (CB_ROUTE_WARP_MAX_EXPERTS / 32)
+#define CB_FULL_WARP 0xffffffffu
+
+__device__ __forceinline__ int cb_route_token_warp(const float *__restrict__ logits,
+                                                   int n_experts, int k, int gating,
+                                                   const float *__restrict__ bias, int renorm,
+                                                   float scale, int lane, int *id, float *weight)
+{
+    float lg[CB_ROUTE_WARP_R], val[CB_ROUTE_WARP_R];
+    const float neg_inf = -__int_as_float(0x7f800000);
+    const int rounds = (n_experts + 31) / 32;
+    int bad = 0;
+    float mx = neg_inf;
+#pragma unroll
+    for (int r = 0; r < CB_ROUTE_WARP_R; r++) {
+        const int e = r * 32 + lane;
+        lg[r] = 0.0f;
+        if (e < n_experts) {
+            lg[r] = logits[e];
+            bad |= !cb_route_finite(lg[r]) || (bias != nullptr && !cb_route_finite(bias[e]));
+            mx = lg[r] > mx ? lg[r] : mx;
+        }
+    }
+    *id = -1;
+    *weight = 0.0f;
+    if ((gating != CB_GATING_SOFTMAX && gating != CB_GATING_SIGMOID) || !cb_route_finite(scale))
+        return CB_ROUTE_EARG;
+    if (__ballot_sync(CB_FULL_WARP, bad)) return CB_ROUTE_ENONFINITE;
+    float inv_sum = 1.0f;
+    if (gating == CB_GATING_SOFTMAX) {
+        for (int off = 16; off > 0; off >>= 1) {
+            const float o = __shfl_xor_sync(CB_FULL_WARP, mx, off);
+            mx = o > mx ? o : mx;
+        }
+        float sum = 0.0f;
+#pragma unroll
+        for (int r = 0; r < CB_ROUTE_WARP_R; r++) {
+            if (r >= rounds) break;
+            const float ex = expf(lg[r] - mx);
+            const int m = n_experts - r * 32 < 32 ? n_experts - r * 32 : 32;
+            for (int j = 0; j < m; j++) sum += __shfl_sync(CB_FULL_WARP, ex, j);
+        }
+        inv_sum = 1.0f / sum;
+    }
+#pragma unroll
+    for (int r = 0; r < CB_ROUTE_WARP_R; r++) {
+        const int e = r * 32 + lane;
+        val[r] = neg_inf;
+        if (e < n_experts) {
+            val[r] = cb_route_score(lg[r], gating, mx, inv_sum);
+            if (bias != nullptr) val[r] += bias[e];
+        }
+    }
+    unsigned taken = 0;
+    for (int i = 0; i < k; i++) {
+        float bv = neg_inf;
+        int be = CB_ROUTE_WARP_MAX_EXPERTS; /* nothing: above every id */
+#pragma unroll
+        for (int r = 0; r < CB_ROUTE_WARP_R; r++)
+            if (!((taken >> r) & 1u) && val[r] > bv) { /* ascending ids: ties keep the lower */
+                bv = val[r];
+                be = r * 32 + lane;
+            }
+        for (int off = 16; off > 0; off >>= 1) {
+            const float ov = __shfl_xor_sync(CB_FULL_WARP, bv, off);
+            const int oe = __shfl_xor_sync(CB_FULL_WARP, be, off);
+            if (ov > bv || (ov == bv && oe < be)) {
+                bv = ov;
+                be = oe;
             }
         }
-        sel_offset[(size_t)t * k + j] = off;
+        if ((be & 31) == lane) taken |= 1u << (be >> 5);
+        if (i == lane) *id = be;
     }
+    const float score = lane < k ? cb_route_score(logits[*id], gating, mx, inv_sum) : 0.0f;
+    float total = 0.0f;
+    for (int j = 0; j < k; j++) total += __shfl_sync(CB_FULL_WARP, score, j);
+    const float f = (renorm && total > 0.0f) ? scale / total : scale;
+    if (lane < k) *weight = score * f;
+    return CB_ROUTE_OK;
+}
+
+/* Phase 1 for token t by a whole warp (cb_route_token_warp): what cb_route_one writes. */
+__device__ __forceinline__ void cb_route_one_warp(
+    const float *__restrict__ logits, int t, int lane, int n_experts, int k, int gating,
+    const float *__restrict__ bias, int renorm, float scale,
+    const long long *__restrict__ slot_offset, int *__restrict__ topk_ids,
+    float *__restrict__ topk_w, long long *__restrict__ sel_offset, int *__restrict__ pair_pos,
+    int *cnt, int *__restrict__ err)
+{
+    int id;
+    float w;
+    const int st = cb_route_token_warp(logits + (size_t)t * n_experts, n_experts, k, gating,
+                                       bias, renorm, scale, lane, &id, &w);
+    if (lane == 0) cb_route_report(st, t, err);
+    if (lane < k)
+        cb_route_choice(t, lane, id, w, k, slot_offset, topk_ids, topk_w, sel_offset, pair_pos,
+                        cnt, err);
 }
 
 /* Phase 2 (one thread): seg[e] = padded exclusive prefix sum of cnt; returns whether the
@@ -168,6 +308,8 @@ extern "C" __global__ void __launch_bounds__(1024) cb_route_topk(
     int renorm, float scale,
     int tile,                            /* rows per GEMM tile: segments padded to this */
     int cap,                             /* rows in sorted_token / sorted_weight */
+    int warp_tokens,                     /* phase 1 by a warp per token up to this many tokens
+                                            (n_experts <= CB_ROUTE_WARP_MAX_EXPERTS) */
     const long long *__restrict__ slot_offset, /* [n_experts] pool byte offsets or NULL */
     int *__restrict__ topk_ids,          /* [n_tokens, k] out */
     float *__restrict__ topk_w,          /* [n_tokens, k] out */
@@ -196,15 +338,23 @@ extern "C" __global__ void __launch_bounds__(1024) cb_route_topk(
      * passes over the row (finite check, max, exp-sum, scores) otherwise wait a global-memory
      * latency per logit, one after the other. The same routine on the same values: the same
      * bits. */
-    const bool staged = (long long)n_tokens * n_experts <= CB_ROUTE_STAGE_FLOATS;
+    const bool per_warp = n_tokens <= warp_tokens && n_experts <= CB_ROUTE_WARP_MAX_EXPERTS;
+    const bool staged = !per_warp && (long long)n_tokens * n_experts <= CB_ROUTE_STAGE_FLOATS;
     if (staged)
         for (int i = tid; i < n_tokens * n_experts; i += nthreads) s_logits[i] = logits[i];
     __syncthreads();
 
-    /* Phase 1: route each token. */
-    for (int t = tid; t < n_tokens; t += nthreads)
-        cb_route_one(staged ? s_logits : logits, t, n_experts, k, gating, bias, renorm, scale,
-                     slot_offset, topk_ids, topk_w, sel_offset, pair_pos, s_count, err);
+    /* Phase 1: route each token: a warp per token (its logits read once, coalesced), or a
+     * thread per token. The same bits either way. */
+    if (per_warp)
+        for (int t = warp; t < n_tokens; t += nwarps)
+            cb_route_one_warp(logits, t, lane, n_experts, k, gating, bias, renorm, scale,
+                              slot_offset, topk_ids, topk_w, sel_offset, pair_pos, s_count, err);
+    else
+        for (int t = tid; t < n_tokens; t += nthreads)
+            cb_route_one(staged ? s_logits : logits, t, n_experts, k, gating, bias, renorm,
+                         scale, slot_offset, topk_ids, topk_w, sel_offset, pair_pos, s_count,
+                         err);
     __syncthreads();
 
     /* Phase 2: padded exclusive prefix sum. */
@@ -231,11 +381,13 @@ extern "C" __global__ void __launch_bounds__(1024) cb_route_topk(
                         tile_expert);
 }
 
-/* Multi-block phase 1: a thread per token over the grid; counts (zeroed by the caller) get
- * each block's shared counts added atomically. */
+/* Multi-block phase 1: a warp per token (per_warp, grid ceil(n_tokens / (blockDim / 32)),
+ * n_experts <= CB_ROUTE_WARP_MAX_EXPERTS) or a thread per token (grid ceil(n_tokens /
+ * blockDim)) over the grid; counts (zeroed by the caller) get each block's shared counts
+ * added atomically. */
 extern "C" __global__ void __launch_bounds__(256) cb_route_count(
     const float *__restrict__ logits, int n_tokens, int n_experts, int k, int gating,
-    const float *__restrict__ bias, int renorm, float scale,
+    const float *__restrict__ bias, int renorm, float scale, int per_warp,
     const long long *__restrict__ slot_offset, /* [n_experts] pool byte offsets or NULL */
     int *__restrict__ topk_ids, float *__restrict__ topk_w, long long *__restrict__ sel_offset,
     int *__restrict__ pair_pos,
@@ -245,13 +397,21 @@ extern "C" __global__ void __launch_bounds__(256) cb_route_count(
     __shared__ int s_count[CB_ROUTE_MAX_EXPERTS];
     const int tid = threadIdx.x, nthreads = blockDim.x;
     const int tile = 1, cap = 0; /* for the shared argument check */
-    CB_KCHECK(CB_ROUTE_ARGS_OK(nthreads), err, CB_KERR_ROUTE_ARG, 0);
+    CB_KCHECK(CB_ROUTE_ARGS_OK(nthreads) && (!per_warp || n_experts <= CB_ROUTE_WARP_MAX_EXPERTS),
+              err, CB_KERR_ROUTE_ARG, 0);
     for (int e = tid; e < n_experts; e += nthreads) s_count[e] = 0;
     __syncthreads();
-    const int t = blockIdx.x * nthreads + tid;
-    if (t < n_tokens)
-        cb_route_one(logits, t, n_experts, k, gating, bias, renorm, scale, slot_offset,
-                     topk_ids, topk_w, sel_offset, pair_pos, s_count, err);
+    if (per_warp) {
+        const int t = blockIdx.x * (nthreads >> 5) + (tid >> 5);
+        if (t < n_tokens) /* the whole warp: the same t */
+            cb_route_one_warp(logits, t, tid & 31, n_experts, k, gating, bias, renorm, scale,
+                              slot_offset, topk_ids, topk_w, sel_offset, pair_pos, s_count, err);
+    } else {
+        const int t = blockIdx.x * nthreads + tid;
+        if (t < n_tokens)
+            cb_route_one(logits, t, n_experts, k, gating, bias, renorm, scale, slot_offset,
+                         topk_ids, topk_w, sel_offset, pair_pos, s_count, err);
+    }
     __syncthreads();
     for (int e = tid; e < n_experts; e += nthreads)
         if (s_count[e]) atomicAdd(&counts[e], s_count[e]);

@@ -38,6 +38,9 @@
 
 #define CB_ROUTE_MAX_EXPERTS 1024
 #define CB_ROUTE_MAX_K 32
+/* the most experts the device routes with a warp per token (routing.cu keeps 8 a lane in
+ * registers); above it a thread routes each token */
+#define CB_ROUTE_WARP_MAX_EXPERTS 256
 
 #define CB_GATING_SOFTMAX 0
 #define CB_GATING_SIGMOID 1

@@ -58,9 +58,11 @@ def run(exe: Path, *args: object) -> None:
     assert r.returncode == 0, r.stderr[-4000:]
 
 
-def emu_route(exe, d: Path, logits, k, gating, bias, renorm, scale, tile, slot=None, blocks=0):
+def emu_route(exe, d: Path, logits, k, gating, bias, renorm, scale, tile, slot=None, blocks=0,
+              per_warp=True):
     """emu route: cb_route_topk (blocks 0) or cb_route_count + cb_route_place over `blocks`
-    blocks; every output array, read back."""
+    blocks, phase 1 by a warp per token (where the expert count allows) or a thread per
+    token; every output array, read back."""
     n_tokens, n_experts = logits.shape
     logits.astype(np.float32).tofile(d / "logits.bin")
     if bias is not None:
@@ -68,7 +70,7 @@ def emu_route(exe, d: Path, logits, k, gating, bias, renorm, scale, tile, slot=N
     if slot is not None:
         slot.astype(np.int64).tofile(d / "slot.bin")
     run(exe, "route", d, n_tokens, n_experts, k, GATINGS[gating], int(renorm), repr(float(scale)),
-        tile, int(bias is not None), int(slot is not None), blocks)
+        tile, int(bias is not None), int(slot is not None), blocks, int(per_warp))
     cap = routing_capacity(n_tokens, k, n_experts, tile)
     rd = lambda name, dt: np.fromfile(d / f"{name}.bin", dtype=dt)  # noqa: E731
     return {

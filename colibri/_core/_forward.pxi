@@ -28,6 +28,7 @@ from colibri._core.forward cimport (
 from colibri._core.forward cimport cb_experts_read_fn, cb_experts_set_read_hook  # test only
 from colibri._core.forward cimport (
     CB_GATING_SIGMOID, CB_GATING_SOFTMAX, CB_ROUTE_MAX_EXPERTS, CB_ROUTE_MAX_K,
+    CB_ROUTE_WARP_MAX_EXPERTS,
 )
 
 
@@ -51,6 +52,7 @@ GATING_SOFTMAX = CB_GATING_SOFTMAX
 GATING_SIGMOID = CB_GATING_SIGMOID
 ROUTE_MAX_EXPERTS = CB_ROUTE_MAX_EXPERTS
 ROUTE_MAX_K = CB_ROUTE_MAX_K
+ROUTE_WARP_MAX_EXPERTS = CB_ROUTE_WARP_MAX_EXPERTS
 
 
 cdef int32_t _index(object value, int32_t n, str what, bint all_ok=False) except? -2:

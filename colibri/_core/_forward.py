@@ -7,6 +7,7 @@ from colibri._core._native import (
     GATING_SOFTMAX,
     ROUTE_MAX_EXPERTS,
     ROUTE_MAX_K,
+    ROUTE_WARP_MAX_EXPERTS,
     CLayerDesc,
     CModelDesc,
     ExpertStore,
@@ -22,6 +23,7 @@ from colibri._core._native import (
 
 __all__ = [
     "CLayerDesc", "CModelDesc", "ExpertStore", "Forward", "GATING_SIGMOID", "GATING_SOFTMAX",
-    "ROUTE_MAX_EXPERTS", "ROUTE_MAX_K", "cb_experts_mode", "cb_experts_policy", "cb_kerr",
+    "ROUTE_MAX_EXPERTS", "ROUTE_MAX_K", "ROUTE_WARP_MAX_EXPERTS",
+    "cb_experts_mode", "cb_experts_policy", "cb_kerr",
     "cb_kfile", "cb_qk_norm", "desc_fields", "desc_struct_size",
 ]

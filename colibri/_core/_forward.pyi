@@ -64,6 +64,7 @@ GATING_SOFTMAX: int
 GATING_SIGMOID: int
 ROUTE_MAX_EXPERTS: int
 ROUTE_MAX_K: int
+ROUTE_WARP_MAX_EXPERTS: int
 
 class cb_experts_mode(IntEnum):
     CB_EXPERTS_MAPPED = ...

@@ -116,3 +116,4 @@ cdef extern from "routing_logic.h" nogil:
         CB_GATING_SIGMOID
         CB_ROUTE_MAX_EXPERTS
         CB_ROUTE_MAX_K
+        CB_ROUTE_WARP_MAX_EXPERTS

@@ -75,6 +75,44 @@ def test_route_multi_block(emu, tmp_path, n_tokens, n_experts, k, gating, tile, 
         np.testing.assert_array_equal(many[key], one[key], err_msg=key)
 
 
+@pytest.mark.parametrize("n_tokens,n_experts,k,gating,bias_on", [
+    (1, 128, 8, "softmax", False), (5, 256, 8, "sigmoid", True), (37, 8, 2, "softmax", True),
+    (70, 60, 4, "softmax", False), (3, 40, 32, "sigmoid", False), (9, 100, 6, "softmax", True)])
+def test_route_per_warp_matches_per_thread(emu, tmp_path, n_tokens, n_experts, k, gating,
+                                           bias_on):
+    """Phase 1 by a warp per token (cb_route_token_warp: shuffles, ballots, k arg-max rounds)
+    writes exactly what the serial cb_route_token (the CPU router's routine) makes each thread
+    write, single block and multi-block: on logits full of exact ties (small integers, and
+    biases that tie selection values), expert counts that are not a multiple of 32, k = 32, and
+    a token with a NaN logit (the same error record, the token routed nowhere)."""
+    rng = np.random.default_rng(n_tokens * 1000 + n_experts)
+    logits = rng.integers(-3, 4, (n_tokens, n_experts)).astype(np.float32)
+    bad = n_tokens // 2 if n_tokens > 1 else None  # a lone token stays finite
+    if bad is not None:
+        logits[bad, n_experts // 3] = np.nan
+    bias = (rng.integers(-1, 2, n_experts) * 0.5).astype(np.float32) if bias_on else None
+    got = {}
+    for blocks in (0, 2):
+        for per_warp in (True, False):
+            d = tmp_path / f"{blocks}-{per_warp}"
+            d.mkdir()
+            got[blocks, per_warp] = emu_route(emu, d, logits, k, gating, bias, True, 1.5, 16,
+                                              blocks=blocks, per_warp=per_warp)
+    want = got[0, False]
+    if bad is None:
+        assert want["err"].tolist() == [0, 0, 0, 0]
+    else:
+        assert want["err"].tolist()[0] == 2 and want["err"].tolist()[3] == bad
+        assert (want["topk_ids"][bad] == -1).all()
+    # ties everywhere: a top-k that is not simply the first ids with the largest logit
+    assert (want["topk_ids"] >= 0).sum() == k * (n_tokens - (bad is not None))
+    for key, other in got.items():
+        for name in ("topk_ids", "topk_w", "sel_offset", "counts", "seg_offset", "sorted_token",
+                     "sorted_weight", "pair_pos", "tile_expert", "err"):
+            np.testing.assert_array_equal(other[name].view(np.uint8), want[name].view(np.uint8),
+                                          err_msg=f"{name}, {key}")
+
+
 def test_route_kernel_errors(emu, tmp_path):
     logits = np.array([[0.0, 3.0, 1.0], [np.nan, 0.0, 1.0]], np.float32)
     got = emu_route(emu, tmp_path, logits, 1, "softmax", None, False, 1.0, 16,

@@ -58,6 +58,27 @@ def test_route(rt, gating, use_bias, n_tokens, n_experts, k, tile):
     np.testing.assert_array_equal(h["sorted_weight"], g["sorted_weight"].astype(np.float32))
 
 
+@pytest.mark.parametrize("n_tokens,n_experts,k,gating", [
+    (1, 128, 8, "softmax"), (16, 256, 8, "sigmoid"), (300, 60, 4, "softmax"),
+    (1100, 128, 8, "softmax"), (7, 40, 32, "sigmoid")])
+def test_route_variants_bit_identical(rt, n_tokens, n_experts, k, gating):
+    """Phase 1 by a warp per token and by a thread per token, single block and multi-block:
+    the same bits on the device (the device's own expf in both), on logits full of exact ties
+    with a tying bias."""
+    rng = np.random.default_rng(n_tokens * 7 + n_experts)
+    logits = rng.integers(-3, 4, (n_tokens, n_experts)).astype(np.float32)
+    bias = (rng.integers(-1, 2, n_experts) * 0.5).astype(np.float32)
+    got = [rt.route(logits, k, gating, bias, renorm=True, scale=1.5, tile=16,
+                    multi_block=mb, per_warp=pw).to_host()
+           for mb in (False, True) for pw in (True, False)]
+    for other in got[1:]:
+        for key, a in got[0].items():
+            np.testing.assert_array_equal(other[key].view(np.uint8), a.view(np.uint8),
+                                          err_msg=key)
+    ids, _ = route_reference(logits, k, gating, bias, renorm=True, scale=1.5)
+    assert (got[0]["topk_ids"] >= 0).all() and got[0]["topk_ids"].shape == ids.shape
+
+
 def test_route_reports_missing_expert(rt):
     logits = np.array([[0.0, 5.0, 1.0]], np.float32)
     with pytest.raises(ColibriError, match="not resident"):

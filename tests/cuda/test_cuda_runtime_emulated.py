@@ -72,6 +72,25 @@ def test_route_errors(rt):
         rt.route(np.zeros((1, 4), np.float32), 5)
     with pytest.raises(ValueError, match="tile"):
         rt.route(np.zeros((1, 4), np.float32), 1, tile=32)
+    with pytest.raises(ValueError, match="per_warp routing takes at most 256 experts"):
+        rt.route(np.zeros((1, 300), np.float32), 2, per_warp=True)
+
+
+@pytest.mark.parametrize("multi", [False, True])
+def test_route_per_warp_or_thread(rt, multi):
+    """colibri.cuda sizes cb_route_count's grid for a warp or a thread per token and passes
+    the mode to both kernels; the two write the same outputs (300 experts: a thread per token
+    whatever was asked for by default)."""
+    rng = np.random.default_rng(3)
+    for n_experts in (64, 300):
+        logits = separated_logits(rng, 40, n_experts)
+        outs = [rt.route(logits, 4, "softmax", None, renorm=True, multi_block=multi,
+                         per_warp=pw).to_host() for pw in ((True, False) if n_experts <= 256
+                                                           else (None, False))]
+        for key, a in outs[0].items():
+            np.testing.assert_array_equal(outs[1][key], a, err_msg=key)
+        np.testing.assert_array_equal(outs[0]["topk_ids"],
+                                      route_reference(logits, 4, "softmax", None, True, 1.0)[0])
 
 
 @pytest.mark.parametrize("fmt,tile,act,pipeline", [

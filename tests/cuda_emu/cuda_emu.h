@@ -4,7 +4,8 @@
  * indexing, barriers and data flow, not their speed or the hardware's rounding.
  *
  * Model: blocks run one after another; the threads of a block are std::threads;
- * __syncthreads is a std::barrier over the block, __ballot_sync a barrier over the warp;
+ * __syncthreads is a std::barrier over the block, __ballot_sync and the shuffles a barrier over
+ * the warp;
  * `__shared__` variables become function-local statics (one block lives at a time); atomics
  * are GCC __atomic builtins. A WMMA fragment holds the whole 16x16 tile (so element-wise
  * operations over x[0..num_elements) stay valid), but only lane 0 of the warp loads,
@@ -155,6 +156,36 @@ inline unsigned __ballot_sync(unsigned mask, int pred) {
     return m;
 }
 
+/* __shfl_sync / __shfl_xor_sync of a 4-byte value: every lane posts its value, a barrier over
+ * the warp, each reads its source lane's, a second barrier before anyone posts again. */
+namespace emu {
+template <typename T>
+inline T warp_read(unsigned mask, T v, unsigned (*source)(unsigned lane, int arg), int arg) {
+    static_assert(sizeof(T) == 4, "only 4-byte shuffles are emulated");
+    if (mask != 0xffffffffu) die("__shfl_sync: only full-warp masks are emulated");
+    Warp &w = (*warps)[thread_idx.x / 32];
+    unsigned bits;
+    std::memcpy(&bits, &v, 4);
+    w.vals[thread_idx.x % 32] = bits;
+    w.bar->arrive_and_wait();
+    bits = w.vals[source(thread_idx.x % 32, arg) % 32];
+    w.bar->arrive_and_wait();
+    T out;
+    std::memcpy(&out, &bits, 4);
+    return out;
+}
+}  // namespace emu
+
+template <typename T>
+inline T __shfl_sync(unsigned mask, T v, int src_lane) {
+    return emu::warp_read(mask, v, [](unsigned, int a) { return (unsigned)a; }, src_lane);
+}
+
+template <typename T>
+inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+    return emu::warp_read(mask, v, [](unsigned l, int a) { return l ^ (unsigned)a; }, lane_mask);
+}
+
 /* cp.async (see the top of this file) and dynamic shared memory, replacing common.cuh's. */
 inline void cb_cp_async16(void *dst, const void *src, bool pred) {
     if (reinterpret_cast<std::uintptr_t>(dst) % 16 != 0 ||
@@ -186,6 +217,11 @@ inline unsigned cb_dynamic_smem_bytes() { return static_cast<unsigned>(emu::dyn_
 #define CB_DYNAMIC_SMEM(name) unsigned char *name = emu::dyn_smem
 
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline float __int_as_float(int x) {
+    float f;
+    std::memcpy(&f, &x, 4);
+    return f;
+}
 inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 inline int atomicCAS(int *p, int cmp, int val) {
     __atomic_compare_exchange_n(p, &cmp, val, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);

@@ -4,9 +4,11 @@
  * are documented to use, so ASan reports any access outside it; outputs start poisoned
  * (NaN for floats, 0x7f7f7f7f for integers) so unwritten elements show.
  *
- *   emu route DIR n_tokens n_experts k gating renorm scale tile has_bias has_slot [blocks]
- *       blocks > 0: the multi-block pair (cb_route_count over ceil(n_tokens / 256) blocks,
- *       then cb_route_place over `blocks` blocks of 256 threads) instead of cb_route_topk;
+ *   emu route DIR n_tokens n_experts k gating renorm scale tile has_bias has_slot [blocks
+ *             [per_warp]]
+ *       blocks > 0: the multi-block pair (cb_route_count, then cb_route_place over `blocks`
+ *       blocks of 256 threads) instead of cb_route_topk; per_warp (default 1): phase 1 a warp
+ *       per token (where n_experts allows), 0: a thread per token;
  *       reads logits.bin [bias.bin] [slot.bin]; writes topk_ids.bin topk_w.bin sel_offset.bin
  *       counts.bin seg_offset.bin sorted_token.bin sorted_weight.bin pair_pos.bin
  *       tile_expert.bin err.bin (cap from routing_capacity, computed here the same way)
@@ -62,6 +64,7 @@ int route(const std::string &dir, char **a, int na) {
     const float scale = std::strtof(a[5], nullptr);
     const int tile = std::atoi(a[6]), has_bias = std::atoi(a[7]), has_slot = std::atoi(a[8]);
     const int blocks = na > 9 ? std::atoi(a[9]) : 0;
+    const int per_warp = (na > 10 ? std::atoi(a[10]) : 1) && n_experts <= CB_ROUTE_WARP_MAX_EXPERTS;
     const long pairs = (long)n_tokens * k;
     long cap = pairs + std::min<long>(n_experts, pairs) * (tile - 1);
     cap = std::max<long>(tile, (cap + tile - 1) / tile * tile);
@@ -82,9 +85,9 @@ int route(const std::string &dir, char **a, int na) {
     std::vector<int> err(4, 0);
     if (blocks > 0) {
         std::fill(counts.begin(), counts.end(), 0); /* the caller zeroes counts */
-        emu::launch(dim3((n_tokens + 255) / 256), dim3(256), [&] {
+        emu::launch(dim3(per_warp ? (n_tokens + 7) / 8 : (n_tokens + 255) / 256), dim3(256), [&] {
             cb_route_count(logits.data(), n_tokens, n_experts, k, gating,
-                           has_bias ? bias.data() : nullptr, renorm, scale,
+                           has_bias ? bias.data() : nullptr, renorm, scale, per_warp,
                            has_slot ? slot.data() : nullptr, ids.data(), w.data(), sel.data(),
                            pp.data(), counts.data(), err.data());
         });
@@ -97,7 +100,7 @@ int route(const std::string &dir, char **a, int na) {
         emu::launch(dim3(1), dim3(1024), [&] {
             cb_route_topk(logits.data(), n_tokens, n_experts, k, gating,
                           has_bias ? bias.data() : nullptr, renorm, scale, tile, (int)cap,
-                          has_slot ? slot.data() : nullptr, ids.data(), w.data(), sel.data(),
+                          per_warp ? n_tokens : 0, has_slot ? slot.data() : nullptr, ids.data(), w.data(), sel.data(),
                           counts.data(), seg.data(), stok.data(), sw.data(), pp.data(),
                           te.data(), err.data());
         });

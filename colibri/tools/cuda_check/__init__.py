@@ -31,7 +31,9 @@ when $OUT is set):
      weight bytes / copy bandwidth), as weight bandwidth against a measured device-to-device
      copy, and against PyTorch's eager per-expert loop on the same routing (the peer).
      Target: at 1024 tokens, fp16, >= 50% of the matmul rate; stated per shape with whether
-     the roofline allows it.
+     the roofline allows it. Then every routing variant (a warp or a thread per token, the
+     single block or the multi-block pair) from 1 to 16384 tokens over 8, 128 and 256
+     experts: where each one takes over (colibri.cuda.ROUTE_WARP_TOKENS, MULTI_BLOCK_TOKENS).
   6. The staged expert path (colibri.cuda_moe with a device budget of a few experts) against
      the whole pool, bit for bit, on a synthetic F16 expert file served by a real expert
      store in cache mode whose slot pool is page-locked (cuMemHostRegister): fp16 weights

@@ -26,12 +26,15 @@ from colibri.tools.cuda_check.reference import (
 )
 from colibri.tools.cuda_check.staged import staged_check
 from colibri.tools.cuda_check.timing import (
+    ROUTE_SWEEP_TOKENS,
+    SMALL_ROUTE_SWEEP_TOKENS,
     SMALL_TIMING_SHAPES,
     SMALL_TIMING_TOKENS,
     TIMING_SHAPES,
     TIMING_TOKENS,
     measure_matmul_peer,
     report_target,
+    route_sweep,
     time_shape,
 )
 
@@ -130,6 +133,9 @@ def gpu_main(args: argparse.Namespace, results: dict[str, Any], root: Path) -> i
         timings += step(f"timing {shape_name}", time_shape, rt, drv, shape_name, shape,
                         pipelines, peak, copy_bw, rng, args, tokens) or []
     results["timings"] = timings
+    log("== routing variants (ms, median of CUDA-event runs)")
+    results["route_sweep"] = step("routing sweep", route_sweep, rt, drv, rng,
+                                  SMALL_ROUTE_SWEEP_TOKENS if args.small else ROUTE_SWEEP_TOKENS)
 
     log("== staged expert path vs the whole pool (pinned expert store slots)")
     import tempfile

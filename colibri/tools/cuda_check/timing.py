@@ -137,6 +137,43 @@ def torch_loop_peer(h: dict[str, np.ndarray], d: int, f: int, n_exp: int,
     return float(np.median(ts))
 
 
+# (result key, multi_block, per_warp) of the routing variants timed next to the FFN
+ROUTE_VARIANTS = (("route_ms", False, True), ("route_thread_ms", False, False),
+                  ("route_mb_ms", True, True), ("route_mb_thread_ms", True, False))
+
+
+# the routing sweep: experts -> top-k, and the token counts (small: the --small run's)
+ROUTE_SWEEP = {8: 2, 128: 8, 256: 8}
+ROUTE_SWEEP_TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
+SMALL_ROUTE_SWEEP_TOKENS = (1, 16, 300)
+
+
+def route_sweep(rt: Any, drv: Any, rng: np.random.Generator, tokens: Sequence[int],
+                runs: int = 20) -> list[dict[str, Any]]:
+    """Every routing variant (ROUTE_VARIANTS) on random softmax logits, for each expert count
+    of ROUTE_SWEEP and each token count: where a warp per token beats a thread per token
+    (colibri.cuda.ROUTE_WARP_TOKENS) and the multi-block pair the single block
+    (MULTI_BLOCK_TOKENS). Each launch timed alone (CUDA events), so a time near the launch
+    overhead is that overhead."""
+    rows: list[dict[str, Any]] = []
+    for n_exp, k in ROUTE_SWEEP.items():
+        for n_tokens in tokens:
+            logits = rng.standard_normal((n_tokens, n_exp), dtype=np.float32)
+            r = rt.route(logits, k, "softmax", None, True, 1.0)
+            lg = rt.to_gpu(logits)
+            row: dict[str, Any] = {"experts": n_exp, "k": k, "tokens": n_tokens}
+            for key, mb, pw in ROUTE_VARIANTS:
+                row[key] = 1e3 * cuda_event_median(
+                    drv, lambda lg=lg, r=r, mb=mb, pw=pw: rt.route_launch(
+                        lg, r, 0, None, True, 1.0, None, multi_block=mb, per_warp=pw), runs)
+            rt._check_err(r.arrays["err"], "routing sweep")
+            log(f"  {n_exp:4d} experts top-{k} T={n_tokens:6d}: single block "
+                f"{row['route_ms']:.3f} (warp) / {row['route_thread_ms']:.3f} (thread), "
+                f"multi-block {row['route_mb_ms']:.3f} / {row['route_mb_thread_ms']:.3f} ms")
+            rows.append(row)
+    return rows
+
+
 def time_shape(rt: Any, drv: Any, shape_name: str, shape: dict[str, int], pipelines: list[str],
                peak: float | None, copy_bw: float, rng: np.random.Generator,
                args: argparse.Namespace, tokens: Sequence[int] = TIMING_TOKENS
@@ -219,11 +256,13 @@ def time_shape(rt: Any, drv: Any, shape_name: str, shape: dict[str, int], pipeli
                 if fmt == "f16" and pipe == pipelines[0]:
                     # the same logits: re-routing rewrites r with what it already holds
                     lg_gpu = rt.to_gpu(logits)
-                    for key, mb in (("route_ms", False), ("route_mb_ms", True)):
-                        # the single block, and the multi-block pair (for the switch-over point)
+                    for key, mb, pw in ROUTE_VARIANTS:
+                        # the single block and the multi-block pair (for the switch-over
+                        # point), each with phase 1 by a warp and by a thread per token
                         row[key] = 1e3 * cuda_event_median(
-                            drv, lambda lg=lg_gpu, r=r, mb=mb: rt.route_launch(
-                                lg, r, 0, None, True, 1.0, None, multi_block=mb), min(20, runs))
+                            drv, lambda lg=lg_gpu, r=r, mb=mb, pw=pw: rt.route_launch(
+                                lg, r, 0, None, True, 1.0, None, multi_block=mb, per_warp=pw),
+                            min(20, runs))
                     tp = torch_loop_peer(h, d, f, n_exp, max(5, runs // 4))
                     row["torch_loop_ms"] = tp * 1e3 if tp else None
                     row["vs_torch_loop"] = tp / t if tp else None
@@ -231,7 +270,9 @@ def time_shape(rt: Any, drv: Any, shape_name: str, shape: dict[str, int], pipeli
                 frac = f"{row['frac_matmul']:.0%} of matmul, " if peak else ""
                 peer = (f", torch loop {row['torch_loop_ms']:.3f} ms ({row['vs_torch_loop']:.1f}x)"
                         if row.get("vs_torch_loop") else "")
-                route = (f" (route {row['route_ms']:.3f} ms, multi-block {row['route_mb_ms']:.3f})"
+                route = (" (route ms, warp/thread per token: single block "
+                         f"{row['route_ms']:.3f}/{row['route_thread_ms']:.3f}, multi-block "
+                         f"{row['route_mb_ms']:.3f}/{row['route_mb_thread_ms']:.3f})"
                          if row.get("route_ms") else "")
                 log(f"     {fmt:9s} [{pipe:4s}] T={n_tokens:5d} tile={r.tile:2d}: "
                     f"{row['ms']:.3f} ms{route}, {tf:.1f} TFLOP/s = {frac}"
