@@ -156,6 +156,10 @@ def route_sweep(rt: Any, drv: Any, rng: np.random.Generator, tokens: Sequence[in
     (MULTI_BLOCK_TOKENS). Each launch timed alone (CUDA events), so a time near the launch
     overhead is that overhead."""
     rows: list[dict[str, Any]] = []
+    one = rt.zeros_i32(4)
+    floor = 1e3 * cuda_event_median(drv, lambda: drv.memset_d32(int(one.gpudata), 0, 1), runs)
+    log(f"  the floor: one 4-byte memset timed the same way takes {floor:.3f} ms")
+    rows.append({"memset_floor_ms": floor})
     for n_exp, k in ROUTE_SWEEP.items():
         for n_tokens in tokens:
             logits = rng.standard_normal((n_tokens, n_exp), dtype=np.float32)
