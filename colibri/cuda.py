@@ -68,6 +68,7 @@ __all__ = [
     "kernel_dir",
     "moe_ffn_reference",
     "quantize_int4_g128",
+    "route_plan",
     "route_reference",
     "routing_capacity",
     "unavailable_reason",
@@ -77,10 +78,9 @@ NVCC_OPTIONS = ["-std=c++17", "-O3"]
 MODULES = ("routing", "moe_gemm")
 ROUTE_THREADS = 1024
 ROUTE_MB_THREADS = 256  # the multi-block routing kernels' blocks
-MULTI_BLOCK_TOKENS = 2048  # route() uses the multi-block pair above this many tokens
-# route(): phase 1 by a warp per token (up to ROUTE_WARP_MAX_EXPERTS experts; the single block
-# up to this many tokens), else by a thread per token: the same bits, different times
-ROUTE_WARP_TOKENS = 1 << 30
+# route_plan()'s switch-overs: multi-block above these tokens, or these logits from 32
+# experts; in the single block a warp per token up to ROUTE_WARP_TOKENS or from 32 experts
+MULTI_BLOCK_TOKENS, MULTI_BLOCK_LOGITS, ROUTE_WARP_TOKENS = 2048, 2048, 32
 MAX_EXPERTS = ROUTE_MAX_EXPERTS  # CB_ROUTE_MAX_EXPERTS in cuda/routing_logic.h
 MAX_K = ROUTE_MAX_K  # CB_ROUTE_MAX_K
 TILES = (16, 64)  # the GEMM row tiles (m16 and m64 kernels)
@@ -233,6 +233,19 @@ def compile_cubin(module: str, arch: str, cache_dir: Path | None = None) -> byte
     tmp.write_bytes(cubin)
     os.replace(tmp, path)
     return cubin
+
+
+def route_plan(n_tokens: int, n_experts: int, multi_block: bool | None = None
+               ) -> tuple[bool, bool]:
+    """(multi_block, per_warp): the fastest routing variant for the batch on an H200 (the
+    sweep in docs/benchmarks.md "CUDA"): the multi-block pair from a few dozen tokens of
+    128-256 experts; the single block for few tokens, or few experts (8: up to 2048 tokens,
+    a thread per token). ``multi_block`` given: kept."""
+    if multi_block is None:
+        multi_block = n_tokens > MULTI_BLOCK_TOKENS or (
+            n_experts >= 32 and n_tokens * n_experts > MULTI_BLOCK_LOGITS)
+    warp = n_experts <= ROUTE_WARP_MAX_EXPERTS
+    return multi_block, warp and (multi_block or n_tokens <= ROUTE_WARP_TOKENS or n_experts >= 32)
 
 
 def _ptr(a: Any) -> int:
@@ -469,10 +482,9 @@ class CudaRuntime:
         [n_experts], pool byte offsets, -1 = absent) fills ``sel_offset`` and checks that every
         routed expert is resident. With ``check`` the device error record is read (one sync).
         ``multi_block``: the two-kernel routing (cb_route_count over the tokens, then
-        cb_route_place, a warp per expert over the grid) instead of the single block; None
-        picks it above MULTI_BLOCK_TOKENS tokens. ``per_warp``: route each token with a whole
-        warp (up to ROUTE_WARP_MAX_EXPERTS experts) rather than one thread; None picks it up to
-        ROUTE_WARP_TOKENS tokens (the multi-block pair: always). All write the same outputs.
+        cb_route_place, a warp per expert over the grid) instead of the single block.
+        ``per_warp``: route each token with a whole warp (up to ROUTE_WARP_MAX_EXPERTS experts)
+        rather than one thread. None: as route_plan() says. All write the same outputs.
         """
         lg = np.ascontiguousarray(logits, dtype=np.float32)
         if lg.ndim != 2 or lg.shape[0] < 1:
@@ -523,12 +535,11 @@ class CudaRuntime:
         }
         lg_gpu = self.to_gpu(lg)
         r = Routing(n_tokens, k, n_experts, tile, cap, arrays, [lg_gpu, bias_gpu, slot_gpu])
-        if multi_block is None:
-            multi_block = n_tokens > MULTI_BLOCK_TOKENS
         if per_warp and n_experts > ROUTE_WARP_MAX_EXPERTS:
             raise ValueError(f"per_warp routing takes at most {ROUTE_WARP_MAX_EXPERTS} experts")
-        if per_warp is None:
-            per_warp = multi_block or n_tokens <= ROUTE_WARP_TOKENS
+        plan = route_plan(n_tokens, n_experts, multi_block)
+        multi_block = plan[0]
+        per_warp = plan[1] if per_warp is None else per_warp
         self.route_launch(lg_gpu, r, ref.GATINGS[gating], bias_gpu, renorm, scale, slot_gpu,
                           multi_block=multi_block, per_warp=per_warp)
         if check:

@@ -50,8 +50,8 @@ def test_route(rt, n_tokens, n_experts, k, gating, bias_on, tile, multi):
     r = rt.route(logits, k, gating, bias, renorm=True, scale=2.0, tile=tile, slot_offset=slot,
                  multi_block=multi)
     assert r.tile == (64 if n_tokens * k >= 32 * n_experts else 16)
-    # the multi-block pair when asked for, or above MULTI_BLOCK_TOKENS tokens
-    assert ("cb_route_place" in rt.calls) == (multi or n_tokens > 2048)
+    # the multi-block pair when asked for, or where route_plan says
+    assert ("cb_route_place" in rt.calls) == (multi or n_tokens * n_experts > 2048)
     assert ("cb_route_topk" in rt.calls) != ("cb_route_place" in rt.calls)
     h = r.to_host()
     ids, w = route_reference(logits, k, gating, bias, True, 2.0)
@@ -74,6 +74,18 @@ def test_route_errors(rt):
         rt.route(np.zeros((1, 4), np.float32), 1, tile=32)
     with pytest.raises(ValueError, match="per_warp routing takes at most 256 experts"):
         rt.route(np.zeros((1, 300), np.float32), 2, per_warp=True)
+
+
+def test_route_plan():
+    """The variant route() picks where the H200 sweep timed it fastest (docs/benchmarks.md)."""
+    from colibri.cuda import route_plan as plan
+
+    assert plan(1, 128) == (False, True) and plan(16, 128) == (False, True)
+    assert plan(64, 128) == (True, True) and plan(1024, 256) == (True, True)
+    assert plan(4, 256) == (False, True) and plan(16, 256) == (True, True)
+    assert plan(16, 8) == (False, True) and plan(1024, 8) == (False, False)
+    assert plan(4096, 8) == (True, True) and plan(100, 512) == (True, False)
+    assert plan(1, 512) == (False, False) and plan(5000, 128, False) == (False, True)
 
 
 @pytest.mark.parametrize("multi", [False, True])

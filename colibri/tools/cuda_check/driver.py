@@ -135,7 +135,8 @@ def gpu_main(args: argparse.Namespace, results: dict[str, Any], root: Path) -> i
     results["timings"] = timings
     log("== routing variants (ms, median of CUDA-event runs)")
     results["route_sweep"] = step("routing sweep", route_sweep, rt, drv, rng,
-                                  SMALL_ROUTE_SWEEP_TOKENS if args.small else ROUTE_SWEEP_TOKENS)
+                                  SMALL_ROUTE_SWEEP_TOKENS if args.small else ROUTE_SWEEP_TOKENS,
+                                  min(20, args.runs))
 
     log("== staged expert path vs the whole pool (pinned expert store slots)")
     import tempfile
