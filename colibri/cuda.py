@@ -500,6 +500,8 @@ class CudaRuntime:
             raise ValueError("router logits contain NaN or infinite values")
         if not np.isfinite(scale):
             raise ValueError(f"scale must be finite, got {scale}")
+        if per_warp and n_experts > ROUTE_WARP_MAX_EXPERTS:
+            raise ValueError(f"per_warp routing takes at most {ROUTE_WARP_MAX_EXPERTS} experts")
         if tile is None:
             tile = 64 if n_tokens * k >= 32 * n_experts else 16
         if tile not in TILES:
@@ -535,8 +537,6 @@ class CudaRuntime:
         }
         lg_gpu = self.to_gpu(lg)
         r = Routing(n_tokens, k, n_experts, tile, cap, arrays, [lg_gpu, bias_gpu, slot_gpu])
-        if per_warp and n_experts > ROUTE_WARP_MAX_EXPERTS:
-            raise ValueError(f"per_warp routing takes at most {ROUTE_WARP_MAX_EXPERTS} experts")
         plan = route_plan(n_tokens, n_experts, multi_block)
         multi_block = plan[0]
         per_warp = plan[1] if per_warp is None else per_warp
