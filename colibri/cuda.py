@@ -578,7 +578,7 @@ class CudaRuntime:
             "cb_route_topk", (1, 1), ROUTE_THREADS,
             [_ptr(logits_gpu), r.n_tokens, r.n_experts, r.k, gating,
              _ptr(bias_gpu), int(bool(renorm)), float(scale),
-             r.tile, r.cap, r.n_tokens if pw else 0, _ptr(slot_gpu),
+             r.tile, r.cap, pw, _ptr(slot_gpu),
              _ptr(a["topk_ids"]), _ptr(a["topk_w"]), _ptr(a["sel_offset"]),
              _ptr(a["counts"]), _ptr(a["seg_offset"]), _ptr(a["sorted_token"]),
              _ptr(a["sorted_weight"]), _ptr(a["pair_pos"]), _ptr(a["tile_expert"]),

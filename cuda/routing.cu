@@ -24,10 +24,10 @@
  * plus O(n_tokens * k * n_experts / 32) warp steps for the placement (the times an H200
  * takes, and where the multi-block pair below takes over: docs/benchmarks.md "CUDA").
  *   Phase 1: route each token, write ids/weights/offsets, count per expert in shared memory
- *            (atomics: the counts do not depend on order). Up to `warp_tokens` tokens of at
- *            most CB_ROUTE_WARP_MAX_EXPERTS experts: a warp per token (cb_route_token_warp,
- *            the same bits as the serial routine); else a thread per token (cb_route_token),
- *            with up to CB_ROUTE_STAGE_FLOATS logits first copied to shared memory.
+ *            (atomics: the counts do not depend on order). With `per_warp` and at most
+ *            CB_ROUTE_WARP_MAX_EXPERTS experts a warp per token (cb_route_token_warp, the
+ *            same bits as the serial routine); else a thread per token (cb_route_token), with
+ *            up to CB_ROUTE_STAGE_FLOATS logits first copied to shared memory.
  *   Phase 2: one thread: exclusive prefix sum of the padded counts (n_experts <= 1024 adds).
  *   Phase 3: warp per expert: walk the tokens 32 at a time in ascending order; a ballot of
  *            "this lane's token chose e" and a popcount give each token its row, so the order
@@ -309,8 +309,8 @@ extern "C" __global__ void __launch_bounds__(1024) cb_route_topk(
     int renorm, float scale,
     int tile,                            /* rows per GEMM tile: segments padded to this */
     int cap,                             /* rows in sorted_token / sorted_weight */
-    int warp_tokens,                     /* phase 1 by a warp per token up to this many tokens
-                                            (n_experts <= CB_ROUTE_WARP_MAX_EXPERTS) */
+    int per_warp,                        /* phase 1 by a warp per token (where n_experts <=
+                                            CB_ROUTE_WARP_MAX_EXPERTS), else a thread per token */
     const long long *__restrict__ slot_offset, /* [n_experts] pool byte offsets or NULL */
     int *__restrict__ topk_ids,          /* [n_tokens, k] out */
     float *__restrict__ topk_w,          /* [n_tokens, k] out */
@@ -339,15 +339,15 @@ extern "C" __global__ void __launch_bounds__(1024) cb_route_topk(
      * passes over the row (finite check, max, exp-sum, scores) otherwise wait a global-memory
      * latency per logit, one after the other. The same routine on the same values: the same
      * bits. */
-    const bool per_warp = n_tokens <= warp_tokens && n_experts <= CB_ROUTE_WARP_MAX_EXPERTS;
-    const bool staged = !per_warp && (long long)n_tokens * n_experts <= CB_ROUTE_STAGE_FLOATS;
+    const bool warp_route = per_warp && n_experts <= CB_ROUTE_WARP_MAX_EXPERTS;
+    const bool staged = !warp_route && (long long)n_tokens * n_experts <= CB_ROUTE_STAGE_FLOATS;
     if (staged)
         for (int i = tid; i < n_tokens * n_experts; i += nthreads) s_logits[i] = logits[i];
     __syncthreads();
 
     /* Phase 1: route each token: a warp per token (its logits read once, coalesced), or a
      * thread per token. The same bits either way. */
-    if (per_warp)
+    if (warp_route)
         for (int t = warp; t < n_tokens; t += nwarps)
             cb_route_one_warp(logits, t, lane, n_experts, k, gating, bias, renorm, scale,
                               slot_offset, topk_ids, topk_w, sel_offset, pair_pos, s_count, err);

@@ -21,7 +21,7 @@ EMU_LAUNCH(cb_route_topk,
            const float *logits EMU_COMMA int n_tokens EMU_COMMA int n_experts EMU_COMMA int k
                EMU_COMMA int gating EMU_COMMA const float *bias EMU_COMMA int renorm
                    EMU_COMMA float scale EMU_COMMA int tile EMU_COMMA int cap
-                       EMU_COMMA int warp_tokens EMU_COMMA const long long *slot_offset
+                       EMU_COMMA int per_warp EMU_COMMA const long long *slot_offset
                            EMU_COMMA int *topk_ids
                            EMU_COMMA float *topk_w EMU_COMMA long long *sel_offset
                                EMU_COMMA int *counts EMU_COMMA int *seg_offset
@@ -30,7 +30,8 @@ EMU_LAUNCH(cb_route_topk,
                                            EMU_COMMA int *err,
            logits EMU_COMMA n_tokens EMU_COMMA n_experts EMU_COMMA k EMU_COMMA gating
                EMU_COMMA bias EMU_COMMA renorm EMU_COMMA scale EMU_COMMA tile EMU_COMMA cap
-                   EMU_COMMA warp_tokens EMU_COMMA slot_offset EMU_COMMA topk_ids EMU_COMMA topk_w EMU_COMMA sel_offset
+                   EMU_COMMA per_warp EMU_COMMA slot_offset EMU_COMMA topk_ids EMU_COMMA topk_w
+                       EMU_COMMA sel_offset
                        EMU_COMMA counts EMU_COMMA seg_offset EMU_COMMA sorted_token
                            EMU_COMMA sorted_weight EMU_COMMA pair_pos EMU_COMMA tile_expert
                                EMU_COMMA err)
@@ -45,7 +46,8 @@ EMU_LAUNCH(cb_route_count,
                                EMU_COMMA int *counts EMU_COMMA int *err,
            logits EMU_COMMA n_tokens EMU_COMMA n_experts EMU_COMMA k EMU_COMMA gating
                EMU_COMMA bias EMU_COMMA renorm EMU_COMMA scale EMU_COMMA per_warp
-                   EMU_COMMA slot_offset EMU_COMMA topk_ids EMU_COMMA topk_w EMU_COMMA sel_offset EMU_COMMA pair_pos
+                   EMU_COMMA slot_offset EMU_COMMA topk_ids EMU_COMMA topk_w EMU_COMMA sel_offset
+                       EMU_COMMA pair_pos
                        EMU_COMMA counts EMU_COMMA err)
 EMU_LAUNCH(cb_route_place,
            int n_tokens EMU_COMMA int n_experts EMU_COMMA int k EMU_COMMA int tile

@@ -64,7 +64,8 @@ int route(const std::string &dir, char **a, int na) {
     const float scale = std::strtof(a[5], nullptr);
     const int tile = std::atoi(a[6]), has_bias = std::atoi(a[7]), has_slot = std::atoi(a[8]);
     const int blocks = na > 9 ? std::atoi(a[9]) : 0;
-    const int per_warp = (na > 10 ? std::atoi(a[10]) : 1) && n_experts <= CB_ROUTE_WARP_MAX_EXPERTS;
+    const int per_warp =
+        (na > 10 ? std::atoi(a[10]) : 1) && n_experts <= CB_ROUTE_WARP_MAX_EXPERTS;
     const long pairs = (long)n_tokens * k;
     long cap = pairs + std::min<long>(n_experts, pairs) * (tile - 1);
     cap = std::max<long>(tile, (cap + tile - 1) / tile * tile);
@@ -85,7 +86,8 @@ int route(const std::string &dir, char **a, int na) {
     std::vector<int> err(4, 0);
     if (blocks > 0) {
         std::fill(counts.begin(), counts.end(), 0); /* the caller zeroes counts */
-        emu::launch(dim3(per_warp ? (n_tokens + 7) / 8 : (n_tokens + 255) / 256), dim3(256), [&] {
+        const int per_block = per_warp ? 256 / 32 : 256; /* tokens a block of 256 routes */
+        emu::launch(dim3((n_tokens + per_block - 1) / per_block), dim3(256), [&] {
             cb_route_count(logits.data(), n_tokens, n_experts, k, gating,
                            has_bias ? bias.data() : nullptr, renorm, scale, per_warp,
                            has_slot ? slot.data() : nullptr, ids.data(), w.data(), sel.data(),
@@ -100,7 +102,8 @@ int route(const std::string &dir, char **a, int na) {
         emu::launch(dim3(1), dim3(1024), [&] {
             cb_route_topk(logits.data(), n_tokens, n_experts, k, gating,
                           has_bias ? bias.data() : nullptr, renorm, scale, tile, (int)cap,
-                          per_warp ? n_tokens : 0, has_slot ? slot.data() : nullptr, ids.data(), w.data(), sel.data(),
+                          per_warp, has_slot ? slot.data() : nullptr, ids.data(), w.data(),
+                          sel.data(),
                           counts.data(), seg.data(), stok.data(), sw.data(), pp.data(),
                           te.data(), err.data());
         });

@@ -142,6 +142,16 @@ ROUTE_VARIANTS = (("route_ms", False, True), ("route_thread_ms", False, False),
                   ("route_mb_ms", True, True), ("route_mb_thread_ms", True, False))
 
 
+def time_route_variants(rt: Any, drv: Any, logits_gpu: Any, r: Any, runs: int
+                        ) -> dict[str, float]:
+    """ms of each ROUTE_VARIANTS launch re-routing softmax ``logits_gpu`` into ``r`` (the
+    routing of those logits: it rewrites what r already holds)."""
+    return {key: 1e3 * cuda_event_median(
+                drv, lambda mb=mb, pw=pw: rt.route_launch(
+                    logits_gpu, r, 0, None, True, 1.0, None, multi_block=mb, per_warp=pw), runs)
+            for key, mb, pw in ROUTE_VARIANTS}
+
+
 # the routing sweep: experts -> top-k, and the token counts (small: the --small run's)
 ROUTE_SWEEP = {8: 2, 128: 8, 256: 8}
 ROUTE_SWEEP_TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
@@ -165,11 +175,8 @@ def route_sweep(rt: Any, drv: Any, rng: np.random.Generator, tokens: Sequence[in
             logits = rng.standard_normal((n_tokens, n_exp), dtype=np.float32)
             r = rt.route(logits, k, "softmax", None, True, 1.0)
             lg = rt.to_gpu(logits)
-            row: dict[str, Any] = {"experts": n_exp, "k": k, "tokens": n_tokens}
-            for key, mb, pw in ROUTE_VARIANTS:
-                row[key] = 1e3 * cuda_event_median(
-                    drv, lambda lg=lg, r=r, mb=mb, pw=pw: rt.route_launch(
-                        lg, r, 0, None, True, 1.0, None, multi_block=mb, per_warp=pw), runs)
+            row: dict[str, Any] = {"experts": n_exp, "k": k, "tokens": n_tokens,
+                                   **time_route_variants(rt, drv, lg, r, runs)}
             rt._check_err(r.arrays["err"], "routing sweep")
             log(f"  {n_exp:4d} experts top-{k} T={n_tokens:6d}: single block "
                 f"{row['route_ms']:.3f} (warp) / {row['route_thread_ms']:.3f} (thread), "
@@ -258,15 +265,8 @@ def time_shape(rt: Any, drv: Any, shape_name: str, shape: dict[str, int], pipeli
                        "weight_gbs": wbytes / t / 1e9, "frac_copy_bw": wbytes / t / 1e9 / copy_bw,
                        "rel_err": err, "bit_identical_to_cp": same}
                 if fmt == "f16" and pipe == pipelines[0]:
-                    # the same logits: re-routing rewrites r with what it already holds
-                    lg_gpu = rt.to_gpu(logits)
-                    for key, mb, pw in ROUTE_VARIANTS:
-                        # the single block and the multi-block pair (for the switch-over
-                        # point), each with phase 1 by a warp and by a thread per token
-                        row[key] = 1e3 * cuda_event_median(
-                            drv, lambda lg=lg_gpu, r=r, mb=mb, pw=pw: rt.route_launch(
-                                lg, r, 0, None, True, 1.0, None, multi_block=mb, per_warp=pw),
-                            min(20, runs))
+                    row.update(time_route_variants(rt, drv, rt.to_gpu(logits), r,
+                                                   min(20, runs)))
                     tp = torch_loop_peer(h, d, f, n_exp, max(5, runs // 4))
                     row["torch_loop_ms"] = tp * 1e3 if tp else None
                     row["vs_torch_loop"] = tp / t if tp else None
