@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,10 +40,12 @@ def _rss() -> int:
 
 
 def run_colibri(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ctx: int,
-                warmup: int = 0, kv_dtype: str = "f32", prefill_repeats: int = 1) -> dict[str, Any]:
+                warmup: int = 0, kv_dtype: str = "f32", prefill_repeats: int = 1,
+                probe: Sequence[int] | None = None) -> dict[str, Any]:
     """colibri's figures in this process; `warmup` greedy decode steps run untimed after the
     prompt, before the gen_tokens timed ones (their tokens are not counted). The prompt is
-    prefilled `prefill_repeats` times, each into a fresh sequence: the median is the figure."""
+    prefilled `prefill_repeats` times, each into a fresh sequence: the median is the figure.
+    `probe` [threads, MiB, passes]: the bandwidth probe brackets the timed steps (probe_gbs)."""
     from colibri.model import Model
 
     t0 = time.perf_counter()
@@ -62,20 +65,15 @@ def run_colibri(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ct
         logits = m.eval([seq], tokens=ids, logits=[False] * (len(ids) - 1) + [True])[-1]
         pre.append(time.perf_counter() - t)
     first = int(np.argmax(logits))
-    lat = []
-    nxt = first
-    for _ in range(warmup):
-        nxt = int(np.argmax(m.eval([seq], tokens=[nxt])[-1]))
-    for _ in range(gen_tokens):
-        t = time.perf_counter()
-        logits = m.eval([seq], tokens=[nxt])[-1]
-        lat.append(time.perf_counter() - t)
-        nxt = int(np.argmax(logits))
-    return _figures("colibri", load, prompt_tokens, pre, lat, first, _rss(), m.expert_stats())
+    lat, bw = _timed_steps(lambda t: m.eval([seq], tokens=[t])[-1],
+                           lambda out: int(np.argmax(out)), first, warmup, gen_tokens, probe)
+    return _figures("colibri", load, prompt_tokens, pre, lat, first, _rss(), m.expert_stats(),
+                    bw)
 
 
 def run_llama_cpp(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ctx: int,
-                  warmup: int = 0, prefill_repeats: int = 1) -> dict[str, Any]:
+                  warmup: int = 0, prefill_repeats: int = 1,
+                  probe: Sequence[int] | None = None) -> dict[str, Any]:
     """llama.cpp's figures in this process, the same work as run_colibri's (each repeated
     prefill after a reset, which drops the cached tokens)."""
     from llama_cpp import Llama
@@ -97,21 +95,42 @@ def run_llama_cpp(path: str, threads: int, prompt_tokens: int, gen_tokens: int, 
         ll.eval(ids)
         pre.append(time.perf_counter() - t)
     first = int(np.argmax(last_logits()))
-    lat = []
+    lat, bw = _timed_steps(lambda t: ll.eval([t]), lambda _: int(np.argmax(last_logits())),
+                           first, warmup, gen_tokens, probe)
+    return _figures("llama.cpp", load, prompt_tokens, pre, lat, first, _rss(), {}, bw)
+
+
+def _timed_steps(step: Callable[[int], Any], pick: Callable[[Any], int], first: int, warmup: int,
+                 n: int, probe: Sequence[int] | None) -> tuple[list[float], list[float]]:
+    """`warmup` untimed, then `n` timed greedy decode steps from token `first`: step(token)
+    evaluates one token, pick(step's result) gives the next. Returns each timed step's seconds
+    (step only, not pick) and, with a probe [threads, MiB, passes], the bandwidth probe's GB/s
+    just before the first timed step and just after the last (colibri.tools.membw; the engine's
+    threads idle meanwhile): the machine's streaming rate at the time of the steps."""
     nxt = first
     for _ in range(warmup):
-        ll.eval([nxt])
-        nxt = int(np.argmax(last_logits()))
-    for _ in range(gen_tokens):
+        nxt = pick(step(nxt))
+    bw = [_probe(probe)] if probe else []
+    lat = []
+    for _ in range(n):
         t = time.perf_counter()
-        ll.eval([nxt])
+        out = step(nxt)
         lat.append(time.perf_counter() - t)
-        nxt = int(np.argmax(last_logits()))
-    return _figures("llama.cpp", load, prompt_tokens, pre, lat, first, _rss(), {})
+        nxt = pick(out)
+    if probe:
+        bw.append(_probe(probe))
+    return lat, bw
+
+
+def _probe(probe: Sequence[int]) -> float:
+    from colibri.tools.membw import membw
+
+    threads, mib, passes = probe
+    return membw(threads, mib, passes)
 
 
 def _figures(engine: str, load: float, n_prompt: int, pre: list[float], lat: list[float],
-             first: int, rss: int, expert: dict[str, Any]) -> dict[str, Any]:
+             first: int, rss: int, expert: dict[str, Any], bw: list[float]) -> dict[str, Any]:
     lat_a = np.array(lat) if lat else np.array([np.nan])
     prefill = float(np.median(pre))
     return {
@@ -127,6 +146,7 @@ def _figures(engine: str, load: float, n_prompt: int, pre: list[float], lat: lis
         "peak_rss_mib": rss / 2**20,
         "first_token": first,
         "expert": expert,
+        "probe_gbs": bw,  # the bandwidth probe just before and just after the timed steps
     }
 
 

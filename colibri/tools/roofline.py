@@ -48,6 +48,7 @@ import numpy as np
 CLASSES = ("attention", "router", "experts", "ffn", "head", "other", "kv")
 TARGET = 0.85
 WARMUP = 4
+BRACKET_PASSES = 3  # the probe's passes bracketing an engine's timed steps
 
 
 def tensor_class(name: str) -> str:
@@ -186,14 +187,17 @@ def batch_bound(path: str, n_tokens: int, threads: int, ctx_pos: float) -> dict[
 
 
 def _decode(engine: str, path: str, threads: int, ctx_pos: int, tokens: int,
-            kv_dtype: str = "f32") -> float:
+            kv_dtype: str = "f32", membw_mib: int = 512) -> tuple[float, float]:
+    """The engine's decode tok/s in a fresh process, and the better of the bandwidth probes
+    run in that process just before and just after its timed steps (GB/s)."""
     from colibri.bench import in_subprocess
 
     ctx = max(256, -(-(ctx_pos + WARMUP + tokens + 16) // 256) * 256)
     kv = {"kv_dtype": kv_dtype} if engine == "colibri" else {}  # llama.cpp: its f16 default
     r = in_subprocess(engine, path=path, threads=threads, prompt_tokens=ctx_pos,
-                      gen_tokens=tokens, ctx=ctx, warmup=WARMUP, **kv)
-    return float(r["decode_tps"])
+                      gen_tokens=tokens, ctx=ctx, warmup=WARMUP,
+                      probe=[threads, membw_mib, BRACKET_PASSES], **kv)
+    return float(r["decode_tps"]), max(r["probe_gbs"])
 
 
 def measure(path: str, threads: list[int], tokens: int, ctx_pos: int, rounds: int,
@@ -203,22 +207,27 @@ def measure(path: str, threads: list[int], tokens: int, ctx_pos: int, rounds: in
     from colibri.tools.membw import membw
 
     raw: dict[int, dict[str, list[float]]] = {
-        t: {"bandwidth_gbs": [], "colibri_tps": [], "llama_cpp_bandwidth_gbs": [],
-            "llama_cpp_tps": [], "load": []}
+        t: {"bandwidth_gbs": [], "colibri_tps": [], "colibri_bracket_gbs": [],
+            "llama_cpp_bandwidth_gbs": [], "llama_cpp_tps": [], "llama_cpp_bracket_gbs": [],
+            "load": []}
         for t in threads}
     for r in range(rounds):
         for t in threads:
             got = raw[t]
             got["load"].append(os.getloadavg()[0])
             got["bandwidth_gbs"].append(membw(t, membw_mib, 3))
-            got["colibri_tps"].append(_decode("colibri", path, t, ctx_pos, tokens, kv_dtype))
-            if llama:  # its own probe just before it (paired shares)
-                got["llama_cpp_bandwidth_gbs"].append(membw(t, membw_mib, 3))
-                got["llama_cpp_tps"].append(_decode("llama_cpp", path, t, ctx_pos, tokens))
+            for e in ("colibri", "llama_cpp") if llama else ("colibri",):
+                if e == "llama_cpp":  # its own probe just before it (paired shares)
+                    got["llama_cpp_bandwidth_gbs"].append(membw(t, membw_mib, 3))
+                tps, bracket = _decode(e, path, t, ctx_pos, tokens, kv_dtype, membw_mib)
+                got[f"{e}_tps"].append(tps)
+                got[f"{e}_bracket_gbs"].append(bracket)
             log(f"  round {r + 1}/{rounds}, {t} thread(s): {got['bandwidth_gbs'][-1]:.1f} GB/s, "
-                f"colibri {got['colibri_tps'][-1]:.2f} tok/s"
+                f"colibri {got['colibri_tps'][-1]:.2f} tok/s "
+                f"(bracket {got['colibri_bracket_gbs'][-1]:.1f})"
                 + (f"; {got['llama_cpp_bandwidth_gbs'][-1]:.1f} GB/s, llama.cpp "
-                   f"{got['llama_cpp_tps'][-1]:.2f} tok/s" if llama else "")
+                   f"{got['llama_cpp_tps'][-1]:.2f} tok/s "
+                   f"(bracket {got['llama_cpp_bracket_gbs'][-1]:.1f})" if llama else "")
                 + f" (load {got['load'][-1]:.1f})")
     out = []
     for t in threads:
@@ -245,12 +254,16 @@ def add_shares(run: dict[str, Any], total_bytes: float) -> dict[str, Any]:
     for e in ("colibri", "llama_cpp"):  # the least disturbed round, beside the median
         best = run.get(f"{e}_best_tps")
         run[f"{e}_best_share"] = best * total_bytes / bw if best else None
-        # paired: each round's rate over the probe run just before it
-        probe = samples.get("bandwidth_gbs" if e == "colibri" else "llama_cpp_bandwidth_gbs") or []
         rates = samples.get(f"{e}_tps") or []
-        shares = [tps * total_bytes / (gbs * 1e9) for tps, gbs in zip(rates, probe, strict=True)]
-        run[f"{e}_paired_shares"] = shares
-        run[f"{e}_paired_share"] = statistics.median(shares) if shares else None
+        # paired: each round's rate over the probe run just before it; bracketed: over the
+        # better of the probes just before and just after its timed steps
+        for kind, key in (("paired", "bandwidth_gbs" if e == "colibri" else
+                           "llama_cpp_bandwidth_gbs"), ("bracketed", f"{e}_bracket_gbs")):
+            probe = samples.get(key) or []
+            shares = [tps * total_bytes / (gbs * 1e9)
+                      for tps, gbs in zip(rates, probe, strict=True)] if probe else []
+            run[f"{e}_{kind}_shares"] = shares
+            run[f"{e}_{kind}_share"] = statistics.median(shares) if shares else None
     return run
 
 
@@ -283,14 +296,16 @@ def report(name: str, counted: dict[str, Any], runs: list[dict[str, Any]]) -> st
         f"({100 * r['colibri_best_share']:.0f}%)"
         + (f", llama.cpp {r['llama_cpp_best_tps']:.2f} ({100 * r['llama_cpp_best_share']:.0f}%)"
            if r.get("llama_cpp_best_tps") else "") for r in runs))
-    if any(r.get("colibri_paired_share") for r in runs):
-        lines.append("  paired (each round's rate over the probe just before it; median, range): "
-                     + "; ".join(
-            f"{r['threads']} thread(s) " + ", ".join(
-                f"{e.replace('_', '.')} {100 * r[f'{e}_paired_share']:.0f}% "
-                f"({100 * min(r[f'{e}_paired_shares']):.0f}-{100 * max(r[f'{e}_paired_shares']):.0f}%)"
-                for e in ("colibri", "llama_cpp") if r.get(f"{e}_paired_share"))
-            for r in runs))
+    for kind, what in (("paired", "the probe just before it"),
+                       ("bracketed", "the better probe just before and after its timed steps")):
+        if any(r.get(f"colibri_{kind}_share") for r in runs):
+            lines.append(f"  {kind} (each round's rate over {what}; median, range): " + "; ".join(
+                f"{r['threads']} thread(s) " + ", ".join(
+                    f"{e.replace('_', '.')} {100 * r[f'{e}_{kind}_share']:.0f}% "
+                    f"({100 * min(r[f'{e}_{kind}_shares']):.0f}-"
+                    f"{100 * max(r[f'{e}_{kind}_shares']):.0f}%)"
+                    for e in ("colibri", "llama_cpp") if r.get(f"{e}_{kind}_share"))
+                for r in runs))
     return "\n".join(lines)
 
 

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -222,6 +223,30 @@ def test_paired_shares():
                     "llama_cpp_best_tps": 40.0, "colibri_best_share": 0.72,
                     "llama_cpp_best_share": 0.4}])
     assert "paired" in line and "colibri 80% (60-90%)" in line and "llama.cpp 50% (30-80%)" in line
+    assert "bracketed" not in line  # no bracket probes in these samples
+
+
+def test_bracketed_shares():
+    """Each round's rate over the better of the probes bracketing its own timed steps (as
+    measure() records them: the max of before and after), the median of the rounds; the
+    paired and the conservative shares are left as they were."""
+    samples = {"bandwidth_gbs": [10.0, 20.0, 16.0], "colibri_tps": [40.0, 60.0, 72.0],
+               "colibri_bracket_gbs": [8.0, 12.5, 16.0],
+               "llama_cpp_bandwidth_gbs": [8.0, 20.0, 10.0], "llama_cpp_tps": [20.0, 30.0, 40.0],
+               "llama_cpp_bracket_gbs": [10.0, 10.0, 10.0]}
+    r = add_shares({"bandwidth_gbs": 20.0, "colibri_tps": 60.0, "llama_cpp_tps": 30.0,
+                    "samples": samples}, 200e6)
+    assert r["colibri_bracketed_shares"] == pytest.approx([1.0, 0.96, 0.9])
+    assert r["colibri_bracketed_share"] == pytest.approx(0.96)
+    assert r["llama_cpp_bracketed_shares"] == pytest.approx([0.4, 0.6, 0.8])
+    assert r["llama_cpp_bracketed_share"] == pytest.approx(0.6)
+    assert r["colibri_paired_share"] == pytest.approx(0.8) and r["colibri_share"] == pytest.approx(0.6)
+    line = report("m", {"total": 200e6, "ctx_pos": 20, "kv_dtype": "f32", "tied_head": False,
+                        "expert_shares": {}, "classes": dict.fromkeys(CLASSES, 0.0)},
+                  [{**r, "threads": 2, "roofline_tps": 100.0, "colibri_best_tps": 72.0,
+                    "llama_cpp_best_tps": 40.0, "colibri_best_share": 0.72,
+                    "llama_cpp_best_share": 0.4}])
+    assert "bracketed" in line and "colibri 96% (90-100%)" in line and "llama.cpp 60% (40-80%)" in line
 
 
 def test_rejects_bad_arguments(models):
@@ -264,7 +289,44 @@ def test_script_end_to_end(models, tmp_path):
     assert run["colibri_paired_share"] == pytest.approx(
         run["colibri_tps"] * counted["total"] / (run["samples"]["bandwidth_gbs"][0] * 1e9))
     assert "paired" in p.stdout
+    # the bracket: probes in the engine's process just before and after its timed steps
+    (bracket,) = run["samples"]["colibri_bracket_gbs"]
+    assert np.isfinite(bracket) and bracket > 0
+    assert run["colibri_bracketed_share"] == pytest.approx(
+        run["colibri_tps"] * counted["total"] / (bracket * 1e9))
+    assert "bracketed" in p.stdout
     assert run["llama_cpp_tps"] is None and run["ratio"] is None
+
+
+def test_probe_brackets_the_timed_steps(models, monkeypatch):
+    """_timed_steps: the warm-up steps, a probe, the timed steps, a probe (with the probe's
+    arguments), each next token picked from the step before; without a probe none runs.
+    run_colibri passes its probe through and reports both readings."""
+    from colibri import bench
+
+    events: list[Any] = []
+
+    def fake_probe(probe):
+        events.append(("probe", list(probe)))
+        return 10.0 + len(events)
+
+    def step(tok):
+        events.append(tok)
+        return tok + 1
+
+    monkeypatch.setattr(bench, "_probe", fake_probe)
+    lat, bw = bench._timed_steps(step, lambda out: out * 10, 1, 2, 3, [2, 64, 3])
+    assert events == [1, 20, ("probe", [2, 64, 3]), 210, 2110, 21110, ("probe", [2, 64, 3])]
+    assert len(lat) == 3 and all(t >= 0 for t in lat) and bw == [13.0, 17.0]
+    events.clear()
+    lat, bw = bench._timed_steps(step, lambda out: out, 5, 1, 2, None)
+    assert events == [5, 6, 7] and len(lat) == 2 and bw == []
+    events.clear()
+    r = bench.run_colibri(models["bench"], threads=1, prompt_tokens=4, gen_tokens=3, ctx=64,
+                          warmup=2, probe=[1, 64, 2])
+    assert r["probe_gbs"] == [11.0, 12.0]
+    assert bench.run_colibri(models["bench"], threads=1, prompt_tokens=4, gen_tokens=1,
+                             ctx=64)["probe_gbs"] == []
 
 
 def test_repeated_prefill_times_each_and_keeps_the_first_token(models):
