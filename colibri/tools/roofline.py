@@ -28,7 +28,11 @@ token / bandwidth (issue #17's target: >= 85%, and never behind llama.cpp). The 
 divides the median decode rate by the best probe of the run: the conservative figure, and the one
 the target is judged on. On a machine whose bandwidth swings within minutes it understates what
 an engine streams, so the report also gives the paired share: per round, the engine's rate over
-the probe run just before it, the median of the rounds (and their range).
+the probe run just before it, the median of the rounds (and their range); and the bracketed
+share: the engine's own process runs the probe again just before its first timed step and just
+after its last (its threads idle meanwhile), and each round's rate is taken over the better of
+those two readings, the median of the rounds (and their range). The bracket is seconds wide, the
+paired probe a model load away from the steps, the best probe minutes.
 """
 
 from __future__ import annotations
