@@ -204,6 +204,15 @@ def test_shares():
     assert r["colibri_paired_share"] is None  # no rounds given
 
 
+def _report_of(r: dict[str, Any], threads: int) -> str:
+    """report() of one run r (a 200 MB a token model) at `threads`."""
+    return report("m", {"total": 200e6, "ctx_pos": 20, "kv_dtype": "f32", "tied_head": False,
+                        "expert_shares": {}, "classes": dict.fromkeys(CLASSES, 0.0)},
+                  [{**r, "threads": threads, "roofline_tps": 100.0, "colibri_best_tps": 72.0,
+                    "llama_cpp_best_tps": 40.0, "colibri_best_share": 0.72,
+                    "llama_cpp_best_share": 0.4}])
+
+
 def test_paired_shares():
     """Each round's rate over the probe run just before it (colibri: the round's first probe,
     llama.cpp: its own), the median of the rounds; the headline share stays the conservative
@@ -217,11 +226,7 @@ def test_paired_shares():
     assert r["llama_cpp_paired_shares"] == pytest.approx([0.5, 0.3, 0.8])
     assert r["llama_cpp_paired_share"] == pytest.approx(0.5)
     assert r["colibri_share"] == pytest.approx(0.6)  # 60 tok/s x 200 MB / 20 GB/s
-    line = report("m", {"total": 200e6, "ctx_pos": 20, "kv_dtype": "f32", "tied_head": False,
-                        "expert_shares": {}, "classes": dict.fromkeys(CLASSES, 0.0)},
-                  [{**r, "threads": 1, "roofline_tps": 100.0, "colibri_best_tps": 72.0,
-                    "llama_cpp_best_tps": 40.0, "colibri_best_share": 0.72,
-                    "llama_cpp_best_share": 0.4}])
+    line = _report_of(r, 1)
     assert "paired" in line and "colibri 80% (60-90%)" in line and "llama.cpp 50% (30-80%)" in line
     assert "bracketed" not in line  # no bracket probes in these samples
 
@@ -241,11 +246,7 @@ def test_bracketed_shares():
     assert r["llama_cpp_bracketed_shares"] == pytest.approx([0.4, 0.6, 0.8])
     assert r["llama_cpp_bracketed_share"] == pytest.approx(0.6)
     assert r["colibri_paired_share"] == pytest.approx(0.8) and r["colibri_share"] == pytest.approx(0.6)
-    line = report("m", {"total": 200e6, "ctx_pos": 20, "kv_dtype": "f32", "tied_head": False,
-                        "expert_shares": {}, "classes": dict.fromkeys(CLASSES, 0.0)},
-                  [{**r, "threads": 2, "roofline_tps": 100.0, "colibri_best_tps": 72.0,
-                    "llama_cpp_best_tps": 40.0, "colibri_best_share": 0.72,
-                    "llama_cpp_best_share": 0.4}])
+    line = _report_of(r, 2)
     assert "bracketed" in line and "colibri 96% (90-100%)" in line and "llama.cpp 60% (40-80%)" in line
 
 
