@@ -279,7 +279,7 @@ class Routing:
     tile: int
     cap: int
     arrays: dict[str, Any] = field(repr=False)
-    inputs: list[Any] = field(default_factory=list, repr=False)  # kept alive with the outputs
+    inputs: list[Any] = field(default_factory=list, repr=False)  # logits, bias, slots (device)
 
     def to_host(self) -> dict[str, np.ndarray]:
         """Every array copied back (synchronously), ids/weights reshaped to [T, k]."""
@@ -537,9 +537,8 @@ class CudaRuntime:
         }
         lg_gpu = self.to_gpu(lg)
         r = Routing(n_tokens, k, n_experts, tile, cap, arrays, [lg_gpu, bias_gpu, slot_gpu])
-        plan = route_plan(n_tokens, n_experts, multi_block)
-        multi_block = plan[0]
-        per_warp = plan[1] if per_warp is None else per_warp
+        multi_block, planned = route_plan(n_tokens, n_experts, multi_block)
+        per_warp = planned if per_warp is None else per_warp
         self.route_launch(lg_gpu, r, ref.GATINGS[gating], bias_gpu, renorm, scale, slot_gpu,
                           multi_block=multi_block, per_warp=per_warp)
         if check:

@@ -142,10 +142,10 @@ ROUTE_VARIANTS = (("route_ms", False, True), ("route_thread_ms", False, False),
                   ("route_mb_ms", True, True), ("route_mb_thread_ms", True, False))
 
 
-def time_route_variants(rt: Any, drv: Any, logits_gpu: Any, r: Any, runs: int
-                        ) -> dict[str, float]:
-    """ms of each ROUTE_VARIANTS launch re-routing softmax ``logits_gpu`` into ``r`` (the
-    routing of those logits: it rewrites what r already holds)."""
+def time_route_variants(rt: Any, drv: Any, r: Any, runs: int) -> dict[str, float]:
+    """ms of each ROUTE_VARIANTS launch re-routing the softmax routing ``r`` (route() without
+    bias or slots) from its own device logits: it rewrites what r already holds."""
+    logits_gpu = r.inputs[0]  # the logits route() uploaded
     return {key: 1e3 * cuda_event_median(
                 drv, lambda mb=mb, pw=pw: rt.route_launch(
                     logits_gpu, r, 0, None, True, 1.0, None, multi_block=mb, per_warp=pw), runs)
@@ -174,9 +174,8 @@ def route_sweep(rt: Any, drv: Any, rng: np.random.Generator, tokens: Sequence[in
         for n_tokens in tokens:
             logits = rng.standard_normal((n_tokens, n_exp), dtype=np.float32)
             r = rt.route(logits, k, "softmax", None, True, 1.0)
-            lg = rt.to_gpu(logits)
             row: dict[str, Any] = {"experts": n_exp, "k": k, "tokens": n_tokens,
-                                   **time_route_variants(rt, drv, lg, r, runs)}
+                                   **time_route_variants(rt, drv, r, runs)}
             rt._check_err(r.arrays["err"], "routing sweep")
             log(f"  {n_exp:4d} experts top-{k} T={n_tokens:6d}: single block "
                 f"{row['route_ms']:.3f} (warp) / {row['route_thread_ms']:.3f} (thread), "
@@ -265,8 +264,7 @@ def time_shape(rt: Any, drv: Any, shape_name: str, shape: dict[str, int], pipeli
                        "weight_gbs": wbytes / t / 1e9, "frac_copy_bw": wbytes / t / 1e9 / copy_bw,
                        "rel_err": err, "bit_identical_to_cp": same}
                 if fmt == "f16" and pipe == pipelines[0]:
-                    row.update(time_route_variants(rt, drv, rt.to_gpu(logits), r,
-                                                   min(20, runs)))
+                    row.update(time_route_variants(rt, drv, r, min(20, runs)))
                     tp = torch_loop_peer(h, d, f, n_exp, max(5, runs // 4))
                     row["torch_loop_ms"] = tp * 1e3 if tp else None
                     row["vs_torch_loop"] = tp / t if tp else None
