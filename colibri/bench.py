@@ -45,7 +45,8 @@ def run_colibri(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ct
     """colibri's figures in this process; `warmup` greedy decode steps run untimed after the
     prompt, before the gen_tokens timed ones (their tokens are not counted). The prompt is
     prefilled `prefill_repeats` times, each into a fresh sequence: the median is the figure.
-    `probe` [threads, MiB, passes]: the bandwidth probe brackets the timed steps (probe_gbs)."""
+    `probe` [threads, MiB, passes(, blocks)]: the bandwidth probe brackets the timed steps
+    (probe_gbs, probe_sustained_gbs; see _timed_steps)."""
     from colibri.model import Model
 
     t0 = time.perf_counter()
@@ -101,36 +102,41 @@ def run_llama_cpp(path: str, threads: int, prompt_tokens: int, gen_tokens: int, 
 
 
 def _timed_steps(step: Callable[[int], Any], pick: Callable[[Any], int], first: int, warmup: int,
-                 n: int, probe: Sequence[int] | None) -> tuple[list[float], list[float]]:
+                 n: int, probe: Sequence[int] | None) -> tuple[list[float], list[tuple[float, float]]]:
     """`warmup` untimed, then `n` timed greedy decode steps from token `first`: step(token)
     evaluates one token, pick(step's result) gives the next. Returns each timed step's seconds
-    (step only, not pick) and, with a probe [threads, MiB, passes], the bandwidth probe's GB/s
-    just before the first timed step and just after the last (colibri.tools.membw; the engine's
-    threads idle meanwhile): the machine's streaming rate at the time of the steps."""
+    (step only, not pick) and, with a probe [threads, MiB, passes] or [threads, MiB, passes,
+    blocks], the bandwidth probe's (best, sustained) GB/s (colibri.tools.membw; the engine's
+    threads idle meanwhile) run just before the first timed step, between `blocks` (1 unless
+    given; at most n) equal runs of the steps, and just after the last: the machine's streaming
+    rate at the time of the steps, and over the same seconds."""
     nxt = first
     for _ in range(warmup):
         nxt = pick(step(nxt))
+    blocks = max(1, min(int(probe[3]), n)) if probe and len(probe) > 3 else 1
     bw = [_probe(probe)] if probe else []
-    lat = []
-    for _ in range(n):
-        t = time.perf_counter()
-        out = step(nxt)
-        lat.append(time.perf_counter() - t)
-        nxt = pick(out)
-    if probe:
-        bw.append(_probe(probe))
+    lat: list[float] = []
+    for b in range(blocks):
+        for _ in range(n * (b + 1) // blocks - n * b // blocks):
+            t = time.perf_counter()
+            out = step(nxt)
+            lat.append(time.perf_counter() - t)
+            nxt = pick(out)
+        if probe:
+            bw.append(_probe(probe))
     return lat, bw
 
 
-def _probe(probe: Sequence[int]) -> float:
-    from colibri.tools.membw import membw
+def _probe(probe: Sequence[int]) -> tuple[float, float]:
+    from colibri.tools.membw import membw_rates
 
-    threads, mib, passes = probe
-    return membw(threads, mib, passes)
+    threads, mib, passes = probe[:3]
+    return membw_rates(threads, mib, passes)
 
 
 def _figures(engine: str, load: float, n_prompt: int, pre: list[float], lat: list[float],
-             first: int, rss: int, expert: dict[str, Any], bw: list[float]) -> dict[str, Any]:
+             first: int, rss: int, expert: dict[str, Any],
+             bw: list[tuple[float, float]]) -> dict[str, Any]:
     lat_a = np.array(lat) if lat else np.array([np.nan])
     prefill = float(np.median(pre))
     return {
@@ -146,7 +152,10 @@ def _figures(engine: str, load: float, n_prompt: int, pre: list[float], lat: lis
         "peak_rss_mib": rss / 2**20,
         "first_token": first,
         "expert": expert,
-        "probe_gbs": bw,  # the bandwidth probe just before and just after the timed steps
+        # the bandwidth probes just before, between and just after the blocks of timed steps:
+        # each one's best pass, and its sustained rate
+        "probe_gbs": [b for b, _ in bw],
+        "probe_sustained_gbs": [s for _, s in bw],
     }
 
 

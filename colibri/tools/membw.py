@@ -39,11 +39,18 @@ def _build(source: Path) -> str:
 def membw(threads: int, mib: int, passes: int = 8, source: Path = SOURCE) -> float:
     """The best GB/s (1e9 bytes/s) of `passes` reads of a `mib` MiB buffer by `threads`
     threads (make the buffer several times the last-level cache)."""
+    return membw_rates(threads, mib, passes, source)[0]
+
+
+def membw_rates(threads: int, mib: int, passes: int = 8,
+                source: Path = SOURCE) -> tuple[float, float]:
+    """(best, sustained) GB/s of `passes` reads of a `mib` MiB buffer by `threads` threads: the
+    best pass, and the bytes of passes 2.. over their total time (the first pass warms up)."""
     if threads < 1 or mib < 1 or passes < 1:
         raise ValueError(f"threads, mib and passes must be positive: {threads}, {mib}, {passes}")
     out = subprocess.run([_build(source), str(mib), str(threads), str(passes)], check=True,
-                         capture_output=True, text=True).stdout
-    return float(out.split()[0])
+                         capture_output=True, text=True).stdout.split()
+    return float(out[0]), float(out[2])
 
 
 def l3_bytes() -> int:

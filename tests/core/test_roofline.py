@@ -229,16 +229,20 @@ def test_paired_shares():
     line = _report_of(r, 1)
     assert "paired" in line and "colibri 80% (60-90%)" in line and "llama.cpp 50% (30-80%)" in line
     assert "bracketed" not in line  # no bracket probes in these samples
+    assert "target not met on the headline share" in line  # 60%, no interleaved share
+    assert r["probe_headline_share"] is None and "own headline share" not in line
 
 
-def test_bracketed_shares():
-    """Each round's rate over the better of the probes bracketing its own timed steps (as
-    measure() records them: the max of before and after), the median of the rounds; the
-    paired and the conservative shares are left as they were."""
+def test_bracketed_and_interleaved_shares():
+    """Each round's rate over the best of the probes run among its own timed steps (as
+    measure() records them: the max of their best passes), and over those probes' sustained
+    rate, the medians of the rounds; the paired and the conservative shares are left as they
+    were."""
     samples = {"bandwidth_gbs": [10.0, 20.0, 16.0], "colibri_tps": [40.0, 60.0, 72.0],
-               "colibri_bracket_gbs": [8.0, 12.5, 16.0],
+               "colibri_bracket_gbs": [8.0, 12.5, 16.0], "colibri_sustained_gbs": [8.0, 16.0, 12.0],
                "llama_cpp_bandwidth_gbs": [8.0, 20.0, 10.0], "llama_cpp_tps": [20.0, 30.0, 40.0],
-               "llama_cpp_bracket_gbs": [10.0, 10.0, 10.0]}
+               "llama_cpp_bracket_gbs": [10.0, 10.0, 10.0],
+               "llama_cpp_sustained_gbs": [5.0, 10.0, 10.0]}
     r = add_shares({"bandwidth_gbs": 20.0, "colibri_tps": 60.0, "llama_cpp_tps": 30.0,
                     "samples": samples}, 200e6)
     assert r["colibri_bracketed_shares"] == pytest.approx([1.0, 0.96, 0.9])
@@ -246,8 +250,22 @@ def test_bracketed_shares():
     assert r["llama_cpp_bracketed_shares"] == pytest.approx([0.4, 0.6, 0.8])
     assert r["llama_cpp_bracketed_share"] == pytest.approx(0.6)
     assert r["colibri_paired_share"] == pytest.approx(0.8) and r["colibri_share"] == pytest.approx(0.6)
+    assert r["colibri_interleaved_shares"] == pytest.approx([1.0, 0.75, 1.2])
+    assert r["colibri_interleaved_share"] == pytest.approx(1.0)
+    assert r["llama_cpp_interleaved_shares"] == pytest.approx([0.8, 0.6, 0.8])
     line = _report_of(r, 2)
-    assert "bracketed" in line and "colibri 96% (90-100%)" in line and "llama.cpp 60% (40-80%)" in line
+    bracketed, interleaved = (next(x for x in line.splitlines() if x.strip().startswith(k))
+                              for k in ("bracketed", "interleaved"))
+    assert "colibri 96% (90-100%)" in bracketed and "llama.cpp 60% (40-80%)" in bracketed
+    assert "colibri 100% (75-120%)" in interleaved and "llama.cpp 80% (60-80%)" in interleaved
+    # judged on the interleaved share (100%, and 2x llama.cpp), though the headline is 60%
+    assert "target met on the interleaved share" in line
+    # the probe's own headline share: the median sustained rate 12 over the best pass 20
+    assert r["probe_headline_share"] == pytest.approx(0.6)
+    assert "own headline share" in line and "2 thread(s) 60%" in line
+    behind = add_shares({"bandwidth_gbs": 20.0, "colibri_tps": 60.0, "llama_cpp_tps": 61.0,
+                         "samples": samples}, 200e6)
+    assert "target not met on the interleaved share" in _report_of(behind, 2)  # behind llama.cpp
 
 
 def test_rejects_bad_arguments(models):
@@ -268,11 +286,13 @@ def _tool(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedPr
 def test_script_end_to_end(models, tmp_path):
     out = tmp_path / "roof.json"
     p = _tool("roofline.py", "-m", models["bench"], "--no-llama-cpp", "--tokens", "2",
-              "--threads", "1", "--rounds", "1", "--membw-mib", "64", "--json", str(out))
+              "--threads", "1", "--rounds", "1", "--membw-mib", "64", "--probe-blocks", "2",
+              "--json", str(out))
     assert p.returncode == 0, p.stderr[-3000:]
     assert "MB read per token" in p.stdout
     r = json.loads(out.read_text())
     assert r["llama_cpp"] is False and r["threads"] == [1] and r["tokens"] == 2
+    assert r["probe_blocks"] == 2
     (m,) = r["models"]
     assert m["path"] == models["bench"]
     counted = m["bytes_per_token"]
@@ -290,26 +310,30 @@ def test_script_end_to_end(models, tmp_path):
     assert run["colibri_paired_share"] == pytest.approx(
         run["colibri_tps"] * counted["total"] / (run["samples"]["bandwidth_gbs"][0] * 1e9))
     assert "paired" in p.stdout
-    # the bracket: probes in the engine's process just before and after its timed steps
+    # the bracket: probes in the engine's process before, between and after its timed steps
     (bracket,) = run["samples"]["colibri_bracket_gbs"]
-    assert np.isfinite(bracket) and bracket > 0
+    (sustained,) = run["samples"]["colibri_sustained_gbs"]
+    assert np.isfinite(bracket) and bracket > 0 and 0 < sustained <= bracket * 1.001
     assert run["colibri_bracketed_share"] == pytest.approx(
         run["colibri_tps"] * counted["total"] / (bracket * 1e9))
-    assert "bracketed" in p.stdout
+    assert run["colibri_interleaved_share"] == pytest.approx(
+        run["colibri_tps"] * counted["total"] / (sustained * 1e9))
+    assert "bracketed" in p.stdout and "interleaved" in p.stdout
     assert run["llama_cpp_tps"] is None and run["ratio"] is None
 
 
 def test_probe_brackets_the_timed_steps(models, monkeypatch):
-    """_timed_steps: the warm-up steps, a probe, the timed steps, a probe (with the probe's
-    arguments), each next token picked from the step before; without a probe none runs.
-    run_colibri passes its probe through and reports both readings."""
+    """_timed_steps: the warm-up steps, a probe, the timed steps in `blocks` runs as equal as
+    can be with a probe after each (with the probe's arguments), each next token picked from
+    the step before; without a probe none runs, and no more blocks than steps. run_colibri
+    passes its probe through and reports every reading, best and sustained."""
     from colibri import bench
 
     events: list[Any] = []
 
     def fake_probe(probe):
         events.append(("probe", list(probe)))
-        return 10.0 + len(events)
+        return 10.0 + len(events), 1.0 + len(events)
 
     def step(tok):
         events.append(tok)
@@ -318,16 +342,39 @@ def test_probe_brackets_the_timed_steps(models, monkeypatch):
     monkeypatch.setattr(bench, "_probe", fake_probe)
     lat, bw = bench._timed_steps(step, lambda out: out * 10, 1, 2, 3, [2, 64, 3])
     assert events == [1, 20, ("probe", [2, 64, 3]), 210, 2110, 21110, ("probe", [2, 64, 3])]
-    assert len(lat) == 3 and all(t >= 0 for t in lat) and bw == [13.0, 17.0]
+    assert len(lat) == 3 and all(t >= 0 for t in lat) and bw == [(13.0, 4.0), (17.0, 8.0)]
+    events.clear()
+    p = ("probe", [1, 64, 2, 2])
+    lat, bw = bench._timed_steps(step, lambda out: out, 5, 0, 5, [1, 64, 2, 2])
+    assert events == [p, 5, 6, p, 7, 8, 9, p] and len(lat) == 5 and len(bw) == 3
+    events.clear()
+    lat, bw = bench._timed_steps(step, lambda out: out, 5, 0, 2, [1, 64, 2, 6])
+    assert [e for e in events if e != ("probe", [1, 64, 2, 6])] == [5, 6] and len(bw) == 3
+    assert events[0] == events[2] == events[4] == ("probe", [1, 64, 2, 6])
     events.clear()
     lat, bw = bench._timed_steps(step, lambda out: out, 5, 1, 2, None)
     assert events == [5, 6, 7] and len(lat) == 2 and bw == []
     events.clear()
     r = bench.run_colibri(models["bench"], threads=1, prompt_tokens=4, gen_tokens=3, ctx=64,
-                          warmup=2, probe=[1, 64, 2])
-    assert r["probe_gbs"] == [11.0, 12.0]
+                          warmup=2, probe=[1, 64, 2, 3])
+    assert r["probe_gbs"] == [11.0, 12.0, 13.0, 14.0]
+    assert r["probe_sustained_gbs"] == [2.0, 3.0, 4.0, 5.0]
     assert bench.run_colibri(models["bench"], threads=1, prompt_tokens=4, gen_tokens=1,
                              ctx=64)["probe_gbs"] == []
+
+
+def test_membw_rates():
+    """The probe's two readings: one pass is both the best and the sustained rate; over more
+    passes the best is at least their sustained rate (the mean of passes 2..)."""
+    from colibri.tools.membw import membw, membw_rates
+
+    best, sustained = membw_rates(1, 64, 1)
+    assert best > 0 and sustained == pytest.approx(best, rel=2e-3)
+    best, sustained = membw_rates(2, 64, 4)
+    assert 0 < sustained <= best * 1.001
+    assert membw(1, 64, 2) > 0
+    with pytest.raises(ValueError, match="positive"):
+        membw_rates(1, 64, 0)
 
 
 def test_repeated_prefill_times_each_and_keeps_the_first_token(models):

@@ -1,6 +1,9 @@
 /* Plain streaming read bandwidth: each of T threads sums its share of a large buffer with
  * 256-bit loads (AVX2 when compiled with -mavx2, else 128-bit SSE2); prints the best GB/s of
- * R passes over the whole buffer. Usage: membw <MiB> <threads> <passes>.
+ * R passes over the whole buffer, 0, and the sustained GB/s: the bytes of passes 2..R over
+ * their total time (the first pass is a warm-up; R = 1: that pass). The best pass is the
+ * STREAM convention; the sustained rate is the one to set beside another rate averaged over a
+ * comparable time. Usage: membw <MiB> <threads> <passes>.
  * Compiled and run by tools/bench/kernels.py as the peer of the matvec kernels. */
 #define _GNU_SOURCE
 #include <immintrin.h>
@@ -18,6 +21,7 @@ typedef struct {
     pthread_barrier_t *bar;
     int passes;
     double *best;
+    double *total; /* thread 0: the seconds of passes 2..R (of pass 1 when R = 1) */
     int index;
 } arg_t;
 
@@ -62,6 +66,7 @@ static void *worker(void *v) {
         pthread_barrier_wait(a->bar);
         double dt = now() - t0;
         if (a->index == 0 && dt < *a->best) *a->best = dt;
+        if (a->index == 0 && (r > 0 || a->passes == 1)) *a->total += dt;
     }
     return NULL;
 }
@@ -79,10 +84,10 @@ int main(int argc, char **argv) {
     pthread_barrier_init(&bar, NULL, (unsigned)threads);
     pthread_t th[64];
     arg_t args[64];
-    double best = 1e30;
+    double best = 1e30, total = 0;
     size_t share = n / (size_t)threads / 128 * 128;
     for (int i = 0; i < threads; i++) {
-        args[i] = (arg_t){buf + (size_t)i * share, share, 0.0, &bar, passes, &best, i};
+        args[i] = (arg_t){buf + (size_t)i * share, share, 0.0, &bar, passes, &best, &total, i};
         pthread_create(&th[i], NULL, worker, &args[i]);
     }
     double sink = 0;
@@ -90,7 +95,9 @@ int main(int argc, char **argv) {
         pthread_join(th[i], NULL);
         sink += args[i].sink;
     }
-    printf("%.3f %g\n", (double)(share * (size_t)threads) / best / 1e9, sink * 0.0);
+    double bytes = (double)(share * (size_t)threads);
+    printf("%.3f %g %.3f\n", bytes / best / 1e9, sink * 0.0,
+           bytes * (passes > 1 ? passes - 1 : 1) / total / 1e9);
     free(buf);
     return 0;
 }
