@@ -109,7 +109,9 @@ def _timed_steps(step: Callable[[int], Any], pick: Callable[[Any], int], first: 
     blocks], the bandwidth probe's (best, sustained) GB/s (colibri.tools.membw; the engine's
     threads idle meanwhile) run just before the first timed step, between `blocks` (1 unless
     given; at most n) equal runs of the steps, and just after the last: the machine's streaming
-    rate at the time of the steps, and over the same seconds."""
+    rate at the time of the steps, alternating with them. After a probe between two blocks one
+    untimed step runs first (its threads wake and its caches refill: the probe's cost, not the
+    engine's)."""
     nxt = first
     for _ in range(warmup):
         nxt = pick(step(nxt))
@@ -117,6 +119,8 @@ def _timed_steps(step: Callable[[int], Any], pick: Callable[[Any], int], first: 
     bw = [_probe(probe)] if probe else []
     lat: list[float] = []
     for b in range(blocks):
+        if b:  # one untimed step after a probe: the threads wake, the caches refill
+            nxt = pick(step(nxt))
         for _ in range(n * (b + 1) // blocks - n * b // blocks):
             t = time.perf_counter()
             out = step(nxt)

@@ -3,7 +3,8 @@ from the GGUF, over the streaming read bandwidth measured in the same run at the
 count; colibri's and llama.cpp's measured decode rates as shares of that bound.
 
     python tools/bench/roofline.py [-m MODEL ...] [--moe [PATH]] [--threads 1,2] [--tokens N]
-                                   [--ctx-pos P] [--rounds 3] [--no-llama-cpp] [--json OUT]
+                                   [--ctx-pos P] [--rounds 3] [--probe-blocks 6]
+                                   [--no-llama-cpp] [--json OUT]
 
 **Bytes per token** (bytes_per_token): every tensor of every layer in full (attention, norms,
 router, shared experts, dense FFN), the routed expert tensors (`*_exps*`) at top_k / n_expert of
@@ -24,19 +25,26 @@ so all see the same load; decode rates are the medians of the rounds (the best r
 beside them: on a shared machine the least disturbed one).
 
 The roofline rate is bandwidth / bytes per token; an engine's share is its tokens/s x bytes per
-token / bandwidth (issue #17's target: >= 85%, and never behind llama.cpp). The headline share
-divides the median decode rate by the best probe of the run: the conservative figure. On a
-machine whose bandwidth swings within minutes it understates what an engine streams, so the
-report also gives, per round and then the median of the rounds (and their range):
+token / bandwidth. The headline share divides the median decode rate by the best probe pass of
+the run: the conservative figure. On a machine whose bandwidth swings within minutes it
+understates what an engine streams, so the report also gives, per round and then the median of
+the rounds (and their range):
 - paired: the engine's rate over the probe run just before it (a model load away);
 - bracketed: over the best pass of the probes its own process runs among its timed steps (its
   threads idle meanwhile): just before the first, between `--probe-blocks` equal blocks of
-  steps, and just after the last;
+  steps (one untimed step follows each such probe), and just after the last;
 - interleaved: over those probes' sustained rate (each probe's passes after its first, over
-  their time; the probes together: the harmonic mean). A decode rate is a mean over seconds;
-  a best pass is the extreme of a noisy series (on a shared 2-core VM the best of a run's
-  15-ms passes sat ~20% above their mean), so the interleaved share sets a mean beside a mean
-  over the same seconds: what the engine streams of what the memory gave it then.
+  their time; the probes together: the harmonic mean), taken alternately with the steps within
+  the same few seconds. A decode rate is a mean over its steps; a best pass is the extreme of a
+  noisy series (on a shared 2-core VM the best pass of a run sat 1.25-1.6x above the rounds'
+  median sustained rate at 2 threads, where the bandwidth has two states minutes apart, and
+  1.02-1.18x at 1 thread), so the interleaved share sets a mean beside a mean: what the engine
+  streams of what a plain read streamed alongside it. It can exceed 100% when the probes catch
+  a slower moment than the steps.
+**Issue #17's target** (>= 85%, and never behind llama.cpp on the median rates) is judged on
+the interleaved share (on the headline share where none was measured). The report adds the
+probe's own headline share (the rounds' median sustained rate over the run's best pass): what
+a plain read at its sustained rate would score on the headline measure.
 """
 
 from __future__ import annotations
@@ -279,7 +287,7 @@ def add_shares(run: dict[str, Any], total_bytes: float) -> dict[str, Any]:
                           ("interleaved", f"{e}_sustained_gbs")):
             probe = samples.get(key) or []
             shares = [tps * total_bytes / (gbs * 1e9)
-                      for tps, gbs in zip(rates, probe, strict=True)] if probe else []
+                      for tps, gbs in zip(rates, probe, strict=True) if gbs > 0] if probe else []
             run[f"{e}_{kind}_shares"] = shares
             run[f"{e}_{kind}_share"] = statistics.median(shares) if shares else None
     # the headline share of the probe itself: the rounds' median sustained rate over the run's
@@ -293,8 +301,9 @@ def add_shares(run: dict[str, Any], total_bytes: float) -> dict[str, Any]:
 def _target_note(r: dict[str, Any]) -> str:
     """The target's verdict on a run: its interleaved share when measured, else the headline."""
     kind, share = (("interleaved", r["colibri_interleaved_share"])
-                   if r.get("colibri_interleaved_share") else ("headline", r["colibri_share"]))
-    met = share >= TARGET and (r.get("ratio") or 1.0) >= 1.0
+                   if r.get("colibri_interleaved_share") is not None
+                   else ("headline", r["colibri_share"]))
+    met = share >= TARGET and (r.get("ratio") is None or r["ratio"] >= 1.0)
     return f"   (the {100 * TARGET:.0f}% target {'met' if met else 'not met'} on the {kind} share)"
 
 

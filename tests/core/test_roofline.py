@@ -346,11 +346,12 @@ def test_probe_brackets_the_timed_steps(models, monkeypatch):
     events.clear()
     p = ("probe", [1, 64, 2, 2])
     lat, bw = bench._timed_steps(step, lambda out: out, 5, 0, 5, [1, 64, 2, 2])
-    assert events == [p, 5, 6, p, 7, 8, 9, p] and len(lat) == 5 and len(bw) == 3
+    # 2 timed, a probe, an untimed step (7), 3 timed, a probe
+    assert events == [p, 5, 6, p, 7, 8, 9, 10, p] and len(lat) == 5 and len(bw) == 3
     events.clear()
     lat, bw = bench._timed_steps(step, lambda out: out, 5, 0, 2, [1, 64, 2, 6])
-    assert [e for e in events if e != ("probe", [1, 64, 2, 6])] == [5, 6] and len(bw) == 3
-    assert events[0] == events[2] == events[4] == ("probe", [1, 64, 2, 6])
+    assert [e for e in events if e != ("probe", [1, 64, 2, 6])] == [5, 6, 7] and len(bw) == 3
+    assert events[0] == events[2] == events[5] == ("probe", [1, 64, 2, 6]) and len(lat) == 2
     events.clear()
     lat, bw = bench._timed_steps(step, lambda out: out, 5, 1, 2, None)
     assert events == [5, 6, 7] and len(lat) == 2 and bw == []
@@ -363,9 +364,41 @@ def test_probe_brackets_the_timed_steps(models, monkeypatch):
                              ctx=64)["probe_gbs"] == []
 
 
+def test_measure_passes_the_blocks_and_takes_the_harmonic_mean(monkeypatch):
+    """measure() asks each engine's process for its probe in `blocks` blocks of PROBE_PASSES
+    passes, and records per round the best pass of its probes and their sustained rates'
+    harmonic mean (every probe reads the same bytes: their bytes over their time)."""
+    import colibri.bench
+    import colibri.tools.membw
+    from colibri.tools import roofline
+
+    seen: list[dict[str, Any]] = []
+
+    def fake_in_subprocess(engine, **kw):
+        seen.append({"engine": engine, **kw})
+        return {"decode_tps": 50.0 + len(seen), "probe_gbs": [30.0, 36.0, 33.0],
+                "probe_sustained_gbs": [20.0, 30.0, 60.0]}
+
+    monkeypatch.setattr(colibri.bench, "in_subprocess", fake_in_subprocess)
+    monkeypatch.setattr(colibri.tools.membw, "membw", lambda t, mib, passes: 40.0)
+    (run,) = roofline.measure("m.gguf", [2], tokens=8, ctx_pos=16, rounds=2, llama=True,
+                              membw_mib=64, log=lambda *a: None, blocks=3)
+    assert [s["engine"] for s in seen] == ["colibri", "llama_cpp"] * 2
+    assert all(s["probe"] == [2, 64, roofline.PROBE_PASSES, 3] for s in seen)
+    assert all(s["warmup"] == roofline.WARMUP and s["gen_tokens"] == 8 for s in seen)
+    got = run["samples"]
+    assert got["colibri_tps"] == [51.0, 53.0] and got["llama_cpp_tps"] == [52.0, 54.0]
+    assert got["colibri_bracket_gbs"] == [36.0, 36.0]
+    # 3 / (1/20 + 1/30 + 1/60) = 30
+    assert got["colibri_sustained_gbs"] == pytest.approx([30.0, 30.0])
+    assert got["llama_cpp_sustained_gbs"] == pytest.approx([30.0, 30.0])
+    assert run["bandwidth_gbs"] == 40.0
+
+
 def test_membw_rates():
-    """The probe's two readings: one pass is both the best and the sustained rate; over more
-    passes the best is at least their sustained rate (the mean of passes 2..)."""
+    """The probe's two readings as parsed (the first and the third field membw.c prints): one
+    pass is both the best and the sustained rate; over more passes the best is at least their
+    sustained rate (the mean of passes 2..)."""
     from colibri.tools.membw import membw, membw_rates
 
     best, sustained = membw_rates(1, 64, 1)

@@ -4,7 +4,8 @@
  * their total time (the first pass is a warm-up; R = 1: that pass). The best pass is the
  * STREAM convention; the sustained rate is the one to set beside another rate averaged over a
  * comparable time. Usage: membw <MiB> <threads> <passes>.
- * Compiled and run by tools/bench/kernels.py as the peer of the matvec kernels. */
+ * Compiled and run by colibri.tools.membw (tools/bench/quant_kernels.py, colibri.tools.roofline)
+ * as the peer of the matvec kernels and of decode. */
 #define _GNU_SOURCE
 #include <immintrin.h>
 #include <pthread.h>
