@@ -213,14 +213,23 @@ def _report_of(r: dict[str, Any], threads: int) -> str:
                     "llama_cpp_best_share": 0.4}])
 
 
+# three rounds: each round's probe and rates (colibri's probe is the round's first)
+ROUNDS = {"bandwidth_gbs": [10.0, 20.0, 16.0], "colibri_tps": [40.0, 60.0, 72.0],
+          "llama_cpp_bandwidth_gbs": [8.0, 20.0, 10.0], "llama_cpp_tps": [20.0, 30.0, 40.0]}
+
+
+def _shares_of(samples: dict[str, list[float]]) -> dict[str, Any]:
+    """add_shares() of a 200 MB a token run over these rounds: median rates 60 and 30 tok/s,
+    the best probe 20 GB/s."""
+    return add_shares({"bandwidth_gbs": 20.0, "colibri_tps": 60.0, "llama_cpp_tps": 30.0,
+                       "samples": samples}, 200e6)
+
+
 def test_paired_shares():
     """Each round's rate over the probe run just before it (colibri: the round's first probe,
     llama.cpp: its own), the median of the rounds; the headline share stays the conservative
     median rate over the best probe of all."""
-    samples = {"bandwidth_gbs": [10.0, 20.0, 16.0], "colibri_tps": [40.0, 60.0, 72.0],
-               "llama_cpp_bandwidth_gbs": [8.0, 20.0, 10.0], "llama_cpp_tps": [20.0, 30.0, 40.0]}
-    r = add_shares({"bandwidth_gbs": 20.0, "colibri_tps": 60.0, "llama_cpp_tps": 30.0,
-                    "samples": samples}, 200e6)
+    r = _shares_of(ROUNDS)
     assert r["colibri_paired_shares"] == pytest.approx([0.8, 0.6, 0.9])
     assert r["colibri_paired_share"] == pytest.approx(0.8)
     assert r["llama_cpp_paired_shares"] == pytest.approx([0.5, 0.3, 0.8])
@@ -238,13 +247,11 @@ def test_bracketed_and_interleaved_shares():
     measure() records them: the max of their best passes), and over those probes' sustained
     rate, the medians of the rounds; the paired and the conservative shares are left as they
     were."""
-    samples = {"bandwidth_gbs": [10.0, 20.0, 16.0], "colibri_tps": [40.0, 60.0, 72.0],
-               "colibri_bracket_gbs": [8.0, 12.5, 16.0], "colibri_sustained_gbs": [8.0, 16.0, 12.0],
-               "llama_cpp_bandwidth_gbs": [8.0, 20.0, 10.0], "llama_cpp_tps": [20.0, 30.0, 40.0],
+    samples = {**ROUNDS, "colibri_bracket_gbs": [8.0, 12.5, 16.0],
+               "colibri_sustained_gbs": [8.0, 16.0, 12.0],
                "llama_cpp_bracket_gbs": [10.0, 10.0, 10.0],
                "llama_cpp_sustained_gbs": [5.0, 10.0, 10.0]}
-    r = add_shares({"bandwidth_gbs": 20.0, "colibri_tps": 60.0, "llama_cpp_tps": 30.0,
-                    "samples": samples}, 200e6)
+    r = _shares_of(samples)
     assert r["colibri_bracketed_shares"] == pytest.approx([1.0, 0.96, 0.9])
     assert r["colibri_bracketed_share"] == pytest.approx(0.96)
     assert r["llama_cpp_bracketed_shares"] == pytest.approx([0.4, 0.6, 0.8])
