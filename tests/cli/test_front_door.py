@@ -309,7 +309,7 @@ def test_cli_bench_says_how_to_get_the_peer(monkeypatch, capsys):
 
     monkeypatch.setattr(bench, "llama_cpp_missing", lambda: bench.LLAMA_CPP_MISSING)
     assert main(["bench", "--vs-llama-cpp"]) == 1
-    assert 'pip install "colibri[bench]"' in capsys.readouterr().err
+    assert 'pip install "colibri-moe[bench]"' in capsys.readouterr().err
 
 
 def test_chat_from_a_pipe():
@@ -363,7 +363,7 @@ def test_chat_interactive_on_a_terminal():
 
 
 def test_missing_extras_name_the_extra(monkeypatch):
-    """Each optional feature says which `pip install "colibri[...]"` brings it."""
+    """Each optional feature says which `pip install "colibri-moe[...]"` brings it."""
     import builtins
 
     real_import = builtins.__import__
@@ -374,8 +374,37 @@ def test_missing_extras_name_the_extra(monkeypatch):
         return real_import(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", no)
-    with pytest.raises(ColibriError, match=r"colibri\[demo\]"):
+    with pytest.raises(ColibriError, match=r"colibri-moe\[demo\]"):
         colibri.default_model_path()
     from colibri import cuda
 
-    assert "colibri[cuda]" in (cuda.unavailable_reason() or "")
+    assert "colibri-moe[cuda]" in (cuda.unavailable_reason() or "")
+
+
+# ---- the distribution's own name ----
+
+def test_the_distribution_name_is_ours_everywhere():
+    """`colibri` on PyPI is someone else's project (an AMQP client): the distribution is
+    colibri-moe, and no install line in the code, docs or tools names the bare `colibri`, which
+    would fetch a stranger's code. Fails if the pyproject name or any message goes back."""
+    import re
+
+    from colibri._dist import DIST_NAME, install_hint
+
+    assert DIST_NAME != "colibri"
+    name = re.search(r'^name = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert name is not None and name.group(1) == DIST_NAME
+    assert install_hint("serve") == f'pip install "{DIST_NAME}[serve]"'
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    bare = re.compile(r"""pip install\s+\\?["'`]?colibri(\[|\\?["'`\s]|$)""", re.M)
+    offenders = []
+    for rel in files:
+        if not rel.endswith((".py", ".md", ".sh", ".toml", ".txt", ".pyx", ".pxi")):
+            continue
+        text = (ROOT / rel).read_text(errors="replace")
+        offenders += [f"{rel}: {m.group(0)!r}" for m in bare.finditer(text)]
+        offenders += [f"{rel}: {m.group(0)!r}" for m in re.finditer(r"(?<![\w-])colibri\[", text)]
+    # this test's own patterns are the only place the bare name may appear
+    offenders = [o for o in offenders if not o.startswith("tests/cli/test_front_door.py")]
+    assert not offenders, offenders

@@ -28,7 +28,7 @@ EXEMPT = {
     'pip install ".[demo]" && colibri run -p "The history of the Roman Empire" -n 64':
         "the install command (its colibri part runs below)",
     "bash tools/test.sh": "the test command itself",
-    'pip install "colibri[serve]"': "the install command (the serve stack is in the test extra)",
+    'pip install "colibri-moe[serve]"': "the install command (the serve stack is in the test extra)",
 }
 # a command line with one of these is not run (each needs hardware or a peer CI lacks)
 EXEMPT_IF_CONTAINS = {

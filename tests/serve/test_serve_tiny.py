@@ -181,7 +181,7 @@ def test_missing_extra_names_it(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "llguidance", None)  # import llguidance -> ImportError
     assert main(["serve"]) == 1
     err = capsys.readouterr().err
-    assert 'pip install "colibri[serve]"' in err and "llguidance" in err
+    assert 'pip install "colibri-moe[serve]"' in err and "llguidance" in err
 
 
 def test_messages_for_templates_with_and_without_tools():
