@@ -136,23 +136,31 @@ def _build_parser() -> argparse.ArgumentParser:
     add_convert_args(cv)
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (colibri-moe[serve]): "
-                        "/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics")
+                        "/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics",
+                        description="An OpenAI-compatible HTTP server on colibri.Engine; the "
+                        "guide is docs/SERVING.md.", formatter_class=_ServeHelp)
     _add_model_args(sv)
     sv.add_argument("--host", default="127.0.0.1",
-                    help="address to listen on (default 127.0.0.1: this machine only)")
-    sv.add_argument("--port", type=int, default=8000)
+                    help="address to listen on (127.0.0.1: this machine only)")
+    sv.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free one)")
     sv.add_argument("--max-seqs", type=int, default=16,
                     help="requests decoded together at most (the engine's batch)")
     sv.add_argument("--max-queue", type=int, default=256,
                     help="requests waiting beyond --max-seqs; more are refused with 429")
-    sv.add_argument("--api-key", default=None,
-                    help="require 'Authorization: Bearer KEY' on /v1/ routes")
+    key = sv.add_mutually_exclusive_group()
+    key.add_argument("--api-key", default=None,
+                     help="require 'Authorization: Bearer KEY' on /v1/ routes (visible to "
+                          "every local user in ps: prefer --api-key-file or COLIBRI_API_KEY) "
+                          "(default: COLIBRI_API_KEY, else none: no key)")
+    key.add_argument("--api-key-file", default=None, metavar="PATH",
+                     help="read the API key from the first line of this file")
     sv.add_argument("--model-name", default=None,
                     help="the model id clients name (default: the file's name)")
     sv.add_argument("--max-body-bytes", type=int, default=4 * 2**20,
-                    help="largest request body; bigger ones are refused with 413")
+                    help="largest request body in bytes; bigger ones are refused with 413")
     sv.add_argument("--grace-period", type=float, default=30.0,
-                    help="seconds running requests get to finish after SIGTERM")
+                    help="seconds running requests get to finish after SIGTERM; then they are "
+                         "cut off (a stream ends with an error event and [DONE])")
     sv.add_argument("--prefill-chunk", type=int, default=None,
                     help="most prompt tokens per engine step (default 64)")
     sv.add_argument("--no-prefix-cache", action="store_true",
@@ -300,6 +308,46 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+class _ServeHelp(argparse.HelpFormatter):
+    """`colibri serve --help`: each option's default shown, unless its help already says it or
+    it has none (None, or off for a flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("(default" not in text and action.option_strings and action.default is not None
+                and action.default is not False and action.default is not argparse.SUPPRESS):
+            text += " (default: %(default)s)"
+        return text
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    """The server's API key: --api-key, else the first line of --api-key-file, else
+    COLIBRI_API_KEY; None: no key."""
+    if args.api_key is not None:
+        if not args.api_key.strip():
+            raise ValueError("--api-key is empty")
+        return str(args.api_key).strip()
+    if args.api_key_file is not None:
+        path = args.api_key_file
+        try:
+            with open(path, "rb") as f:
+                first = f.read(1 << 16).split(b"\n", 1)[0]
+        except OSError as e:
+            raise ValueError(f"--api-key-file {path}: cannot read it: "
+                             f"{e.strerror or e}") from None
+        try:
+            key = first.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            raise ValueError(f"--api-key-file {path}: the first line is not UTF-8 "
+                             "text") from None
+        if not key:
+            raise ValueError(f"--api-key-file {path}: the first line is empty (the file "
+                             "should hold the key)")
+        return key
+    key = config.from_env("COLIBRI_API_KEY")
+    return str(key).strip() if key else None
+
+
 def _serve(args: argparse.Namespace) -> int:
     from colibri.serve import missing_extra, run
 
@@ -312,8 +360,7 @@ def _serve(args: argparse.Namespace) -> int:
             raise ValueError(f"{name} must be {'in [0, 65535]' if name == '--port' else f'>= {low}'}, got {value}")
     if args.grace_period < 0:
         raise ValueError(f"--grace-period must be >= 0, got {args.grace_period}")
-    if args.api_key is not None and not args.api_key:
-        raise ValueError("--api-key is empty")
+    args.api_key = _api_key(args)
     if args.model is not None:  # a missing file is an error now, not after the server starts
         if not args.model.strip():
             raise ValueError("-m/--model is empty: give a GGUF file, or leave -m out for the "

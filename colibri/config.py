@@ -113,6 +113,7 @@ class Variable:
     help: str
     default_help: str = ""
     build: bool = False  # read by setup.py at build time
+    secret: bool = False  # its value is never shown (colibri doctor)
 
     def describe_default(self) -> str:
         return self.default_help or ("none" if self.default is None else str(self.default))
@@ -153,10 +154,10 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in [
              "hottest experts of a budgeted store at load"),
     Variable("COLIBRI_USAGE_DIR", None, "folder", None, text,
              "folder of the expert usage records", default_help="~/.cache/colibri/usage"),
-    Variable("COLIBRI_CUDA_EXPERT_BUDGET", "cuda_expert_budget", "size or fraction", None, budget,
     Variable("COLIBRI_MODELS_DIR", None, "folder", None, text,
              "folder of the model cache (`colibri pull`, `colibri list`, `-m NAME`)",
              default_help="~/.cache/colibri/models"),
+    Variable("COLIBRI_CUDA_EXPERT_BUDGET", "cuda_expert_budget", "size or fraction", None, budget,
              "device bytes for routed experts with device=\"cuda\" (`8GB` or a fraction)",
              default_help="every expert on the device"),
     Variable("COLIBRI_CUDA_GEMM_PIPELINE", None, "cp | regs", None, choice("cp", "regs"),
@@ -166,6 +167,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in [
              "folder of the `.cu` kernel sources", default_help="the ones shipped in the package"),
     Variable("COLIBRI_CUDA_CACHE", None, "folder", None, text,
              "folder of compiled kernels (cubins)", default_help="~/.cache/colibri/cuda"),
+    Variable("COLIBRI_API_KEY", None, "text", None, text,
+             "the API key `colibri serve` requires (`Authorization: Bearer KEY`) when neither "
+             "`--api-key` nor `--api-key-file` is given", default_help="no key", secret=True),
     Variable("COLIBRI_PORTABLE", None, "boolean", False, boolean,
              "build for generic x86-64 (SIMD kernels still chosen at run time)", build=True),
     Variable("COLIBRI_DEBUG", None, "boolean", False, boolean, "build `-O0 -g`", build=True),
@@ -212,11 +216,14 @@ def resolve(name: str, argument: Any = None, environ: Mapping[str, str] | None =
 
 def settings(environ: Mapping[str, str] | None = None) -> list[tuple[Variable, str | None, str]]:
     """(variable, raw value or None, what it means now or the error) for every variable: what
-    `colibri doctor` prints. Never raises."""
+    `colibri doctor` prints (a secret one shown as "<hidden>"). Never raises."""
     env = os.environ if environ is None else environ
-    out = []
+    out: list[tuple[Variable, str | None, str]] = []
     for var in VARIABLES.values():
         raw = env.get(var.name)
+        if var.secret and raw:
+            out.append((var, "<hidden>", "set (hidden)"))
+            continue
         try:
             value = from_env(var.name, env)
             shown = var.describe_default() if value is None or raw in (None, "") else repr(value)

@@ -11,7 +11,9 @@ import importlib
 import logging
 import os
 import signal
+import socket
 import sys
+import threading
 from typing import Any
 
 log = logging.getLogger("colibri")
@@ -36,16 +38,51 @@ def missing_extra() -> str | None:
     return f"colibri serve needs {', '.join(missing)}: {install_hint('serve')}"
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on host:port (IPv6 when host has a colon); OSError when the address
+    cannot be bound (in use, not an address of this machine, a name that does not resolve)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# seconds uvicorn gives the responses after the grace period's requests were cut off (their
+# final error event, [DONE]) before it cancels what is left
+CUT_OFF_SLACK = 5.0
+
+
 def run(args: Any, load: Any) -> int:
     """Serve until SIGTERM/SIGINT (then: stop accepting, let running requests finish within
-    args.grace_period seconds, close the engine); the exit status (0, or 1 when the model
-    failed to load or the address could not be bound). load() returns the Model."""
+    args.grace_period seconds, cut off the ones still running then (a stream ends with an
+    error event and [DONE], a JSON answer is a 503), close the engine); the exit status (0, or
+    1 when the model failed to load or the address could not be bound: one line "colibri
+    serve: error: could not listen on HOST:PORT: REASON"). load() returns the Model. The API
+    key is args.api_key (the caller resolves --api-key, --api-key-file and COLIBRI_API_KEY)."""
     if (missing := missing_extra()) is not None:
         raise ValueError(missing)
     import uvicorn
 
     from colibri.serve.app import ServerState, create_app
     from colibri.serve.prefault import tune_malloc
+
+    try:  # bound before anything else: nothing is announced or loaded for a bad address
+        sock = _listen(args.host, args.port)
+    except OSError as e:
+        reason = e.strerror or str(e) or type(e).__name__
+        print(f"colibri serve: error: could not listen on {_hostport(args.host, args.port)}: "
+              f"{reason}", file=sys.stderr, flush=True)
+        return 1
+    port = int(sock.getsockname()[1])  # --port 0: the one the system chose
 
     tune_malloc()  # before the model: every later block follows it
 
@@ -56,12 +93,13 @@ def run(args: Any, load: Any) -> int:
         engine_kwargs["prefill_chunk"] = args.prefill_chunk
     state = ServerState(load, model_id, max_seqs=args.max_seqs, max_queue=args.max_queue,
                         api_key=args.api_key, max_body_bytes=args.max_body_bytes,
-                        engine_kwargs=engine_kwargs, prefault=not args.no_prefault)
+                        engine_kwargs=engine_kwargs, prefault=not args.no_prefault,
+                        grace_period=args.grace_period)
     app = create_app(state)
-    config = uvicorn.Config(app, host=args.host, port=args.port, lifespan="on",
+    config = uvicorn.Config(app, host=args.host, port=port, lifespan="on",
                             log_level="info" if args.verbose else "warning",
                             access_log=bool(args.verbose),
-                            timeout_graceful_shutdown=args.grace_period,
+                            timeout_graceful_shutdown=args.grace_period + CUT_OFF_SLACK,
                             timeout_keep_alive=5)
 
     class Server(uvicorn.Server):
@@ -69,6 +107,11 @@ def run(args: Any, load: Any) -> int:
             if not state.draining:
                 print("colibri serve: shutting down: finishing running requests (at most "
                       f"{args.grace_period:g} s)", file=sys.stderr, flush=True)
+                # at the end of the grace period the requests still running are cut off:
+                # their streams end with an error event and [DONE]
+                timer = threading.Timer(args.grace_period, state.cut_off)
+                timer.daemon = True
+                timer.start()
             state.draining = True  # new /v1/ requests on open connections: 503
             super().handle_exit(sig, frame)
             # uvicorn re-raises the signal after its graceful shutdown (the process then dies
@@ -78,7 +121,7 @@ def run(args: Any, load: Any) -> int:
                                           if s != signal.SIGTERM]
 
     server = Server(config)
-    url = f"http://{args.host if ':' not in args.host else '[' + args.host + ']'}:{args.port}"
+    url = f"http://{_hostport(args.host, port)}"
 
     def ready() -> None:
         touched = ""
@@ -97,13 +140,16 @@ def run(args: Any, load: Any) -> int:
     state.on_ready = ready
     state.on_fatal = fatal
     print(f"colibri serve: loading the model; listening on {url}", file=sys.stderr, flush=True)
-    server.run()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
     if state.load_error:
         print(f"colibri serve: error: the model failed to load: {state.load_error}",
               file=sys.stderr)
         return 1
     if not server.started:
-        print(f"colibri serve: error: could not listen on {args.host}:{args.port} (in use?)",
+        print(f"colibri serve: error: the server on {_hostport(args.host, port)} did not start",
               file=sys.stderr)
         return 1
     return 0

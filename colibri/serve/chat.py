@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from colibri.errors import ColibriError
 from colibri.serve.handling import (
+    _check_sampling,
     _constraint_factory,
     _max_tokens,
     _parse,
@@ -33,9 +34,10 @@ from colibri.serve.streaming import (
     _failed,
     _merged,
     _sse,
+    _stream_error,
     _usage,
 )
-from colibri.serve.tools import ToolStreamParser, call_grammar
+from colibri.serve.tools import ToolError, ToolStreamParser, call_grammar, check_tools
 
 
 def _text_of(content: Any) -> str:
@@ -97,6 +99,15 @@ async def chat(state: ServerState, request: Request) -> Response:
 
     req: ChatRequest = _parse(ChatRequest, await _read_body(request, state.max_body_bytes))
     _require_model(state, req.model)
+    _check_sampling(req)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs",
+                       code="invalid_value")
+    for i, turn in enumerate(req.messages):
+        if turn.content is None and not (turn.role == "assistant" and turn.tool_calls):
+            raise APIError(400, f"messages.{i}.content: a {turn.role} message needs content "
+                           "(null is allowed only in an assistant message with tool_calls)",
+                           param=f"messages.{i}.content", code="invalid_value")
     m = state.model
     assert m is not None
     try:
@@ -104,6 +115,10 @@ async def chat(state: ServerState, request: Request) -> Response:
     except ColibriError as e:
         raise APIError(400, str(e), param="messages") from None
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
+    try:
+        check_tools(tools)
+    except ToolError as e:
+        raise APIError(400, str(e), param=e.param, code="invalid_value") from None
     choice = req.tool_choice or ("auto" if tools else "none")
     if choice != "none" and not tools:
         raise APIError(400, "tool_choice needs tools", param="tool_choice")
@@ -158,14 +173,13 @@ async def chat(state: ServerState, request: Request) -> Response:
         async def events() -> AsyncIterator[bytes]:
             for i in range(len(reqs)):
                 yield chunk(i, {"role": "assistant", "content": ""})
+            failed = [False]
             async for i, d in _merged(state, reqs):
                 ch = choices[i]
                 out = ch.take(d)
-                if ch.finish_reason == "error":
-                    yield _sse(APIError(500, f"generation failed: {ch.error}",
-                                        type="server_error").body())
-                    continue
-                if ch.finish_reason == "cancelled":
+                if (err := _stream_error(state, ch, failed)) is not None:
+                    if err:
+                        yield err
                     continue
                 lp = None
                 if req.logprobs and d.logprobs:
@@ -194,7 +208,7 @@ async def chat(state: ServerState, request: Request) -> Response:
 
     if not await _collect(request, state, reqs, choices):
         return Response(status_code=499)
-    err = _failed(choices)
+    err = _failed(state, choices)
     if err is not None:
         raise err
     out = []

@@ -12,6 +12,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from colibri.serve.handling import (
+    _check_sampling,
     _max_tokens,
     _parse,
     _read_body,
@@ -30,6 +31,7 @@ from colibri.serve.streaming import (
     _failed,
     _merged,
     _sse,
+    _stream_error,
     _usage,
 )
 
@@ -39,6 +41,7 @@ async def completions(state: ServerState, request: Request) -> Response:
     req: CompletionRequest = _parse(CompletionRequest, await _read_body(request,
                                                                         state.max_body_bytes))
     _require_model(state, req.model)
+    _check_sampling(req)
     m = state.model
     assert m is not None
     if req.suffix:
@@ -94,14 +97,13 @@ async def completions(state: ServerState, request: Request) -> Response:
                                 "model": state.model_id, "choices": [
                                     {"index": i, "text": echo[i], "logprobs": None,
                                      "finish_reason": None}]})
+            failed = [False]
             async for i, d in _merged(state, reqs):
                 ch = choices[i]
                 content = _content(ch.take(d))
-                if ch.finish_reason == "error":
-                    yield _sse(APIError(500, f"generation failed: {ch.error}",
-                                        type="server_error").body())
-                    continue
-                if ch.finish_reason == "cancelled":
+                if (err := _stream_error(state, ch, failed)) is not None:
+                    if err:
+                        yield err
                     continue
                 lp = None
                 if req.logprobs is not None and d.logprobs:
@@ -128,7 +130,7 @@ async def completions(state: ServerState, request: Request) -> Response:
 
     if not await _collect(request, state, reqs, choices):
         return Response(status_code=499)
-    err = _failed(choices)
+    err = _failed(state, choices)
     if err is not None:
         raise err
     out = []

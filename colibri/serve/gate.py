@@ -3,6 +3,7 @@ down), the body-size limit, and the request counts by route and status."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from typing import Any
@@ -19,6 +20,7 @@ def _gate(app: Any, state: ServerState) -> Any:
         body = json.dumps(err.body()).encode()
         headers = [(b"content-type", b"application/json"),
                    (b"content-length", str(len(body)).encode())]
+        headers += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
         if err.status == 401:
             headers.append((b"www-authenticate", b'Bearer realm="colibri"'))
         await send({"type": "http.response.start", "status": err.status, "headers": headers})
@@ -64,10 +66,18 @@ def _gate(app: Any, state: ServerState) -> Any:
         label = path if path in ROUTES else ("/v1/models" if path.startswith("/v1/models/")
                                              else "other")
         status = [500]
+        started = [False]
+        sse = [False]  # the response is a stream of server-sent events
+        complete = [False]
 
         async def counted_send(msg: dict[str, Any]) -> None:
             if msg["type"] == "http.response.start":
                 status[0] = msg["status"]
+                started[0] = True
+                sse[0] = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                             for k, v in msg.get("headers") or [])
+            elif msg["type"] == "http.response.body" and not msg.get("more_body", False):
+                complete[0] = True
             await send(msg)
 
         try:
@@ -76,6 +86,22 @@ def _gate(app: Any, state: ServerState) -> Any:
                 await send_error(counted_send, err)
             else:
                 await app(scope, receive, counted_send)
+        except asyncio.CancelledError:
+            # uvicorn cancels what still runs CUT_OFF_SLACK s after the grace period (whose
+            # end cut the requests off; only a stuck response gets here): a stream still ends
+            # with the error event and [DONE], and the log gets no traceback
+            if not state.draining or complete[0]:
+                raise
+            err = state.cancelled_error()
+            try:
+                if sse[0]:
+                    await send({"type": "http.response.body", "more_body": False,
+                                "body": b"data: " + json.dumps(err.body()).encode()
+                                + b"\n\ndata: [DONE]\n\n"})
+                elif not started[0]:
+                    await send_error(counted_send, err)
+            except Exception:  # noqa: BLE001 - the connection is going away anyway
+                pass
         finally:
             state.metrics.requests.labels(label, str(status[0])).inc()
 

@@ -12,7 +12,7 @@ from fastapi import Request
 from pydantic import ValidationError
 
 from colibri.errors import ColibriError
-from colibri.serve.protocol import _Sampling
+from colibri.serve.protocol import MAX_STOP, _Sampling
 from colibri.serve.state import APIError, ServerState
 
 if TYPE_CHECKING:
@@ -64,6 +64,16 @@ def _require_model(state: ServerState, name: str) -> None:
         raise APIError(404, f"the model {name!r} does not exist: this server serves "
                        f"{state.model_id!r} (GET /v1/models)", param="model",
                        code="model_not_found")
+
+
+def _check_sampling(req: _Sampling) -> None:
+    """The checks of a request's fields that depend on one another (OpenAI's 400s)."""
+    if req.stream_options is not None and not req.stream:
+        raise APIError(400, "stream_options is only allowed with stream: true",
+                       param="stream_options", code="invalid_value")
+    if isinstance(req.stop, list) and len(req.stop) > MAX_STOP:
+        raise APIError(400, f"stop: at most {MAX_STOP} stop sequences are allowed, got "
+                       f"{len(req.stop)}", param="stop", code="invalid_value")
 
 
 def _logit_bias(req: _Sampling, n_vocab: int) -> dict[int, float] | None:

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MAX_N = 64
 MAX_LOGPROBS = 20
+MAX_STOP = 16  # stop sequences a request may give (checked in handling: the error names it)
 
 
 class _Strict(BaseModel):
@@ -63,7 +64,7 @@ class _Sampling(_Strict):
     n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | Annotated[list[str], Field(max_length=16)] | None = None
+    stop: str | list[str] | None = None
     seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0

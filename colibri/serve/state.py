@@ -23,21 +23,24 @@ log = logging.getLogger("colibri")
 
 DEFAULT_MAX_BODY = 4 * 2**20
 DEFAULT_MAX_QUEUE = 256
+RETRY_AFTER_S = 1  # the Retry-After (seconds) of a 429: a slot frees as soon as a request ends
 
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = \
             status, message, type, param, code
+        self.headers = dict(headers or {})
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 class ServerState:
@@ -47,7 +50,8 @@ class ServerState:
     def __init__(self, load: Callable[[], Model], model_id: str, max_seqs: int = 16,
                  max_queue: int = DEFAULT_MAX_QUEUE, api_key: str | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY,
-                 engine_kwargs: dict[str, Any] | None = None, prefault: bool = True) -> None:
+                 engine_kwargs: dict[str, Any] | None = None, prefault: bool = True,
+                 grace_period: float = 30.0) -> None:
         self._load = load
         self.model_id = model_id
         self.max_seqs = int(max_seqs)
@@ -63,6 +67,8 @@ class ServerState:
         self.grammar_error: str | None = None
         self.ready = False
         self.draining = False
+        self.grace_period = float(grace_period)
+        self.cut = False  # the grace period ran out: the requests still running were cancelled
         self.load_error: str | None = None
         self.outstanding: list[EngineRequest] = []  # submitted, not yet seen finished
         self.created = int(time.time())
@@ -111,6 +117,25 @@ class ServerState:
         if self.model is not None:
             self.model.close()
 
+    def cut_off(self) -> None:
+        """The grace period ran out: cancel every request still running or queued (a stream
+        then ends with an error event saying so, and [DONE]; a JSON answer is a 503)."""
+        with self._lock:
+            self.cut = True
+            reqs = list(self.outstanding)
+        for r in reqs:
+            if not r.finished:
+                r.cancel()
+
+    def cancelled_error(self) -> APIError:
+        """The error of a request cancelled by the server (not by its client)."""
+        if self.cut:
+            return APIError(503, "the server is shutting down: the request was still running "
+                            f"at the end of the grace period ({self.grace_period:g} s, "
+                            "--grace-period)", type="server_error", code="shutting_down")
+        return APIError(503, "the request was cancelled: the server is shutting down",
+                        type="server_error", code="shutting_down")
+
     def admit(self, n: int) -> None:
         """Refuse (429) n more engine requests when running + queued would pass max_seqs +
         max_queue."""
@@ -124,7 +149,8 @@ class ServerState:
                 raise APIError(429, f"the server is at capacity ({len(self.outstanding)} "
                                f"requests running or queued, {self.max_seqs} running at most "
                                f"and --max-queue {self.max_queue} waiting); retry later",
-                               type="rate_limit_error", code="queue_full")
+                               type="rate_limit_error", code="queue_full",
+                               headers={"Retry-After": str(RETRY_AFTER_S)})
 
     def track(self, reqs: Sequence[EngineRequest]) -> None:
         with self._lock:

@@ -179,12 +179,27 @@ def _usage(prompt_tokens: int, choices: list[_Choice]) -> dict[str, int]:
             "total_tokens": prompt_tokens + c}
 
 
-def _failed(choices: list[_Choice]) -> APIError | None:
+def _failed(state: ServerState, choices: list[_Choice]) -> APIError | None:
     for ch in choices:
         if ch.finish_reason == "error":
             return APIError(500, f"generation failed: {ch.error}", type="server_error",
                             code="generation_error")
         if ch.finish_reason == "cancelled":
-            return APIError(503, "the request was cancelled: the server is shutting down",
-                            type="server_error", code="shutting_down")
+            return state.cancelled_error()
     return None
+
+
+def _stream_error(state: ServerState, ch: _Choice, sent: list[bool]) -> bytes | None:
+    """The error event a stream sends when choice ch failed or was cancelled by the server
+    (once per response: sent[0] records it), or None."""
+    if ch.finish_reason == "error":
+        err = APIError(500, f"generation failed: {ch.error}", type="server_error",
+                       code="generation_error")
+    elif ch.finish_reason == "cancelled":
+        err = state.cancelled_error()
+    else:
+        return None
+    if sent[0]:
+        return b""
+    sent[0] = True
+    return _sse(err.body())

@@ -14,6 +14,7 @@ A JSON-looking output that does not name one of the request's tools stays plain 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from colibri.serve.tool_parse import (
@@ -26,6 +27,61 @@ from colibri.serve.tool_parse import (
     apply_delta,
     parse_tool_calls,
 )
+
+NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for a function's name
+
+
+class ToolError(ValueError):
+    """A request's tools are unusable: message, and param naming the field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def schema_problem(schema: Any) -> str | None:
+    """Why schema is not a valid JSON Schema (None when it is): jsonschema's metaschema check
+    where jsonschema is installed, else llguidance's parse of it (its "not implemented yet"
+    answers do not count: the schema may still be valid)."""
+    try:
+        import jsonschema
+    except ImportError:
+        import llguidance
+
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
+            problem = llguidance.LLMatcher.validate_grammar(grammar, None)
+        except (ValueError, TypeError) as e:
+            problem = str(e)
+        return problem if problem and not problem.startswith("Unimplemented") else None
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as e:
+        where = "/".join(str(x) for x in e.absolute_path)
+        return e.message + (f" (at {where})" if where else "")
+    return None
+
+
+def check_tools(tools: list[dict[str, Any]]) -> None:
+    """ToolError for a function name that is not ^[a-zA-Z0-9_-]{1,64}$ or is given twice, or
+    parameters that are not a valid JSON Schema (whatever tool_choice says: OpenAI's rules)."""
+    seen: set[str] = set()
+    for i, t in enumerate(tools):
+        f = t["function"]
+        name = f["name"]
+        if not NAME.fullmatch(name):
+            raise ToolError(f"tools.{i}.function.name: {name!r} is not a valid function name "
+                            "(1 to 64 of a-z, A-Z, 0-9, _ and -)", f"tools.{i}.function.name")
+        if name in seen:
+            raise ToolError(f"tools.{i}.function.name: the function {name!r} is given twice "
+                            "(each tool needs its own name)", f"tools.{i}.function.name")
+        seen.add(name)
+        if f.get("parameters") is not None:
+            problem = schema_problem(f["parameters"])
+            if problem is not None:
+                raise ToolError(f"tools.{i}.function.parameters is not a valid JSON Schema: "
+                                f"{problem}", f"tools.{i}.function.parameters")
 
 
 def call_schema(tools: list[dict[str, Any]], name: str | None = None) -> dict[str, Any]:
@@ -58,5 +114,6 @@ def call_grammar(tools: list[dict[str, Any]], name: str | None, hermes: bool) ->
     return "lark", lark
 
 
-__all__ = ["CLOSE", "OPEN", "PYTHON_TAG", "ToolCall", "ToolCallDelta", "ToolStreamParser",
-           "apply_delta", "call_grammar", "call_schema", "parse_tool_calls"]
+__all__ = ["CLOSE", "OPEN", "PYTHON_TAG", "ToolCall", "ToolCallDelta", "ToolError",
+           "ToolStreamParser", "apply_delta", "call_grammar", "call_schema", "check_tools",
+           "parse_tool_calls", "schema_problem"]
