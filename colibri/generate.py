@@ -10,6 +10,7 @@ the start of a stop string is held back until it cannot be), max_tokens, and a f
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import resource
 import time
@@ -269,8 +270,14 @@ BUILTIN_TEMPLATES = {
 }
 
 
+log = logging.getLogger("colibri")
+_warned_no_template: set[str] = set()  # files already warned about (once per process)
+
+
 def chat_template(model: Model) -> str:
-    """The model's chat template, or the built-in one of its family when the file has none."""
+    """The model's chat template, or the built-in one of its family when the file has none.
+    The fallback is logged as a warning (logger "colibri", once per file): a file without a
+    template is most likely a base model, not tuned for chat, and its replies show it."""
     tpl = model.gguf.metadata.get("tokenizer.chat_template")
     if isinstance(tpl, str) and tpl:
         return tpl
@@ -279,6 +286,14 @@ def chat_template(model: Model) -> str:
     for marker, name in (("<start_of_turn>", "gemma"), ("<|im_start|>", "chatml"),
                          ("<|start_header_id|>", "llama3"), ("[INST]", "llama2")):
         if marker in vocab:
+            if model.path not in _warned_no_template:
+                _warned_no_template.add(model.path)
+                log.warning(
+                    "%s has no chat template (tokenizer.chat_template): it is likely a base "
+                    "model, not tuned for chat, so its replies may be nonsense; falling back to "
+                    "the built-in %s template (for chat, use an instruction-tuned model such as "
+                    "smollm2-135m-instruct: colibri.chat_model_path())",
+                    os.path.basename(model.path), name)
             return BUILTIN_TEMPLATES[name]
     raise ColibriError(f"{model.path} has no chat template (tokenizer.chat_template) and no "
                        f"known chat tokens")

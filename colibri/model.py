@@ -205,6 +205,10 @@ class Model:
             self.path = os.fspath(path)
             if not isinstance(self.path, str) or not self.path:
                 raise ValueError(f"model path must be a non-empty path, got {path!r}")
+            if not os.path.exists(self.path):
+                from colibri import hub  # a model name: cached, or a catalogue name pulled now
+
+                self.path = hub.resolve(self.path, progress=progress or verbose)
         if not os.path.exists(self.path):
             raise FileNotFoundError(f"model file not found: {self.path}")
         if not os.path.isfile(self.path):

