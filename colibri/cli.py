@@ -436,11 +436,9 @@ def _serve(args: argparse.Namespace) -> int:
     if args.grace_period < 0:
         raise ValueError(f"--grace-period must be >= 0, got {args.grace_period}")
     args.api_key = _api_key(args)
-    if args.model is not None:  # a missing file is an error now, not after the server starts
-        if not args.model.strip():
-            raise ValueError("-m/--model is empty: give a GGUF file, or leave -m out for the "
-                             "default model")
-        args.model = _model_path(args, chat=True)  # a missing file or name: an error now
+    # the file before the server starts: a missing file or name is an error now, and the chat
+    # model (no -m) is pulled now, not while /health answers 503
+    args.model = _model_path(args, chat=True)
     return run(args, lambda: _load(args, chat=True))
 
 

