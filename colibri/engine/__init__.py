@@ -32,6 +32,12 @@ Threads: callers submit from any thread or event loop; only the engine thread to
 model's sequences. A Request is a thread-safe queue of Deltas, read with `for` (blocking) or
 `async for` (woken through `loop.call_soon_threadsafe`, never blocking the event loop).
 
+Cancellation: `Request.cancel()` ends a request still queued at once (finish_reason "cancelled";
+it never takes a place, KV or a prefill) and a running one within one step (its KV freed). The
+engine holds a request's state (`_Stream`), never the `Request` its caller holds: a Request
+dropped unfinished (a `for` loop left with break) is collected and a finalizer cancels it, and
+cancelling the asyncio task blocked in `async for` over a Request cancels it too.
+
 The package, by concern: request.py (Request, Delta, TokenLogprob; the engine thread's _Seq),
 core.py (Engine: construction and the public API), scheduler.py (the step loop, admission,
 preemption, the adaptive prefill chunk), prefix.py (the prefix cache), output.py (sampling

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from colibri.engine.prefix import _Cached
-from colibri.engine.request import Delta, Request, _Seq
+from colibri.engine.request import Delta, Request, _Seq, _Stream
 from colibri.engine.scheduler import DEFAULT_PREFILL_CHUNK, _Scheduler, _StepTime
 from colibri.errors import ColibriError
 from colibri.generate import _StopMatcher, render_chat, stop_token_ids
@@ -116,8 +116,10 @@ class Engine(_Scheduler):
         self._last_step_s = 0.0
         self._preemptions = 0
         self._n_running = 0
-        self._n_waiting = 0
-        self._requests: collections.OrderedDict[int, Request] = collections.OrderedDict()
+        self._queued: list[_Stream] = []  # the waiting requests, as of the latest step
+        # per-request statistics by id: the streams, never the Requests (a Request its caller
+        # drops is collected, and cancelled)
+        self._requests: collections.OrderedDict[int, _Stream] = collections.OrderedDict()
         # prefix cache (engine thread; counters read under _cv)
         self.prefix_cache = bool(prefix_cache)
         self._index: dict[int, dict[_Seq | _Cached, None]] = {}  # block hash -> owners
@@ -240,10 +242,10 @@ class Engine(_Scheduler):
                 raise ColibriError("this Engine is closed")
             reqs: list[Request] = []
             for i in range(n):
-                req = Request(self, next(self._ids))
+                req = _Stream(next(self._ids), self._cv)
                 req.prompt_tokens = len(ids)
                 self._requests[req.id] = req
-                reqs.append(req)
+                reqs.append(Request(req))
                 if len(ids) + (1 if max_tokens else 0) > m.ctx:
                     req._push(Delta(finish_reason="error", error=(
                         f"context full: the prompt has {len(ids)} tokens and the KV cache holds "
@@ -304,7 +306,10 @@ class Engine(_Scheduler):
                 },
                 "kv": kv,
                 "running": self._n_running,
-                "waiting": self._n_waiting + len(self._incoming),
+                # a request cancelled while queued has ended though the engine thread has not
+                # yet taken it out of its queue
+                "waiting": sum(not r.finished for r in self._queued)
+                + sum(not s.req.finished for s in self._incoming),
                 "steps": self._n_steps,
                 "tokens_per_step": self._n_step_tokens / self._n_steps if self._n_steps else 0.0,
                 "last_step_tokens": self._last_step_tokens,

@@ -10,7 +10,7 @@ import logging
 import numpy as np
 
 from colibri.engine.prefix import PREFIX_BLOCK, _PrefixCache
-from colibri.engine.request import Delta, TokenLogprob, _Seq
+from colibri.engine.request import Delta, TokenLogprob, _Seq, _Stream
 
 log = logging.getLogger("colibri")
 
@@ -21,13 +21,13 @@ class _Output(_PrefixCache):
 
     _waiting: list[_Seq]
     _n_running: int
-    _n_waiting: int
+    _queued: list[_Stream]
     _preemptions: int
 
     def _publish(self) -> None:
         with self._cv:
             self._n_running = len(self._running)
-            self._n_waiting = len(self._waiting)
+            self._queued = [s.req for s in self._waiting]  # stats() counts the unfinished
 
     def _release(self, s: _Seq, keep: bool = False) -> None:
         """Free s's KV (if any; keep: move it to the prefix cache instead) and take it out of
@@ -56,6 +56,7 @@ class _Output(_PrefixCache):
 
     def _preempt(self, s: _Seq) -> None:
         self._release(s)
+        s.req._unadmit()  # queued again: a cancel now ends it at once
         s.req.preemptions += 1
         with self._cv:
             self._preemptions += 1

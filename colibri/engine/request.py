@@ -1,5 +1,6 @@
 """The engine's request side: `Request` (a thread-safe queue of `Delta`s, read with `for` or
-`async for`), `Delta`, `TokenLogprob`, and `_Seq`, the engine thread's state of one request."""
+`async for`; the caller's handle on a `_Stream`, the state the engine holds), `Delta`,
+`TokenLogprob`, and `_Seq`, the engine thread's state of one request."""
 
 from __future__ import annotations
 
@@ -7,16 +8,14 @@ import asyncio
 import collections
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from colibri.errors import ColibriError
 from colibri.generate import _StopMatcher
 from colibri.sampling import Sampler
-
-if TYPE_CHECKING:
-    from colibri.engine.core import Engine
 
 
 @dataclass
@@ -44,19 +43,22 @@ class Delta:
     error: str | None = None
 
 
-class Request:
-    """One submitted generation: an iterator (and async iterator) of Deltas, the last one
-    carrying finish_reason. Thread-safe; read it from one consumer."""
+class _Stream:
+    """The shared state of one request: its queue of Deltas, its statistics and its
+    cancellation. The engine (its _Seq, its statistics by id) holds this, never the Request
+    its caller holds, so that a Request the caller dropped is collected and its finalizer
+    cancels the generation."""
 
-    def __init__(self, engine: Engine, rid: int) -> None:
+    def __init__(self, rid: int, engine_cv: threading.Condition) -> None:
         self.id = rid
-        self._engine = engine
+        self._engine_cv = engine_cv  # to wake the engine thread (not the Engine: no cycle)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._items: collections.deque[Delta] = collections.deque()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._ended = False      # the final delta was pushed
         self._consumed = False   # the final delta was read
+        self._admitted = False   # holds a KV sequence (set by the engine thread, under _lock)
         self.cancel_requested = False
         self.finish_reason: str | None = None
         self.error: str | None = None
@@ -87,22 +89,49 @@ class Request:
             except RuntimeError:  # that loop is closed: nobody waits there any more
                 pass
 
+    def _try_admit(self) -> bool:
+        """The engine thread is about to give this request a KV sequence: False (and nothing
+        changes) when it was cancelled meanwhile."""
+        with self._lock:
+            if self.cancel_requested or self._ended:
+                return False
+            self._admitted = True
+            return True
+
+    def _unadmit(self) -> None:
+        """Back in the queue without KV (preempted, or its admission undone)."""
+        with self._lock:
+            self._admitted = False
+
     @property
     def finished(self) -> bool:
         return self._ended
 
-    # ---- consumer side ----
+    # ---- cancellation ----
 
     def cancel(self) -> None:
-        """Stop this request: its KV is freed within one engine step and its stream ends with
-        finish_reason "cancelled" (unless it had already finished)."""
-        self.cancel_requested = True
-        self._engine._wake()
+        with self._lock:
+            self.cancel_requested = True
+            queued = not self._admitted
+        if queued:  # no KV, not in any step: it ends now, and the engine never admits it
+            self._push(Delta(finish_reason="cancelled"))
+        self._wake_engine()
 
-    def __iter__(self) -> Iterator[Delta]:
-        return self
+    def _abandon(self) -> None:
+        """The Request was collected unfinished (its caller dropped it): cancel. A finalizer
+        may run inside a garbage collection on any thread, the engine's included, so it takes
+        no lock of this stream; the engine ends the request within one step."""
+        if not self._ended:
+            self.cancel_requested = True
+            self._wake_engine()
 
-    def __next__(self) -> Delta:
+    def _wake_engine(self) -> None:
+        with self._engine_cv:
+            self._engine_cv.notify_all()
+
+    # ---- consumer side ----
+
+    def _next(self) -> Delta:
         with self._cond:
             while not self._items:
                 if self._consumed:
@@ -113,10 +142,7 @@ class Request:
                 self._consumed = True
             return d
 
-    def __aiter__(self) -> AsyncIterator[Delta]:
-        return self
-
-    async def __anext__(self) -> Delta:
+    async def _anext(self) -> Delta:
         loop = asyncio.get_running_loop()
         while True:
             with self._lock:
@@ -131,14 +157,6 @@ class Request:
                 self._waiters.append((loop, fut))
             await fut
 
-    def text(self) -> str:
-        """Read the rest of the stream and return its text; ColibriError if it ended in an
-        error."""
-        parts = [d.text for d in self]
-        if self.finish_reason == "error":
-            raise ColibriError(f"request {self.id} failed: {self.error}")
-        return "".join(parts)
-
     def stats(self) -> dict[str, Any]:
         return {
             "prompt_tokens": self.prompt_tokens,
@@ -151,6 +169,103 @@ class Request:
         }
 
 
+class Request:
+    """One submitted generation: an iterator (and async iterator) of Deltas, the last one
+    carrying finish_reason. Thread-safe; read it from one consumer.
+
+    Abandoning a request cancels it: a Request its caller no longer references (a `for` loop
+    left with break and nothing else holding it) is collected and its generation cancelled
+    within one engine step, and so is one whose `async for` is interrupted by the cancellation
+    of its asyncio task. Keep a reference to a request that should run on unread."""
+
+    def __init__(self, stream: _Stream) -> None:
+        self._s = stream
+        fin = weakref.finalize(self, stream._abandon)
+        fin.atexit = False  # at interpreter exit the engine thread is gone or going
+
+    @property
+    def id(self) -> int:
+        return self._s.id
+
+    @property
+    def finished(self) -> bool:
+        """The final delta was pushed (it may not have been read yet)."""
+        return self._s.finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self._s.finish_reason
+
+    @property
+    def error(self) -> str | None:
+        return self._s.error
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self._s.cancel_requested
+
+    @property
+    def t_submit(self) -> float:
+        return self._s.t_submit
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self._s.ttft_s
+
+    @property
+    def itl_s(self) -> list[float]:
+        return self._s.itl_s
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self._s.prompt_tokens
+
+    @property
+    def generated_tokens(self) -> int:
+        return self._s.generated_tokens
+
+    @property
+    def preemptions(self) -> int:
+        return self._s.preemptions
+
+    @property
+    def cached_tokens(self) -> int:
+        return self._s.cached_tokens
+
+    def cancel(self) -> None:
+        """Stop this request (unless it had already finished): its stream ends with
+        finish_reason "cancelled" - at once when it is still queued (it never takes a place
+        or KV), else within one engine step, which frees its KV."""
+        self._s.cancel()
+
+    def __iter__(self) -> Iterator[Delta]:
+        return self
+
+    def __next__(self) -> Delta:
+        return self._s._next()
+
+    def __aiter__(self) -> AsyncIterator[Delta]:
+        return self
+
+    async def __anext__(self) -> Delta:
+        try:
+            return await self._s._anext()
+        except asyncio.CancelledError:  # the task reading this request was cancelled
+            self._s.cancel()
+            raise
+
+    def text(self) -> str:
+        """Read the rest of the stream and return its text; ColibriError if it ended in an
+        error."""
+        parts = [d.text for d in self]
+        if self.finish_reason == "error":
+            raise ColibriError(f"request {self.id} failed: {self.error}")
+        return "".join(parts)
+
+    def stats(self) -> dict[str, Any]:
+        return self._s.stats()
+
+
 def _wake(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -160,7 +275,7 @@ def _wake(fut: asyncio.Future[None]) -> None:
 class _Seq:
     """Engine-thread state of one request."""
 
-    req: Request
+    req: _Stream                  # the request's state (never the Request: see _Stream)
     order: int                    # arrival order: larger = younger
     prompt: list[int]
     max_tokens: int

@@ -254,7 +254,11 @@ class _Scheduler(_Output):
                 break
             if self._shares_pending(s):
                 continue  # its prefix is being prefilled: copy it when done
+            if not s.req._try_admit():  # cancelled while it waited (its stream has ended)
+                self._finish(s, Delta(finish_reason="cancelled"))
+                continue
             if not self._admit(s):
+                s.req._unadmit()
                 break
             self._waiting.remove(s)
             self._reserve_ahead(s, s.n_tokens() + KV_GROW_AHEAD)
@@ -266,6 +270,7 @@ class _Scheduler(_Output):
                         self._pc_tokens_saved -= s.req.cached_tokens
                     s.req.cached_tokens = 0
                 self._release(s)
+                s.req._unadmit()
                 bisect.insort(self._waiting, s, key=lambda x: x.order)
                 break
             plan[s.order] = n
