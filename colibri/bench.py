@@ -165,19 +165,76 @@ def _figures(engine: str, load: float, n_prompt: int, pre: list[float], lat: lis
     }
 
 
+_CHILD = """
+import json, sys
+from colibri import bench
+try:
+    r = getattr(bench, "run_" + sys.argv[1])(**json.loads(sys.argv[2]))
+except BaseException as e:  # the parent names it in one line
+    print("ERROR" + json.dumps(f"{type(e).__name__}: {e}"), flush=True)
+    raise
+print("RESULT" + json.dumps(r))
+"""
+
+
 def in_subprocess(engine: str, **kw: Any) -> dict[str, Any]:
     """run_colibri (engine "colibri") or run_llama_cpp ("llama_cpp") with these arguments in a
-    fresh interpreter (its own RSS, no other engine's threads), its figures returned."""
-    code = (
-        "import json, sys; from colibri import bench; "
-        f"r = bench.run_{engine}(**json.loads(sys.argv[1])); print('RESULT' + json.dumps(r))"
-    )
-    p = subprocess.run([sys.executable, "-c", code, json.dumps(kw)], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    fresh interpreter (its own RSS, no other engine's threads), its figures returned. A failed
+    run is a ColibriError of one line with its reason (the child's exception, or the signal that
+    killed it); the child's stderr goes to the "colibri" log (INFO: `colibri -v` shows it)."""
+    import logging
+    import signal
+
+    p = subprocess.run([sys.executable, "-c", _CHILD, engine, json.dumps(kw)],
+                       capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    reason = None
     for line in p.stdout.splitlines():
-        if line.startswith("RESULT"):
+        if line.startswith("RESULT") and p.returncode == 0:
             return dict(json.loads(line[6:]))
-    raise RuntimeError(f"{engine} benchmark failed:\n{p.stderr[-3000:]}")
+        if line.startswith("ERROR"):
+            reason = str(json.loads(line[5:]))
+    if p.stderr.strip():
+        logging.getLogger("colibri").info("the %s benchmark's stderr:\n%s", engine,
+                                          p.stderr[-3000:])
+    if p.returncode < 0:
+        try:
+            name = signal.Signals(-p.returncode).name
+        except ValueError:
+            name = f"signal {-p.returncode}"
+        reason = f"killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
+    elif reason is None:
+        last = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        reason = last[-1].strip() if last else f"exit status {p.returncode}, no output"
+    from colibri.errors import ColibriError
+
+    raise ColibriError(f"the {engine.replace('_', '.')} benchmark failed: {reason}")
+
+
+def check_args(threads: int, prompt_tokens: int, gen_tokens: int, ctx: int) -> None:
+    """ValueError naming the option (`colibri bench`'s) unless every count is an integer >= 1
+    and the prompt and the generated tokens fit the KV cache."""
+    for name, v in (("--threads", threads), ("--prompt-tokens", prompt_tokens),
+                    ("--gen-tokens", gen_tokens), ("--ctx", ctx)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an integer of at least 1, got {v!r}")
+    if prompt_tokens + gen_tokens > ctx:
+        raise ValueError(f"--prompt-tokens {prompt_tokens} + --gen-tokens {gen_tokens} do not fit "
+                         f"the KV cache of --ctx {ctx} tokens: raise --ctx to at least "
+                         f"{prompt_tokens + gen_tokens}, or ask for fewer tokens")
+
+
+def check_model(path: str) -> None:
+    """The model file's header read and described (no weights loaded), so that a missing file,
+    a FIFO, a file that is not a model or an architecture colibri does not run is one line
+    (FileNotFoundError, ValueError) before any benchmark process starts."""
+    from colibri.arch import describe
+    from colibri.container import open_model_file
+
+    f = open_model_file(path, verify=False)  # regular files only; a FIFO is not opened
+    try:
+        describe(f)
+    finally:
+        f.close()
 
 
 LLAMA_CPP_MISSING = (
@@ -197,10 +254,14 @@ def llama_cpp_missing() -> str | None:
 
 def bench(path: str, threads: int = 2, prompt_tokens: int = 128, gen_tokens: int = 32,
           vs_llama_cpp: bool = False, ctx: int = 2048) -> list[dict[str, Any]]:
+    """colibri's figures (and llama.cpp's with vs_llama_cpp), each engine in its own process.
+    The counts and the model file are checked first (check_args, check_model)."""
+    check_args(threads, prompt_tokens, gen_tokens, ctx)
     if vs_llama_cpp and (missing := llama_cpp_missing()):
         from colibri.errors import ColibriError
 
         raise ColibriError(missing)
+    check_model(path)
     kw = dict(path=path, threads=threads, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, ctx=ctx)
     results = [in_subprocess("colibri", **kw)]
     if vs_llama_cpp:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
 from colibri import config
@@ -71,7 +70,7 @@ def add_convert_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("output", help="the container to write (a new file; see --force)")
     p.add_argument("--quant", choices=QUANTS, default="keep",
                    help="routed experts: keep their block types, or requantize them "
-                        "(dense tensors are always kept)")
+                        "(dense tensors are always kept) (default: %(default)s)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.add_argument("--no-verify", action="store_true",
                    help="skip re-reading the written file's checksums before the rename")
@@ -109,34 +108,48 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="show colibri's log on stderr")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("doctor", help="report what this machine offers colibri and what to fix")
-    pl = sub.add_parser("plan", help="dense and expert sizes, the expert budget and peak memory")
-    pl.add_argument("-m", "--model", required=True, help="GGUF file")
+    pl = sub.add_parser("plan", help="dense and expert sizes, the expert budget and peak memory",
+                        formatter_class=_ServeHelp)
+    pl.add_argument("-m", "--model", required=True, help="GGUF file or colibri container")
     pl.add_argument("--ctx", type=int, default=4096, help="KV cache size in tokens")
     pl.add_argument("--max-batch", type=int, default=512, help="tokens per forward batch")
     pl.add_argument("--expert-budget", default=None,
                     help="plan for this budget (4GB, 0.5 of the experts, auto) instead of the "
                          "memory available now; with a usage record, its expected hit rate")
 
-    r = sub.add_parser("run", help="stream the continuation of a prompt, then a stats line")
+    r = sub.add_parser("run", help="stream the continuation of a prompt, then a stats line",
+                       formatter_class=_ServeHelp)
     _add_model_args(r)
-    r.add_argument("prompt_pos", nargs="?", metavar="PROMPT")
+    r.add_argument("prompt_pos", nargs="?", metavar="PROMPT",
+                   help="the prompt (or -p, --prompt-file; else read from stdin)")
     r.add_argument("-p", "--prompt", help="the prompt (or give it as the positional argument)")
     r.add_argument("--prompt-file", help="read the prompt from this file (UTF-8), - for stdin")
-    r.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate")
+    r.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate at most")
     r.add_argument("--temp", type=float, default=0.8, help="temperature (0 = greedy)")
-    r.add_argument("--top-k", type=int, default=40)
-    r.add_argument("--top-p", type=float, default=0.95)
-    r.add_argument("--min-p", type=float, default=0.05)
-    r.add_argument("--repeat-penalty", type=float, default=1.0)
-    r.add_argument("--seed", type=int, default=None)
-    r.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    r.add_argument("--top-k", type=int, default=40,
+                   help="sample among the k most likely tokens (0 = all)")
+    r.add_argument("--top-p", type=float, default=0.95,
+                   help="nucleus sampling: the smallest set of tokens holding this probability "
+                        "(1 = all)")
+    r.add_argument("--min-p", type=float, default=0.05,
+                   help="drop tokens less likely than this times the most likely one (0 = off)")
+    r.add_argument("--repeat-penalty", type=float, default=1.0,
+                   help="penalize tokens already seen: their logits divided by this, or "
+                        "multiplied when negative (1 = off)")
+    r.add_argument("--seed", type=int, default=None,
+                   help="sampling seed, for a repeatable output (default: a random one)")
+    r.add_argument("--stop", action="append", default=None,
+                   help="stop string: generation ends before it (repeatable)")
 
     c = sub.add_parser("chat", help="chat with the model's own chat template: interactive on a "
-                       "terminal; from a pipe, each input line is a user turn")
+                       "terminal; from a pipe, each input line is a user turn",
+                       formatter_class=_ServeHelp)
     _add_model_args(c, default="chat")
-    c.add_argument("-n", "--n-predict", type=int, default=256)
-    c.add_argument("--temp", type=float, default=0.8)
-    c.add_argument("--seed", type=int, default=None)
+    c.add_argument("-n", "--n-predict", type=int, default=256,
+                   help="tokens of each reply at most")
+    c.add_argument("--temp", type=float, default=0.8, help="temperature (0 = greedy)")
+    c.add_argument("--seed", type=int, default=None,
+                   help="sampling seed, for repeatable replies (default: a random one)")
     c.add_argument("--system", default=None, help="a system message")
 
     cv = sub.add_parser("convert", help="re-lay a GGUF out as a colibri container (each expert "
@@ -190,20 +203,27 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="fetch it again even when it is cached")
     sub.add_parser("list", help="the models in the cache: name, size, source")
 
-    b = sub.add_parser("bench", help="prefill/decode speed, latency and memory (vs llama.cpp)")
-    b.add_argument("-m", "--model", help="GGUF file (default: Gemma 3 270M)")
-    b.add_argument("--threads", type=int, default=2)
-    b.add_argument("--prompt-tokens", type=int, default=128)
-    b.add_argument("--gen-tokens", type=int, default=32)
-    b.add_argument("--ctx", type=int, default=2048)
+    b = sub.add_parser("bench", help="prefill/decode speed, latency and memory (vs llama.cpp)",
+                       formatter_class=_ServeHelp)
+    b.add_argument("-m", "--model", help="GGUF file, colibri container or model name (as "
+                   "run's -m; default: the text model, Gemma 3 270M)")
+    b.add_argument("--threads", type=int, default=2, help="compute threads")
+    b.add_argument("--prompt-tokens", type=int, default=128,
+                   help="tokens of the prompt, prefilled in one evaluation")
+    b.add_argument("--gen-tokens", type=int, default=32, help="greedy decode steps timed")
+    b.add_argument("--ctx", type=int, default=2048,
+                   help="KV cache size in tokens (at least --prompt-tokens + --gen-tokens)")
     b.add_argument("--vs-llama-cpp", action="store_true",
                    help="also run llama-cpp-python on the same file and report ratios")
     b.add_argument("--json", action="store_true", help="print the figures as JSON")
 
+    from colibri.tools import make_bench_model
+
     mb = sub.add_parser("make-bench-model", help="write a random MoE GGUF (Qwen3-30B-A3B "
-                        "shapes, or --shape tiny) for benchmarks and examples")
-    mb.add_argument("args", nargs=argparse.REMAINDER,
-                    help="the arguments of python -m colibri.tools.make_bench_model (--help)")
+                        "shapes, or --shape tiny) for benchmarks and examples",
+                        description=(make_bench_model.__doc__ or "").split("\n\n")[0],
+                        formatter_class=_ServeHelp)
+    make_bench_model.add_args(mb)  # its own options (also python -m colibri.tools.make_bench_model)
     return p
 
 
@@ -370,13 +390,12 @@ def _bench(args: argparse.Namespace) -> int:
     import json
 
     from colibri import bench
-    from colibri.model import default_model_path
 
+    bench.check_args(args.threads, args.prompt_tokens, args.gen_tokens, args.ctx)
     if args.vs_llama_cpp and (missing := bench.llama_cpp_missing()):
         raise ValueError(missing)
-    path = args.model or default_model_path(progress=True)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"model file not found: {path}")
+    path = _model_path(args)  # a path or a model name (as run's -m), else the text model
+    bench.check_model(path)  # a missing file, not a model: one line, before any process starts
     res = bench.bench(path, args.threads, args.prompt_tokens, args.gen_tokens, args.vs_llama_cpp,
                       args.ctx)
     print(json.dumps(res, indent=2) if args.json else bench.report(res))
@@ -478,9 +497,9 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                                       expert_budget=args.expert_budget).lines()))
             return 0
         if args.command == "make-bench-model":
-            from colibri.tools.make_bench_model import main as make_main
+            from colibri.tools.make_bench_model import run as make_model
 
-            return make_main(args.args)
+            return make_model(args, "colibri make-bench-model")
         if args.command == "run":
             return _run(args)
         if args.command == "chat":

@@ -46,6 +46,7 @@ from colibri.gguf import (
     advise_pages,
     guard_mapping,
 )
+from colibri.inputs import regular_file
 
 
 class ContainerFile(GGUFFile):
@@ -381,13 +382,20 @@ class ContainerFile(GGUFFile):
 
 
 def is_container(path: str | os.PathLike[str]) -> bool:
-    """Whether the file starts with the container magic."""
+    """Whether the file is a regular file that starts with the container magic (a FIFO or a
+    device is not opened: False)."""
+    if not os.path.isfile(path):
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"file not found: {os.fspath(path)}")
+        return False
     with open(path, "rb") as f:
         return f.read(4) == CONTAINER_MAGIC
 
 
 def open_model_file(path: str | os.PathLike[str], verify: bool = True) -> GGUFFile | ContainerFile:
-    """A GGUFFile or a ContainerFile, chosen by the file's magic."""
+    """A GGUFFile or a ContainerFile, chosen by the file's magic. A path that is not a regular
+    file (a FIFO, a device, a directory) is refused before it is opened (ValueError)."""
+    regular_file(path, "model file")
     if is_container(path):
         return ContainerFile(path, verify=verify)
     return GGUFFile(path)

@@ -3,9 +3,7 @@ requantizing the routed experts), through a temporary file published atomically.
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 import tempfile
 import time
 import zlib
@@ -45,6 +43,8 @@ from colibri.gguf import (
     GGUFFile,
     TensorInfo,
 )
+from colibri.inputs import regular_file
+from colibri.output_file import check_output, publish
 
 
 def _quantizer(quant: str) -> tuple[int, Callable[[np.ndarray], np.ndarray]]:
@@ -194,8 +194,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], quant: str
     else:
         def say(msg: str) -> None:
             pass
-    if not os.path.exists(src):
-        raise FileNotFoundError(f"input file not found: {src}")
+    regular_file(src, "input file")  # a FIFO or a device: refused, never opened (it would block)
     if is_container(src):
         raise ContainerError(f"{src} is already a colibri container")
     if not os.path.isdir(os.path.dirname(os.path.abspath(dst))):
@@ -248,57 +247,15 @@ def clean_stale_temporaries(dst: str | os.PathLike[str],
 
 
 def _check_output(dst: str, force: bool) -> None:
-    """Refuse an output name that is not safe to replace (the rule, also in convert's
-    docstring): absent - fine; a regular file or a symbolic link - only with force (the link
-    itself is replaced, its target is left alone: rename(2) never follows the last component);
-    anything else - a device node like /dev/null, a FIFO, a socket, a directory - never."""
-    try:
-        st = os.lstat(dst)
-    except FileNotFoundError:
-        return
-    mode = st.st_mode
-    if stat.S_ISLNK(mode):
-        if not force:
-            raise ContainerError(f"output {dst} is a symbolic link (to "
-                                 f"{os.readlink(dst)!r}); refusing to replace it without "
-                                 "--force (force replaces the link itself, not its target)")
-        return
-    if stat.S_ISDIR(mode):
-        raise ContainerError(f"output {dst} is a directory")
-    if not stat.S_ISREG(mode):
-        kind = ("a character device" if stat.S_ISCHR(mode) else "a block device"
-                if stat.S_ISBLK(mode) else "a FIFO" if stat.S_ISFIFO(mode)
-                else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
-        raise ContainerError(f"output {dst} exists and is {kind}; refusing to replace it "
-                             "(even with --force): give a regular file's path")
-    if not force:
-        raise ContainerError(f"output {dst} already exists; refusing to overwrite it without "
-                             "--force")
+    """The output rules of every colibri writer (colibri.output_file.check_output), raising
+    ContainerError."""
+    check_output(dst, force, ContainerError)
 
 
 def _publish(tmp: str, dst: str, force: bool) -> None:
-    """Move the finished temporary to dst. Without force: link(2), which fails if anything
-    exists under dst by now (so a file that appeared since the start - another converter's -
-    is never overwritten), then unlink the temporary. With force: rename(2) over a regular
-    file or a link, after checking the name again right before (_check_output)."""
-    if not force:
-        try:
-            os.link(tmp, dst)
-        except FileExistsError:
-            raise ContainerError(f"output {dst} appeared while converting (another converter?); "
-                                 "not overwritten (use --force to replace it)") from None
-        except OSError as e:
-            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV,
-                               errno.EMLINK):
-                raise
-            # a filesystem without hard links: check once more, then rename
-            _check_output(dst, False)
-            os.replace(tmp, dst)
-            return
-        os.unlink(tmp)
-        return
-    _check_output(dst, True)
-    os.replace(tmp, dst)
+    """Move the finished temporary to dst (colibri.output_file.publish): never over a file that
+    appeared meanwhile without force."""
+    publish(tmp, dst, force, ContainerError, "converting")
 
 
 def _write(gf: GGUFFile, src: str, dst: str, quant: str, say: Callable[[str], None],

@@ -3,8 +3,17 @@
 
     python -m colibri.tools.make_bench_model OUT.gguf [--layers 12] [--type q4_k_m|q5_k_m|q8_0|q4_0]
                                              [--routing spread|raw] [--shape qwen3-30b-a3b|tiny]
+                                             [--force]
 
 (also `colibri make-bench-model OUT.gguf ...` and, from a checkout, tools/make_bench_model.py)
+
+The output follows the rules of every colibri writer (colibri.output_file, as `colibri
+convert`): an existing file or symbolic link is replaced only with --force (force=True; a link
+itself, never its target), a device, FIFO, socket or directory never; the model is written to a
+temporary in the output's folder and renamed into place when complete, the temporary removed on
+an error or SIGTERM (and, after a SIGKILL, by the next run for the same output). The size of the
+file and the free disk space are printed before writing (the default shape is ~5 GiB for 12
+layers), and a disk without room for it is refused before anything is written.
 
 `--shape tiny` writes the same architecture at a small size (hidden 256, 32 experts of FFN 256,
 top-4, vocabulary 2048: ~1 MB a layer), written and calibrated in seconds: the model of the
@@ -44,8 +53,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
+import signal
 import sys
-import tempfile
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -184,30 +195,106 @@ def _float_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator) -
     return (0.02 * rng.standard_normal(shape)).astype(np.float32)  # routers
 
 
+def _vocab(n_vocab: int) -> tuple[list[str], list[str]]:
+    """A placeholder byte-level vocabulary of the real size (256 bytes, letter-pair merges, then
+    extra tokens), so that tokenizers load it and the output layer has the real width:
+    (tokens, merges)."""
+    from_bytes = bytes_to_unicode()
+    letters = [from_bytes[c] for c in range(ord("a"), ord("z") + 1)]
+    tokens = list(from_bytes)
+    merges = []
+    for a in letters:
+        for b in letters:
+            tokens.append(a + b)
+            merges.append(f"{a} {b}")
+    tokens += [f"<extra_{i}>" for i in range(len(tokens), n_vocab - 2)]
+    tokens += ["<|endoftext|>", "<|im_start|>"]
+    return tokens, merges
+
+
+def file_size(n_layers: int = 12, kind: str = "q4_k_m", shape: str = "qwen3-30b-a3b") -> int:
+    """The size in bytes of the file write() makes (the tensor data exactly, the header within
+    a few KiB)."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}: {', '.join(SHAPES)}")
+    tokens, merges = _vocab(SHAPES[shape]["n_vocab"])
+    header = 4096 + sum(8 + len(t.encode()) + 4 for t in tokens) + sum(8 + len(m.encode())
+                                                                     for m in merges)
+    data = 0
+    for name, tshape, qt in plan(n_layers, kind, shape):
+        header += 8 + len(name) + 4 + 8 * len(tshape) + 4 + 8
+        if qt is None:
+            nbytes = int(np.prod(tshape)) * 4
+        else:
+            bs, nb = gguf.GGML_QUANT_SIZES[qt]
+            nbytes = int(np.prod(tshape)) // bs * nb
+        data += -(-nbytes // 32) * 32
+    return -(-header // 32) * 32 + data
+
+
+def preflight(path: str | os.PathLike[str], n_layers: int = 12, kind: str = "q4_k_m",
+              shape: str = "qwen3-30b-a3b", force: bool = False) -> tuple[int, int]:
+    """Check that the model can be written to path, before anything is written: the output
+    rules (colibri.output_file.check_output), the folder exists, and its disk has room for the
+    file. Returns (the file's size, the free bytes of the disk)."""
+    from colibri.output_file import check_output
+
+    path = os.fspath(path)
+    if n_layers < 1:
+        raise ValueError(f"n_layers must be at least 1, got {n_layers}")
+    size = file_size(n_layers, kind, shape)
+    dirname = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(dirname):
+        raise FileNotFoundError(f"output directory {dirname} does not exist")
+    check_output(path, force)
+    free = shutil.disk_usage(dirname).free
+    if free < size + (16 << 20):
+        raise OSError(f"not enough free disk space for {path}: the model takes "
+                      f"{_size(size)}, {dirname} has {_size(free)} free (fewer --layers, or "
+                      "--shape tiny, make it smaller)")
+    return size, free
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 def write(path: str | os.PathLike[str], n_layers: int = 12, kind: str = "q4_k_m", seed: int = 0,
           progress: Progress | None = None, routing: str = "spread",
-          shape: str = "qwen3-30b-a3b") -> str:
-    """Write the model to path (through a unique temporary in the same folder, renamed into
-    place when complete) and return the path. progress(done, total, what) is called as tensors
-    are written and routers calibrated."""
+          shape: str = "qwen3-30b-a3b", force: bool = False) -> str:
+    """Write the model to path and return the path. The output rules of every colibri writer
+    (colibri.output_file): an existing file or symbolic link is replaced only with force=True
+    (a link itself, never its target), a device, FIFO, socket or directory never; a disk
+    without room for the file is refused first (preflight). The model is written to a unique
+    temporary in the same folder and published when complete (without force, never over a file
+    that appeared meanwhile); on any error or interrupt the temporary is removed, and stale
+    temporaries of dead writers of the same path (killed with SIGKILL) are removed first.
+    progress(done, total, what) is called as tensors are written and routers calibrated."""
+    from colibri._tempfiles import clean_stale_temporaries, mkstemp_for
+    from colibri.output_file import publish
+
     if routing not in ("spread", "raw"):
         raise ValueError(f"unknown routing {routing!r}: spread or raw")
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}: {', '.join(SHAPES)}")
-    if n_layers < 1:
-        raise ValueError(f"n_layers must be at least 1, got {n_layers}")
     path = os.fspath(path)
+    preflight(path, n_layers, kind, shape, force)
     rng = np.random.default_rng(seed)
     s = SHAPES[shape]
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                               dir=os.path.dirname(os.path.abspath(path)))
-    os.close(fd)
+    clean_stale_temporaries(path, log.warning, writer="make_bench_model")
+    fd, tmp = mkstemp_for(path)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; a model file is as readable as any
+        os.close(fd)
         _write(tmp, n_layers, kind, rng, progress, routing, shape, s, seed)
-        os.replace(tmp, path)
+        publish(tmp, path, force)
     except BaseException:
-        if os.path.exists(tmp):
+        try:
             os.unlink(tmp)
+        except OSError:
+            pass
         raise
     return path
 
@@ -231,18 +318,7 @@ def _write(tmp: str, n_layers: int, kind: str, rng: np.random.Generator,
     w.add_expert_count(s["n_expert"])
     w.add_expert_used_count(s["n_used"])
     w.add_expert_feed_forward_length(s["n_ff_exp"])
-    # a placeholder byte-level vocabulary of the real size (256 bytes, letter-pair merges, then
-    # extra tokens), so that tokenizers load it and the output layer has the real width
-    from_bytes = bytes_to_unicode()
-    letters = [from_bytes[c] for c in range(ord("a"), ord("z") + 1)]
-    tokens = list(from_bytes)
-    merges = []
-    for a in letters:
-        for b in letters:
-            tokens.append(a + b)
-            merges.append(f"{a} {b}")
-    tokens += [f"<extra_{i}>" for i in range(len(tokens), s["n_vocab"] - 2)]
-    tokens += ["<|endoftext|>", "<|im_start|>"]
+    tokens, merges = _vocab(s["n_vocab"])
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(tokens)
@@ -363,26 +439,70 @@ def _tqdm_progress() -> Progress:
     return tqdm_progress(unit="")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out")
-    ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--type", default="q4_k_m", choices=["q4_k_m", "q5_k_m", "q8_0", "q4_0"])
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--shape", default="qwen3-30b-a3b", choices=list(SHAPES),
-                    help="qwen3-30b-a3b: the real model's layer shapes (default); tiny: the same "
-                         "architecture at a small size, written in seconds")
-    ap.add_argument("--routing", default="spread", choices=["spread", "raw"],
-                    help="spread: routers calibrated so routing covers the experts evenly, as a "
-                         "trained MoE's does (default); raw: the random routers")
-    args = ap.parse_args(argv)
+def add_args(p: argparse.ArgumentParser) -> None:
+    """The options of the tool (python -m colibri.tools.make_bench_model and `colibri
+    make-bench-model`) on an argparse parser."""
+    p.add_argument("out", help="the GGUF file to write (a new file; see --force)")
+    p.add_argument("--layers", type=int, default=12,
+                   help="transformer layers (default: %(default)s; each ~0.4 GiB at the default "
+                        "shape and type)")
+    p.add_argument("--type", default="q4_k_m", choices=["q4_k_m", "q5_k_m", "q8_0", "q4_0"],
+                   help="weight types: q4_k_m and q5_k_m as llama.cpp's recipes, q8_0 or q4_0 "
+                        "for every matrix (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="random seed of the weights and the router calibration "
+                        "(default: %(default)s)")
+    p.add_argument("--shape", default="qwen3-30b-a3b", choices=list(SHAPES),
+                   help="qwen3-30b-a3b: the real model's layer shapes (default; ~5 GiB for 12 "
+                        "layers); tiny: the same architecture at a small size, written in seconds")
+    p.add_argument("--routing", default="spread", choices=["spread", "raw"],
+                   help="spread: routers calibrated so routing covers the experts evenly, as a "
+                        "trained MoE's does (default); raw: the random routers")
+    p.add_argument("-f", "--force", action="store_true",
+                   help="replace an existing output file or symbolic link (the link itself, "
+                        "never its target); devices, FIFOs and directories are always refused")
+
+
+def run(args: argparse.Namespace, prog: str = "make_bench_model") -> int:
+    """Write the model the parsed options ask for: the size line (the file's size, the free
+    disk space) on stderr first, a progress bar, then a summary line. SIGTERM unwinds the
+    write, so the temporary goes. Bad options or output paths raise ValueError / OSError."""
+    out = args.out
+    if out.startswith("-"):
+        raise ValueError(f"the output name {out!r} starts with '-' (a mistyped option?); to "
+                         f"write a file of that name, give its folder: ./{out}")
     if args.layers < 1:
-        ap.error("--layers must be at least 1")
+        raise ValueError(f"--layers must be at least 1, got {args.layers}")
+    size, free = preflight(out, args.layers, args.type, args.shape, args.force)
+    print(f"{prog}: writing {out}: {_size(size)} ({args.layers} layers, {args.type}, "
+          f"{args.shape} shape); {_size(free)} free on its disk", file=sys.stderr, flush=True)
+
+    def terminated(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)  # unwinds through write(): the temporary goes
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, terminated) if main_thread else None
     t0 = time.time()
-    path = write(args.out, args.layers, args.type, args.seed, routing=args.routing,
-                 shape=args.shape, progress=_tqdm_progress())
+    try:
+        path = write(out, args.layers, args.type, args.seed, routing=args.routing,
+                     shape=args.shape, progress=_tqdm_progress(), force=args.force)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, old)
     print(f"wrote {path} ({os.path.getsize(path) / 2**20:.1f} MiB) in {time.time() - t0:.1f} s")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    prog = "python -m colibri.tools.make_bench_model"
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    add_args(ap)
+    args = ap.parse_args(argv)
+    try:
+        return run(args, "make_bench_model")
+    except (OSError, ValueError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
