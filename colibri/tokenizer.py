@@ -50,6 +50,8 @@ SUPPORTED_PRE: dict[str, str] = {
     "deepseek-llm": "deepseek-llm",
     "deepseek-v3": "deepseek-v3",
     "gpt-4o": "gpt-4o",
+    "smollm": "smollm",     # SmolLM / SmolLM2: each \p{N} alone, then the gpt2 regex
+    "command-r": "smollm",  # llama.cpp: the same regexes and flags (clean_spaces off)
 }
 
 # GGUF token types (tokenizer.ggml.token_type) -> llama.cpp token attributes (tokenizer.h's

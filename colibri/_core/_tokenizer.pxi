@@ -30,6 +30,7 @@ PRE_IDS = {
     "deepseek-llm": CB_PRE_DEEPSEEK_LLM,
     "deepseek-v3": CB_PRE_DEEPSEEK_V3,
     "gpt-4o": CB_PRE_GPT4O,
+    "smollm": CB_PRE_SMOLLM,
 }
 
 

@@ -361,7 +361,7 @@ cb_status cb_tokenizer_new(const cb_tokenizer_params *p, cb_tokenizer_t **out) {
     *out = NULL;
     if (p->model != CB_TOKENIZER_SPM && p->model != CB_TOKENIZER_BPE)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "tokenizer_new: unknown model %d", (int)p->model);
-    if (p->model == CB_TOKENIZER_BPE && (p->pre < CB_PRE_DEFAULT || p->pre > CB_PRE_GPT4O))
+    if (p->model == CB_TOKENIZER_BPE && (p->pre < CB_PRE_DEFAULT || p->pre > CB_PRE_LAST))
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "tokenizer_new: unknown pre-tokenizer %d", (int)p->pre);
     if (p->n_tokens < 1 || !p->text || !p->text_offsets || !p->attrs)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "tokenizer_new: empty vocabulary (%d tokens)", p->n_tokens);

@@ -31,6 +31,8 @@ cdef extern from "colibri/tokenizer.h" nogil:
         CB_PRE_DEEPSEEK_LLM
         CB_PRE_DEEPSEEK_V3
         CB_PRE_GPT4O
+        CB_PRE_SMOLLM
+        CB_PRE_LAST
 
     ctypedef struct cb_tokenizer_params:
         cb_tokenizer_model model

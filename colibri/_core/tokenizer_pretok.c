@@ -181,6 +181,11 @@ static size_t m_n3(const cps *c, size_t pos, size_t end) {
     const size_t k = run_of(c, pos, end, F_N);
     return k < 3 ? k : 3;
 }
+/* \p{N} (one code point: smollm's first stage, HF Digits(individual_digits=True)) */
+static size_t m_n1(const cps *c, size_t pos, size_t end) {
+    (void)end;
+    return IS_N(pos) ? 1 : 0;
+}
 /* [\r\n] */
 static size_t m_crlf(const cps *c, size_t pos, size_t end) {
     (void)end;
@@ -283,6 +288,7 @@ static pre_stages stages_of(cb_pretokenizer pre) {
     case CB_PRE_LLAMA3: s.n = 1; s.m[0] = m_llama3; break;
     case CB_PRE_QWEN2: s.n = 1; s.m[0] = m_qwen2; break;
     case CB_PRE_GPT4O: s.n = 1; s.m[0] = m_gpt4o; break;
+    case CB_PRE_SMOLLM: s.n = 2; s.m[0] = m_n1; s.m[1] = m_gpt2; break;
     case CB_PRE_DEEPSEEK_LLM:
         s.n = 6; s.m[0] = m_crlf; s.m[1] = m_ds_latin; s.m[2] = m_ds_punct; s.m[3] = m_ws_end;
         s.m[4] = m_ds_cjk; s.m[5] = m_nrun;

@@ -73,6 +73,8 @@ typedef enum cb_pretokenizer {
     CB_PRE_DEEPSEEK_LLM = 5, /* deepseek-llm */
     CB_PRE_DEEPSEEK_V3 = 6,  /* deepseek-v3 */
     CB_PRE_GPT4O = 7,        /* gpt-4o */
+    CB_PRE_SMOLLM = 8,       /* smollm, command-r: each \p{N} alone, then gpt2 */
+    CB_PRE_LAST = CB_PRE_SMOLLM, /* the highest value: cb_tokenizer_new refuses any above */
 } cb_pretokenizer;
 
 typedef struct cb_tokenizer_params {

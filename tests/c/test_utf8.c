@@ -2,7 +2,8 @@
  * values above U+10FFFF, bytes that never occur, and sequences truncated by the end of the input.
  * Inputs are copied into exactly-sized heap buffers so that ASan catches any read past the end.
  * Then the tokenizer (colibri/_core/tokenizer.c) on random bytes and random ids, SPM and every
- * byte-level BPE pre-tokenizer, strict and lenient, under the same sanitizers. */
+ * byte-level BPE pre-tokenizer, strict and lenient, under the same sanitizers; and smollm's digit
+ * split on a vocabulary whose merges would join digits. */
 #include <string.h>
 
 #include "colibri/tokenizer.h"
@@ -222,9 +223,120 @@ static void fuzz_tokenizer(cb_tokenizer_model model, cb_pretokenizer pre) {
     cb_tokenizer_free(tok);
 }
 
+/* GPT-2's byte alphabet spelling of byte b, as UTF-8, into t (3 bytes at most) */
+static void byte_char(int b, char *t) {
+    int extra = 0;
+    for (int x = 0; x < b; x++)
+        if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255))) extra++;
+    const int direct = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    const unsigned cp = direct ? (unsigned)b : 256u + (unsigned)extra;
+    if (cp < 0x80) {
+        t[0] = (char)cp;
+        t[1] = 0;
+    } else {
+        t[0] = (char)(0xC0 | (cp >> 6));
+        t[1] = (char)(0x80 | (cp & 0x3F));
+        t[2] = 0;
+    }
+}
+
+/* ids of text under pre with a vocabulary of the 256 byte tokens (ids 0..255, byte order) and
+ * the merges "1 2" (256), "Ġ 1" (257), "Ù £" (258: U+0663 ARABIC-INDIC DIGIT THREE), "Ù£ 4" (259),
+ * "Ġ a" (260), "Ġa b" (261) */
+static size_t encode_digits(cb_pretokenizer pre, const char *text, int32_t *out) {
+    static const char *const merges[] = {"1 2", "\xc4\xa0 1", "\xc3\x99 \xc2\xa3", "\xc3\x99\xc2\xa3 4",
+                                         "\xc4\xa0 a", "\xc4\xa0" "a b"};
+    char texts[2048];
+    int64_t offs[263];
+    uint32_t attrs[262];
+    char mtext[64];
+    int64_t moffs[7];
+    size_t o = 0, mo = 0;
+    for (int b = 0; b < 256; b++) {
+        char t[4];
+        byte_char(b, t);
+        offs[b] = (int64_t)o;
+        memcpy(texts + o, t, strlen(t));
+        o += strlen(t);
+        attrs[b] = CB_TOKEN_ATTR_NORMAL;
+    }
+    for (int m = 0; m < 6; m++) {
+        const char *sp = strchr(merges[m], ' ');
+        offs[256 + m] = (int64_t)o;
+        memcpy(texts + o, merges[m], (size_t)(sp - merges[m]));
+        o += (size_t)(sp - merges[m]);
+        memcpy(texts + o, sp + 1, strlen(sp + 1));
+        o += strlen(sp + 1);
+        attrs[256 + m] = CB_TOKEN_ATTR_NORMAL;
+        moffs[m] = (int64_t)mo;
+        memcpy(mtext + mo, merges[m], strlen(merges[m]));
+        mo += strlen(merges[m]);
+    }
+    offs[262] = (int64_t)o;
+    moffs[6] = (int64_t)mo;
+    cb_tokenizer_params p = cb_tokenizer_default_params();
+    p.model = CB_TOKENIZER_BPE;
+    p.pre = pre;
+    p.n_tokens = 262;
+    p.text = (const uint8_t *)texts;
+    p.text_offsets = offs;
+    p.attrs = attrs;
+    p.n_merges = 6;
+    p.merges = (const uint8_t *)mtext;
+    p.merge_offsets = moffs;
+    cb_tokenizer_t *tok = NULL;
+    CHECK(cb_tokenizer_new(&p, &tok) == CB_OK);
+    if (!tok) return 0;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CHECK(cb_tokenizer_encode(tok, (const uint8_t *)text, strlen(text), 0, &ids, &n) == CB_OK);
+    for (size_t i = 0; i < n && i < 16; i++) out[i] = ids[i];
+    cb_tokenizer_buffer_free(ids);
+    cb_tokenizer_free(tok);
+    return n;
+}
+
+#define IDS(...) ((const int32_t[]){__VA_ARGS__}), sizeof((const int32_t[]){__VA_ARGS__}) / sizeof(int32_t)
+static void check_ids(cb_pretokenizer pre, const char *text, const int32_t *want, size_t n_want) {
+    int32_t got[16];
+    const size_t n = encode_digits(pre, text, got);
+    CHECK(n == n_want && memcmp(got, want, n * sizeof *got) == 0);
+}
+
+/* smollm (llama.cpp's LLAMA_VOCAB_PRE_TYPE_SMOLLM): "\p{N}" isolates every digit of any script
+ * before the gpt2 regex, so no merge joins two digits or a space and a digit; gpt2 joins them */
+static void test_pretok_smollm(void) {
+    check_ids(CB_PRE_GPT2, "12", IDS(256));
+    check_ids(CB_PRE_SMOLLM, "12", IDS('1', '2'));
+    check_ids(CB_PRE_GPT2, " 1", IDS(257));
+    check_ids(CB_PRE_SMOLLM, " 1", IDS(' ', '1'));
+    check_ids(CB_PRE_GPT2, " 12", IDS(' ', 256)); /* "1 2" ranks before "Ġ 1" */
+    check_ids(CB_PRE_SMOLLM, " 12", IDS(' ', '1', '2'));
+    check_ids(CB_PRE_GPT2, "\xd9\xa3" "4", IDS(259));
+    check_ids(CB_PRE_SMOLLM, "\xd9\xa3" "4", IDS(258, '4'));
+    /* letters and spaces as gpt2 */
+    check_ids(CB_PRE_SMOLLM, "a ab 1", IDS('a', 261, ' ', '1'));
+    check_ids(CB_PRE_GPT2, "a ab 1", IDS('a', 261, 257));
+    /* the highest pre-tokenizer is accepted, one above is refused */
+    cb_tokenizer_params p = cb_tokenizer_default_params();
+    const uint8_t t[] = "a";
+    const int64_t off[] = {0, 1};
+    const uint32_t attr[] = {CB_TOKEN_ATTR_NORMAL};
+    p.model = CB_TOKENIZER_BPE;
+    p.pre = (cb_pretokenizer)(CB_PRE_LAST + 1);
+    p.n_tokens = 1;
+    p.text = t;
+    p.text_offsets = off;
+    p.attrs = attr;
+    cb_tokenizer_t *tok = NULL;
+    CHECK(cb_tokenizer_new(&p, &tok) == CB_STATUS_INVALID_ARGUMENT && tok == NULL);
+    CHECK(strstr(cb_last_error(), "pre-tokenizer") != NULL);
+    cb_clear_error();
+}
+
 static void test_tokenizer_fuzz(void) {
     fuzz_tokenizer(CB_TOKENIZER_SPM, CB_PRE_NONE);
-    for (int pre = CB_PRE_DEFAULT; pre <= CB_PRE_GPT4O; pre++) fuzz_tokenizer(CB_TOKENIZER_BPE, (cb_pretokenizer)pre);
+    for (int pre = CB_PRE_DEFAULT; pre <= CB_PRE_LAST; pre++) fuzz_tokenizer(CB_TOKENIZER_BPE, (cb_pretokenizer)pre);
     cb_tokenizer_free(NULL);
     cb_tok_stream_free(NULL);
 }
@@ -311,6 +423,7 @@ int main(void) {
     }
     CHECK(cb_utf8_validate(NULL, 3, NULL) == CB_STATUS_INVALID_ARGUMENT);
     cb_clear_error();
+    test_pretok_smollm();
     test_tokenizer_fuzz();
     TEST_MAIN_END("test_utf8");
 }
