@@ -11,7 +11,7 @@ from colibri.arch import UnsupportedModel
 from colibri.config import ConfigError
 from colibri.container import ContainerError, ContainerFile
 from colibri.engine import Engine
-from colibri.errors import ColibriError
+from colibri.errors import ColibriError, ContextFullError
 from colibri.generate import GenerationStats, render_template
 from colibri.gguf import GGUFError, GGUFFile
 from colibri.hub import chat_model_path
@@ -27,6 +27,7 @@ __all__ = [
     "ConfigError",
     "ContainerError",
     "ContainerFile",
+    "ContextFullError",
     "Engine",
     "GGUFError",
     "GGUFFile",

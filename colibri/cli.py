@@ -8,6 +8,7 @@ bad setting) are one readable line on stderr and exit status 1, not a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 
@@ -293,14 +294,41 @@ def _run(args: argparse.Namespace) -> int:
     prompt = _read_prompt(args)
     model = _load(args)
     out = sys.stdout
-    for piece in model.stream(prompt, max_tokens=args.n_predict, temperature=args.temp,
-                              top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                              repeat_penalty=args.repeat_penalty, seed=args.seed, stop=args.stop):
-        out.write(piece)
-        out.flush()
+    with _ctx_named():
+        for piece in model.stream(prompt, max_tokens=args.n_predict, temperature=args.temp,
+                                  top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                                  repeat_penalty=args.repeat_penalty, seed=args.seed,
+                                  stop=args.stop, on_context_full="stop"):
+            out.write(piece)
+            out.flush()
     out.write("\n")
+    _note_context_full(model, "colibri run")
     print(model.last_stats.line(), file=sys.stderr)
     return 0
+
+
+@contextlib.contextmanager
+def _ctx_named(what: str = "the prompt"):
+    """A prompt longer than the KV cache, said in the command line's words (--ctx)."""
+    from colibri.errors import ContextFullError
+
+    try:
+        yield
+    except ContextFullError as e:
+        raise ContextFullError(
+            f"{what} has {e.prompt_tokens} tokens and the context holds {e.ctx} "
+            f"(--ctx, or COLIBRI_KV_CACHE_SIZE): a larger --ctx or a shorter {what.split()[-1]}",
+            ctx=e.ctx, prompt_tokens=e.prompt_tokens) from None
+
+
+def _note_context_full(model, who: str) -> None:
+    """After a generation that stopped because the KV cache filled: say so, naming --ctx (the
+    text generated until then was printed)."""
+    st = model.last_stats
+    if st.stop_reason == "context_full":
+        print(f"{who}: stopped after {st.generated_tokens} generated tokens: the context "
+              f"(--ctx {model.ctx}) is full with the prompt's {st.prompt_tokens}; a larger --ctx "
+              f"goes further", file=sys.stderr)
 
 
 def _chat(args: argparse.Namespace) -> int:
@@ -335,13 +363,16 @@ def _chat(args: argparse.Namespace) -> int:
     for line in turns():
         messages.append({"role": "user", "content": line})
         reply = []
-        for piece in model.chat(messages, max_tokens=args.n_predict, stream=True,
-                                temperature=args.temp, seed=args.seed):
-            reply.append(piece)
-            sys.stdout.write(piece)
-            sys.stdout.flush()
+        with _ctx_named("the conversation"):
+            for piece in model.chat(messages, max_tokens=args.n_predict, stream=True,
+                                    temperature=args.temp, seed=args.seed,
+                                    on_context_full="stop"):
+                reply.append(piece)
+                sys.stdout.write(piece)
+                sys.stdout.flush()
         sys.stdout.write("\n")
         sys.stdout.flush()
+        _note_context_full(model, "colibri chat")
         messages.append({"role": "assistant", "content": "".join(reply)})
     return 0
 

@@ -54,6 +54,18 @@ def boolean(value: Any) -> bool:
     raise ValueError("expected 1 or 0 (true/false, yes/no, on/off)")
 
 
+def thread_count(value: Any) -> int:
+    """A number of compute threads: a positive integer no larger than the thread pool's limit
+    (CB_THREADPOOL_MAX_THREADS), checked before anything is loaded."""
+    from colibri._core._quant import THREADPOOL_MAX_THREADS
+
+    n = positive_int(value)
+    if n > THREADPOOL_MAX_THREADS:
+        raise ValueError(f"{n} threads: at most {THREADPOOL_MAX_THREADS} (this machine has "
+                         f"{os.cpu_count() or 1} cores)")
+    return n
+
+
 def choice(*options: str) -> Callable[[Any], str]:
     def parse(value: Any) -> str:
         text = str(value).strip().lower() if isinstance(value, str) else value
@@ -65,38 +77,55 @@ def choice(*options: str) -> Callable[[Any], str]:
     return parse
 
 
+BUDGET_FORMS = ("bytes with a unit (4GB, 512MiB), a whole number of bytes (4000000000), a "
+                "fraction of the experts' size in (0, 1] such as 0.5, or auto")
+
+
 def budget(value: Any) -> str | float | int:
-    """An expert budget: "auto", bytes as an int or a size string ("4GB", "512MiB", "1e9"), or a
-    fraction in (0, 1] of the experts' size as a float or a string with a point ("0.5").
-    Returns "auto", a float fraction or an int number of bytes."""
+    """An expert budget, one syntax for Model arguments, COLIBRI_*_BUDGET variables and the
+    command line: "auto"; bytes with a unit ("4GB", "1.5GiB", "512MiB"); a whole number of
+    bytes (an int, "4000000000", "4e9"); or a fraction in (0, 1] of the experts' size (a float,
+    or a string with a decimal point and no unit: "0.5", "1.0"). Anything else is an error
+    naming these forms: "2.0" (a point and above 1: a fraction out of range, not 2 bytes),
+    "1e-9" (not a whole number of bytes), 2.0 (a float is a fraction). Returns "auto", a float
+    fraction or an int number of bytes."""
+    import decimal
+    import numbers
+
     if isinstance(value, bool):
-        raise ValueError("expected bytes (4GB, 512MiB), a fraction in (0, 1] or 'auto'")
-    if isinstance(value, float):
-        if not (math.isfinite(value) and 0.0 < value <= 1.0):
-            raise ValueError("a float is a fraction of the experts' size and must be in (0, 1]")
-        return value
-    if isinstance(value, int):
-        if value <= 0:
-            raise ValueError("bytes must be positive")
-        return value
+        raise ValueError(f"expected {BUDGET_FORMS}")
+    if isinstance(value, numbers.Integral):
+        if int(value) <= 0:
+            raise ValueError(f"bytes must be positive; expected {BUDGET_FORMS}")
+        return int(value)
+    if isinstance(value, numbers.Real):
+        v = float(value)
+        if not (math.isfinite(v) and 0.0 < v <= 1.0):
+            raise ValueError(f"a float is a fraction of the experts' size and must be in (0, 1]; "
+                             f"expected {BUDGET_FORMS}")
+        return v
     text = str(value).strip().upper().replace(" ", "")
     if text == "AUTO":
         return "auto"
     num = text.rstrip("KMGTIB")
     unit = text[len(num):]
-    bad = ValueError("expected bytes (4GB, 512MiB), a fraction in (0, 1] such as 0.5, or 'auto'")
     try:
-        number = float(num)
-    except ValueError:
-        raise bad from None
-    if unit not in _UNITS or not math.isfinite(number) or number <= 0:
-        raise bad
-    if unit == "" and "." in num and number <= 1.0:
-        return number
+        number = decimal.Decimal(num)
+    except decimal.InvalidOperation:
+        raise ValueError(f"expected {BUDGET_FORMS}") from None
+    if unit not in _UNITS or not number.is_finite() or number <= 0 or "_" in num:
+        raise ValueError(f"expected {BUDGET_FORMS}")
+    if unit == "" and "." in num:  # a fraction
+        if number > 1:
+            raise ValueError(f"a number with a decimal point and no unit is a fraction of the "
+                             f"experts' size and must be in (0, 1]; expected {BUDGET_FORMS}")
+        return float(number)
     total = number * _UNITS[unit]
+    if total != total.to_integral_value():
+        raise ValueError(f"not a whole number of bytes; expected {BUDGET_FORMS}")
     if total >= 2**63:
         raise ValueError("larger than any machine's memory")
-    return max(1, int(total))
+    return int(total)
 
 
 def text(value: Any) -> str:
@@ -124,7 +153,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in [
              "tokens per forward batch"),
     Variable("COLIBRI_KV_CACHE_SIZE", "ctx", "positive integer", 4096, positive_int,
              "KV cache size in tokens, shared by live sequences"),
-    Variable("COLIBRI_ROUTING_THREADS", "threads", "positive integer", None, positive_int,
+    Variable("COLIBRI_ROUTING_THREADS", "threads", "positive integer", None, thread_count,
              "threads for the matmuls, attention, routing and experts",
              default_help="all cores"),
     Variable("COLIBRI_EXPERT_MODE", "expert_mode", "mapped | cache | mmap", None,
@@ -135,8 +164,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in [
              default_help="mapped without a budget or with one that holds every expert, cache "
                           "with a smaller one"),
     Variable("COLIBRI_EXPERT_BUDGET", "expert_budget", "size, fraction or auto", None, budget,
-             "bytes of experts kept resident: `4GB`, `512MiB`, a fraction of the experts' size "
-             "such as `0.5`, or `auto`", default_help="no budget: every expert mapped"),
+             "bytes of experts kept resident: `4GB`, `512MiB`, a whole number of bytes, a "
+             "fraction of the experts' size in (0, 1] such as `0.5`, or `auto`",
+             default_help="no budget: every expert mapped"),
     Variable("COLIBRI_DENSE_WEIGHTS", "dense_weights", "copy | mapped", "copy",
              choice("copy", "mapped"),
              "dense matrices (attention, head, dense FFN): `copy` to anonymous memory on huge "

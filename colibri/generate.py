@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from colibri.errors import ColibriError
+from colibri.errors import ColibriError, ContextFullError
 from colibri.sampling import Sampler, SamplingParams
 
 if TYPE_CHECKING:
@@ -170,10 +170,9 @@ def stream(
     if not ids:
         raise ValueError("the prompt has no tokens")
     if len(ids) + (1 if max_tokens else 0) > model.ctx:
-        raise ColibriError(
+        raise ContextFullError(
             f"context full: the prompt has {len(ids)} tokens and the KV cache holds {model.ctx} "
-            f"(Model(ctx=...) or COLIBRI_KV_CACHE_SIZE)"
-        )
+            f"(Model(ctx=...) or COLIBRI_KV_CACHE_SIZE)", ctx=model.ctx, prompt_tokens=len(ids))
     if stop is not None and not isinstance(stop, str):
         stop = list(stop)
         if not all(isinstance(x, str) for x in stop):
@@ -196,6 +195,7 @@ def _stream(model: Model, ids: list[int], max_tokens: int, sampler: Sampler,
         logits = model.eval([seq], tokens=ids, logits=[False] * (len(ids) - 1) + [True])[-1]
         stats.prompt_s = time.perf_counter() - t0
         history = list(ids)
+        produced: list[str] = []  # the text yielded, for a ContextFullError to carry
         stats.stop_reason = "max_tokens"
         for i in range(max_tokens):
             nxt = sampler.sample(logits, history)
@@ -208,6 +208,7 @@ def _stream(model: Model, ids: list[int], max_tokens: int, sampler: Sampler,
             stats.generated_tokens += 1
             out, stopped = matcher.push(decoder.feed(nxt))
             if out:
+                produced.append(out)
                 yield out
             if stopped:
                 stats.stop_reason = "stop"
@@ -215,13 +216,9 @@ def _stream(model: Model, ids: list[int], max_tokens: int, sampler: Sampler,
             if i + 1 == max_tokens:
                 break
             if model.sequence_length(seq) + 1 > model.ctx:
-                if on_context_full == "stop":
-                    stats.stop_reason = "context_full"
-                    break
-                raise ColibriError(
-                    f"context full after {stats.generated_tokens} generated tokens: the KV cache "
-                    f"holds {model.ctx} tokens (Model(ctx=...), or on_context_full='stop')"
-                )
+                stats.stop_reason = "context_full"
+                break
+
             ts = time.perf_counter()
             logits = model.eval([seq], tokens=[nxt])[-1]
             stats.token_latencies_s.append(time.perf_counter() - ts)
@@ -233,7 +230,17 @@ def _stream(model: Model, ids: list[int], max_tokens: int, sampler: Sampler,
             else:
                 out += matcher.flush()
             if out:
+                produced.append(out)
                 yield out
+        if stats.stop_reason == "context_full" and on_context_full == "error":
+            # everything generated was yielded above (the held-back tail included) and travels
+            # with the error: a caller joining the pieces (generate, chat) loses nothing
+            raise ContextFullError(
+                f"context full after {stats.generated_tokens} generated tokens: the KV cache "
+                f"holds {model.ctx} tokens, the prompt {len(ids)} (Model(ctx=...), or "
+                f"on_context_full='stop'; the text generated is this error's .text)",
+                ctx=model.ctx, prompt_tokens=len(ids), generated_tokens=stats.generated_tokens,
+                text="".join(produced))
     finally:
         # also runs when the generator is closed unfinished, possibly at interpreter exit (when
         # builtins may be gone) or after the model was closed: never raise from here

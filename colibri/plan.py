@@ -89,13 +89,15 @@ def make_plan(path: str, ctx: int = 4096, max_batch: int = 512, kv_dtype: str = 
     from colibri.model import parse_budget
     from colibri.usage import load_usage
 
+    if expert_budget is not None and str(expert_budget).strip().lower() != "auto":
+        parse_budget(expert_budget, 1)  # its syntax, checked for every model before opening one
     gf, d = open_model(path)
     try:
         pl = plan_for(path, d, ctx, max_batch, kv_dtype,
                       mem_available() if available is None else available)
     finally:
         gf.close()
-    if pl.expert_bytes and expert_budget is not None and expert_budget != "auto":
+    if pl.expert_bytes and expert_budget is not None and str(expert_budget).strip().lower() != "auto":
         nbytes = parse_budget(expert_budget, pl.expert_bytes)
         if nbytes is not None:
             pl.budget_bytes = max(pl.min_budget_bytes, min(nbytes, pl.expert_bytes))

@@ -15,7 +15,8 @@ from colibri._core.quant cimport (
     cb_type_name, cb_type_row_bytes, cb_type_supported,
 )
 from colibri._core.threadpool cimport (
-    cb_threadpool_free, cb_threadpool_n_threads, cb_threadpool_new, cb_threadpool_t,
+    CB_THREADPOOL_MAX_THREADS, cb_threadpool_free, cb_threadpool_n_threads, cb_threadpool_new,
+    cb_threadpool_t,
 )
 
 # name -> id of every block type of include/colibri/quant.h (the IntEnum cb_type)
@@ -62,6 +63,10 @@ def row_bytes(t, int64_t n):
     cdef size_t out = 0
     check(cb_type_row_bytes(type_id(t), n, &out))
     return out
+
+
+# Most threads a ThreadPool may have (include/colibri/threadpool.h).
+THREADPOOL_MAX_THREADS = CB_THREADPOOL_MAX_THREADS
 
 
 cdef class ThreadPool:

@@ -5,6 +5,7 @@ from colibri._core._native import (
     COLIBRI_TYPES,
     LAYOUTS,
     SUPPORTED,
+    THREADPOOL_MAX_THREADS,
     TYPES,
     ThreadPool,
     block_bytes,
@@ -28,4 +29,5 @@ __all__ = [
     "TYPES", "COLIBRI_TYPES", "SUPPORTED", "type_id", "type_name", "block_size", "block_bytes",
     "supported", "row_bytes", "ThreadPool", "dequantize", "get_rows", "matmul", "quantize_q8_0",
     "quantize_i4g128", "cb_type", "LAYOUTS", "pack_r16", "r16_bytes", "r16_layout",
+    "THREADPOOL_MAX_THREADS",
 ]

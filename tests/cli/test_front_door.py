@@ -76,6 +76,59 @@ def test_settings_parse_and_default():
             config.resolve("COLIBRI_ROUTING_THREADS", bad)
 
 
+def test_one_budget_syntax_everywhere(monkeypatch):
+    """An expert budget means the same in a Model argument, COLIBRI_*_BUDGET and the command
+    line: "2.0" and "1.5" (a decimal point, above 1) and "1e-9" are errors naming the accepted
+    forms, never 2 or 1 bytes; whole numbers of bytes, units and fractions in (0, 1] pass."""
+    good = {"4GB": 4 * 10**9, "1.5GiB": 3 * 2**29, "512MiB": 2**29, "1e9": 10**9,
+            "4000000000": 4 * 10**9, "0.5": 0.5, "1.0": 1.0, "auto": "auto", 0.25: 0.25,
+            1.0: 1.0, 12345: 12345, np.int64(7): 7, np.float32(0.5): 0.5}
+    for value, want in good.items():
+        assert config.budget(value) == want, value
+        assert type(config.budget(value)) is type(want), value
+    bad = ("2.0", "1.5", "1e-9", "0.5B", "0.3KiB", 2.0, 1.5, "1_000", "1.0000001", "-0.5",
+           "nan", "inf", True)
+    for value in bad:
+        with pytest.raises(ValueError, match="expected bytes with a unit") as e:
+            config.budget(value)
+        assert "fraction" in str(e.value) and "auto" in str(e.value)
+    for name in ("COLIBRI_EXPERT_BUDGET", "COLIBRI_CUDA_EXPERT_BUDGET"):
+        for value in ("2.0", "1.5", "1e-9"):
+            with pytest.raises(ConfigError, match=name):
+                config.from_env(name, {name: value})
+            with pytest.raises(ConfigError, match="whole number of bytes"):
+                config.resolve(name, value)
+    # the command line and the environment of a process
+    path = colibri.default_model_path()
+    for args, env in ((["plan", "-m", path, "--expert-budget", "2.0"], {}),
+                      (["run", "-m", path, "--expert-budget", "1e-9", "-p", "x"], {}),
+                      (["run", "-m", path, "-p", "x"], {"COLIBRI_EXPERT_BUDGET": "1.5"})):
+        p = subprocess.run([sys.executable, "-m", "colibri", *args], capture_output=True,
+                           text=True, timeout=300, env={**os.environ, **env})
+        assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+        assert "whole number of bytes" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_thread_counts_are_checked_before_loading(monkeypatch):
+    """Model(threads=10000) fails at once with the limit, before a byte of the model is read
+    (it used to load the weights, then fail in the thread pool)."""
+    import colibri.model
+    from colibri._core._quant import THREADPOOL_MAX_THREADS
+
+    def no_loading(*a, **k):
+        raise AssertionError("the model file was opened")
+
+    monkeypatch.setattr(colibri.model, "_open_file", no_loading)
+    for threads in (10000, THREADPOOL_MAX_THREADS + 1):
+        with pytest.raises(ConfigError, match=f"at most {THREADPOOL_MAX_THREADS}"):
+            colibri.Model(colibri.default_model_path(), threads=threads, verbose=False)
+    monkeypatch.setenv("COLIBRI_ROUTING_THREADS", "10000")
+    with pytest.raises(ConfigError, match="COLIBRI_ROUTING_THREADS"):
+        colibri.Model(colibri.default_model_path(), verbose=False)
+    assert config.resolve("COLIBRI_ROUTING_THREADS", THREADPOOL_MAX_THREADS) == (
+        THREADPOOL_MAX_THREADS)
+
+
 def test_doctor_reports_a_bad_variable(monkeypatch):
     from colibri.doctor import report
 

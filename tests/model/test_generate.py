@@ -11,7 +11,7 @@ import pytest
 import torch  # noqa: F401  tiny models are built with torch + transformers (test extras)
 from oracle_models import build, prompt  # noqa: E402
 
-from colibri.errors import ColibriError
+from colibri.errors import ColibriError, ContextFullError
 from colibri.generate import BUILTIN_TEMPLATES, _StopMatcher
 from colibri.model import Model
 from colibri.sampling import Sampler, SamplingParams
@@ -263,15 +263,54 @@ def test_single_token_eval_shortcut_matches_the_general_path(tiny):
 def test_context_full_is_an_error_or_a_chosen_stop(tiny):
     small = Model(tiny, threads=1, ctx=16, max_batch=16)
     ids = prompt(12, seed=6)
-    with pytest.raises(ColibriError, match="context full"):
-        small.generate(ids, max_tokens=10, temperature=0)
     out = small.generate(ids, max_tokens=10, temperature=0, on_context_full="stop")
-    assert small.last_stats.stop_reason in ("context_full", "eos")
-    assert isinstance(out, str)
-    with pytest.raises(ColibriError, match="context full"):
+    assert small.last_stats.stop_reason == "context_full"
+    # 12 + 4 tokens fill the cache, the logits of the last give a 5th
+    assert small.last_stats.generated_tokens == 16 - 12 + 1 and out
+    # the error keeps what was generated: the same text the chosen stop returns
+    with pytest.raises(ContextFullError, match="context full after 5 generated tokens") as e:
+        small.generate(ids, max_tokens=10, temperature=0)
+    assert isinstance(e.value, ColibriError)
+    assert (e.value.text, e.value.generated_tokens, e.value.ctx, e.value.prompt_tokens) == (
+        out, 5, 16, 12)
+    # a stream yields every piece (the held-back tail included) before the error
+    pieces = []
+    with pytest.raises(ContextFullError):
+        for piece in small.stream(ids, max_tokens=10, temperature=0):
+            pieces.append(piece)
+    assert "".join(pieces) == out
+    with pytest.raises(ContextFullError, match="the prompt has 20 tokens") as e:
         small.generate(prompt(20, seed=1), max_tokens=1)
+    assert (e.value.text, e.value.prompt_tokens, e.value.ctx) == ("", 20, 16)
     # the cache is empty again afterwards
     assert small.kv.sequences() == []
+
+
+def test_cli_run_keeps_what_a_full_context_let_it_generate(tiny):
+    """`run --ctx N -n M` past the context prints what it generated and says the context is
+    full in the command line's words (--ctx), never a Python argument; a prompt longer than
+    the context is a one-line error naming --ctx."""
+    text = "hello world"
+    n_prompt = len(Model(tiny, threads=1).tokenize(text))
+    ctx = n_prompt + 6
+    ref = Model(tiny, threads=1, ctx=ctx)
+    expected = ref.generate(text, max_tokens=100, temperature=0, on_context_full="stop")
+    assert ref.last_stats.stop_reason == "context_full" and expected
+    run = subprocess.run([sys.executable, "-m", "colibri", "run", "-m", tiny, "--ctx", str(ctx),
+                          "-n", "100", "--temp", "0", "--threads", "1", "-p", text],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == expected + "\n"
+    assert "stopped after 7 generated tokens" in run.stderr
+    assert f"--ctx {ctx}" in run.stderr
+    assert "Model(" not in run.stderr and "on_context_full" not in run.stderr
+    assert "Traceback" not in run.stderr
+    long = subprocess.run([sys.executable, "-m", "colibri", "run", "-m", tiny, "--ctx", "8",
+                           "-n", "4", "--threads", "1", "-p", "hello world " * 8],
+                          capture_output=True, text=True, timeout=300)
+    assert long.returncode == 1
+    err = long.stderr.strip().splitlines()
+    assert len(err) == 1 and "--ctx" in err[0] and "Model(" not in err[0], long.stderr
 
 
 def test_run_with_embeddings_equals_logits_of_each_sequence(model):
