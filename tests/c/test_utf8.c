@@ -83,6 +83,23 @@ static unsigned char *random_text(size_t *n) {
     return exact;
 }
 
+/* GPT-2's byte alphabet spelling of byte b, as UTF-8, into t (3 bytes at most) */
+static int byte_is_printable(int b) { return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174; }
+
+static void byte_char(int b, char *t) {
+    int extra = 0; /* the non-printable bytes before b, spelled 256, 257, ... in order */
+    for (int x = 0; x < b; x++) extra += !byte_is_printable(x);
+    const unsigned cp = byte_is_printable(b) ? (unsigned)b : 256u + (unsigned)extra;
+    if (cp < 0x80) {
+        t[0] = (char)cp;
+        t[1] = 0;
+    } else {
+        t[0] = (char)(0xC0 | (cp >> 6));
+        t[1] = (char)(0x80 | (cp & 0x3F));
+        t[2] = 0;
+    }
+}
+
 static void build_vocab(cb_tokenizer_model model, cb_pretokenizer pre, cb_tokenizer_t **out) {
     /* tokens: control <s> and <ctrl>, 256 byte tokens (SPM: <0xNN>; BPE: the byte alphabet),
      * a few merges/pieces */
@@ -110,19 +127,7 @@ static void build_vocab(cb_tokenizer_model model, cb_pretokenizer pre, cb_tokeni
             snprintf(t, sizeof t, "<0x%02X>", b);
             ADD(t, CB_TOKEN_ATTR_BYTE, 0.0f);
         } else {
-            /* GPT-2 byte alphabet as UTF-8 */
-            static int extra = 0;
-            if (b == 0) extra = 0;
-            const int direct = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-            const unsigned cp = direct ? (unsigned)b : 256u + (unsigned)extra++;
-            if (cp < 0x80) {
-                t[0] = (char)cp;
-                t[1] = 0;
-            } else {
-                t[0] = (char)(0xC0 | (cp >> 6));
-                t[1] = (char)(0x80 | (cp & 0x3F));
-                t[2] = 0;
-            }
+            byte_char(b, t); /* GPT-2 byte alphabet as UTF-8 */
             ADD(t, CB_TOKEN_ATTR_NORMAL, 0.0f);
         }
     }
@@ -221,23 +226,6 @@ static void fuzz_tokenizer(cb_tokenizer_model model, cb_pretokenizer pre) {
     CHECK(cb_tokenizer_decode(tok, &bad, 1, 0, &dec, &dn) == CB_STATUS_INVALID_ARGUMENT);
     cb_clear_error();
     cb_tokenizer_free(tok);
-}
-
-/* GPT-2's byte alphabet spelling of byte b, as UTF-8, into t (3 bytes at most) */
-static void byte_char(int b, char *t) {
-    int extra = 0;
-    for (int x = 0; x < b; x++)
-        if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255))) extra++;
-    const int direct = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-    const unsigned cp = direct ? (unsigned)b : 256u + (unsigned)extra;
-    if (cp < 0x80) {
-        t[0] = (char)cp;
-        t[1] = 0;
-    } else {
-        t[0] = (char)(0xC0 | (cp >> 6));
-        t[1] = (char)(0x80 | (cp & 0x3F));
-        t[2] = 0;
-    }
 }
 
 /* ids of text under pre with a vocabulary of the 256 byte tokens (ids 0..255, byte order) and
