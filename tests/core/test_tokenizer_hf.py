@@ -46,6 +46,11 @@ DEEPSEEK_V3 = [
     "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
 ]
 DEFAULT = [r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", "[0-9][0-9][0-9]"]
+# SmolLM / SmolLM2: their tokenizer.json's pre-tokenizer is Sequence[Digits(individual_digits=True),
+# ByteLevel(use_regex=True)]; Digits isolates every numeric code point and ByteLevel's regex is
+# GPT-2's, so the family is these two splits (test_smollm_is_digits_then_byte_level checks that
+# they pre-tokenize exactly as SmolLM2's own pre-tokenizer does)
+SMOLLM = [r"\p{N}", GPT2]
 
 # tokenizer.ggml.pre -> the regexes of the HF Split pre-tokenizers that the family uses
 FAMILIES = {
@@ -57,6 +62,7 @@ FAMILIES = {
     "deepseek-llm": DEEPSEEK_LLM,
     "deepseek-v3": DEEPSEEK_V3,
     "gpt-4o": [GPT4O],
+    "smollm": SMOLLM,
 }
 SPECIAL = "<|endoftext|>"
 
@@ -191,6 +197,19 @@ def test_unknown_pre_is_an_error(corpus: list[str], tmp_path: Path) -> None:
         Tokenizer.from_gguf(path)
 
 
+def test_smollm_is_digits_then_byte_level(corpus: list[str]) -> None:
+    """FAMILIES["smollm"] (two Split regexes, then ByteLevel without its regex) pre-tokenizes like
+    SmolLM2's tokenizer.json pre-tokenizer: the pieces and their offsets, on the whole corpus."""
+    ours = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in SMOLLM]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    smollm2 = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                       pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    numerals = "".join(chr(c) for c in range(0x110000) if chr(c).isnumeric())  # \p{N}, CJK numerals
+    for s in corpus + EXTRA + [numerals, " " + numerals, "a" + "1a".join(numerals)]:
+        assert ours.pre_tokenize_str(s) == smollm2.pre_tokenize_str(s), s
+
+
 def test_special_token_only_when_asked(pair: tuple[str, HFTokenizer, Tokenizer]) -> None:
     _, hf, tok = pair
     sid = hf.token_to_id(SPECIAL)
@@ -201,7 +220,7 @@ def test_special_token_only_when_asked(pair: tuple[str, HFTokenizer, Tokenizer])
 
 # llama.cpp's ids on the same kind of vocabulary, recorded by tools/record_tokenizer_refs.py (the
 # pre-tokenizers on which llama.cpp agrees with HF; see docs/ARCHITECTURE.md, Tokenizer)
-LLAMA_CPP_PRES = ["default", "gpt-2", "olmo", "llama-bpe", "qwen2", "deepseek-v3"]
+LLAMA_CPP_PRES = ["default", "gpt-2", "olmo", "llama-bpe", "qwen2", "deepseek-v3", "smollm", "command-r"]
 
 
 @pytest.mark.parametrize("pre", LLAMA_CPP_PRES)
