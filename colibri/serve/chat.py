@@ -174,30 +174,35 @@ async def chat(state: ServerState, request: Request) -> Response:
             for i in range(len(reqs)):
                 yield chunk(i, {"role": "assistant", "content": ""})
             failed = [False]
-            async for i, d in _merged(state, reqs):
-                ch = choices[i]
-                out = ch.take(d)
-                if (err := _stream_error(state, ch, failed)) is not None:
-                    if err:
+            merged = _merged(state, reqs)
+            try:
+                async for i, d in merged:
+                    ch = choices[i]
+                    out = ch.take(d)
+                    if (err := _stream_error(state, ch, failed)) is not None:
+                        # the response failed: its error event is the last before [DONE]
+                        # (the other choices are cancelled, their pending text dropped)
                         yield err
-                    continue
-                lp = None
-                if req.logprobs and d.logprobs:
-                    lp = {"content": _chat_logprobs(state, d.logprobs, top > 0)}
-                # content and tool-call pieces in the order the model wrote them; this
-                # step's logprobs ride on its first content chunk (an empty one if none)
-                if lp is not None and (not out or not isinstance(out[0], str)):
-                    yield chunk(i, {"content": ""}, None, lp)
+                        break
                     lp = None
-                for e in out:
-                    if isinstance(e, str):
-                        yield chunk(i, {"content": e}, None, lp)
+                    if req.logprobs and d.logprobs:
+                        lp = {"content": _chat_logprobs(state, d.logprobs, top > 0)}
+                    # content and tool-call pieces in the order the model wrote them; this
+                    # step's logprobs ride on its first content chunk (an empty one if none)
+                    if lp is not None and (not out or not isinstance(out[0], str)):
+                        yield chunk(i, {"content": ""}, None, lp)
                         lp = None
-                    else:
-                        yield chunk(i, {"tool_calls": [e.openai()]})
-                if ch.finish_reason is not None:
-                    yield chunk(i, {}, ch.finish_reason)
-            if usage_wanted:
+                    for e in out:
+                        if isinstance(e, str):
+                            yield chunk(i, {"content": e}, None, lp)
+                            lp = None
+                        else:
+                            yield chunk(i, {"tool_calls": [e.openai()]})
+                    if ch.finish_reason is not None:
+                        yield chunk(i, {}, ch.finish_reason)
+            finally:
+                await merged.aclose()  # cancels the requests still running
+            if usage_wanted and not failed[0]:
                 yield _sse({"id": cid, "object": "chat.completion.chunk", "created": created,
                             "model": state.model_id, "system_fingerprint": None,
                             "choices": [], "usage": _usage(len(ids), choices)})

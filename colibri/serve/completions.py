@@ -98,28 +98,33 @@ async def completions(state: ServerState, request: Request) -> Response:
                                     {"index": i, "text": echo[i], "logprobs": None,
                                      "finish_reason": None}]})
             failed = [False]
-            async for i, d in _merged(state, reqs):
-                ch = choices[i]
-                content = _content(ch.take(d))
-                if (err := _stream_error(state, ch, failed)) is not None:
-                    if err:
+            merged = _merged(state, reqs)
+            try:
+                async for i, d in merged:
+                    ch = choices[i]
+                    content = _content(ch.take(d))
+                    if (err := _stream_error(state, ch, failed)) is not None:
+                        # the response failed: its error event is the last before [DONE]
+                        # (the other choices are cancelled, their pending text dropped)
                         yield err
-                    continue
-                lp = None
-                if req.logprobs is not None and d.logprobs:
-                    lp = _completion_logprobs(state, d.logprobs, sent[i])
-                sent[i] += len(content)
-                if not content and d.finish_reason is None and lp is None:
-                    continue
-                chunk: dict[str, Any] = {
-                    "id": cid, "object": "text_completion", "created": created,
-                    "model": state.model_id, "choices": [
-                        {"index": i, "text": content, "logprobs": lp,
-                         "finish_reason": ch.finish_reason}]}
-                if usage_wanted:
-                    chunk["usage"] = None
-                yield _sse(chunk)
-            if usage_wanted:
+                        break
+                    lp = None
+                    if req.logprobs is not None and d.logprobs:
+                        lp = _completion_logprobs(state, d.logprobs, sent[i])
+                    sent[i] += len(content)
+                    if not content and d.finish_reason is None and lp is None:
+                        continue
+                    chunk: dict[str, Any] = {
+                        "id": cid, "object": "text_completion", "created": created,
+                        "model": state.model_id, "choices": [
+                            {"index": i, "text": content, "logprobs": lp,
+                             "finish_reason": ch.finish_reason}]}
+                    if usage_wanted:
+                        chunk["usage"] = None
+                    yield _sse(chunk)
+            finally:
+                await merged.aclose()  # cancels the requests still running
+            if usage_wanted and not failed[0]:
                 yield _sse({"id": cid, "object": "text_completion", "created": created,
                             "model": state.model_id, "choices": [],
                             "usage": _usage(n_prompt, choices)})

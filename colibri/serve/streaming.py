@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from colibri.engine import Request as EngineRequest
 
 async def _merged(state: ServerState, reqs: list[EngineRequest]
-                  ) -> AsyncIterator[tuple[int, Delta]]:
+                  ) -> AsyncGenerator[tuple[int, Delta], None]:
     """The deltas of every request as they come, tagged with the request's index. Closing
     the iterator (a client gone) cancels the requests still running."""
     from colibri.engine import Delta
@@ -191,7 +191,7 @@ def _failed(state: ServerState, choices: list[_Choice]) -> APIError | None:
 
 def _stream_error(state: ServerState, ch: _Choice, sent: list[bool]) -> bytes | None:
     """The error event a stream sends when choice ch failed or was cancelled by the server
-    (once per response: sent[0] records it), or None."""
+    (once per response: sent[0] records it; the stream then ends with [DONE]), or None."""
     if ch.finish_reason == "error":
         err = APIError(500, f"generation failed: {ch.error}", type="server_error",
                        code="generation_error")
