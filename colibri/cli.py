@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 
 from colibri import config
@@ -184,7 +185,8 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="seconds running requests get to finish after SIGTERM; then they are "
                          "cut off (a stream ends with an error event and [DONE])")
     sv.add_argument("--prefill-chunk", type=int, default=None,
-                    help="most prompt tokens per engine step (default 64)")
+                    help="most prompt tokens per engine step (default: sized from the measured step "
+                         "times, 16 to --max-batch)")
     sv.add_argument("--no-prefix-cache", action="store_true",
                     help="do not reuse the KV of shared prompt prefixes")
     sv.add_argument("--no-prefault", action="store_true",
@@ -469,6 +471,11 @@ def _api_key(args: argparse.Namespace) -> str | None:
             raise ValueError(f"--api-key-file {path}: the first line is empty (the file "
                              "should hold the key)")
         return key
+    raw = os.environ.get("COLIBRI_API_KEY", "")
+    if raw and not raw.strip():
+        # set to blanks (every other variable reads that as unset): never silently an open
+        # server where a key was meant
+        raise ValueError("COLIBRI_API_KEY is set but blank: unset it to serve without a key")
     key = config.from_env("COLIBRI_API_KEY")
     return str(key).strip() if key else None
 

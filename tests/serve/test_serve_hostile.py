@@ -463,6 +463,12 @@ def test_a_bad_key_file_is_one_line_and_exit_1(tiny_path, tmp_path):
         assert p.returncode == 1, (path, p.returncode, p.stderr)
         assert len(lines) == 1 and "--api-key-file" in lines[0] and what in lines[0], p.stderr
         assert str(path) in lines[0] and "Traceback" not in p.stderr, p.stderr
+    # COLIBRI_API_KEY of blanks: an error, never silently an open server
+    p = subprocess.run([sys.executable, "-m", "colibri", "serve", "-m", tiny_path, "--port", "0"],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "COLIBRI_API_KEY": "   "})
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and len(lines) == 1 and "COLIBRI_API_KEY" in lines[0], p.stderr
     # the key given twice: argparse refuses the pair
     key_file = tmp_path / "key"
     key_file.write_text(KEY)
