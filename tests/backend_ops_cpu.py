@@ -457,6 +457,7 @@ ROWS = FLOAT_ROWS + QUANT_ROWS
 # colibri._core exports that are not ops (no cell): what they are, and where they are tested.
 NOT_OPS = {
     "ROPE_MAX_DIMS": "a constant",
+    "THREADPOOL_MAX_THREADS": "a constant (the thread pool's limit)",
     "rope_cache": "rope's cos/sin table helper, scalar double: test_ops.py::test_rope_cache_and_corr_dims",
     "rope_yarn_corr_dims": "a scalar formula: test_ops.py::test_rope_cache_and_corr_dims",
     "cb_act": "an enum", "cb_rope_mode": "an enum", "cb_type": "an enum",

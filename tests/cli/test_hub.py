@@ -264,7 +264,9 @@ def test_a_changed_file_is_no_longer_the_cached_model(cache, monkeypatch):
     m = hub.pull("pypi:q-models")
     with open(m.path, "ab") as f:
         f.write(b"!")
-    assert hub.cached("q-models") is None and hub.cached_models() == []
+    # (the text model is listed too where this machine assembled it: not this test's business)
+    assert hub.cached("q-models") is None
+    assert [m.name for m in hub.cached_models() if m.name != hub.TEXT_MODEL] == []
     hub.pull("pypi:q-models")
     assert len(calls) == 2 and Path(m.path).read_bytes() == b"GGUF-q"
 
