@@ -44,6 +44,26 @@ def mkdtemp_for(dst: str | os.PathLike[str]) -> str:
                             dir=os.path.dirname(os.path.abspath(dst)))
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it (os.umask(0) then back would, for an
+    instant, let every other thread create world-writable files): /proc/self/status's Umask
+    line on Linux, else 022."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
+def chmod_as_new_file(fd: int) -> None:
+    """Give a mkstemp temporary (0600) the mode a file created by open() would have: a model
+    file is as readable as any other."""
+    os.fchmod(fd, 0o666 & ~current_umask())
+
+
 def pid_alive(pid: int) -> bool:
     if pid <= 0:
         return True  # not a pid we wrote: never treat it as dead

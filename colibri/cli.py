@@ -336,6 +336,7 @@ def _note_context_full(model, who: str) -> None:
 def _chat(args: argparse.Namespace) -> int:
     """On a terminal: a prompt per turn, an empty line or Ctrl-D ends. From a pipe: every
     non-empty input line is a user turn, each reply printed on its own line(s)."""
+    from colibri.errors import ContextFullError
     from colibri.generate import chat_template
 
     model = _load(args, chat=True)
@@ -365,13 +366,21 @@ def _chat(args: argparse.Namespace) -> int:
     for line in turns():
         messages.append({"role": "user", "content": line})
         reply = []
-        with _ctx_named("the conversation"):
-            for piece in model.chat(messages, max_tokens=args.n_predict, stream=True,
-                                    temperature=args.temp, seed=args.seed,
-                                    on_context_full="stop"):
-                reply.append(piece)
-                sys.stdout.write(piece)
-                sys.stdout.flush()
+        try:
+            with _ctx_named("the conversation"):
+                for piece in model.chat(messages, max_tokens=args.n_predict, stream=True,
+                                        temperature=args.temp, seed=args.seed,
+                                        on_context_full="stop"):
+                    reply.append(piece)
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+        except ContextFullError as e:
+            messages.pop()  # the turn that does not fit; the conversation before it stays
+            if not interactive:
+                raise
+            print(f"colibri chat: {e}: this turn was dropped (the conversation so far is "
+                  "kept; an empty line ends it)", file=sys.stderr)
+            continue
         sys.stdout.write("\n")
         sys.stdout.flush()
         _note_context_full(model, "colibri chat")

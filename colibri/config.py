@@ -120,6 +120,8 @@ def budget(value: Any) -> str | float | int:
             raise ValueError(f"a number with a decimal point and no unit is a fraction of the "
                              f"experts' size and must be in (0, 1]; expected {BUDGET_FORMS}")
         return float(number)
+    if number.adjusted() > 30:  # ~1e30 and up: no machine's memory (and no Decimal overflow)
+        raise ValueError("larger than any machine's memory")
     total = number * _UNITS[unit]
     if total != total.to_integral_value():
         raise ValueError(f"not a whole number of bytes; expected {BUDGET_FORMS}")

