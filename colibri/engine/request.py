@@ -68,7 +68,9 @@ class _Stream:
         self.prompt_tokens = 0
         self.generated_tokens = 0
         self.preemptions = 0
-        self.cached_tokens = 0  # prompt tokens whose KV was copied from the prefix cache
+        # prompt tokens whose KV was copied from the prefix cache (or a running request) when
+        # it was admitted, not prefilled (its latest admission, after a preemption)
+        self.cached_tokens = 0
 
     # ---- producer side (the engine) ----
 
@@ -230,6 +232,10 @@ class Request:
 
     @property
     def cached_tokens(self) -> int:
+        """Prompt tokens whose KV the engine copied from its prefix cache (a finished or
+        running request's) instead of prefilling them (0 until the request is admitted; a
+        preempted request counts its latest admission). OpenAI's
+        usage.prompt_tokens_details.cached_tokens."""
         return self._s.cached_tokens
 
     def cancel(self) -> None:
@@ -290,6 +296,7 @@ class _Seq:
     n_kv: int = 0                 # tokens of prompt + out in the KV cache
     t_last: float = 0.0
     hashes: list[int] = field(default_factory=list)  # prefix-index blocks registered
+    copied: int = 0               # tokens of KV copied from the prefix cache at admission
 
     def kv_tokens(self) -> list[int]:
         return self.tokens()

@@ -186,6 +186,8 @@ class _Scheduler(_Output):
                 if not self._evict_one(keep):
                     raise
         s.n_kv = 0
+        s.copied = 0
+        s.req.cached_tokens = 0  # this admission's reuse (a preempted request is read again)
         self._running.append(s)
         self._running.sort(key=lambda x: x.order)
         while src is not None and n_copy > 0:
@@ -196,8 +198,9 @@ class _Scheduler(_Output):
                 if self._evict_one(keep):
                     continue
                 break  # no room for the copy now: a cold prefill instead
-            s.n_kv = n_copy
-            s.req.cached_tokens = n_copy
+            s.n_kv = s.copied = n_copy
+            # prompt tokens only (a preempted request's copy may reach into its output)
+            s.req.cached_tokens = min(n_copy, len(s.prompt))
             if isinstance(src, _Cached):
                 self._cache.move_to_end(src.seq)
             with self._cv:
@@ -264,11 +267,11 @@ class _Scheduler(_Output):
             self._reserve_ahead(s, s.n_tokens() + KV_GROW_AHEAD)
             n = self._take(s, chunk, limit, room)
             if not self._reserve(s, n, plan):  # the youngest, and it does not fit: not yet
-                if s.req.cached_tokens:  # its copied prefix is freed with it: no hit
+                if s.copied:  # its copied prefix is freed with it: no hit
                     with self._cv:
                         self._pc_hits -= 1
-                        self._pc_tokens_saved -= s.req.cached_tokens
-                    s.req.cached_tokens = 0
+                        self._pc_tokens_saved -= s.copied
+                    s.copied = s.req.cached_tokens = 0
                 self._release(s)
                 s.req._unadmit()
                 bisect.insort(self._waiting, s, key=lambda x: x.order)
