@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import sys
 
 from colibri import config
@@ -159,7 +160,8 @@ def _build_parser() -> argparse.ArgumentParser:
     add_convert_args(cv)
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (colibri-moe[serve]): "
-                        "/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics",
+                        "/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, "
+                        "/health, /metrics",
                         description="An OpenAI-compatible HTTP server on colibri.Engine; the "
                         "guide is docs/SERVING.md.", formatter_class=_ServeHelp)
     _add_model_args(sv, default="chat")
@@ -177,8 +179,18 @@ def _build_parser() -> argparse.ArgumentParser:
                           "(default: COLIBRI_API_KEY, else none: no key)")
     key.add_argument("--api-key-file", default=None, metavar="PATH",
                      help="read the API key from the first line of this file")
-    sv.add_argument("--model-name", default=None,
-                    help="the model id clients name (default: the file's name)")
+    sv.add_argument("--model-name", action="append", default=None, metavar="NAME[,NAME...]",
+                    help="the model id clients name; more names (repeated, or separated by "
+                         "commas) are aliases, each served and listed by /v1/models, the first "
+                         "the id responses carry (default: the file's name)")
+    sv.add_argument("--accept-any-model-name", action="store_true",
+                    help="serve a request whatever model it names (for clients that hard-code "
+                         "one); without it an unknown name is a 404, as OpenAI answers")
+    sv.add_argument("--allowed-origins", default=None, metavar="ORIGIN[,ORIGIN...]",
+                    help="answer CORS for these browser origins (scheme://host[:port], comma "
+                         "separated; * for any): preflights without the API key, "
+                         "Access-Control-Allow-Origin on the responses (default: none: no "
+                         "CORS headers)")
     sv.add_argument("--max-body-bytes", type=int, default=4 * 2**20,
                     help="largest request body in bytes; bigger ones are refused with 413")
     sv.add_argument("--grace-period", type=float, default=30.0,
@@ -489,6 +501,39 @@ def _api_key(args: argparse.Namespace) -> str | None:
     return str(key).strip() if key else None
 
 
+def _model_names(given: list[str] | None) -> list[str]:
+    """--model-name's names, in order, once each (repeated, or separated by commas)."""
+    names: list[str] = []
+    for arg in given or []:
+        for name in arg.split(","):
+            name = name.strip()
+            if not name:
+                raise ValueError(f"--model-name {arg!r}: an empty name")
+            if name not in names:
+                names.append(name)
+    return names
+
+
+_ORIGIN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#]+")
+
+
+def _origins(given: str | None) -> list[str]:
+    """--allowed-origins's origins: '*', or each scheme://host[:port] as a browser sends it (no
+    path, no trailing slash: such an origin never matches)."""
+    if given is None:
+        return []
+    out: list[str] = []
+    for origin in (o.strip() for o in given.split(",")):
+        if origin == "*":
+            return ["*"]
+        if not _ORIGIN.fullmatch(origin):
+            raise ValueError(f"--allowed-origins: {origin!r} is not an origin: give "
+                             "scheme://host[:port] (as https://example.com or "
+                             "http://localhost:3000, no path or trailing slash), or *")
+        out.append(origin)
+    return out
+
+
 def _serve(args: argparse.Namespace) -> int:
     from colibri.serve import missing_extra, run
 
@@ -502,17 +547,19 @@ def _serve(args: argparse.Namespace) -> int:
     if args.grace_period < 0:
         raise ValueError(f"--grace-period must be >= 0, got {args.grace_period}")
     args.api_key = _api_key(args)
+    args.model_name = _model_names(args.model_name)
+    args.allowed_origins = _origins(args.allowed_origins)
     # the file before the server starts: a missing file or name is an error now, and the chat
     # model (no -m) is pulled now, not while /health answers 503
     given = args.model
     args.model = _model_path(args, chat=True)
-    if args.model_name is None and given != args.model:  # a model name: clients use it too
+    if not args.model_name and given != args.model:  # a model name: clients use it too
         from pathlib import Path
 
         from colibri import hub
 
-        args.model_name = (hub.CHAT_MODEL if given is None else
-                           Path(args.model).stem if hub.is_spec(given) else given)
+        args.model_name = [hub.CHAT_MODEL if given is None else
+                           Path(args.model).stem if hub.is_spec(given) else given]
     return run(args, lambda: _load(args, chat=True))
 
 

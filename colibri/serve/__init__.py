@@ -67,7 +67,9 @@ def run(args: Any, load: Any) -> int:
     error event and [DONE], a JSON answer is a 503), close the engine); the exit status (0, or
     1 when the model failed to load or the address could not be bound: one line "colibri
     serve: error: could not listen on HOST:PORT: REASON"). load() returns the Model. The API
-    key is args.api_key (the caller resolves --api-key, --api-key-file and COLIBRI_API_KEY)."""
+    key is args.api_key (the caller resolves --api-key, --api-key-file and COLIBRI_API_KEY);
+    args.model_name the model's names (the id first, then aliases; empty: the file's name);
+    args.allowed_origins the CORS origins (empty: no CORS)."""
     if (missing := missing_extra()) is not None:
         raise ValueError(missing)
     import uvicorn
@@ -86,15 +88,19 @@ def run(args: Any, load: Any) -> int:
 
     tune_malloc()  # before the model: every later block follows it
 
-    model_id = args.model_name or (os.path.basename(args.model) if args.model
-                                   else "gemma-3-270m-q4_k_m")
+    names = args.model_name or []  # the id first, then the aliases
+    names = [names] if isinstance(names, str) else list(names)
+    model_id = names[0] if names else (os.path.basename(args.model) if args.model
+                                       else "gemma-3-270m-q4_k_m")
     engine_kwargs: dict[str, Any] = {"prefix_cache": not args.no_prefix_cache}
     if args.prefill_chunk is not None:
         engine_kwargs["prefill_chunk"] = args.prefill_chunk
     state = ServerState(load, model_id, max_seqs=args.max_seqs, max_queue=args.max_queue,
                         api_key=args.api_key, max_body_bytes=args.max_body_bytes,
                         engine_kwargs=engine_kwargs, prefault=not args.no_prefault,
-                        grace_period=args.grace_period)
+                        grace_period=args.grace_period, aliases=names[1:],
+                        accept_any_model=bool(getattr(args, "accept_any_model_name", False)),
+                        allowed_origins=list(getattr(args, "allowed_origins", None) or []))
     app = create_app(state)
     config = uvicorn.Config(app, host=args.host, port=port, lifespan="on",
                             log_level="info" if args.verbose else "warning",
@@ -131,7 +137,10 @@ def run(args: Any, load: Any) -> int:
             touched = "; memory touched at start: " + ", ".join(
                 f"{k.replace('_', ' ')} {v / 2**20:.0f} MiB" for k, v in p.items() if v) + \
                 (f", a forward pass of {n} tokens" if n else "")
-        print(f"colibri serve: {model_id} ready on {url} (OpenAI API at {url}/v1){touched}",
+        also = (f" (also named {', '.join(state.aliases)})" if state.aliases else "") + \
+            (" (any model name accepted)" if state.accept_any_model else "")
+        print(f"colibri serve: {model_id}{also} ready on {url} (OpenAI API at {url}/v1)"
+              f"{touched}",
               file=sys.stderr, flush=True)
 
     def fatal() -> None:

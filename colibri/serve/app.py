@@ -1,15 +1,18 @@
 """The OpenAI-compatible HTTP app (FastAPI) on a colibri.Engine.
 
 Routes: GET /v1/models, /v1/models/{id}; POST /v1/completions, /v1/chat/completions (JSON or
-server-sent events); GET /health, /metrics. The model loads in a background thread after the
-app starts: until then /health and every /v1/ route answer 503. Errors have OpenAI's shape,
+server-sent events); POST /tokenize, /detokenize (vLLM's shapes); GET /health, /metrics. The
+model loads in a background thread after the app starts: until then /health, every /v1/ route
+and /tokenize, /detokenize answer 503. Errors have OpenAI's shape,
 {"error": {"message", "type", "param", "code"}}, with OpenAI's status codes (400, not FastAPI's
 422, for a body that does not validate).
 
 The app is assembled here; its parts: state.py (ServerState, APIError), gate.py (the ASGI
-gate: auth, readiness, body size, counts), handling.py (parsing and checking a request,
-submitting it), streaming.py (reading the engine requests: merged deltas, choices, SSE),
-completions.py and chat.py (the two generation endpoints).
+gate: auth, readiness, body size, counts, model aliases), handling.py (parsing and checking a
+request, submitting it), streaming.py (reading the engine requests: merged deltas, choices,
+SSE), completions.py and chat.py (the two generation endpoints), tokenize.py (/tokenize,
+/detokenize). With --allowed-origins, Starlette's CORSMiddleware wraps the gate: a preflight is
+answered before the API key is asked for.
 """
 
 from __future__ import annotations
@@ -28,14 +31,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from colibri.serve.chat import chat
 from colibri.serve.completions import completions
 from colibri.serve.gate import ROUTES, _gate
-from colibri.serve.handling import _require_model
 from colibri.serve.state import DEFAULT_MAX_BODY, DEFAULT_MAX_QUEUE, APIError, ServerState
+from colibri.serve.tokenize import detokenize, tokenize
 
 log = logging.getLogger("colibri")
 
 
 def create_app(state: ServerState) -> Any:
-    """The ASGI app serving state (wrapped in the gate: auth, readiness, body limit, counts)."""
+    """The ASGI app serving state (wrapped in the gate: auth, readiness, body limit, counts,
+    aliases; and with state.allowed_origins, in CORS outside the gate)."""
 
     def lifespan_startup() -> None:
         threading.Thread(target=state.load, name="colibri-load", daemon=True).start()
@@ -92,18 +96,19 @@ def create_app(state: ServerState) -> Any:
         data = await asyncio.to_thread(state.metrics.render)
         return Response(data, media_type=CONTENT_TYPE_LATEST)
 
-    def model_card() -> dict[str, Any]:
-        return {"id": state.model_id, "object": "model", "created": state.created,
+    def model_card(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": state.created,
                 "owned_by": "colibri"}
 
     @app.get("/v1/models")
-    async def models() -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [model_card()]})
+    async def models() -> JSONResponse:  # the id first, then the aliases
+        return JSONResponse({"object": "list",
+                             "data": [model_card(n) for n in state.model_names]})
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> JSONResponse:
-        _require_model(state, model_id)
-        return JSONResponse(model_card())
+        state.require_model(model_id)  # any name under --accept-any-model-name
+        return JSONResponse(model_card(model_id))
 
     @app.post("/v1/completions")
     async def completions_route(request: Request) -> Response:
@@ -113,7 +118,25 @@ def create_app(state: ServerState) -> Any:
     async def chat_route(request: Request) -> Response:
         return await chat(state, request)
 
-    return _gate(app, state)
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request) -> Response:
+        return await tokenize(state, request)
+
+    @app.post("/detokenize")
+    async def detokenize_route(request: Request) -> Response:
+        return await detokenize(state, request)
+
+    gated = _gate(app, state)
+    if not state.allowed_origins:
+        return gated  # no CORS headers at all
+    from starlette.middleware.cors import CORSMiddleware
+
+    # outside the gate: a preflight (OPTIONS with Origin and Access-Control-Request-Method)
+    # is answered here, without the API key; the gate's own answers (401, 413, 429, 503)
+    # carry the allow header too, so that a browser client can read them
+    return CORSMiddleware(gated, allow_origins=state.allowed_origins,
+                          allow_methods=["GET", "POST"], allow_headers=["*"],
+                          expose_headers=["Retry-After"])
 
 
 __all__ = ["DEFAULT_MAX_BODY", "DEFAULT_MAX_QUEUE", "ROUTES", "APIError", "ServerState",

@@ -1,5 +1,6 @@
 """What `colibri serve` serves: `ServerState` (the model loaded on a thread, its engine, the
-grammar factory, admission counts) and `APIError`, an error in OpenAI's shape."""
+grammar factory, admission counts, the names the model answers to, the CORS origins) and
+`APIError`, an error in OpenAI's shape."""
 
 from __future__ import annotations
 
@@ -51,9 +52,15 @@ class ServerState:
                  max_queue: int = DEFAULT_MAX_QUEUE, api_key: str | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY,
                  engine_kwargs: dict[str, Any] | None = None, prefault: bool = True,
-                 grace_period: float = 30.0) -> None:
+                 grace_period: float = 30.0, aliases: Sequence[str] = (),
+                 accept_any_model: bool = False,
+                 allowed_origins: Sequence[str] = ()) -> None:
         self._load = load
-        self.model_id = model_id
+        self.model_id = model_id  # the id responses carry and /v1/models lists first
+        # more names the model answers to (--model-name A,B), listed by /v1/models too
+        self.aliases = [a for a in dict.fromkeys(aliases) if a != model_id]
+        self.accept_any_model = bool(accept_any_model)  # any name is this model
+        self.allowed_origins = list(allowed_origins)  # CORS (--allowed-origins); none: off
         self.max_seqs = int(max_seqs)
         self.max_queue = int(max_queue)
         self.api_key = api_key
@@ -77,6 +84,24 @@ class ServerState:
         self._lock = threading.Lock()
         self.metrics = Metrics(lambda: (self.engine, self.model,
                                         self.grammar.stats if self.grammar else None))
+
+    @property
+    def model_names(self) -> list[str]:
+        """Every name the model answers to, its id first."""
+        return [self.model_id, *self.aliases]
+
+    def serves(self, name: str) -> bool:
+        """Whether a request naming this model is served (an alias, or any name with
+        --accept-any-model-name)."""
+        return self.accept_any_model or name == self.model_id or name in self.aliases
+
+    def require_model(self, name: str) -> None:
+        """A 404 in OpenAI's shape (code model_not_found) for a name this server does not
+        serve."""
+        if not self.serves(name):
+            names = ", ".join(repr(n) for n in self.model_names)
+            raise APIError(404, f"the model {name!r} does not exist: this server serves "
+                           f"{names} (GET /v1/models)", param="model", code="model_not_found")
 
     def load(self) -> None:
         """Load the model, touch its memory (prefault: weights, expert pool, KV arena; see
