@@ -28,6 +28,7 @@ from colibri.serve.handling import (
 from colibri.serve.protocol import ChatMessage, ChatRequest, NamedToolChoice
 from colibri.serve.state import APIError, ServerState
 from colibri.serve.streaming import (
+    _cached_tokens,
     _chat_logprobs,
     _Choice,
     _collect,
@@ -205,7 +206,9 @@ async def chat(state: ServerState, request: Request) -> Response:
             if usage_wanted and not failed[0]:
                 yield _sse({"id": cid, "object": "chat.completion.chunk", "created": created,
                             "model": state.model_id, "system_fingerprint": None,
-                            "choices": [], "usage": _usage(len(ids), choices)})
+                            "choices": [],
+                            "usage": _usage(len(ids), choices,
+                                            _cached_tokens(reqs, len(reqs)))})
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream",
@@ -229,4 +232,5 @@ async def chat(state: ServerState, request: Request) -> Response:
                     "finish_reason": ch.finish_reason})
     return JSONResponse({"id": cid, "object": "chat.completion", "created": created,
                          "model": state.model_id, "system_fingerprint": None,
-                         "choices": out, "usage": _usage(len(ids), choices)})
+                         "choices": out,
+                         "usage": _usage(len(ids), choices, _cached_tokens(reqs, len(reqs)))})

@@ -24,6 +24,7 @@ from colibri.serve.handling import (
 from colibri.serve.protocol import CompletionRequest
 from colibri.serve.state import APIError, ServerState
 from colibri.serve.streaming import (
+    _cached_tokens,
     _Choice,
     _collect,
     _completion_logprobs,
@@ -127,7 +128,7 @@ async def completions(state: ServerState, request: Request) -> Response:
             if usage_wanted and not failed[0]:
                 yield _sse({"id": cid, "object": "text_completion", "created": created,
                             "model": state.model_id, "choices": [],
-                            "usage": _usage(n_prompt, choices)})
+                            "usage": _usage(n_prompt, choices, _cached_tokens(reqs, req.n))})
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream",
@@ -147,4 +148,4 @@ async def completions(state: ServerState, request: Request) -> Response:
                     "finish_reason": ch.finish_reason})
     return JSONResponse({"id": cid, "object": "text_completion", "created": created,
                          "model": state.model_id, "choices": out,
-                         "usage": _usage(n_prompt, choices)})
+                         "usage": _usage(n_prompt, choices, _cached_tokens(reqs, req.n))})

@@ -147,7 +147,12 @@ async def _response_format(state: ServerState, req: _Sampling) -> Callable[[], A
     if rf.json_schema is None or rf.json_schema.schema_ is None:
         raise APIError(400, "response_format json_schema needs json_schema.schema",
                        param="response_format.json_schema")
-    return await _constraint_factory(state, "json_schema", rf.json_schema.schema_)
+    schema: Any = rf.json_schema.schema_
+    if rf.json_schema.strict:  # OpenAI's strict mode: closed objects, every property required
+        from colibri.serve.grammar import strict_schema
+
+        schema = strict_schema(schema)
+    return await _constraint_factory(state, "json_schema", schema)
 
 
 def _submit(state: ServerState, prompts: list[list[int]], n: int, kw: dict[str, Any],

@@ -173,10 +173,18 @@ async def _collect(request: Request, state: ServerState, reqs: list[EngineReques
     return True
 
 
-def _usage(prompt_tokens: int, choices: list[_Choice]) -> dict[str, int]:
+def _cached_tokens(reqs: list[EngineRequest], n: int) -> int:
+    """Prompt tokens served from the engine's prefix cache, for usage: reqs are n completions
+    of each prompt in turn; a prompt counts once (as in prompt_tokens), with the tokens that
+    every one of its completions reused (the first of n prefills what the others copy)."""
+    return sum(min(r.cached_tokens for r in reqs[i:i + n]) for i in range(0, len(reqs), n))
+
+
+def _usage(prompt_tokens: int, choices: list[_Choice], cached: int = 0) -> dict[str, Any]:
     c = sum(ch.tokens for ch in choices)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": c,
-            "total_tokens": prompt_tokens + c}
+            "total_tokens": prompt_tokens + c,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _failed(state: ServerState, choices: list[_Choice]) -> APIError | None:

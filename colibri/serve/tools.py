@@ -89,13 +89,18 @@ def check_tools(tools: list[dict[str, Any]]) -> None:
 
 def call_schema(tools: list[dict[str, Any]], name: str | None = None) -> dict[str, Any]:
     """JSON schema of one call {"name": ..., "arguments": {...}} of the tool named name, or of
-    any of tools (tool_choice "required")."""
+    any of tools (tool_choice "required"); a tool with "strict": true has its parameters
+    constrained as OpenAI's strict mode does (grammar.strict_schema)."""
     alts = []
     for t in tools:
         f = t["function"]
         if name is not None and f["name"] != name:
             continue
         params = f.get("parameters") or {"type": "object"}
+        if f.get("strict"):  # OpenAI's strict mode: closed objects, every property required
+            from colibri.serve.grammar import strict_schema
+
+            params = strict_schema(params)
         alts.append({"type": "object",
                      "properties": {"name": {"const": f["name"]}, "arguments": params},
                      "required": ["name", "arguments"], "additionalProperties": False})
