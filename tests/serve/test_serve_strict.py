@@ -402,6 +402,14 @@ def test_cut_by_max_tokens_says_length(server):
                     assert finish == "length", (path, stream, text)
                     with pytest.raises(ValueError):
                         json.loads(text)
+    # a forced tool call cut short: "length", not "tool_calls"
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema, "strict": True}}
+    for stream in (False, True):
+        body = {"messages": [{"role": "user", "content": "go"}], "n": 2, "max_tokens": 6,
+                "temperature": 1.0, "seed": 4, "tools": [tool],
+                "tool_choice": {"type": "function", "function": {"name": "f"}}}
+        results, _ = _results(server, "/v1/chat/completions", body, stream)
+        assert [f for _, f in results] == ["length", "length"], results
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0,
                            timeout=300)
     with pytest.raises(openai.LengthFinishReasonError):
