@@ -1,7 +1,6 @@
 """The ASGI gate in front of the app: the API key, readiness (503 while loading or shutting
-down), the body-size limit, the request counts by route and status, and the model's aliases
-(a request naming an alias, or any name under --accept-any-model-name, reaches the routes
-naming the model's id). CORS sits in front of the gate (app.py): a preflight needs no key."""
+down), the body-size limit and the request counts by route and status. CORS sits in front of
+the gate (app.py): a preflight needs no key."""
 
 from __future__ import annotations
 
@@ -16,56 +15,6 @@ ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", 
           "/health", "/metrics")
 # the routes outside /v1/ that need the key and the model, as /v1/ does
 MODEL_ROUTES = ("/tokenize", "/detokenize")
-
-
-def _named_model(body: bytes, state: ServerState) -> bytes:
-    """body with its "model" renamed to the model's id when it names an alias (or any name
-    under --accept-any-model-name); else body unchanged (an unknown name, no name, or not JSON:
-    the route answers as it would)."""
-    if b'"model"' not in body:
-        return body
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        return body
-    if not isinstance(obj, dict):
-        return body
-    name = obj.get("model")
-    if not isinstance(name, str) or name == state.model_id or not state.serves(name):
-        return body
-    obj["model"] = state.model_id
-    return json.dumps(obj).encode()
-
-
-async def _read_all(receive: Any, limit: int) -> tuple[bytes | None, bool]:
-    """The request body (None if the client went away first) and whether it is over limit
-    (then the rest is not read)."""
-    parts: list[bytes] = []
-    n = 0
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            return None, False
-        chunk = msg.get("body", b"")
-        n += len(chunk)
-        if n > limit:
-            return b"", True
-        parts.append(chunk)
-        if not msg.get("more_body", False):
-            return b"".join(parts), False
-
-
-def _replay(body: bytes, receive: Any) -> Any:
-    """A receive that gives body once, then what the client's receive gives (a disconnect)."""
-    sent = [False]
-
-    async def replayed() -> dict[str, Any]:
-        if not sent[0]:
-            sent[0] = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return dict(await receive())
-
-    return replayed
 
 
 def _gate(app: Any, state: ServerState) -> Any:
@@ -137,24 +86,6 @@ def _gate(app: Any, state: ServerState) -> Any:
 
         try:
             err = check(scope)
-            if (err is None and (state.aliases or state.accept_any_model)
-                    and scope.get("method") == "POST" and path.startswith("/v1/")):
-                body, over = await _read_all(receive, state.max_body_bytes)
-                if body is None:  # the client went away: nothing to answer
-                    status[0] = 499
-                    return
-                if over:
-                    err = APIError(413, f"the request body is over the {state.max_body_bytes} "
-                                   "bytes this server takes (--max-body-bytes)",
-                                   code="request_too_large")
-                else:
-                    named = _named_model(body, state)
-                    if named is not body:  # its Content-Length follows
-                        scope = dict(scope, headers=[
-                            (k, v) for k, v in scope.get("headers") or []
-                            if k.lower() != b"content-length"]
-                            + [(b"content-length", str(len(named)).encode())])
-                    receive = _replay(named, receive)
             if err is not None:
                 await send_error(counted_send, err)
             else:

@@ -60,10 +60,9 @@ def _parse(cls: type[Any], body: bytes) -> Any:
 
 
 def _require_model(state: ServerState, name: str) -> None:
-    if name != state.model_id:
-        raise APIError(404, f"the model {name!r} does not exist: this server serves "
-                       f"{state.model_id!r} (GET /v1/models)", param="model",
-                       code="model_not_found")
+    """A 404 for a model name this server does not serve (its id, an alias, or any name under
+    --accept-any-model-name are served; responses carry the id)."""
+    state.require_model(name)
 
 
 def _check_sampling(req: _Sampling) -> None:
