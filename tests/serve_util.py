@@ -7,6 +7,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -76,3 +77,31 @@ def metric(url: str, name: str) -> float | None:
     text = httpx.get(url + "/metrics", timeout=10).text
     m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
     return float(m.group(1)) if m else None
+
+
+def stream_lines(url: str, body: dict, out: dict, started: threading.Event,
+                 path: str = "/v1/completions") -> None:
+    """POST body as a stream (for a thread): out gets status and the SSE lines (or exc);
+    started is set at the first line."""
+    lines: list[str] = []
+    try:
+        with httpx.stream("POST", url + path, json=body, timeout=180) as r:
+            out["status"] = r.status_code
+            for line in r.iter_lines():
+                if line:
+                    lines.append(line)
+                    started.set()
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        out["exc"] = repr(e)
+    finally:
+        started.set()
+        out["lines"] = lines
+
+
+def post_json(url: str, body: dict, out: dict, path: str = "/v1/completions") -> None:
+    """POST body (for a thread): out gets status and the JSON body (or exc)."""
+    try:
+        r = httpx.post(url + path, json=body, timeout=180)
+        out["status"], out["body"] = r.status_code, r.json()
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        out["exc"] = repr(e)
