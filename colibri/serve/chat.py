@@ -8,6 +8,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -94,11 +95,23 @@ def _template_messages(msgs: list[ChatMessage], tools_in_template: bool) -> list
 
 
 
-async def chat(state: ServerState, request: Request) -> Response:
-    """POST /v1/chat/completions: messages through the chat template, tools, JSON or SSE."""
+@dataclass
+class ChatRun:
+    """A chat request checked, rendered and submitted to the engine: what every API built on
+    chat (OpenAI's chat completions, and the APIs translated into a ChatRequest) formats as its
+    own answer. reqs[i] is completion i; choices[i] reads its deltas (text, tool calls)."""
+
+    n_prompt: int
+    reqs: list[Any]
+    choices: list[_Choice]
+    top_logprobs: int  # 0: none asked for
+
+
+async def prepare_chat(state: ServerState, req: ChatRequest) -> ChatRun:
+    """Check req (OpenAI's 400s), render it with the model's chat template (tools included),
+    compile its constraint (tool_choice or response_format) and submit its n completions."""
     from colibri.generate import chat_template, render_chat
 
-    req: ChatRequest = _parse(ChatRequest, await _read_body(request, state.max_body_bytes))
     _require_model(state, req.model)
     _check_sampling(req)
     if req.top_logprobs is not None and not req.logprobs:
@@ -151,11 +164,19 @@ async def chat(state: ServerState, request: Request) -> Response:
                                  or choice == "required" or isinstance(choice, NamedToolChoice))
     top = req.top_logprobs if req.top_logprobs is not None else 0
     reqs = _submit(state, [ids], req.n, kw, constraint, top if req.logprobs else None)
-    cid = "chatcmpl-" + uuid.uuid4().hex
-    created = int(time.time())
     choices = [_Choice(index=i, parser=ToolStreamParser(names) if parse_tools else None,
                        max_calls=1 if req.parallel_tool_calls is False else None)
                for i in range(len(reqs))]
+    return ChatRun(len(ids), reqs, choices, top)
+
+
+async def chat(state: ServerState, request: Request) -> Response:
+    """POST /v1/chat/completions: messages through the chat template, tools, JSON or SSE."""
+    req: ChatRequest = _parse(ChatRequest, await _read_body(request, state.max_body_bytes))
+    run = await prepare_chat(state, req)
+    reqs, choices, top = run.reqs, run.choices, run.top_logprobs
+    cid = "chatcmpl-" + uuid.uuid4().hex
+    created = int(time.time())
 
     if req.stream:
         usage_wanted = bool(req.stream_options and req.stream_options.include_usage)
@@ -207,7 +228,7 @@ async def chat(state: ServerState, request: Request) -> Response:
                 yield _sse({"id": cid, "object": "chat.completion.chunk", "created": created,
                             "model": state.model_id, "system_fingerprint": None,
                             "choices": [],
-                            "usage": _usage(len(ids), choices,
+                            "usage": _usage(run.n_prompt, choices,
                                             _cached_tokens(reqs, len(reqs)))})
             yield b"data: [DONE]\n\n"
 
@@ -233,4 +254,4 @@ async def chat(state: ServerState, request: Request) -> Response:
     return JSONResponse({"id": cid, "object": "chat.completion", "created": created,
                          "model": state.model_id, "system_fingerprint": None,
                          "choices": out,
-                         "usage": _usage(len(ids), choices, _cached_tokens(reqs, len(reqs)))})
+                         "usage": _usage(run.n_prompt, choices, _cached_tokens(reqs, len(reqs)))})
