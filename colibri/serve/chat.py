@@ -107,9 +107,10 @@ class ChatRun:
     top_logprobs: int  # 0: none asked for
 
 
-async def prepare_chat(state: ServerState, req: ChatRequest) -> ChatRun:
+async def prepare_chat(state: ServerState, req: ChatRequest, submit: bool = True) -> ChatRun:
     """Check req (OpenAI's 400s), render it with the model's chat template (tools included),
-    compile its constraint (tool_choice or response_format) and submit its n completions."""
+    compile its constraint (tool_choice or response_format) and submit its n completions
+    (submit=False: checked and rendered only, for a count of the prompt's tokens)."""
     from colibri.generate import chat_template, render_chat
 
     _require_model(state, req.model)
@@ -146,6 +147,8 @@ async def prepare_chat(state: ServerState, req: ChatRequest) -> ChatRun:
     ids = m.tokenize(text, add_special=False, parse_special=True)
     if not ids:
         raise APIError(400, "the messages render to no tokens", param="messages")
+    if not submit:
+        return ChatRun(len(ids), [], [], 0)
     asked = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens
     kw = _sampling(req, state, _max_tokens(state, len(ids), asked, None, "messages"))

@@ -1,6 +1,8 @@
-"""The ASGI gate in front of the app: the API key, readiness (503 while loading or shutting
-down), the body-size limit and the request counts by route and status. CORS sits in front of
-the gate (app.py): a preflight needs no key."""
+"""The ASGI gate in front of the app: the API key (`Authorization: Bearer KEY` or
+`x-api-key: KEY`, Anthropic's header, on every route), readiness (503 while loading or shutting
+down), the body-size limit and the request counts by route and status. Its errors have
+OpenAI's shape, Anthropic's under /v1/messages. CORS sits in front of the gate (app.py): a
+preflight needs no key."""
 
 from __future__ import annotations
 
@@ -9,10 +11,11 @@ import hmac
 import json
 from typing import Any
 
+from colibri.serve.anthropic import error_body, is_messages_path
 from colibri.serve.state import APIError, ServerState
 
-ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
-          "/health", "/metrics")
+ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/messages",
+          "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/health", "/metrics")
 # the routes outside /v1/ that need the key and the model, as /v1/ does
 MODEL_ROUTES = ("/tokenize", "/detokenize")
 
@@ -20,8 +23,11 @@ MODEL_ROUTES = ("/tokenize", "/detokenize")
 def _gate(app: Any, state: ServerState) -> Any:
     key = state.api_key.encode() if state.api_key else None
 
-    async def send_error(send: Any, err: APIError) -> None:
-        body = json.dumps(err.body()).encode()
+    def body_of(err: APIError, path: str) -> dict[str, Any]:
+        return error_body(err) if is_messages_path(path) else err.body()
+
+    async def send_error(send: Any, err: APIError, path: str) -> None:
+        body = json.dumps(body_of(err, path)).encode()
         headers = [(b"content-type", b"application/json"),
                    (b"content-length", str(len(body)).encode())]
         headers += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
@@ -36,10 +42,14 @@ def _gate(app: Any, state: ServerState) -> Any:
         if path.startswith("/v1/") or path in MODEL_ROUTES:
             if key is not None:
                 auth = headers.get(b"authorization", b"")
-                given = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
-                if not hmac.compare_digest(given, key):
+                bearer = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
+                x_key = headers.get(b"x-api-key", b"").strip()
+                # both compared, in constant time: either one may carry the key
+                ok = hmac.compare_digest(bearer, key) | hmac.compare_digest(x_key, key)
+                if not ok:
                     return APIError(401, "invalid or missing API key: send the header "
-                                    "'Authorization: Bearer KEY' (colibri serve --api-key)",
+                                    "'Authorization: Bearer KEY' or 'x-api-key: KEY' "
+                                    "(colibri serve --api-key)",
                                     type="invalid_request_error", code="invalid_api_key")
             if state.draining:
                 return APIError(503, "the server is shutting down", type="server_error",
@@ -87,7 +97,7 @@ def _gate(app: Any, state: ServerState) -> Any:
         try:
             err = check(scope)
             if err is not None:
-                await send_error(counted_send, err)
+                await send_error(counted_send, err, path)
             else:
                 await app(scope, receive, counted_send)
         except asyncio.CancelledError:
@@ -98,12 +108,16 @@ def _gate(app: Any, state: ServerState) -> Any:
                 raise
             err = state.cancelled_error()
             try:
-                if sse[0]:
+                if sse[0] and is_messages_path(path):  # Anthropic's error event
+                    await send({"type": "http.response.body", "more_body": False,
+                                "body": b"event: error\ndata: "
+                                + json.dumps(error_body(err)).encode() + b"\n\n"})
+                elif sse[0]:
                     await send({"type": "http.response.body", "more_body": False,
                                 "body": b"data: " + json.dumps(err.body()).encode()
                                 + b"\n\ndata: [DONE]\n\n"})
                 elif not started[0]:
-                    await send_error(counted_send, err)
+                    await send_error(counted_send, err, path)
             except Exception:  # noqa: BLE001 - the connection is going away anyway
                 pass
         finally:
