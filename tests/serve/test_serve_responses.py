@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import fastapi  # noqa: F401  the serve extra (test extras)
 import httpx
@@ -387,3 +387,36 @@ def test_the_store(server, client):
     bad = httpx.post(server.url + "/v1/responses", headers=h, timeout=30,
                      json={"model": MODEL, "input": [{"type": "input_image"}]})
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.slow
+def test_openai_agents_sdk(server):
+    """The OpenAI Agents SDK's default model provider (the Responses API, streamed) runs an
+    agent unchanged: a forced tool call, the tool's result sent back, a structured final
+    answer. Skipped where openai-agents is not installed."""
+    agents = pytest.importorskip("agents")
+    if not hasattr(agents, "Runner"):
+        pytest.skip("the 'agents' module here is not the OpenAI Agents SDK")
+    from agents import Agent, ModelSettings, OpenAIProvider, RunConfig, Runner, function_tool
+
+    seen: list[str] = []
+
+    @function_tool
+    def get_weather(city: Literal["Oslo", "Paris"]) -> str:
+        """The weather in a city."""
+        seen.append(city)
+        return "-3 C and snow"
+
+    provider = OpenAIProvider(openai_client=openai.AsyncOpenAI(
+        base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=300))
+    agent = Agent(name="weather", instructions="be brief", model=MODEL, tools=[get_weather],
+                  output_type=Place,
+                  model_settings=ModelSettings(tool_choice="get_weather", max_tokens=200,
+                                               temperature=0))
+    result = Runner.run_sync(agent, "the weather in Oslo?", max_turns=4,
+                             run_config=RunConfig(model_provider=provider,
+                                                  tracing_disabled=True))
+    assert len(seen) == 1 and seen[0] in ("Oslo", "Paris")  # the tool ran, once
+    kinds = [type(i).__name__ for i in result.new_items]
+    assert kinds == ["ToolCallItem", "ToolCallOutputItem", "MessageOutputItem"], kinds
+    assert isinstance(result.final_output, Place)
