@@ -28,9 +28,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from colibri.serve.anthropic import add_routes as add_messages_routes
 from colibri.serve.chat import chat
 from colibri.serve.completions import completions
 from colibri.serve.gate import ROUTES, _gate
+from colibri.serve.responses import add_routes as add_responses_routes
 from colibri.serve.state import DEFAULT_MAX_BODY, DEFAULT_MAX_QUEUE, APIError, ServerState
 from colibri.serve.tokenize import detokenize, tokenize
 
@@ -117,6 +119,9 @@ def create_app(state: ServerState) -> Any:
     @app.post("/v1/chat/completions")
     async def chat_route(request: Request) -> Response:
         return await chat(state, request)
+
+    add_messages_routes(app, state)  # Anthropic's Messages API (anthropic.py)
+    add_responses_routes(app, state)  # OpenAI's Responses API (responses.py)
 
     @app.post("/tokenize")
     async def tokenize_route(request: Request) -> Response:

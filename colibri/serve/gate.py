@@ -14,8 +14,11 @@ from typing import Any
 from colibri.serve.anthropic import error_body, is_messages_path
 from colibri.serve.state import APIError, ServerState
 
-ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/messages",
-          "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/health", "/metrics")
+ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/responses",
+          "/v1/responses/{id}", "/v1/messages", "/v1/messages/count_tokens", "/tokenize",
+          "/detokenize", "/health", "/metrics")
+# request paths counted under one label: the prefix, then the label
+LABELS = (("/v1/models/", "/v1/models"), ("/v1/responses/", "/v1/responses/{id}"))
 # the routes outside /v1/ that need the key and the model, as /v1/ does
 MODEL_ROUTES = ("/tokenize", "/detokenize")
 
@@ -77,8 +80,8 @@ def _gate(app: Any, state: ServerState) -> Any:
             await app(scope, receive, send)
             return
         path = scope["path"]
-        label = path if path in ROUTES else ("/v1/models" if path.startswith("/v1/models/")
-                                             else "other")
+        label = path if path in ROUTES else next(
+            (lab for prefix, lab in LABELS if path.startswith(prefix)), "other")
         status = [500]
         started = [False]
         sse = [False]  # the response is a stream of server-sent events
