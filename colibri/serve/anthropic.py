@@ -27,6 +27,7 @@ from pydantic import Field
 from colibri.serve.chat import ChatRun, prepare_chat
 from colibri.serve.handling import _parse, _read_body
 from colibri.serve.protocol import MAX_STOP, ChatRequest, _Strict
+from colibri.serve.reasoning import Reasoning
 from colibri.serve.state import APIError, ServerState
 from colibri.serve.streaming import _cached_tokens, _Choice, _collect, _failed, _merged
 from colibri.serve.tool_parse import ToolCallDelta
@@ -102,6 +103,11 @@ class ToolChoice(_Strict):
     disable_parallel_tool_use: bool | None = None
 
 
+class ThinkingConfig(_Strict):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = None  # accepted, not enforced
+
+
 class MessagesRequest(_Strict):
     model: str
     max_tokens: Annotated[int, Field(ge=1)] | None = None  # required by /v1/messages
@@ -114,6 +120,7 @@ class MessagesRequest(_Strict):
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     top_k: Annotated[int, Field(ge=0)] = 0
     stream: bool = False
+    thinking: ThinkingConfig | None = None  # enable_thinking, where the template reads it
     metadata: dict[str, Any] | None = None  # accepted (user_id), not used
 
 
@@ -222,6 +229,8 @@ def to_chat_request(req: MessagesRequest) -> ChatRequest:
         "model": req.model, "messages": _chat_messages(req), "max_tokens": req.max_tokens,
         "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
         "stream": req.stream, "stop": req.stop_sequences or None}
+    if req.thinking is not None:
+        body["enable_thinking"] = req.thinking.type != "disabled"
     if req.tools:
         body["tools"] = [{"type": "function", "function": {
             "name": t.name, "parameters": t.input_schema,
@@ -271,7 +280,8 @@ def _stop(state: ServerState, req: MessagesRequest, ch: _MessageChoice
     if stops and ch.ids:
         assert state.model is not None
         raw = state.model._tok().decode(ch.ids)
-        at = len("".join(ch.text))
+        text = "".join(ch.text)
+        at = raw.rfind(text) + len(text) if ch.thought else len(text)  # the answer ends at
         for s in stops:
             if raw.startswith(s, at):
                 return "stop_sequence", s
@@ -341,6 +351,21 @@ async def messages(state: ServerState, request: Request) -> Response:
                         yield _event("error", error_body(err))
                         return
                     for e in out:
+                        if isinstance(e, Reasoning):
+                            if kind != "thinking":
+                                if block >= 0:
+                                    yield _event("content_block_stop",
+                                                 {"type": "content_block_stop",
+                                                  "index": block})
+                                block, kind = block + 1, "thinking"
+                                yield _event("content_block_start", {
+                                    "type": "content_block_start", "index": block,
+                                    "content_block": {"type": "thinking", "thinking": "",
+                                                      "signature": ""}})
+                            yield _event("content_block_delta", {
+                                "type": "content_block_delta", "index": block,
+                                "delta": {"type": "thinking_delta", "thinking": e.text}})
+                            continue
                         if isinstance(e, str) and kind != "text":
                             if block >= 0:
                                 yield _event("content_block_stop",
@@ -390,6 +415,8 @@ async def messages(state: ServerState, request: Request) -> Response:
     if err is not None:
         raise err
     content: list[dict[str, Any]] = []
+    if ch.thought:
+        content.append({"type": "thinking", "thinking": "".join(ch.thought), "signature": ""})
     text = "".join(ch.text)
     if text:
         content.append({"type": "text", "text": text})

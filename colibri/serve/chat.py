@@ -27,6 +27,7 @@ from colibri.serve.handling import (
     _submit,
 )
 from colibri.serve.protocol import ChatMessage, ChatRequest, NamedToolChoice
+from colibri.serve.reasoning import Reasoning, splitter_for
 from colibri.serve.state import APIError, ServerState
 from colibri.serve.streaming import (
     _cached_tokens,
@@ -94,6 +95,23 @@ def _template_messages(msgs: list[ChatMessage], tools_in_template: bool) -> list
     return folded
 
 
+# what chat_template_kwargs may not set: the render's own arguments, and tools (checked first)
+_RESERVED_KWARGS = ("messages", "add_generation_prompt", "tools")
+
+
+def template_context(req: ChatRequest) -> dict[str, Any]:
+    """The chat template's extra variables a request sets: chat_template_kwargs (as vLLM),
+    then enable_thinking (the top-level field wins)."""
+    ctx = dict(req.chat_template_kwargs or {})
+    for k in _RESERVED_KWARGS:
+        if k in ctx:
+            raise APIError(400, f"chat_template_kwargs: {k!r} cannot be set here",
+                           param="chat_template_kwargs", code="invalid_value")
+    if req.enable_thinking is not None:
+        ctx["enable_thinking"] = req.enable_thinking
+    return ctx
+
+
 
 @dataclass
 class ChatRun:
@@ -139,7 +157,9 @@ async def prepare_chat(state: ServerState, req: ChatRequest, submit: bool = True
         raise APIError(400, "tool_choice needs tools", param="tool_choice")
     use_tools = bool(tools) and choice != "none"
     names = {t["function"]["name"] for t in tools}
-    ctx: dict[str, Any] = {"tools": tools} if use_tools else {}
+    ctx = template_context(req)
+    if use_tools:
+        ctx["tools"] = tools
     try:
         text = render_chat(m, _template_messages(req.messages, "tool" in template), **ctx)
     except (ColibriError, ValueError, TypeError) as e:
@@ -168,7 +188,8 @@ async def prepare_chat(state: ServerState, req: ChatRequest, submit: bool = True
     top = req.top_logprobs if req.top_logprobs is not None else 0
     reqs = _submit(state, [ids], req.n, kw, constraint, top if req.logprobs else None)
     choices = [_Choice(index=i, parser=ToolStreamParser(names) if parse_tools else None,
-                       max_calls=1 if req.parallel_tool_calls is False else None)
+                       max_calls=1 if req.parallel_tool_calls is False else None,
+                       reasoning=splitter_for(template, text))
                for i in range(len(reqs))]
     return ChatRun(len(ids), reqs, choices, top)
 
@@ -221,6 +242,8 @@ async def chat(state: ServerState, request: Request) -> Response:
                         if isinstance(e, str):
                             yield chunk(i, {"content": e}, None, lp)
                             lp = None
+                        elif isinstance(e, Reasoning):
+                            yield chunk(i, {"reasoning_content": e.text})
                         else:
                             yield chunk(i, {"tool_calls": [e.openai()]})
                     if ch.finish_reason is not None:
@@ -248,6 +271,8 @@ async def chat(state: ServerState, request: Request) -> Response:
         content = "".join(ch.text)
         msg: dict[str, Any] = {"role": "assistant",
                                "content": content if content or not ch.calls else None}
+        if ch.reasoning is not None:  # a reasoning model (vLLM's and llama-server's field)
+            msg["reasoning_content"] = "".join(ch.thought) or None
         if ch.calls:
             msg["tool_calls"] = [c.openai() for c in ch.calls]
         out.append({"index": ch.index, "message": msg,

@@ -106,6 +106,10 @@ class ChatRequest(_Sampling):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # beyond OpenAI (vLLM): variables for the chat template's render; enable_thinking turns a
+    # reasoning model's thinking on or off where its template reads it (Qwen3's does)
+    chat_template_kwargs: dict[str, Any] | None = None
+    enable_thinking: bool | None = None
 
 
 __all__ = ["ChatMessage", "ChatRequest", "CompletionRequest", "NamedToolChoice",

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapt
 from colibri.serve.chat import prepare_chat
 from colibri.serve.handling import _parse, _read_body
 from colibri.serve.protocol import ChatMessage, ChatRequest
+from colibri.serve.reasoning import Reasoning
 from colibri.serve.state import APIError, ServerState
 from colibri.serve.streaming import (
     _cached_tokens,
@@ -75,6 +76,17 @@ class FunctionCallOutputItem(_Strict):
     output: str | list[TextContent]
 
 
+class ReasoningItem(_Strict):
+    """An earlier turn's reasoning, given back: accepted, not shown to the model (as chat
+    templates drop the thinking of earlier turns)."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[Any] = Field(default_factory=list)
+    content: list[Any] | None = None
+    encrypted_content: str | None = None
+
+
 def _item_type(v: Any) -> str:
     t = v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", "message")
     return t if isinstance(t, str) else ""
@@ -82,7 +94,8 @@ def _item_type(v: Any) -> str:
 
 Item = Annotated[Annotated[MessageItem, Tag("message")]
                  | Annotated[FunctionCallItem, Tag("function_call")]
-                 | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+                 | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+                 | Annotated[ReasoningItem, Tag("reasoning")],
                  Discriminator(_item_type)]
 _ITEMS: TypeAdapter[list[Item]] = TypeAdapter(list[Item])
 
@@ -112,6 +125,11 @@ class TextConfig(_Strict):
     format: TextFormat | None = None
 
 
+class ReasoningConfig(_Strict):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+
+
 class ResponsesRequest(_Strict):
     model: str
     input: str | list[Item]
@@ -119,6 +137,7 @@ class ResponsesRequest(_Strict):
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | FunctionToolChoice | None = None
     text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
@@ -145,6 +164,8 @@ def to_chat_request(req: ResponsesRequest, items: list[Any]) -> ChatRequest:
         msgs.append({"role": "system", "content": req.instructions})
     names: dict[str, str] = {}  # call_id -> function name
     for it in items:
+        if isinstance(it, ReasoningItem):
+            continue
         if isinstance(it, MessageItem):
             msgs.append({"role": it.role, "content": _text(it.content)})
         elif isinstance(it, FunctionCallItem):
@@ -171,6 +192,9 @@ def to_chat_request(req: ResponsesRequest, items: list[Any]) -> ChatRequest:
         "top_p": 1.0 if req.top_p is None else req.top_p,
         "max_completion_tokens": req.max_output_tokens,
         "parallel_tool_calls": req.parallel_tool_calls}
+    effort = req.reasoning.effort if req.reasoning is not None else None
+    if effort is not None:  # thinking off for "none", on otherwise (where the template reads it)
+        body["enable_thinking"] = effort != "none"
     if req.tools:
         body["tools"] = [{"type": "function", "function": t.model_dump(
             exclude={"type"}, exclude_none=True)} for t in req.tools]
@@ -263,17 +287,24 @@ def _message(text: str, status: str) -> dict[str, Any]:
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
 
 
+def _reasoning(text: str, status: str) -> dict[str, Any]:
+    return {"type": "reasoning", "id": "rs_" + uuid.uuid4().hex, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}], "status": status}
+
+
 def _function_call(call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
     return {"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": call_id,
             "name": name, "arguments": arguments, "status": status}
 
 
 def _output(ch: _Choice) -> list[dict[str, Any]]:
-    """The output items of a finished choice: its text as a message (unless it is only blank
-    space around tool calls), then its calls; cut by the token limit, the last one
-    incomplete."""
-    text = "".join(ch.text)
-    items = [_message(text, "completed")] if text.strip() or not ch.calls else []
+    """The output items of a finished choice: its reasoning, its text as a message (unless it
+    is only blank space around tool calls or after reasoning cut short), then its calls; cut
+    by the token limit, the last one incomplete."""
+    text, thought = "".join(ch.text), "".join(ch.thought)
+    items = [_reasoning(thought, "completed")] if thought else []
+    if text.strip() or not (ch.calls or thought):
+        items.append(_message(text, "completed"))
     items += [_function_call(c.id, c.name, c.arguments, "completed") for c in ch.calls]
     if ch.finish_reason == "length":
         items[-1]["status"] = "incomplete"
@@ -300,7 +331,8 @@ class _Response:
             "model": self.state.model_id, "output": output,
             "parallel_tool_calls": r.parallel_tool_calls is not False,
             "previous_response_id": r.previous_response_id,
-            "reasoning": {"effort": None, "summary": None}, "store": r.store,
+            "reasoning": r.reasoning.model_dump() if r.reasoning is not None
+            else {"effort": None, "summary": None}, "store": r.store,
             "temperature": 1.0 if r.temperature is None else r.temperature,
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True)
                      if fmt is not None else {"type": "text"}},
@@ -313,7 +345,8 @@ class _Response:
     @staticmethod
     def usage(n_prompt: int, ch: _Choice, cached: int) -> dict[str, Any]:
         return {"input_tokens": n_prompt, "input_tokens_details": {"cached_tokens": cached},
-                "output_tokens": ch.tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens": ch.tokens,
+                "output_tokens_details": {"reasoning_tokens": ch.reasoning_tokens},
                 "total_tokens": n_prompt + ch.tokens}
 
 
@@ -337,13 +370,15 @@ class _Events:
     def _add(self, item: dict[str, Any]) -> list[bytes]:
         self.open = item
         self.items.append(item)
-        shown = {**item, "content": []} if item["type"] == "message" else item
+        shown = {**item, "content": []} if item["type"] in ("message", "reasoning") else item
         out = [self.event("response.output_item.added", output_index=len(self.items) - 1,
                           item=shown)]
-        if item["type"] == "message":
+        if item["type"] in ("message", "reasoning"):
+            part = {"type": "output_text", "text": "", "annotations": []} \
+                if item["type"] == "message" else {"type": "reasoning_text", "text": ""}
             out.append(self.event("response.content_part.added", item_id=item["id"],
                                   output_index=len(self.items) - 1, content_index=0,
-                                  part={"type": "output_text", "text": "", "annotations": []}))
+                                  part=part))
         return out
 
     def close(self, status: str = "completed") -> list[bytes]:
@@ -361,6 +396,12 @@ class _Events:
             out.append(self.event("response.content_part.done", item_id=item["id"],
                                   output_index=i, content_index=0,
                                   part={k: v for k, v in part.items() if k != "logprobs"}))
+        elif item["type"] == "reasoning":
+            part = item["content"][0]
+            out.append(self.event("response.reasoning_text.done", item_id=item["id"],
+                                  output_index=i, content_index=0, text=part["text"]))
+            out.append(self.event("response.content_part.done", item_id=item["id"],
+                                  output_index=i, content_index=0, part=part))
         else:
             out.append(self.event("response.function_call_arguments.done", item_id=item["id"],
                                   output_index=i, name=item["name"],
@@ -382,6 +423,17 @@ class _Events:
         out.append(self.event("response.output_text.delta", item_id=self.open["id"],
                               output_index=len(self.items) - 1, content_index=0, delta=s,
                               logprobs=[]))
+        return out
+
+    def reasoning(self, s: str) -> list[bytes]:
+        out: list[bytes] = []
+        if self.open is None or self.open["type"] != "reasoning":
+            out += self.close()
+            out += self._add(_reasoning("", "in_progress"))
+        assert self.open is not None
+        self.open["content"][0]["text"] += s
+        out.append(self.event("response.reasoning_text.delta", item_id=self.open["id"],
+                              output_index=len(self.items) - 1, content_index=0, delta=s))
         return out
 
     def call(self, d: ToolCallDelta) -> list[bytes]:
@@ -462,7 +514,8 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
             try:
                 async for _, d in merged:
                     for e in ch.take(d):
-                        for b in ev.text(e) if isinstance(e, str) else ev.call(e):
+                        for b in (ev.text(e) if isinstance(e, str) else ev.reasoning(e.text)
+                                  if isinstance(e, Reasoning) else ev.call(e)):
                             yield b
                     if (err := _failed(state, [ch])) is not None:
                         yield ev.event("error", code=err.code, message=err.message,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 
+from colibri.serve.reasoning import Reasoning, ReasoningSplitter
 from colibri.serve.state import APIError, ServerState
 from colibri.serve.tool_parse import (
     Event,
@@ -58,10 +59,13 @@ async def _merged(state: ServerState, reqs: list[EngineRequest]
 
 @dataclass
 class _Choice:
-    """One choice's output as it accumulates (and the tool-call parser, when tools apply)."""
+    """One choice's output as it accumulates: the reasoning splitter (a model that thinks
+    before answering) takes the text first, the tool-call parser (when tools apply) the
+    answer text it releases."""
 
     index: int
     parser: ToolStreamParser | None = None
+    reasoning: ReasoningSplitter | None = None
     max_calls: int | None = None  # parallel_tool_calls=false: the first call only
     text: list[str] = field(default_factory=list)
     tokens: int = 0
@@ -69,27 +73,45 @@ class _Choice:
     calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
+    thought: list[str] = field(default_factory=list)  # the reasoning text
+    reasoning_tokens: int = 0
 
-    def take(self, d: Delta) -> list[Event]:
-        """Add a delta; returns what it releases, in order: content text and the pieces of
-        tool calls (ToolCallDelta)."""
+    def _answer(self, text: str, last: bool) -> list[Event]:
+        if self.parser is None:
+            return [text] if text else []
+        events = self.parser.feed(text)
+        if last:
+            events += self.parser.finish()
+        if self.max_calls is not None:
+            events = [e for e in events if isinstance(e, str) or e.index < self.max_calls]
+        return merge_events(events)
+
+    def take(self, d: Delta) -> list[Event | Reasoning]:
+        """Add a delta; returns what it releases, in order: reasoning (Reasoning), content
+        text and the pieces of tool calls (ToolCallDelta)."""
         self.tokens += len(d.token_ids)
         if d.logprobs:
             self.logprobs += d.logprobs
-        events: list[Event]
-        if self.parser is None:
-            events = [d.text] if d.text else []
+        last = d.finish_reason is not None
+        events: list[Event | Reasoning] = []
+        if self.reasoning is None:
+            events += self._answer(d.text, last)
         else:
-            events = self.parser.feed(d.text)
-            if d.finish_reason is not None:
-                events += self.parser.finish()
-            if self.max_calls is not None:
-                events = [e for e in events
-                          if isinstance(e, str) or e.index < self.max_calls]
-            events = merge_events(events)
+            thinking = self.reasoning.in_reasoning
+            pieces = self.reasoning.feed(d.text)
+            if last:
+                pieces += self.reasoning.finish()
+            if thinking or self.reasoning.in_reasoning:  # the tags' own tokens included
+                self.reasoning_tokens += len(d.token_ids)
+            for p in pieces:
+                events += [p] if isinstance(p, Reasoning) else self._answer(p, False)
+            if last and self.parser is not None:
+                events += self._answer("", True)
         for e in events:
             if isinstance(e, str):
                 self.text.append(e)
+            elif isinstance(e, Reasoning):
+                self.thought.append(e.text)
             else:
                 apply_delta(self.calls, e)
         if d.finish_reason is not None:
@@ -100,7 +122,7 @@ class _Choice:
         return events
 
 
-def _content(events: list[Event]) -> str:
+def _content(events: list[Event | Reasoning]) -> str:
     return "".join(e for e in events if isinstance(e, str))
 
 
@@ -182,9 +204,13 @@ def _cached_tokens(reqs: list[EngineRequest], n: int) -> int:
 
 def _usage(prompt_tokens: int, choices: list[_Choice], cached: int = 0) -> dict[str, Any]:
     c = sum(ch.tokens for ch in choices)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": c,
-            "total_tokens": prompt_tokens + c,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+    u: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": c,
+                         "total_tokens": prompt_tokens + c,
+                         "prompt_tokens_details": {"cached_tokens": cached}}
+    if any(ch.reasoning is not None for ch in choices):  # a reasoning model
+        u["completion_tokens_details"] = {
+            "reasoning_tokens": sum(ch.reasoning_tokens for ch in choices)}
+    return u
 
 
 def _failed(state: ServerState, choices: list[_Choice]) -> APIError | None:

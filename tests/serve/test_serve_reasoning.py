@@ -1,0 +1,416 @@
+"""Reasoning models on `colibri serve`: the thinking (`<think>...</think>`) split from the answer
+as the text streams (colibri/serve/reasoning.py), returned as chat's reasoning_content, the
+Responses API's reasoning item and the Messages API's thinking block, and turned off through
+the chat template (enable_thinking, chat_template_kwargs, Responses' reasoning.effort,
+Anthropic's thinking.type).
+
+The splitter is tested over every split point of its input (and by hypothesis); the three APIs
+end to end through the app (the official openai and anthropic clients over an ASGI transport)
+on a scripted engine: a fake model whose chat template thinks as Qwen3's does, and whose
+output is given in pieces, so that the tags are split across deltas where the test says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import anthropic
+import fastapi  # noqa: F401  the serve extra (test extras)
+import httpx
+import openai
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from colibri.serve.reasoning import Reasoning, ThinkTags, splitter_for
+
+MODEL = "thinker"
+
+# Qwen3's own generation prompt: thinking on by default, enable_thinking=false writes an empty
+# thought into the prompt
+QWEN3 = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+         "{%- endfor %}"
+         "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+         "{%- if enable_thinking is defined and enable_thinking is false %}"
+         "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}")
+# DeepSeek-R1's (and Qwen3-Thinking-2507's): the generation prompt opens <think> itself
+OPENS = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+         "{%- endfor %}"
+         "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}")
+PLAIN = "{% for m in messages %}{{ m.content }}{% endfor %}"  # no thinking
+
+
+def split(prompt: str, pieces: list[str]) -> tuple[str, str]:
+    """(reasoning, content) of pieces fed to a <think> splitter in turn."""
+    t = ThinkTags(prompt)
+    out = [p for s in pieces for p in t.feed(s)] + t.finish()
+    return ("".join(p.text for p in out if isinstance(p, Reasoning)),
+            "".join(p for p in out if isinstance(p, str)))
+
+
+# -- the splitter -----------------------------------------------------------------------------
+
+CASES = [  # (prompt, output, reasoning, content)
+    ("", "<think>\nI think.\n</think>\n\nThe answer.", "I think.", "The answer."),
+    ("", "  <think>a < b </ c</think>x", "a < b </ c", "x"),
+    ("", "<think>never closed, cut by max_tokens", "never closed, cut by max_tokens", ""),
+    ("", "No tags at all: <b> </thin", "", "No tags at all: <b> </thin"),
+    ("", "Before.<think>mid</think>after <think> stays", "mid", "Before.after <think> stays"),
+    ("<|im_start|>assistant\n<think>\n", "inside already</think>\n\nanswer", "inside already",
+     "answer"),
+    ("<|im_start|>assistant\n<think>\n\n</think>\n\n", "just the answer", "",
+     "just the answer"),
+    ("<|im_start|>assistant\n<think>\n", "the model never closes it", "the model never closes it",
+     ""),
+]
+
+
+@pytest.mark.parametrize("prompt, output, reasoning, content", CASES)
+def test_splitter_at_every_split_point(prompt: str, output: str, reasoning: str,
+                                       content: str) -> None:
+    """The same split whole, a character at a time, and cut in two and three anywhere (a tag
+    split across pieces included)."""
+    assert split(prompt, [output]) == (reasoning, content)
+    assert split(prompt, list(output)) == (reasoning, content)
+    n = len(output)
+    for i in range(n + 1):
+        assert split(prompt, [output[:i], output[i:]]) == (reasoning, content), i
+        for j in range(i, n + 1, 3):
+            assert split(prompt, [output[:i], output[i:j], output[j:]]) == (reasoning, content)
+
+
+def test_splitter_streams_and_holds_back_only_a_possible_tag() -> None:
+    t = ThinkTags("")
+    assert t.feed("<thi") == []  # could be <think>
+    assert t.feed("nk>Let me") == [Reasoning("Let me")]
+    assert t.in_reasoning
+    assert t.feed(" see</") == [Reasoning(" see")]
+    assert t.feed("think>") == []
+    assert not t.in_reasoning
+    assert t.feed("\n\nDone") == ["Done"]
+    assert t.feed(" <think>") == [" <think>"]  # after the thought everything is answer
+    assert t.finish() == []
+    t = ThinkTags("")
+    assert t.feed("Hi <") == ["Hi"]
+    assert t.finish() == [" <"]  # held back, released at the end
+
+
+def test_splitter_only_for_templates_that_think() -> None:
+    assert splitter_for(PLAIN, "x") is None
+    assert isinstance(splitter_for(QWEN3, "x"), ThinkTags)
+    assert splitter_for(OPENS, "<|im_start|>assistant\n<think>\n").in_reasoning  # type: ignore[union-attr]
+    assert not splitter_for(QWEN3, "<|im_start|>assistant\n").in_reasoning  # type: ignore[union-attr]
+
+
+_text = st.text(alphabet="ab <>/\nthink", max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lead=st.sampled_from(["", " ", "\n"]), r=_text, a=_text, cuts=st.lists(
+    st.integers(min_value=0, max_value=120), max_size=6))
+def test_splitter_property(lead: str, r: str, a: str, cuts: list[int]) -> None:
+    """Any thought and answer (without the tags themselves), cut anywhere: the thought is
+    the reasoning (stripped), the answer the content (leading blank space dropped)."""
+    while "</think>" in r:  # the thought cannot hold its own end (a removal may make one)
+        r = r.replace("</think>", "")
+    text = f"{lead}<think>{r}</think>{a}"  # the answer may hold anything, tags included
+    at = sorted({min(c, len(text)) for c in cuts})
+    pieces = [text[i:j] for i, j in zip([0, *at], [*at, len(text)], strict=True)]
+    assert split("", pieces) == (r.strip(), a.lstrip())
+    # never closed: everything after <think> is reasoning, the content empty
+    unclosed = f"{lead}<think>{r}{a}"
+    if "</think>" not in unclosed:
+        pieces = [unclosed[i:j] for i, j in zip([0, *at], [*at, len(unclosed)], strict=True)
+                  if i <= len(unclosed)]
+        assert split("", pieces) == ((r + a).strip(), "")
+    # no tags: the text is the content as is (leading blank space dropped)
+    plain = (r + a).replace("<think>", "")
+    if "<think>" not in plain:
+        assert split("", [plain[:len(plain) // 2], plain[len(plain) // 2:]]) == \
+            ("", plain.lstrip())
+
+
+# -- the APIs on a scripted engine ------------------------------------------------------------
+
+class _FakeRequest:
+    """An engine request playing its deltas."""
+
+    def __init__(self, deltas: list[Any]) -> None:
+        self.deltas = deltas
+        self.finished = False
+        self.cached_tokens = 0
+
+    def __aiter__(self) -> Any:
+        return self._play()
+
+    async def _play(self) -> Any:
+        for d in self.deltas:
+            if d.finish_reason is not None:
+                self.finished = True
+            yield d
+
+    def cancel(self) -> None:
+        self.finished = True
+
+    def stats(self) -> dict:
+        return {}
+
+
+class Fake:
+    """An app on a fake model (chat template `template`) whose every completion writes
+    `pieces` (one token each), then finishes with `finish`; prompts records the rendered
+    prompts."""
+
+    def __init__(self, template: str, pieces: list[str], finish: str = "stop") -> None:
+        from colibri.engine import Delta
+        from colibri.serve.app import create_app
+        from colibri.serve.state import ServerState
+
+        self.pieces, self.finish = pieces, finish
+        self.prompts: list[str] = []
+
+        def tokenize(text: str, *a: Any, **kw: Any) -> list[int]:
+            self.prompts.append(text)
+            return list(range(len(text)))
+
+        def submit_n(ids: list[int], n: int, **kw: Any) -> list[_FakeRequest]:
+            return [_FakeRequest([Delta(text=p, token_ids=[7]) for p in self.pieces]
+                                 + [Delta(finish_reason=self.finish)]) for _ in range(n)]
+
+        tok = SimpleNamespace(bos_id=None, eos_id=None,
+                              decode=lambda ids: "".join(self.pieces))
+        model = SimpleNamespace(ctx=100000, n_vocab=100, path="fake.gguf",
+                                gguf=SimpleNamespace(metadata={
+                                    "tokenizer.chat_template": template}),
+                                tokenize=tokenize, detokenize=lambda ids: "x", _tok=lambda: tok)
+        state = ServerState(lambda: None, MODEL)  # type: ignore[arg-type]
+        state.model = model  # type: ignore[assignment]
+        state.engine = SimpleNamespace(submit_n=submit_n, max_seqs=16)  # type: ignore[assignment]
+        state.ready = True
+        self.app = create_app(state)
+
+    def http(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app),
+                                 base_url="http://colibri", timeout=60)
+
+    def post(self, path: str, body: dict) -> httpx.Response:
+        async def go() -> httpx.Response:
+            async with self.http() as c:
+                return await c.post(path, json=body)
+        return asyncio.run(go())
+
+    def openai(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url="http://colibri/v1", api_key="none", max_retries=0,
+                                  http_client=self.http())
+
+    def anthropic(self) -> anthropic.AsyncAnthropic:
+        # the anthropic client runs on httpx's fork httpx2 (the same transports)
+        import httpx2
+
+        return anthropic.AsyncAnthropic(
+            base_url="http://colibri", api_key="none", max_retries=0,
+            http_client=httpx2.AsyncClient(transport=httpx2.ASGITransport(app=self.app),
+                                           timeout=60))
+
+
+# the model thinks (<think> one token, as Qwen3's), </think> cut across pieces
+THINKING = ["<think>", "\nThe user", " greets me.\n</th", "ink>\n\n", "Hello", " there!"]
+THOUGHT, ANSWER = "The user greets me.", "Hello there!"
+USER = [{"role": "user", "content": "hi"}]
+
+
+def _sse(text: str) -> list[dict]:
+    return [json.loads(x[6:]) for x in text.split("\n")
+            if x.startswith("data: ") and x != "data: [DONE]"]
+
+
+def test_chat_reasoning_content() -> None:
+    fake = Fake(QWEN3, THINKING)
+    r = fake.post("/v1/chat/completions", {"model": MODEL, "messages": USER})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    msg = body["choices"][0]["message"]
+    assert msg["content"] == ANSWER and msg["reasoning_content"] == THOUGHT, msg
+    # the tokens written while thinking, the tags' own included: <think> ... </th ink>
+    assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] == 4, body["usage"]
+    assert body["usage"]["completion_tokens"] == len(THINKING)
+
+    r = fake.post("/v1/chat/completions", {"model": MODEL, "messages": USER, "stream": True})
+    chunks = _sse(r.text)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == THOUGHT
+    assert "".join(d.get("content") or "" for d in deltas) == ANSWER
+    assert not any("think>" in (d.get("content") or "") for d in deltas)
+    # the reasoning streams before the answer
+    kinds = [k for d in deltas for k in ("reasoning_content", "content") if d.get(k)]
+    assert kinds == sorted(kinds, key=lambda k: k == "content"), kinds
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+    async def with_the_client() -> tuple[Any, str, str]:
+        c = fake.openai()
+        done = await c.chat.completions.create(model=MODEL, messages=USER)  # type: ignore[arg-type]
+        stream = await c.chat.completions.create(model=MODEL, messages=USER,  # type: ignore[arg-type]
+                                                 stream=True)
+        thought, answer = "", ""
+        async for ch in stream:
+            d = ch.choices[0].delta
+            thought += getattr(d, "reasoning_content", None) or ""
+            answer += d.content or ""
+        return done, thought, answer
+
+    done, thought, answer = asyncio.run(with_the_client())
+    assert done.choices[0].message.content == ANSWER
+    assert done.choices[0].message.reasoning_content == THOUGHT  # type: ignore[attr-defined]
+    assert (thought, answer) == (THOUGHT, ANSWER)
+
+
+def test_chat_unclosed_reasoning_and_a_template_that_opens_it() -> None:
+    """Cut by max_tokens while thinking: all reasoning, content empty. A template that opens
+    <think> in the prompt: the output starts inside the reasoning."""
+    fake = Fake(QWEN3, ["<think>", "still", " thinking"], finish="length")
+    msg = fake.post("/v1/chat/completions", {"model": MODEL, "messages": USER}).json()[
+        "choices"][0]
+    assert msg["finish_reason"] == "length"
+    assert msg["message"]["content"] == "" and msg["message"]["reasoning_content"] == \
+        "still thinking", msg
+
+    fake = Fake(OPENS, ["Hmm, a greeting.", "</think>", "\n\nHi!"])
+    msg = fake.post("/v1/chat/completions", {"model": MODEL, "messages": USER}).json()[
+        "choices"][0]["message"]
+    assert fake.prompts[-1].endswith("<think>\n")
+    assert (msg["reasoning_content"], msg["content"]) == ("Hmm, a greeting.", "Hi!"), msg
+
+
+def test_a_model_that_does_not_think_is_unchanged() -> None:
+    fake = Fake(PLAIN, THINKING)
+    body = fake.post("/v1/chat/completions", {"model": MODEL, "messages": USER}).json()
+    msg = body["choices"][0]["message"]
+    assert msg["content"] == "".join(THINKING) and "reasoning_content" not in msg, msg
+    assert "completion_tokens_details" not in body["usage"]
+    out = fake.post("/v1/responses", {"model": MODEL, "input": "hi"}).json()["output"]
+    assert [o["type"] for o in out] == ["message"], out
+    blocks = fake.post("/v1/messages", {"model": MODEL, "messages": USER,
+                                        "max_tokens": 8}).json()["content"]
+    assert blocks == [{"type": "text", "text": "".join(THINKING)}], blocks
+
+
+def test_enable_thinking_false_renders_the_prompt_without_thinking() -> None:
+    """enable_thinking (top level), chat_template_kwargs, Responses' reasoning.effort "none"
+    and Anthropic's thinking "disabled" all reach the template: Qwen3's writes an empty
+    thought into the prompt (more prompt tokens); a model that then answers directly gives no
+    reasoning."""
+    fake = Fake(QWEN3, ["Hello", " there!"])
+    base = {"model": MODEL, "messages": USER}
+    on = fake.post("/v1/chat/completions", base).json()
+    prompt_on = fake.prompts[-1]
+    assert prompt_on.endswith("<|im_start|>assistant\n")
+    for extra in ({"enable_thinking": False},
+                  {"chat_template_kwargs": {"enable_thinking": False}},
+                  {"chat_template_kwargs": {"enable_thinking": True}, "enable_thinking": False}):
+        off = fake.post("/v1/chat/completions", {**base, **extra}).json()
+        assert fake.prompts[-1] == prompt_on + "<think>\n\n</think>\n\n", extra
+        assert off["usage"]["prompt_tokens"] == on["usage"]["prompt_tokens"] + 19
+        msg = off["choices"][0]["message"]
+        assert msg["content"] == ANSWER and msg["reasoning_content"] is None, msg
+    fake.post("/v1/chat/completions", {**base, "chat_template_kwargs": {"enable_thinking": True}})
+    assert fake.prompts[-1] == prompt_on
+
+    r = fake.post("/v1/responses", {"model": MODEL, "input": "hi",
+                                    "reasoning": {"effort": "none"}})
+    assert r.status_code == 200, r.text
+    assert fake.prompts[-1].endswith("<think>\n\n</think>\n\n")
+    assert [o["type"] for o in r.json()["output"]] == ["message"]
+    assert r.json()["reasoning"]["effort"] == "none"
+    fake.post("/v1/responses", {"model": MODEL, "input": "hi", "reasoning": {"effort": "high"}})
+    assert fake.prompts[-1].endswith("assistant\n")
+
+    r = fake.post("/v1/messages", {"model": MODEL, "messages": USER, "max_tokens": 8,
+                                   "thinking": {"type": "disabled"}})
+    assert r.status_code == 200, r.text
+    assert fake.prompts[-1].endswith("<think>\n\n</think>\n\n")
+    assert [b["type"] for b in r.json()["content"]] == ["text"]
+    fake.post("/v1/messages", {"model": MODEL, "messages": USER, "max_tokens": 8,
+                               "thinking": {"type": "enabled", "budget_tokens": 1024}})
+    assert fake.prompts[-1].endswith("assistant\n")
+
+    r = fake.post("/v1/chat/completions", {**base, "chat_template_kwargs": {"messages": []}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
+
+
+def test_responses_reasoning_item() -> None:
+    fake = Fake(QWEN3, THINKING)
+
+    async def go() -> tuple[Any, list[Any], Any, Any]:
+        c = fake.openai()
+        resp = await c.responses.create(model=MODEL, input="hi")
+        events = []
+        async with c.responses.stream(model=MODEL, input="hi") as s:
+            async for e in s:
+                events.append(e)
+            final = await s.get_final_response()
+        # the reasoning item given back (as clients pass the output on) is accepted
+        follow = await c.responses.create(model=MODEL, input=[
+            {"role": "user", "content": "hi"}, *[o.model_dump(exclude_none=True)
+                                                 for o in resp.output],
+            {"role": "user", "content": "and again"}])  # type: ignore[list-item]
+        return resp, events, final, follow
+
+    resp, events, final, follow = asyncio.run(go())
+    for r in (resp, final):
+        assert [o.type for o in r.output] == ["reasoning", "message"], r.output
+        rs = r.output[0]
+        assert rs.summary == [] and rs.content is not None
+        assert [(p.type, p.text) for p in rs.content] == [("reasoning_text", THOUGHT)]
+        assert r.output_text == ANSWER
+        assert r.usage is not None and r.usage.output_tokens_details.reasoning_tokens == 4
+    assert follow.output_text == ANSWER
+    assert "and again" in fake.prompts[-1] and THOUGHT not in fake.prompts[-1]
+    types = [e.type for e in events]
+    assert "response.reasoning_text.delta" in types and "response.reasoning_text.done" in types
+    assert types.index("response.reasoning_text.done") < types.index(
+        "response.output_text.delta")
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") \
+        == THOUGHT
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == ANSWER
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    added = [e.item.type for e in events if e.type == "response.output_item.added"]
+    assert added == ["reasoning", "message"]
+
+    # cut while thinking: the reasoning item only, incomplete
+    fake = Fake(QWEN3, ["<think>", "still"], finish="length")
+    body = fake.post("/v1/responses", {"model": MODEL, "input": "hi"}).json()
+    assert body["status"] == "incomplete"
+    assert [(o["type"], o["status"]) for o in body["output"]] == [("reasoning", "incomplete")]
+    streamed = _sse(fake.post("/v1/responses", {"model": MODEL, "input": "hi",
+                                                "stream": True}).text)
+    assert streamed[-1]["type"] == "response.incomplete"
+    assert [o["type"] for o in streamed[-1]["response"]["output"]] == ["reasoning"]
+
+
+def test_messages_thinking_block() -> None:
+    fake = Fake(QWEN3, THINKING)
+
+    async def go() -> tuple[Any, list[Any], Any]:
+        c = fake.anthropic()
+        msg = await c.messages.create(model=MODEL, max_tokens=64, messages=USER)  # type: ignore[arg-type]
+        events = []
+        async with c.messages.stream(model=MODEL, max_tokens=64, messages=USER) as s:  # type: ignore[arg-type]
+            async for e in s:
+                events.append(e)
+            final = await s.get_final_message()
+        return msg, events, final
+
+    msg, events, final = asyncio.run(go())
+    for m in (msg, final):
+        assert [b.type for b in m.content] == ["thinking", "text"], m.content
+        assert m.content[0].thinking == THOUGHT and m.content[0].signature == ""
+        assert m.content[1].text == ANSWER
+        assert m.stop_reason == "end_turn"
+    deltas = [e.delta for e in events if e.type == "content_block_delta"]
+    assert "".join(d.thinking for d in deltas if d.type == "thinking_delta") == THOUGHT
+    assert "".join(d.text for d in deltas if d.type == "text_delta") == ANSWER
+    starts = [e.content_block.type for e in events if e.type == "content_block_start"]
+    assert starts == ["thinking", "text"]
