@@ -99,9 +99,9 @@ def _template_messages(msgs: list[ChatMessage], tools_in_template: bool) -> list
 _RESERVED_KWARGS = ("messages", "add_generation_prompt", "tools")
 
 
-def template_context(req: ChatRequest) -> dict[str, Any]:
-    """The chat template's extra variables a request sets: chat_template_kwargs (as vLLM),
-    then enable_thinking (the top-level field wins)."""
+def template_context(req: Any) -> dict[str, Any]:
+    """The chat template's extra variables a request sets (a ChatRequest, or /tokenize's chat
+    form): chat_template_kwargs (as vLLM), then enable_thinking (the top-level field wins)."""
     ctx = dict(req.chat_template_kwargs or {})
     for k in _RESERVED_KWARGS:
         if k in ctx:

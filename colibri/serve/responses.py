@@ -131,7 +131,7 @@ class ReasoningConfig(_Strict):
 
 
 class ResponsesRequest(_Strict):
-    model: str
+    model: str | None = None  # optional in this API: the served model
     input: str | list[Item]
     instructions: str | None = None
     tools: list[FunctionTool] | None = None
@@ -481,6 +481,8 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
         given = ([MessageItem(role="user", content=req.input)] if isinstance(req.input, str)
                  else list(req.input))
         conversation = history + given
+        if req.model is None:  # optional in this API: the served model
+            req = req.model_copy(update={"model": state.model_id})
         run = await prepare_chat(state, to_chat_request(req, conversation))
         resp = _Response(state, req)
         ch = run.choices[0]

@@ -47,6 +47,9 @@ class TokenizeChatRequest(_Strict):
     add_special_tokens: bool = False
     return_token_strs: bool | None = False
     tools: list[Tool] | None = None
+    # as the chat endpoint's: variables for the chat template (enable_thinking...)
+    chat_template_kwargs: dict[str, Any] | None = None
+    enable_thinking: bool | None = None
 
 
 class DetokenizeRequest(_Strict):
@@ -57,7 +60,7 @@ class DetokenizeRequest(_Strict):
 def _chat_prompt(state: ServerState, req: TokenizeChatRequest) -> str:
     """The chat's prompt text, through the chat endpoint's template path."""
     from colibri.generate import chat_template, render_chat
-    from colibri.serve.chat import _template_messages
+    from colibri.serve.chat import _template_messages, template_context
 
     if req.add_generation_prompt and req.continue_final_message:
         raise APIError(400, "continue_final_message and add_generation_prompt cannot both be "
@@ -69,7 +72,9 @@ def _chat_prompt(state: ServerState, req: TokenizeChatRequest) -> str:
     except ColibriError as e:
         raise APIError(400, str(e), param="messages") from None
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
-    ctx: dict[str, Any] = {"tools": tools} if tools else {}
+    ctx: dict[str, Any] = template_context(req)  # enable_thinking, chat_template_kwargs
+    if tools:
+        ctx["tools"] = tools
     msgs = _template_messages(req.messages, "tool" in template)
     try:
         text = render_chat(m, msgs, add_generation_prompt=req.add_generation_prompt, **ctx)

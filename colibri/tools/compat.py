@@ -203,7 +203,11 @@ def _text_format(fmt: dict, max_output_tokens: int, pattern: str | None) -> Case
         else:
             assert res.status_code == 400, f"expected 400, got {res.status_code}: {res.body}"
             assert isinstance(res.body, dict) and "error" in res.body, res.body
-            # refused for the missing schema (llama.cpp asserts the status only)
+            # llama.cpp asserts the status only (its request is also refused for
+            # max_output_tokens 0): with a valid count, the refusal is for the missing schema
+            res = h.make_request("POST", "/v1/responses", {
+                "input": "Write an example", "max_output_tokens": 10, "text": {"format": fmt}})
+            assert res.status_code == 400, f"expected 400, got {res.status_code}: {res.body}"
             err = res.body["error"]
             assert "schema" in f"{err.get('param')} {err.get('message')}", err
     return run

@@ -339,6 +339,13 @@ def test_enable_thinking_false_renders_the_prompt_without_thinking() -> None:
     r = fake.post("/v1/chat/completions", {**base, "chat_template_kwargs": {"messages": []}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
 
+    # /tokenize's chat form renders as the chat endpoint does, enable_thinking included
+    for extra in ({}, {"enable_thinking": False}, {"chat_template_kwargs": {"enable_thinking": False}}):
+        chat = fake.post("/v1/chat/completions", {**base, **extra}).json()
+        counted = fake.post("/tokenize", {"model": MODEL, "messages": USER, **extra})
+        assert counted.status_code == 200, counted.text
+        assert counted.json()["count"] == chat["usage"]["prompt_tokens"], extra
+
 
 def test_responses_reasoning_item() -> None:
     fake = Fake(QWEN3, THINKING)
