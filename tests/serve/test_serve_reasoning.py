@@ -421,3 +421,63 @@ def test_messages_thinking_block() -> None:
     assert "".join(d.text for d in deltas if d.type == "text_delta") == ANSWER
     starts = [e.content_block.type for e in events if e.type == "content_block_start"]
     assert starts == ["thinking", "text"]
+
+
+@pytest.fixture(scope="module")
+def thinking_model(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A real tiny model (the random MoE of make-bench-model) whose chat template opens
+    <think> in the generation prompt, as DeepSeek-R1's does, served in-process by a real
+    Engine: its output starts inside the thought."""
+    from colibri.model import Model
+    from colibri.serve.app import create_app
+    from colibri.serve.state import ServerState
+    from colibri.tools.make_bench_model import write
+
+    path = str(write(str(tmp_path_factory.mktemp("think") / "tiny.gguf"), n_layers=2,
+                     shape="tiny"))
+
+    def load() -> Model:
+        m = Model(path, threads=1, ctx=256, verbose=False)
+        # the template of a thinking model, in this process's copy of the metadata
+        m.gguf.metadata["tokenizer.chat_template"] = OPENS
+        return m
+
+    state = ServerState(load, MODEL, max_seqs=2, prefault=False)
+    state.load()
+    assert state.ready, state.load_error
+    yield SimpleNamespace(app=create_app(state), state=state)
+    state.close()
+
+
+def test_a_real_model_whose_template_opens_the_thought(thinking_model: Any) -> None:
+    """Through the real engine and tokenizer: the rendered prompt ends inside <think>, so
+    what the model writes is reasoning; cut by max_tokens before any </think>, the answer is
+    empty and every generated token is a reasoning token (chat), the Responses output is the
+    reasoning item alone, incomplete; the text is the plain completion's for the same prompt."""
+    async def go() -> tuple[dict, dict, dict]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=thinking_model.app),
+                                     base_url="http://colibri", timeout=120) as c:
+            chat = (await c.post("/v1/chat/completions", json={
+                "model": MODEL, "messages": USER, "max_tokens": 6, "temperature": 0,
+                "logit_bias": {"2046": -100, "2047": -100}})).json()
+            # the same prompt's tokens (/tokenize's chat form renders as chat does), continued
+            # by the plain completions endpoint
+            ids = (await c.post("/tokenize", json={"model": MODEL, "messages": USER})).json()
+            text = (await c.post("/detokenize", json={"model": MODEL,
+                                                      "tokens": ids["tokens"]})).json()
+            assert text["prompt"].endswith("assistant\n<think>\n"), text
+            plain = (await c.post("/v1/completions", json={
+                "model": MODEL, "prompt": ids["tokens"], "max_tokens": 6, "temperature": 0,
+                "logit_bias": {"2046": -100, "2047": -100}})).json()
+            resp = (await c.post("/v1/responses", json={
+                "model": MODEL, "input": "hi", "max_output_tokens": 6, "temperature": 0})).json()
+            return chat, plain, resp
+
+    chat, plain, resp = asyncio.run(go())
+    msg = chat["choices"][0]["message"]
+    assert chat["choices"][0]["finish_reason"] == "length"
+    assert msg["content"] == "" and msg["reasoning_content"], chat
+    assert chat["usage"]["completion_tokens_details"]["reasoning_tokens"] == 6
+    assert msg["reasoning_content"] == plain["choices"][0]["text"].strip()
+    assert resp["status"] == "incomplete", resp
+    assert [o["type"] for o in resp["output"]] == ["reasoning"], resp["output"]
