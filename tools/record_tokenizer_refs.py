@@ -241,7 +241,7 @@ BPE_FIRST, BPE_LINES = 6000, 2000
 
 
 def _test_tokenizer_hf():  # type: ignore[no-untyped-def]
-    sys.path.insert(0, str(ROOT / "tests" / "core"))
+    sys.path[:0] = [str(ROOT / "tests" / "core"), str(ROOT / "tests")]  # and its helpers
     import test_tokenizer_hf
 
     return test_tokenizer_hf

@@ -113,6 +113,32 @@ def template_context(req: Any) -> dict[str, Any]:
 
 
 
+def render_prompt(state: ServerState, req: Any, tools: list[dict[str, Any]],
+                  add_generation_prompt: bool = True
+                  ) -> tuple[str, list[dict[str, Any]], str]:
+    """(prompt text, the messages as the template took them, the template) of a chat request
+    (a ChatRequest, or /tokenize's chat form): its messages through the model's chat template
+    with the request's template variables and tools (a template without tools gets them
+    folded into plain turns); a template that refuses them is a 400."""
+    from colibri.generate import chat_template, render_chat
+
+    m = state.model
+    assert m is not None
+    try:
+        template = chat_template(m)
+    except ColibriError as e:
+        raise APIError(400, str(e), param="messages") from None
+    ctx = template_context(req)
+    if tools:
+        ctx["tools"] = tools
+    msgs = _template_messages(req.messages, "tool" in template)
+    try:
+        text = render_chat(m, msgs, add_generation_prompt=add_generation_prompt, **ctx)
+    except (ColibriError, ValueError, TypeError) as e:
+        raise APIError(400, f"messages: {e}", param="messages") from None
+    return text, msgs, template
+
+
 @dataclass
 class ChatRun:
     """A chat request checked, rendered and submitted to the engine: what every API built on
@@ -129,8 +155,6 @@ async def prepare_chat(state: ServerState, req: ChatRequest, submit: bool = True
     """Check req (OpenAI's 400s), render it with the model's chat template (tools included),
     compile its constraint (tool_choice or response_format) and submit its n completions
     (submit=False: checked and rendered only, for a count of the prompt's tokens)."""
-    from colibri.generate import chat_template, render_chat
-
     _require_model(state, req.model)
     _check_sampling(req)
     if req.top_logprobs is not None and not req.logprobs:
@@ -143,10 +167,6 @@ async def prepare_chat(state: ServerState, req: ChatRequest, submit: bool = True
                            param=f"messages.{i}.content", code="invalid_value")
     m = state.model
     assert m is not None
-    try:
-        template = chat_template(m)
-    except ColibriError as e:
-        raise APIError(400, str(e), param="messages") from None
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
     try:
         check_tools(tools)
@@ -157,13 +177,7 @@ async def prepare_chat(state: ServerState, req: ChatRequest, submit: bool = True
         raise APIError(400, "tool_choice needs tools", param="tool_choice")
     use_tools = bool(tools) and choice != "none"
     names = {t["function"]["name"] for t in tools}
-    ctx = template_context(req)
-    if use_tools:
-        ctx["tools"] = tools
-    try:
-        text = render_chat(m, _template_messages(req.messages, "tool" in template), **ctx)
-    except (ColibriError, ValueError, TypeError) as e:
-        raise APIError(400, f"messages: {e}", param="messages") from None
+    text, _, template = render_prompt(state, req, tools if use_tools else [])
     ids = m.tokenize(text, add_special=False, parse_special=True)
     if not ids:
         raise APIError(400, "the messages render to no tokens", param="messages")

@@ -26,7 +26,6 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
-from colibri.errors import ColibriError
 from colibri.serve.handling import _parse, _read_body
 from colibri.serve.protocol import ChatMessage, Tool, _Strict
 from colibri.serve.state import APIError, ServerState
@@ -59,27 +58,13 @@ class DetokenizeRequest(_Strict):
 
 def _chat_prompt(state: ServerState, req: TokenizeChatRequest) -> str:
     """The chat's prompt text, through the chat endpoint's template path."""
-    from colibri.generate import chat_template, render_chat
-    from colibri.serve.chat import _template_messages, template_context
+    from colibri.serve.chat import render_prompt
 
     if req.add_generation_prompt and req.continue_final_message:
         raise APIError(400, "continue_final_message and add_generation_prompt cannot both be "
                        "true", param="continue_final_message", code="invalid_value")
-    m = state.model
-    assert m is not None
-    try:
-        template = chat_template(m)
-    except ColibriError as e:
-        raise APIError(400, str(e), param="messages") from None
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
-    ctx: dict[str, Any] = template_context(req)  # enable_thinking, chat_template_kwargs
-    if tools:
-        ctx["tools"] = tools
-    msgs = _template_messages(req.messages, "tool" in template)
-    try:
-        text = render_chat(m, msgs, add_generation_prompt=req.add_generation_prompt, **ctx)
-    except (ColibriError, ValueError, TypeError) as e:
-        raise APIError(400, f"messages: {e}", param="messages") from None
+    text, msgs, _ = render_prompt(state, req, tools, req.add_generation_prompt)
     if req.continue_final_message:  # open-ended: cut after the last message's text
         last = str(msgs[-1].get("content") or "")
         at = text.rfind(last) if last else -1

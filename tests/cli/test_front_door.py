@@ -440,99 +440,93 @@ def test_chat_from_a_pipe():
     assert b"> " not in p.stdout  # no interactive prompts when piped
 
 
-def test_chat_interactive_on_a_terminal():
-    """On a terminal: a prompt per turn, the reply, and an empty line ends the session."""
-    import pty
-    import select
-    import time
+class _ChatOnATerminal:
+    """`colibri chat ARGS` on a pseudo-terminal: send() a line, read_until() a marker in what
+    it wrote since `start`; close() kills it if it still runs."""
 
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: colibri chat on the pty
-        os.execv(sys.executable, [sys.executable, "-m", "colibri", "chat", "-n", "8",
-                                  "--temp", "0"])
-    out = b""
+    def __init__(self, *args: str) -> None:
+        import pty
 
-    def read_until(marker: bytes, start: int, limit: float) -> bool:
-        nonlocal out
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: colibri chat on the pty
+            os.execv(sys.executable, [sys.executable, "-m", "colibri", "chat", *args])
+        self.out = b""
+
+    def read_until(self, marker: bytes, start: int, limit: float = 240) -> bool:
+        import select
+        import time
+
         end = time.time() + limit
-        while marker not in out[start:] and time.time() < end:
-            r, _, _ = select.select([fd], [], [], 1.0)
+        while marker not in self.out[start:] and time.time() < end:
+            r, _, _ = select.select([self.fd], [], [], 1.0)
             if r:
                 try:
-                    out += os.read(fd, 4096)
+                    self.out += os.read(self.fd, 4096)
                 except OSError:
                     break
-        return marker in out[start:]
+        return marker in self.out[start:]
 
-    try:
-        assert read_until(b"> ", 0, 240), out
-        start = len(out)
-        os.write(fd, b"Hi\n")
-        assert read_until(b"\n> ", start, 240), out  # the reply, then the next prompt
-        reply = out[start:].replace(b"Hi", b"", 1).rsplit(b"\n> ", 1)[0]
-        assert reply.strip(), out  # some reply text before the next prompt
-        os.write(fd, b"\n")  # an empty line ends it
-        _, status = os.waitpid(pid, 0)
-        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, out
-    finally:
+    def send(self, line: bytes) -> int:
+        """Writes line, returns where its echo and answer start in out."""
+        start = len(self.out)
+        os.write(self.fd, line)
+        return start
+
+    def reply(self, start: int, said: bytes) -> bytes:
+        """The text between what was said and the next prompt."""
+        return self.out[start:].replace(said, b"", 1).rsplit(b"\n> ", 1)[0]
+
+    def exit_status(self) -> int:
+        _, status = os.waitpid(self.pid, 0)
+        assert os.WIFEXITED(status), self.out
+        return os.WEXITSTATUS(status)
+
+    def close(self) -> None:
         try:
-            os.kill(pid, 9)
+            os.kill(self.pid, 9)
         except OSError:
             pass
-        os.close(fd)
+        os.close(self.fd)
+
+
+def test_chat_interactive_on_a_terminal():
+    """On a terminal: a prompt per turn, the reply, and an empty line ends the session."""
+    t = _ChatOnATerminal("-n", "8", "--temp", "0")
+    try:
+        assert t.read_until(b"> ", 0), t.out
+        start = t.send(b"Hi\n")
+        assert t.read_until(b"\n> ", start), t.out  # the reply, then the next prompt
+        assert t.reply(start, b"Hi").strip(), t.out  # some reply text before the next prompt
+        t.send(b"\n")  # an empty line ends it
+        assert t.exit_status() == 0, t.out
+    finally:
+        t.close()
 
 
 def test_chat_turn_too_long_for_the_context():
     """A turn that does not fit the context: on a terminal it is dropped with a line naming
     --ctx and the conversation goes on; from a pipe it is a one-line error (exit 1) after the
     replies that fitted."""
-    import pty
-    import select
-    import time
-
     long_turn = "tell me about " + "the weather and " * 40
     p = _cli("chat", "--ctx", "96", "-n", "8", "--temp", "0", stdin=f"Hi\n{long_turn}\n")
     err = p.stderr.decode().strip().splitlines()
     assert p.returncode == 1 and p.stdout.strip(), p
-    assert "--ctx" in err[-1] and "conversation has" in err[-1] and "Traceback" not in p.stderr.decode()
+    assert "--ctx" in err[-1] and "conversation has" in err[-1]
+    assert "Traceback" not in p.stderr.decode()
 
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: colibri chat on the pty
-        os.execv(sys.executable, [sys.executable, "-m", "colibri", "chat", "-n", "8",
-                                  "--temp", "0", "--ctx", "96"])
-    out = b""
-
-    def read_until(marker: bytes, start: int, limit: float = 240) -> bool:
-        nonlocal out
-        end = time.time() + limit
-        while marker not in out[start:] and time.time() < end:
-            r, _, _ = select.select([fd], [], [], 1.0)
-            if r:
-                try:
-                    out += os.read(fd, 4096)
-                except OSError:
-                    break
-        return marker in out[start:]
-
+    t = _ChatOnATerminal("-n", "8", "--temp", "0", "--ctx", "96")
     try:
-        assert read_until(b"> ", 0), out
-        start = len(out)
-        os.write(fd, long_turn.encode() + b"\n")
-        assert read_until(b"this turn was dropped", start), out
-        assert read_until(b"\n> ", start), out  # the conversation goes on
-        start = len(out)
-        os.write(fd, b"Hi\n")
-        assert read_until(b"\n> ", start), out
-        assert out[start:].replace(b"Hi", b"", 1).rsplit(b"\n> ", 1)[0].strip(), out
-        os.write(fd, b"\n")
-        _, status = os.waitpid(pid, 0)
-        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, out
+        assert t.read_until(b"> ", 0), t.out
+        start = t.send(long_turn.encode() + b"\n")
+        assert t.read_until(b"this turn was dropped", start), t.out
+        assert t.read_until(b"\n> ", start), t.out  # the conversation goes on
+        start = t.send(b"Hi\n")
+        assert t.read_until(b"\n> ", start), t.out
+        assert t.reply(start, b"Hi").strip(), t.out
+        t.send(b"\n")
+        assert t.exit_status() == 0, t.out
     finally:
-        try:
-            os.kill(pid, 9)
-        except OSError:
-            pass
-        os.close(fd)
+        t.close()
 
 
 def test_missing_extras_name_the_extra(monkeypatch):

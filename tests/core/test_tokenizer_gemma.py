@@ -4,19 +4,14 @@ tools/record_tokenizer_refs.py over the corpus in tests/data/tokenizer/corpus.js
 
 from __future__ import annotations
 
-import gzip
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tokenizer_refs import id_lists, load_corpus, load_refs  # noqa: E402
 
 from colibri import Tokenizer
 from colibri.tokenizer import read_gguf_vocab
-
-DATA = Path(__file__).resolve().parents[1] / "data" / "tokenizer"
 
 
 @pytest.fixture(scope="module")
@@ -41,21 +36,12 @@ def tok_prefix(gemma_path: str) -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def corpus() -> list[str]:
-    with gzip.open(DATA / "corpus.json.gz", "rt", encoding="utf-8") as f:
-        lines = json.load(f)
-    assert len(lines) >= 10_000
-    return lines
+    return load_corpus()
 
 
 @pytest.fixture(scope="module")
 def refs() -> dict[str, np.ndarray]:
-    with np.load(DATA / "gemma3_refs.npz") as z:
-        return {k: z[k] for k in z.files}
-
-
-def _lists(refs: dict[str, np.ndarray], name: str) -> list[np.ndarray]:
-    ids, off = refs[name + "_ids"], refs[name + "_offsets"]
-    return [ids[off[i]:off[i + 1]] for i in range(len(off) - 1)]
+    return load_refs("gemma3_refs.npz")
 
 
 def _mismatches(tok: Tokenizer, corpus: list[str], want: list[np.ndarray], **kw: bool) -> list[str]:
@@ -82,19 +68,19 @@ def test_token_attributes_match_llama_cpp(tok: Tokenizer, refs: dict[str, np.nda
 
 
 def test_ids_match_llama_cpp_plain(tok: Tokenizer, corpus: list[str], refs: dict[str, np.ndarray]) -> None:
-    bad = _mismatches(tok, corpus, _lists(refs, "plain"), add_special=True, parse_special=False)
+    bad = _mismatches(tok, corpus, id_lists(refs, "plain"), add_special=True, parse_special=False)
     assert not bad, f"{len(bad)} lines differ, e.g.\n" + "\n".join(bad[:5])
 
 
 def test_ids_match_llama_cpp_parse_special(tok: Tokenizer, corpus: list[str],
                                            refs: dict[str, np.ndarray]) -> None:
-    bad = _mismatches(tok, corpus, _lists(refs, "special"), add_special=True, parse_special=True)
+    bad = _mismatches(tok, corpus, id_lists(refs, "special"), add_special=True, parse_special=True)
     assert not bad, f"{len(bad)} lines differ, e.g.\n" + "\n".join(bad[:5])
 
 
 def test_ids_match_llama_cpp_without_bos(tok: Tokenizer, corpus: list[str],
                                          refs: dict[str, np.ndarray]) -> None:
-    bad = _mismatches(tok, corpus, _lists(refs, "nospecial"), add_special=False, parse_special=True)
+    bad = _mismatches(tok, corpus, id_lists(refs, "nospecial"), add_special=False, parse_special=True)
     assert not bad, f"{len(bad)} lines differ, e.g.\n" + "\n".join(bad[:5])
 
 
@@ -102,7 +88,7 @@ def test_space_prefix_ids_match_llama_cpp(tok_prefix: Tokenizer, corpus: list[st
                                           refs: dict[str, np.ndarray]) -> None:
     assert tok_prefix.add_space_prefix
     for name, ps in (("prefix_plain", False), ("prefix_special", True)):
-        bad = _mismatches(tok_prefix, corpus, _lists(refs, name), add_special=True, parse_special=ps)
+        bad = _mismatches(tok_prefix, corpus, id_lists(refs, name), add_special=True, parse_special=ps)
         assert not bad, f"{name}: {len(bad)} lines differ, e.g.\n" + "\n".join(bad[:5])
 
 
@@ -112,7 +98,7 @@ def test_space_prefix_decode(tok_prefix: Tokenizer, corpus: list[str], refs: dic
     for name, ids_name, skip_bos in (("prefix_detok", "prefix_special", False),
                                      ("prefix_detok_nobos", "prefix_plain", True)):
         blob, off = refs[name].tobytes(), refs[name + "_offsets"]
-        for i, ids in enumerate(_lists(refs, ids_name)):
+        for i, ids in enumerate(id_lists(refs, ids_name)):
             want = blob[off[i]:off[i + 1]].decode("utf-8", "replace")
             if skip_bos:
                 assert tok_prefix.decode(ids[1:]) == want, i
@@ -154,7 +140,7 @@ def test_every_token_decodes_alone(tok: Tokenizer, refs: dict[str, np.ndarray]) 
 
 
 def test_decode_matches_llama_detokenize(tok: Tokenizer, refs: dict[str, np.ndarray]) -> None:
-    ids = _lists(refs, "special")
+    ids = id_lists(refs, "special")
     det, doff = refs["detok"].tobytes(), refs["detok_offsets"]
     n = int(refs["meta"][2])
     for i in range(n):

@@ -13,13 +13,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tokenizer_refs import DATA, load_corpus  # noqa: E402
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
 from colibri import Tokenizer
 from colibri.tokenizer import _CONTROL_LOOKING
-
-DATA = Path(__file__).resolve().parents[1] / "data" / "tokenizer"
 
 GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -69,8 +68,7 @@ SPECIAL = "<|endoftext|>"
 
 @pytest.fixture(scope="module")
 def corpus() -> list[str]:
-    with gzip.open(DATA / "corpus.json.gz", "rt", encoding="utf-8") as f:
-        return list(json.load(f))
+    return load_corpus()
 
 
 def train_hf(regexes: list[str], texts: list[str], ignore_merges: bool) -> HFTokenizer:

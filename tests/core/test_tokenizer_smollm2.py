@@ -8,20 +8,15 @@ scripts, emoji, combining marks, whitespace runs, special-token strings, random 
 
 from __future__ import annotations
 
-import gzip
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tokenizer_refs import byte_strings, id_lists, load_corpus, load_refs  # noqa: E402
 
 import colibri
 from colibri import Tokenizer
 from colibri.tokenizer import ATTR_CONTROL, read_gguf_vocab
-
-DATA = Path(__file__).resolve().parents[1] / "data" / "tokenizer"
 
 
 @pytest.fixture(scope="module")
@@ -36,34 +31,20 @@ def tok(smollm2_path: str) -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def corpus() -> list[str]:
-    with gzip.open(DATA / "corpus.json.gz", "rt", encoding="utf-8") as f:
-        lines = json.load(f)
-    assert len(lines) >= 10_000
-    return lines
+    return load_corpus()
 
 
 @pytest.fixture(scope="module")
 def refs() -> dict[str, np.ndarray]:
-    with np.load(DATA / "smollm2_refs.npz") as z:
-        return {k: z[k] for k in z.files}
-
-
-def _lists(refs: dict[str, np.ndarray], name: str) -> list[np.ndarray]:
-    ids, off = refs[name + "_ids"], refs[name + "_offsets"]
-    return [ids[off[i]:off[i + 1]].astype(np.int32) for i in range(len(off) - 1)]
-
-
-def _blobs(refs: dict[str, np.ndarray], name: str, offsets: str | None = None) -> list[bytes]:
-    blob, off = refs[name].tobytes(), refs[offsets or name + "_offsets"]
-    return [blob[off[i]:off[i + 1]] for i in range(len(off) - 1)]
+    return load_refs("smollm2_refs.npz")
 
 
 def _variant(refs: dict[str, np.ndarray], name: str) -> list[np.ndarray]:
     """llama.cpp's ids for one add_special/parse_special pair: the file keeps "special" whole and
     the others only on the lines where they differ from it."""
-    want = _lists(refs, "special")
+    want = id_lists(refs, "special")
     if name != "special":
-        for i, ids in zip(refs[name + "_lines"].tolist(), _lists(refs, name), strict=True):
+        for i, ids in zip(refs[name + "_lines"].tolist(), id_lists(refs, name), strict=True):
             want[i] = ids
     return want
 
@@ -171,7 +152,7 @@ def test_every_token_piece_matches_llama_cpp(tok: Tokenizer, smollm2_path: str,
     natural = [_byte_level_decode(t if isinstance(t, bytes) else t.encode()) for t in tokens]
     bad = []
     for name, special in (("piece", False), ("special_piece", True)):
-        odd = dict(zip(refs[name + "_ids"].tolist(), _blobs(refs, name + "s", name + "_offsets"), strict=True))
+        odd = dict(zip(refs[name + "_ids"].tolist(), byte_strings(refs, name + "s", name + "_offsets"), strict=True))
         for t in range(tok.vocab_size):
             want = odd[t] if t in odd else natural[t]
             assert want is not None, t
@@ -185,7 +166,7 @@ def test_decode_matches_llama_detokenize(tok: Tokenizer, corpus: list[str], refs
     # the recording keeps llama_detokenize's text only where it differs from the line itself
     ids = _variant(refs, "special")
     for name, special in (("detok", False), ("detok_unparse", True)):
-        differ = dict(zip(refs[name + "_lines"].tolist(), _blobs(refs, name), strict=True))
+        differ = dict(zip(refs[name + "_lines"].tolist(), byte_strings(refs, name), strict=True))
         bad = []
         for i, line_ids in enumerate(ids):
             want = differ[i].decode("utf-8", "replace") if i in differ else corpus[i]

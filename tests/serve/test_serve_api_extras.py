@@ -52,21 +52,6 @@ TEXTS = ["hello world", "aa bb cc dd", "  leading spaces and\ttabs\n\nnewlines  
          "x"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _no_key_from_the_environment() -> Any:
-    """The servers start() runs inherit os.environ: a COLIBRI_API_KEY of the caller's would
-    make them require a key."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("COLIBRI_API_KEY", raising=False)
-        yield
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from colibri.tools.make_bench_model import write
-
-    return str(write(str(tmp_path_factory.mktemp("serve_extras") / "tiny.gguf"), n_layers=2,
-                     shape="tiny"))
 
 
 @pytest.fixture(scope="module")

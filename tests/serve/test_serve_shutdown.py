@@ -25,21 +25,6 @@ MODEL = "tiny"
 NO_END = {"2046": -100, "2047": -100}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _no_key_from_the_environment() -> Any:
-    """The servers start() runs inherit os.environ: a COLIBRI_API_KEY of the caller's would
-    make them require a key."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("COLIBRI_API_KEY", raising=False)
-        yield
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from colibri.tools.make_bench_model import write
-
-    return str(write(str(tmp_path_factory.mktemp("serve_shutdown") / "tiny.gguf"), n_layers=2,
-                     shape="tiny"))
 
 
 # -- 2. SIGTERM: the grace period runs out ------------------------------------------------

@@ -186,13 +186,6 @@ def test_number_bound_tables_match_a_plain_simulation():
     assert not b.allowed()[toks.index(b"1" * 70)]
 
 
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from colibri.tools.make_bench_model import write
-
-    return str(write(str(tmp_path_factory.mktemp("serve_strict") / "tiny.gguf"), n_layers=2,
-                     shape="tiny"))
-
 
 def number_texts(text: str) -> list[str]:
     """The JSON numbers of a JSON text as written (outside strings)."""

@@ -15,37 +15,17 @@ import fastapi  # noqa: F401  the serve extra (test extras)
 import httpx
 import llguidance  # noqa: F401
 import pytest
-from serve_util import REPO, metric, start  # noqa: E402
+from serve_util import REPO, metric, start, stream_lines  # noqa: E402
 
 from colibri.serve.tools import ToolStreamParser, call_schema, parse_tool_calls  # noqa: E402
 
 MODEL = "tiny"
 
 
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from colibri.tools.make_bench_model import write
 
-    return str(write(str(tmp_path_factory.mktemp("serve_tiny") / "tiny.gguf"), n_layers=2,
-                     shape="tiny"))
-
-
-def _stream(url: str, max_tokens: int, out: dict, started: threading.Event) -> None:
-    body = {"model": MODEL, "prompt": "aa bb cc dd", "max_tokens": max_tokens,
+def _long_stream(max_tokens: int) -> dict:
+    return {"model": MODEL, "prompt": "aa bb cc dd", "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
-    lines = []
-    try:
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
-            out["status"] = r.status_code
-            for line in r.iter_lines():
-                if line:
-                    lines.append(line)
-                    started.set()
-    except Exception as e:  # noqa: BLE001 - reported to the test
-        out["exc"] = repr(e)
-    finally:
-        started.set()
-        out["lines"] = lines
 
 
 @pytest.mark.slow
@@ -60,7 +40,7 @@ def test_queue_limit_sigterm_and_expert_metrics(tiny_path, tmp_path):
         # one request holds the only slot: a second one is refused with 429, then served
         out: dict = {}
         started = threading.Event()
-        t = threading.Thread(target=_stream, args=(url, 1500, out, started))
+        t = threading.Thread(target=stream_lines, args=(url, _long_stream(1500), out, started))
         t.start()
         assert started.wait(60)
         r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "x",
