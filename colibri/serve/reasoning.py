@@ -22,6 +22,7 @@ Implemented: ThinkTags, `<think>...</think>` (Qwen3, QwQ, DeepSeek-R1 and its di
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -36,29 +37,31 @@ class Reasoning:
 Piece = str | Reasoning  # answer text, or thinking
 
 
-class ReasoningSplitter:
-    """A reasoning format: one instance per completion, fed its text as it comes."""
+class ReasoningSplitter(ABC):
+    """A reasoning format (an interface: ThinkTags is one): one instance per completion, fed
+    its text as it comes."""
 
     @classmethod
+    @abstractmethod
     def applies(cls, template: str) -> bool:
         """Whether a chat template speaks this format."""
-        raise NotImplementedError
 
+    @abstractmethod
     def __init__(self, prompt: str) -> None:
         """A splitter for a completion of prompt (the rendered chat)."""
 
     @property
+    @abstractmethod
     def in_reasoning(self) -> bool:
         """Whether the text now being written is thinking."""
-        raise NotImplementedError
 
+    @abstractmethod
     def feed(self, text: str) -> list[Piece]:
         """The pieces text releases, in order (some may be held back until more comes)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def finish(self) -> list[Piece]:
         """What is still held back, at the end of the output."""
-        raise NotImplementedError
 
 
 def _partial(s: str, tag: str) -> int:
