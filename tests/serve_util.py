@@ -28,6 +28,7 @@ class Server:
     url: str
     log_path: str
     seen_loading: list[dict] = field(default_factory=list)  # 503 bodies seen while loading
+    ray_tmp: str | None = None  # --ray: the Ray cluster's directory (RAY_TMPDIR)
 
     def log(self) -> str:
         with open(self.log_path) as f:
@@ -41,18 +42,45 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.ray_tmp is not None:  # a Ray process the server left (it was killed): gone
+            _kill_using(self.ray_tmp)
         return int(self.proc.returncode)
+
+
+def _kill_using(path: str) -> list[int]:
+    """SIGKILL every process whose command line names path (a Ray cluster's directory)."""
+    killed = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if path.encode() in cmd:
+            try:
+                os.kill(int(pid), 9)
+                killed.append(int(pid))
+            except OSError:
+                pass
+    return killed
 
 
 def start(args: list[str], log_path: str, api_key: str | None = None,
           timeout: float = 180.0) -> Server:
     port = free_port()
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    ray_tmp = None
+    if "--ray" in args:  # a Ray cluster of its own, in a directory of its own (short: sockets)
+        import tempfile
+
+        ray_tmp = env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="cr", dir="/tmp")
     logf = open(log_path, "w")  # noqa: SIM115 - the child writes it
     proc = subprocess.Popen([sys.executable, "-m", "colibri", "serve", "--port", str(port), *args],
                             cwd=REPO, env=env, stdout=logf, stderr=subprocess.STDOUT, text=True)
     logf.close()
-    srv = Server(proc, f"http://127.0.0.1:{port}", log_path)
+    srv = Server(proc, f"http://127.0.0.1:{port}", log_path, ray_tmp=ray_tmp)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -63,7 +91,7 @@ def start(args: list[str], log_path: str, api_key: str | None = None,
             if r.status_code == 200:
                 return srv
             m = httpx.get(srv.url + "/v1/models", headers=headers, timeout=5)
-            if m.status_code == 503:
+            if m.status_code == 503 and m.headers.get("content-type") == "application/json":
                 srv.seen_loading.append({"health": r.json(), "models": m.json()})
         except httpx.TransportError:
             pass
@@ -73,10 +101,11 @@ def start(args: list[str], log_path: str, api_key: str | None = None,
 
 
 def metric(url: str, name: str) -> float | None:
-    """The value of an unlabelled metric in /metrics (None if absent)."""
+    """The value of a metric in /metrics, summed over its replicas (colibri serve --ray labels
+    each replica's series with replica="NAME"; None if absent)."""
     text = httpx.get(url + "/metrics", timeout=10).text
-    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
-    return float(m.group(1)) if m else None
+    vals = re.findall(rf'^{re.escape(name)}(?: |{{replica="[^"]*"}} )(\S+)$', text, re.M)
+    return sum(float(v) for v in vals) if vals else None
 
 
 def stream_lines(url: str, body: dict, out: dict, started: threading.Event,

@@ -223,7 +223,8 @@ class GrammarConstraint:
     """One request's grammar state (an llguidance LLMatcher); see the module doc."""
 
     def __init__(self, matcher: Any, n_vocab: int, stats: MaskStats,
-                 bound: _NumberBound | None = None) -> None:
+                 bound: _NumberBound | None = None, grammar: str = "") -> None:
+        self.grammar = grammar  # llguidance's grammar text: what another process compiles again
         self._m = matcher
         self._n = n_vocab
         self._stats = stats
@@ -260,7 +261,7 @@ class GrammarConstraint:
     def copy(self) -> GrammarConstraint:
         """A fresh constraint in this one's state (no grammar compilation)."""
         return GrammarConstraint(self._m.deep_copy(), self._n, self._stats,
-                                 None if self._bound is None else self._bound.copy())
+                                 None if self._bound is None else self._bound.copy(), self.grammar)
 
 
 class GrammarFactory:
@@ -311,14 +312,16 @@ class GrammarFactory:
                 raise ValueError(f"max_number_chars must be >= 2, got {max_number_chars}")
             self._tables = _token_tables(tokens, max_number_chars)
 
-    def _make(self, grammar: str) -> GrammarConstraint:
+    def from_grammar(self, grammar: str) -> GrammarConstraint:
+        """A constraint from llguidance's grammar text (a GrammarConstraint's .grammar, made by
+        json_schema() or lark() of a factory on the same vocabulary, in another process)."""
         m = self._llg.LLMatcher(self.tokenizer, grammar, log_level=0)
         if m.is_error():
             raise ValueError(f"invalid grammar: {m.get_error()}")
         bound = None
         if self._tables is not None and self.max_number_chars is not None:
             bound = _NumberBound(self._tokens, *self._tables, self.max_number_chars)
-        return GrammarConstraint(m, self.n_vocab, self.stats, bound)
+        return GrammarConstraint(m, self.n_vocab, self.stats, bound, grammar)
 
     def json_schema(self, schema: dict[str, Any] | bool) -> GrammarConstraint:
         """Output constrained to one JSON value valid under schema (a ValueError naming the
@@ -330,12 +333,12 @@ class GrammarFactory:
                 json.dumps(schema), overrides=JSON_OPTIONS)  # type: ignore[arg-type]
         except (ValueError, TypeError) as e:
             raise ValueError(f"invalid JSON schema: {e}") from None
-        return self._make(grammar)
+        return self.from_grammar(grammar)
 
     def lark(self, text: str) -> GrammarConstraint:
         """Output constrained by a lark grammar (the tool-call grammar: JSON inside
         <tool_call> tags, whose numbers are bounded as a schema's are)."""
-        return self._make(self._llg.LLMatcher.grammar_from_lark(text))
+        return self.from_grammar(self._llg.LLMatcher.grammar_from_lark(text))
 
 
 __all__ = ["MAX_NUMBER_CHARS", "GrammarConstraint", "GrammarFactory", "MaskStats",
