@@ -9,15 +9,13 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
+from ray.exceptions import RayActorError  # the ray extra: a test dependency
 
-from ray.exceptions import RayActorError  # noqa: E402  (the ray extra: a test dependency)
-
-from colibri.engine import Delta  # noqa: E402
-from colibri.engine.prefix import PREFIX_BLOCK, _block_hashes  # noqa: E402
-from colibri.ray import Final, Job, Refused  # noqa: E402
-from colibri.ray import remote  # noqa: E402
-from colibri.ray.hub import relabel  # noqa: E402
-from colibri.ray.routing import PrefixRouter, desired_replicas  # noqa: E402
+from colibri.engine import Delta
+from colibri.engine.prefix import PREFIX_BLOCK, _block_hashes
+from colibri.ray import Final, Job, Refused, remote
+from colibri.ray.hub import relabel
+from colibri.ray.routing import PrefixRouter, desired_replicas
 
 
 class FakeGen:

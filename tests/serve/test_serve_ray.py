@@ -190,3 +190,130 @@ def test_the_cli_refuses_what_cannot_run():
     assert r.returncode != 0 and "MIN <= MAX" in r.stderr
     r = serve("--ray", "--replicas", "2", "--autoscale", "1:2")
     assert r.returncode != 0 and "not allowed with" in r.stderr
+
+
+def test_too_many_cpus_is_an_error_not_a_deployment_that_waits(tmp_path):
+    import tempfile
+
+    from serve_util import _kill_using
+
+    tmp = tempfile.mkdtemp(prefix="cr", dir="/tmp")
+    env = dict(os.environ, RAY_TMPDIR=tmp,
+               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        r = subprocess.run([sys.executable, "-m", "colibri", "serve", "-m", "gemma3-270m",
+                            "--ray", "--replicas", "2", "--replica-cpus", "4096"], cwd=REPO,
+                           env=env, capture_output=True, text=True, timeout=180)
+    finally:
+        left = _kill_using(tmp)
+    assert r.returncode != 0 and "need 8192 CPUs" in r.stderr, r.stderr[-2000:]
+    assert not left, "the command left Ray processes running"
+
+
+def test_scaling_down_lets_the_leaving_replica_finish_its_requests(tmp_path):
+    """Two replicas, 4 long streams on them, then the application redeployed with one: every
+    stream finishes, whole, on the replica it started on."""
+    import tempfile
+
+    import ray
+    from ray import serve
+    from serve_util import _kill_using, free_port
+
+    import colibri.ray
+
+    tmp = tempfile.mkdtemp(prefix="cr", dir="/tmp")
+    os.environ["RAY_TMPDIR"] = tmp
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+
+    def deploy(n: int) -> None:
+        serve.run(colibri.ray.app("gemma3-270m", replicas=n, threads=1, ctx=1024,
+                                  model_name=MODEL, hub="colibri-hub-scaling", max_seqs=4),
+                  name="colibri", route_prefix="/", blocking=False)
+
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR",
+                 log_to_driver=False)
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        deploy(2)
+        deadline = time.monotonic() + 120
+        while len(per_replica(url, "colibri_requests_running")) < 2 and \
+                time.monotonic() < deadline:
+            time.sleep(0.2)
+
+        async def run() -> list[tuple[str, str | None]]:
+            task = asyncio.get_running_loop().run_in_executor(None, _streams, url, 4, 120)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 60:  # both replicas decoding
+                run = per_replica(url, "colibri_requests_running")
+                if len(run) == 2 and all(v > 0 for v in run.values()):
+                    break
+                await asyncio.sleep(0.2)
+            await asyncio.get_running_loop().run_in_executor(None, deploy, 1)
+            return await task
+
+        out = asyncio.run(run())
+        assert all(err is None for _, err in out), out
+        with httpx.Client(timeout=60) as h:
+            usage = [h.post(url + "/v1/completions", json={
+                "model": MODEL, "prompt": f"Story {i}: once upon a time, in a city of",
+                "max_tokens": 120, "temperature": 0,
+                "logit_bias": {"1": -100, "106": -100}}).json()["choices"][0]["text"]
+                for i in range(4)]
+        assert [t for t, _ in out] == usage  # whole: what one replica gives alone
+        deadline = time.monotonic() + 60
+        while len(per_replica(url, "colibri_requests_running")) != 1 and \
+                time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(per_replica(url, "colibri_requests_running")) == 1
+    finally:
+        try:
+            serve.shutdown()
+            ray.shutdown()
+        finally:
+            del os.environ["RAY_TMPDIR"]
+            _kill_using(tmp)
+
+
+def test_autoscaling_adds_a_replica_under_load(tmp_path):
+    """--autoscale 1:2 with 2 requests per replica's batch: 8 long streams make the replica
+    report a demand of 4 batches; Serve starts a second replica, and the next requests are
+    spread over both (the least loaded first)."""
+    import tempfile
+
+    import ray
+    from ray import serve
+    from serve_util import _kill_using, free_port
+
+    import colibri.ray
+
+    tmp = tempfile.mkdtemp(prefix="cr", dir="/tmp")
+    os.environ["RAY_TMPDIR"] = tmp
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR",
+                 log_to_driver=False)
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(colibri.ray.app("gemma3-270m", autoscale=(1, 2), threads=1, ctx=1024,
+                                  model_name=MODEL, max_seqs=2),
+                  name="colibri", route_prefix="/", blocking=False)
+        assert len(per_replica(url, "colibri_requests_running")) == 1
+        out = _streams(url, 8, 150)  # all queued at the one replica: it reports 4 batches
+        assert all(err is None for _, err in out), out
+        deadline = time.monotonic() + 120
+        while len(per_replica(url, "colibri_requests_running")) < 2 and \
+                time.monotonic() < deadline:
+            time.sleep(0.5)
+        before = per_replica(url, "colibri_generation_tokens_total")
+        assert len(before) == 2, before  # scaled up
+        assert all(err is None for _, err in _streams(url, 8, 30))
+        after = per_replica(url, "colibri_generation_tokens_total")
+        assert all(after[k] > before[k] for k in before), (before, after)  # both serve
+    finally:
+        try:
+            serve.shutdown()
+            ray.shutdown()
+        finally:
+            del os.environ["RAY_TMPDIR"]
+            _kill_using(tmp)
