@@ -16,12 +16,12 @@ For a Serve application of your own, after your own ray.init():
 
 from __future__ import annotations
 
-import importlib
 import os
 import uuid
 from typing import Any
 
 from colibri.serve import REQUIRED as _SERVE_REQUIRED
+from colibri.serve import missing_packages
 
 REQUIRED = (("ray", "ray[serve]"), *_SERVE_REQUIRED)
 
@@ -29,17 +29,7 @@ REQUIRED = (("ray", "ray[serve]"), *_SERVE_REQUIRED)
 def missing_extra() -> str | None:
     """None when Ray Serve and the serve stack are installed; else a message naming what is
     missing and the extra that installs it."""
-    missing = []
-    for mod, dist in REQUIRED:
-        try:
-            importlib.import_module(mod)
-        except ImportError:
-            missing.append(dist)
-    if not missing:
-        try:
-            importlib.import_module("ray.serve")
-        except ImportError:
-            missing.append("ray[serve]")
+    missing = missing_packages(REQUIRED) or missing_packages((("ray.serve", "ray[serve]"),))
     if not missing:
         return None
     from colibri._dist import install_hint

@@ -22,15 +22,22 @@ REQUIRED = (("fastapi", "fastapi"), ("uvicorn", "uvicorn"), ("prometheus_client"
             "prometheus-client"), ("llguidance", "llguidance"), ("pydantic", "pydantic"))
 
 
-def missing_extra() -> str | None:
-    """None when the serve stack is installed; else a message naming what is missing and the
-    extra that installs it."""
+def missing_packages(required: tuple[tuple[str, str], ...]) -> list[str]:
+    """The distributions of required ((module, distribution), ...) whose module does not
+    import."""
     missing = []
-    for mod, dist in REQUIRED:
+    for mod, dist in required:
         try:
             importlib.import_module(mod)
         except ImportError:
             missing.append(dist)
+    return missing
+
+
+def missing_extra() -> str | None:
+    """None when the serve stack is installed; else a message naming what is missing and the
+    extra that installs it."""
+    missing = missing_packages(REQUIRED)
     if not missing:
         return None
     from colibri._dist import install_hint
@@ -164,4 +171,4 @@ def run(args: Any, load: Any) -> int:
     return 0
 
 
-__all__ = ["missing_extra", "run"]
+__all__ = ["missing_extra", "missing_packages", "run"]

@@ -184,3 +184,15 @@ def test_autoscaling_wants_one_batch_per_replica_and_room_in_the_kv():
     assert desired_replicas([0.1], [0.95], 1) == 2
     assert desired_replicas([], [], 3) == 3
     assert desired_replicas([0.0, 0.0], [0.0, 0.0], 2) == 1
+
+
+def test_without_ray_the_message_names_the_extra(monkeypatch):
+    import sys
+
+    import colibri.ray
+
+    monkeypatch.setitem(sys.modules, "ray.serve", None)  # import ray.serve fails
+    msg = colibri.ray.missing_extra()
+    assert msg is not None and "ray[serve]" in msg and 'colibri-moe[ray]' in msg
+    with pytest.raises(ImportError, match="colibri-moe"):
+        colibri.ray.app("gemma3-270m")

@@ -12,11 +12,13 @@ the CLI's refusals."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -210,31 +212,46 @@ def test_too_many_cpus_is_an_error_not_a_deployment_that_waits(tmp_path):
     assert not left, "the command left Ray processes running"
 
 
-def test_scaling_down_lets_the_leaving_replica_finish_its_requests(tmp_path):
-    """Two replicas, 4 long streams on them, then the application redeployed with one: every
-    stream finishes, whole, on the replica it started on."""
+@contextlib.contextmanager
+def own_cluster() -> Iterator[str]:
+    """A Ray cluster of this process's own (2 CPUs, RAY_TMPDIR a new directory) with Serve's
+    proxy on a free port: its URL. Torn down after, its processes killed even on failure."""
     import tempfile
 
     import ray
     from ray import serve
     from serve_util import _kill_using, free_port
 
-    import colibri.ray
-
     tmp = tempfile.mkdtemp(prefix="cr", dir="/tmp")
     os.environ["RAY_TMPDIR"] = tmp
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR",
+                 log_to_driver=False)
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        try:
+            serve.shutdown()
+            ray.shutdown()
+        finally:
+            del os.environ["RAY_TMPDIR"]
+            _kill_using(tmp)
+
+
+def test_scaling_down_lets_the_leaving_replica_finish_its_requests(tmp_path):
+    """Two replicas, 4 long streams on them, then the application redeployed with one: every
+    stream finishes, whole, on the replica it started on."""
+    from ray import serve
+
+    import colibri.ray
 
     def deploy(n: int) -> None:
         serve.run(colibri.ray.app("gemma3-270m", replicas=n, threads=1, ctx=1024,
                                   model_name=MODEL, hub="colibri-hub-scaling", max_seqs=4),
                   name="colibri", route_prefix="/", blocking=False)
 
-    try:
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR",
-                 log_to_driver=False)
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+    with own_cluster() as url:
         deploy(2)
         deadline = time.monotonic() + 120
         while len(per_replica(url, "colibri_requests_running")) < 2 and \
@@ -266,35 +283,17 @@ def test_scaling_down_lets_the_leaving_replica_finish_its_requests(tmp_path):
                 time.monotonic() < deadline:
             time.sleep(0.5)
         assert len(per_replica(url, "colibri_requests_running")) == 1
-    finally:
-        try:
-            serve.shutdown()
-            ray.shutdown()
-        finally:
-            del os.environ["RAY_TMPDIR"]
-            _kill_using(tmp)
 
 
 def test_autoscaling_adds_a_replica_under_load(tmp_path):
     """--autoscale 1:2 with 2 requests per replica's batch: 8 long streams make the replica
     report a demand of 4 batches; Serve starts a second replica, and the next requests are
     spread over both (the least loaded first)."""
-    import tempfile
-
-    import ray
     from ray import serve
-    from serve_util import _kill_using, free_port
 
     import colibri.ray
 
-    tmp = tempfile.mkdtemp(prefix="cr", dir="/tmp")
-    os.environ["RAY_TMPDIR"] = tmp
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR",
-                 log_to_driver=False)
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+    with own_cluster() as url:
         serve.run(colibri.ray.app("gemma3-270m", autoscale=(1, 2), threads=1, ctx=1024,
                                   model_name=MODEL, max_seqs=2),
                   name="colibri", route_prefix="/", blocking=False)
@@ -310,10 +309,3 @@ def test_autoscaling_adds_a_replica_under_load(tmp_path):
         assert all(err is None for _, err in _streams(url, 8, 30))
         after = per_replica(url, "colibri_generation_tokens_total")
         assert all(after[k] > before[k] for k in before), (before, after)  # both serve
-    finally:
-        try:
-            serve.shutdown()
-            ray.shutdown()
-        finally:
-            del os.environ["RAY_TMPDIR"]
-            _kill_using(tmp)
