@@ -74,6 +74,10 @@ class Family:
     moe_beside_mlp: bool = False  # MoE layers also have a dense MLP, with their own norms
     attn_scale: float = 0.0      # attention score scale (0: 1/sqrt(head_dim))
     final_softcap: float = 0.0   # logit softcap when final_logit_softcapping is absent
+    # llama.cpp's Gemma 2 27B (this many layers) scales queries by 1/sqrt(n_embd / n_head), its
+    # query_pre_attn_scalar, not 1/sqrt(head_dim)
+    big_attn_scale_layers: int = 0
+    default_swa: int = 0         # the sliding window when attention.sliding_window is absent
 
 
 FAMILIES: dict[str, Family] = {
@@ -83,6 +87,10 @@ FAMILIES: dict[str, Family] = {
     "qwen3": Family(qk_norm=QK_HEAD),
     "qwen3moe": Family(qk_norm=QK_HEAD, moe=True, renorm=True),
     "olmoe": Family(qk_norm=QK_FULL, moe=True, renorm=False),
+    # gemma2: sliding and global layers alternate (window from the file, 4096 when absent),
+    # attention scores and logits capped (tanh softcaps, from the file)
+    "gemma2": Family(act=ACT_GELU_TANH, embd_scale=True, post_norms=True, swa_pattern=2,
+                     big_attn_scale_layers=46, default_swa=4096),
     "gemma3": Family(
         act=ACT_GELU_TANH, qk_norm=QK_HEAD, embd_scale=True, post_norms=True, swa_pattern=6,
         swa_rope_base=10000.0,
@@ -290,7 +298,7 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
     if n_expert and not 1 <= n_used <= n_expert:
         raise UnsupportedModel(f"{p}: {arch}.expert_used_count {n_used} must be in [1, "
                                f"{arch}.expert_count = {n_expert}]")
-    swa = r.int_key("attention.sliding_window", 0)
+    swa = r.int_key("attention.sliding_window", fam.default_swa)
     pattern_layers = gf.metadata.get(f"{arch}.attention.sliding_window_pattern_layers")
     if not isinstance(pattern_layers, list | tuple | np.ndarray):
         pattern_layers = None
@@ -389,7 +397,8 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
         head_dim=head_dim, n_vocab=n_vocab, n_ctx_train=n_ctx, norm_eps=eps, act=fam.act,
         qk_norm=fam.qk_norm, rope_mode=fam.rope_mode, rope_n_dims=n_rot,
         embd_scale=math.sqrt(n_embd) if fam.embd_scale else 1.0,
-        attn_scale=fam.attn_scale or 1.0 / math.sqrt(head_dim),
+        attn_scale=fam.attn_scale or 1.0 / math.sqrt(
+            n_embd // n_head if n_layer == fam.big_attn_scale_layers else head_dim),
         attn_softcap=r.float_key("attn_logit_softcapping", 0.0, lo=0.0),
         final_softcap=r.float_key("final_logit_softcapping", fam.final_softcap, lo=0.0),
         gating=fam.gating, expert_renorm=fam.renorm, expert_scale=1.0,

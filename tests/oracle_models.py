@@ -77,6 +77,14 @@ def family_configs():
                            hidden_size_per_layer_input=0, num_kv_shared_layers=0,
                            attention_k_eq_v=True, num_global_key_value_heads=1,
                            final_logit_softcapping=30.0)),
+        # 4 layers: 1 and 3 global, 0 and 2 sliding (window 8 < prompts); attention scores
+        # capped at 50, logits at 30 (tanh softcaps); the head is the embedding (llama.cpp's
+        # gemma2 has no output tensor)
+        "gemma2": (T.Gemma2Config, T.Gemma2ForCausalLM,
+                   dict(intermediate_size=96, head_dim=32, sliding_window=8,
+                        tie_word_embeddings=True,
+                        query_pre_attn_scalar=32, num_hidden_layers=4,
+                        attn_logit_softcapping=50.0, final_logit_softcapping=30.0)),
         # llama with Llama 3.1 rope scaling (converted to a rope_freqs tensor): head_dim 16,
         # original context 64, so short, medium and long wavelengths all occur in 40 tokens
         "llama3_rope": (T.LlamaConfig, T.LlamaForCausalLM,
@@ -88,8 +96,11 @@ def family_configs():
 
 
 FAMILIES = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
-            "gemma4"]
+            "gemma4", "gemma2"]
 EXTRA = ["llama3_rope", "gemma4_mm"]  # built on demand by their own tests
+# each model's seed: its place here (a family added at the end leaves the others' weights)
+SEED_ORDER = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
+              "gemma4", "llama3_rope", "gemma4_mm", "gemma2"]
 
 
 def add_bigram_path(model, seed: int, strength: float = 0.5) -> None:
@@ -118,7 +129,7 @@ def build(family: str, out_dir: Path, outtypes=("f32",)):
     cfg_cls, model_cls, extra = configs[family]
     cfg = cfg_cls(**{**common, **extra})
     cfg._attn_implementation = "eager"
-    seed = (FAMILIES + EXTRA).index(family)
+    seed = SEED_ORDER.index(family)
     torch.manual_seed(1234 + seed)
     model = model_cls(cfg).eval()
     gen = torch.Generator().manual_seed(99)

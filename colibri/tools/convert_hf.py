@@ -4,14 +4,14 @@
     python -m colibri.tools.convert_hf MODEL_DIR OUT.gguf [--outtype f32|f16|bf16|q8_0] [--pre NAME]
     (from a checkout also: python tools/convert_hf.py ...)
 
-Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, gemma3_text,
+Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, gemma2, gemma3_text,
 gemma4_text (and gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
 TensorNameMap, and the layout follows llama.cpp's convert_hf_to_gguf.py so that colibri and
 llama.cpp read the files the same way:
 
 - llama/mixtral: q and k projection rows are permuted from HF's rotate-half order to the
   interleaved order llama.cpp's "normal" RoPE expects;
-- gemma3: RMSNorm weights are stored as (1 + w) (Gemma's norm scales by 1 + w); gemma4: no
+- gemma2, gemma3: RMSNorm weights are stored as (1 + w) (Gemma's norm scales by 1 + w); gemma4: no
   shift (its norm scales by w); router.scale -> ffn_gate_inp.scale, router.per_expert_scale ->
   ffn_down_exps.scale, layer_scalar -> layer_output_scale.weight, experts.gate_up_proj kept
   fused as ffn_gate_up_exps; the global layers' proportional rope is written as a rope_freqs
@@ -57,6 +57,7 @@ ARCHES = {
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3moe",
     "olmoe": "olmoe",
+    "gemma2": "gemma2",
     "gemma3_text": "gemma3",
     "gemma4_text": "gemma4",
 }
@@ -67,6 +68,7 @@ GGUF_ARCH = {
     "qwen3": gguf.MODEL_ARCH.QWEN3,
     "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE,
     "olmoe": gguf.MODEL_ARCH.OLMOE,
+    "gemma2": gguf.MODEL_ARCH.GEMMA2,
     "gemma3": gguf.MODEL_ARCH.GEMMA3,
     "gemma4": gguf.MODEL_ARCH.GEMMA4,
 }
@@ -243,6 +245,12 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
     if arch == "gemma4":
         _write_gemma4_metadata(w, cfg)
         scaling = None
+    elif arch == "gemma2":  # as llama.cpp writes it: the layers alternate, no pattern key
+        w.add_rope_freq_base(_rope_theta(cfg))
+        scaling = None
+        w.add_sliding_window(int(cfg["sliding_window"]))
+        w.add_attn_logit_softcapping(float(cfg["attn_logit_softcapping"]))
+        w.add_final_logit_softcapping(float(cfg["final_logit_softcapping"]))
     elif arch == "gemma3":
         w.add_rope_freq_base(_rope_theta(cfg, "full_attention", 1_000_000.0))
         scaling = _rope_scaling(cfg, "full_attention")
@@ -496,7 +504,7 @@ class Converter:
                     data = permute_qk(data, n_head)
                 elif name.endswith("attn_k.weight"):
                     data = permute_qk(data, n_head_kv)
-            if self.arch == "gemma3" and name.endswith("norm.weight"):
+            if self.arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
                 data = data + 1.0
             yield name, data
         if experts:
