@@ -78,6 +78,8 @@ class Family:
     # query_pre_attn_scalar, not 1/sqrt(head_dim)
     big_attn_scale_layers: int = 0
     default_swa: int = 0         # the sliding window when attention.sliding_window is absent
+    fused_gate_up: bool = False  # phi3: ffn_up is [gate; up] (and attn_qkv is [q; k; v])
+    no_swa: bool = False         # phi3: attention.sliding_window ignored, as llama.cpp does
 
 
 FAMILIES: dict[str, Family] = {
@@ -91,6 +93,9 @@ FAMILIES: dict[str, Family] = {
     # attention scores and logits capped (tanh softcaps, from the file)
     "gemma2": Family(act=ACT_GELU_TANH, embd_scale=True, post_norms=True, swa_pattern=2,
                      big_attn_scale_layers=46, default_swa=4096),
+    # phi3 (Phi-3, Phi-4 mini): fused qkv and gate-up; its sliding window is not applied
+    # (llama.cpp disables Phi SWA); longrope files (rope_factors_long/short) are refused
+    "phi3": Family(fused_gate_up=True, no_swa=True),
     "gemma3": Family(
         act=ACT_GELU_TANH, qk_norm=QK_HEAD, embd_scale=True, post_norms=True, swa_pattern=6,
         swa_rope_base=10000.0,
@@ -276,6 +281,10 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
     if scaling_type not in ("none", "linear") and factor not in (0.0, 1.0):
         raise UnsupportedModel(f"{p}: rope scaling {scaling_type!r} is not supported")
     freq_scale = 1.0 / factor if factor > 0 else 1.0
+    for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
+        if r.has(name):
+            raise UnsupportedModel(f"{p}: {name} (LongRoPE scaling, as Phi-3 128k files use) "
+                                   "is not supported yet")
     if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv or n_embd <= 0 or n_layer <= 0:
         raise UnsupportedModel(f"{p}: bad attention sizes: {n_head} heads, {n_head_kv} KV heads")
 
@@ -298,7 +307,7 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
     if n_expert and not 1 <= n_used <= n_expert:
         raise UnsupportedModel(f"{p}: {arch}.expert_used_count {n_used} must be in [1, "
                                f"{arch}.expert_count = {n_expert}]")
-    swa = r.int_key("attention.sliding_window", fam.default_swa)
+    swa = 0 if fam.no_swa else r.int_key("attention.sliding_window", fam.default_swa)
     pattern_layers = gf.metadata.get(f"{arch}.attention.sliding_window_pattern_layers")
     if not isinstance(pattern_layers, list | tuple | np.ndarray):
         pattern_layers = None
@@ -318,9 +327,15 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
         if not r.has(ffn_norm_name) and r.has(b + "post_attention_norm.weight") and not fam.post_norms:
             ffn_norm_name = b + "post_attention_norm.weight"
         ffn_norm = r.vec(ffn_norm_name, n_embd)
-        wq, wk = r.mat(b + "attn_q.weight", nq, n_embd), r.mat(b + "attn_k.weight", nkv, n_embd)
-        # gemma4 attention_k_eq_v: no attn_v, V is the K projection
-        wv = r.mat(b + "attn_v.weight", nkv, n_embd, required=not fam.v_from_k)
+        wq: Mat | None
+        wk: Mat | None
+        wv: Mat | None
+        if r.has(b + "attn_qkv.weight"):  # phi3: q, k and v rows in one tensor
+            wq, wk, wv = r.mat_rows(b + "attn_qkv.weight", [nq, nkv, nkv], n_embd)
+        else:
+            wq, wk = r.mat(b + "attn_q.weight", nq, n_embd), r.mat(b + "attn_k.weight", nkv, n_embd)
+            # gemma4 attention_k_eq_v: no attn_v, V is the K projection
+            wv = r.mat(b + "attn_v.weight", nkv, n_embd, required=not fam.v_from_k)
         wo = r.mat(b + "attn_output.weight", n_embd, nq)
         assert attn_norm is not None and ffn_norm is not None
         assert wq is not None and wk is not None and wo is not None
@@ -385,6 +400,10 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
                 L.ffn_post_norm_2 = r.vec(b + "post_ffw_norm_2.weight", n_embd)
                 L.router_in_scale = r.vec(b + "ffn_gate_inp.scale", n_embd)
                 L.exp_down_scale = r.vec(b + "ffn_down_exps.scale", n_expert, required=False)
+        elif fam.fused_gate_up:  # phi3: ffn_up holds the gate rows, then the up rows
+            ff = r.dims(b + "ffn_down.weight", 2)[0]
+            L.ffn_gate, L.ffn_up = r.mat_rows(b + "ffn_up.weight", [ff, ff], n_embd)
+            L.ffn_down = r.mat(b + "ffn_down.weight", n_embd, ff)
         else:
             ff = r.dims(b + "ffn_gate.weight", 2)[1]
             L.ffn_gate = r.mat(b + "ffn_gate.weight", ff, n_embd)

@@ -195,6 +195,19 @@ class _Reader:
             data = self.dense.get(name)
         return Mat(t.type, rows, cols, t.row_nbytes, data)
 
+    def mat_rows(self, name: str, parts: list[int], cols: int) -> list[Mat]:
+        """A fused dense matrix split by rows (phi3's attn_qkv: q, k, v; its ffn_up: gate, up):
+        one Mat per part, each a view of its rows in the mapping (not copied: a copy's 16-row
+        packing would straddle the parts)."""
+        whole = self.mat(name, sum(parts), cols, copy=False)
+        assert whole is not None and whole.data is not None
+        out, start = [], 0
+        for n in parts:
+            data = whole.data[start * whole.row_bytes:(start + n) * whole.row_bytes]
+            out.append(Mat(whole.type, n, cols, whole.row_bytes, data))
+            start += n
+        return out
+
     def experts(self, bid: int, n_expert: int, n_embd: int, n_ff: int) -> ExpertTensors:
         if self.has(f"blk.{bid}.ffn_gate_up_exps.weight"):
             return self.fused_experts(bid, n_expert, n_embd, n_ff)

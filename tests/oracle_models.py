@@ -85,6 +85,9 @@ def family_configs():
                         tie_word_embeddings=True,
                         query_pre_attn_scalar=32, num_hidden_layers=4,
                         attn_logit_softcapping=50.0, final_logit_softcapping=30.0)),
+        # fused qkv_proj and gate_up_proj; no sliding window (llama.cpp does not apply Phi's)
+        "phi3": (T.Phi3Config, T.Phi3ForCausalLM,
+                 dict(intermediate_size=96, sliding_window=None)),
         # llama with Llama 3.1 rope scaling (converted to a rope_freqs tensor): head_dim 16,
         # original context 64, so short, medium and long wavelengths all occur in 40 tokens
         "llama3_rope": (T.LlamaConfig, T.LlamaForCausalLM,
@@ -96,11 +99,11 @@ def family_configs():
 
 
 FAMILIES = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
-            "gemma4", "gemma2"]
+            "gemma4", "gemma2", "phi3"]
 EXTRA = ["llama3_rope", "gemma4_mm"]  # built on demand by their own tests
 # each model's seed: its place here (a family added at the end leaves the others' weights)
 SEED_ORDER = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
-              "gemma4", "llama3_rope", "gemma4_mm", "gemma2"]
+              "gemma4", "llama3_rope", "gemma4_mm", "gemma2", "phi3"]
 
 
 def add_bigram_path(model, seed: int, strength: float = 0.5) -> None:

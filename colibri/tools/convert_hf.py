@@ -4,7 +4,7 @@
     python -m colibri.tools.convert_hf MODEL_DIR OUT.gguf [--outtype f32|f16|bf16|q8_0] [--pre NAME]
     (from a checkout also: python tools/convert_hf.py ...)
 
-Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, gemma2, gemma3_text,
+Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, phi3, gemma2, gemma3_text,
 gemma4_text (and gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
 TensorNameMap, and the layout follows llama.cpp's convert_hf_to_gguf.py so that colibri and
 llama.cpp read the files the same way:
@@ -58,6 +58,7 @@ ARCHES = {
     "qwen3_moe": "qwen3moe",
     "olmoe": "olmoe",
     "gemma2": "gemma2",
+    "phi3": "phi3",
     "gemma3_text": "gemma3",
     "gemma4_text": "gemma4",
 }
@@ -69,6 +70,7 @@ GGUF_ARCH = {
     "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE,
     "olmoe": gguf.MODEL_ARCH.OLMOE,
     "gemma2": gguf.MODEL_ARCH.GEMMA2,
+    "phi3": gguf.MODEL_ARCH.PHI3,
     "gemma3": gguf.MODEL_ARCH.GEMMA3,
     "gemma4": gguf.MODEL_ARCH.GEMMA4,
 }
@@ -251,6 +253,10 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
         w.add_sliding_window(int(cfg["sliding_window"]))
         w.add_attn_logit_softcapping(float(cfg["attn_logit_softcapping"]))
         w.add_final_logit_softcapping(float(cfg["final_logit_softcapping"]))
+    elif arch == "phi3":  # as llama.cpp writes it: the sliding window always (0: none)
+        w.add_rope_freq_base(_rope_theta(cfg))
+        scaling = _rope_scaling(cfg)
+        w.add_sliding_window(int(cfg.get("sliding_window") or 0))
     elif arch == "gemma3":
         w.add_rope_freq_base(_rope_theta(cfg, "full_attention", 1_000_000.0))
         scaling = _rope_scaling(cfg, "full_attention")

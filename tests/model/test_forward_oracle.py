@@ -150,3 +150,20 @@ def test_gemma4_text_part_of_multimodal_k_eq_v(tmp_path):
     seq = model.new_sequence()
     steps = np.concatenate([model.eval([seq], tokens=[t]) for t in ids])
     assert rel_err(steps, batch) < 1e-5
+
+
+@pytest.mark.parametrize("tensor", ["rope_factors_long.weight", "rope_factors_short.weight"])
+def test_phi3_longrope_is_refused_by_name(tmp_path, tensor):
+    """Phi-3 128k files scale RoPE with LongRoPE factor tensors: refused, named (not run with
+    the plain RoPE, which would be wrong past the original context)."""
+    from gguf_util import write_gguf
+
+    from colibri.arch import UnsupportedModel, open_model
+
+    meta = {"phi3.embedding_length": 64, "phi3.block_count": 2, "phi3.attention.head_count": 4,
+            "phi3.attention.layer_norm_rms_epsilon": 1e-6}
+    path = write_gguf(tmp_path / "phi3.gguf", "phi3", meta,
+                      {tensor: np.ones(8, dtype=np.float32)})
+    with pytest.raises(UnsupportedModel, match="LongRoPE") as e:
+        open_model(path)
+    assert tensor in str(e.value)
