@@ -80,6 +80,9 @@ class Family:
     default_swa: int = 0         # the sliding window when attention.sliding_window is absent
     fused_gate_up: bool = False  # phi3: ffn_up is [gate; up] (and attn_qkv is [q; k; v])
     no_swa: bool = False         # phi3: attention.sliding_window ignored, as llama.cpp does
+    # the routing from the file's keys: expert_gating_func (1 softmax, 2 sigmoid),
+    # expert_weights_norm, expert_weights_scale (the family's values when absent)
+    keyed_routing: bool = False
 
 
 FAMILIES: dict[str, Family] = {
@@ -96,6 +99,10 @@ FAMILIES: dict[str, Family] = {
     # phi3 (Phi-3, Phi-4 mini): fused qkv and gate-up; its sliding window is not applied
     # (llama.cpp disables Phi SWA); longrope files (rope_factors_long/short) are refused
     "phi3": Family(fused_gate_up=True, no_swa=True),
+    # dots1 (dots.llm1): qwen3's attention, DeepSeek-V3's MoE: sigmoid scores, a selection
+    # bias, renormalised weights times expert_weights_scale, shared experts, dense first layers
+    "dots1": Family(qk_norm=QK_HEAD, moe=True, renorm=True, gating=GATING_SIGMOID,
+                    shared_expert=True, keyed_routing=True),
     "gemma3": Family(
         act=ACT_GELU_TANH, qk_norm=QK_HEAD, embd_scale=True, post_norms=True, swa_pattern=6,
         swa_rope_base=10000.0,
@@ -307,6 +314,20 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
     if n_expert and not 1 <= n_used <= n_expert:
         raise UnsupportedModel(f"{p}: {arch}.expert_used_count {n_used} must be in [1, "
                                f"{arch}.expert_count = {n_expert}]")
+    gating, renorm, expert_scale = fam.gating, fam.renorm, 1.0
+    if fam.keyed_routing:
+        func = r.int_key("expert_gating_func", 2 if fam.gating == GATING_SIGMOID else 1,
+                         lo=1, hi=2)
+        gating = GATING_SOFTMAX if func == 1 else GATING_SIGMOID
+        norm = r.key("expert_weights_norm", fam.renorm)
+        if not isinstance(norm, bool | np.bool_):
+            raise UnsupportedModel(f"{p}: {arch}.expert_weights_norm must be a bool, got "
+                                   f"{_show(norm)}")
+        renorm = bool(norm)
+        expert_scale = r.float_key("expert_weights_scale", 1.0, lo=0.0, hi=1e6, lo_open=True)
+        if r.int_key("expert_group_count", 1) > 1:
+            raise UnsupportedModel(f"{p}: group-limited expert routing ({arch}."
+                                   "expert_group_count > 1) is not supported yet")
     swa = 0 if fam.no_swa else r.int_key("attention.sliding_window", fam.default_swa)
     pattern_layers = gf.metadata.get(f"{arch}.attention.sliding_window_pattern_layers")
     if not isinstance(pattern_layers, list | tuple | np.ndarray):
@@ -420,7 +441,7 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
             n_embd // n_head if n_layer == fam.big_attn_scale_layers else head_dim),
         attn_softcap=r.float_key("attn_logit_softcapping", 0.0, lo=0.0),
         final_softcap=r.float_key("final_logit_softcapping", fam.final_softcap, lo=0.0),
-        gating=fam.gating, expert_renorm=fam.renorm, expert_scale=1.0,
+        gating=gating, expert_renorm=renorm, expert_scale=expert_scale,
         tok_embd=tok_embd, output_norm=output_norm, output=output, layers=layers,
     )
     desc._keep = r.keep

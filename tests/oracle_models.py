@@ -88,6 +88,12 @@ def family_configs():
         # fused qkv_proj and gate_up_proj; no sliding window (llama.cpp does not apply Phi's)
         "phi3": (T.Phi3Config, T.Phi3ForCausalLM,
                  dict(intermediate_size=96, sliding_window=None)),
+        # layer 0 dense, 1-2 MoE: 10 experts, top 3 by sigmoid score + a selection bias
+        # (randomised in build), weights renormalised and scaled by 2.5, one shared expert
+        "dots1": (T.Dots1Config, T.Dots1ForCausalLM,
+                  dict(intermediate_size=96, moe_intermediate_size=32, n_routed_experts=10,
+                       n_shared_experts=1, num_experts_per_tok=3, first_k_dense_replace=1,
+                       routed_scaling_factor=2.5, norm_topk_prob=True, head_dim=16)),
         # llama with Llama 3.1 rope scaling (converted to a rope_freqs tensor): head_dim 16,
         # original context 64, so short, medium and long wavelengths all occur in 40 tokens
         "llama3_rope": (T.LlamaConfig, T.LlamaForCausalLM,
@@ -99,11 +105,11 @@ def family_configs():
 
 
 FAMILIES = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
-            "gemma4", "gemma2", "phi3"]
+            "gemma4", "gemma2", "phi3", "dots1"]
 EXTRA = ["llama3_rope", "gemma4_mm"]  # built on demand by their own tests
 # each model's seed: its place here (a family added at the end leaves the others' weights)
 SEED_ORDER = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
-              "gemma4", "llama3_rope", "gemma4_mm", "gemma2", "phi3"]
+              "gemma4", "llama3_rope", "gemma4_mm", "gemma2", "phi3", "dots1"]
 
 
 def add_bigram_path(model, seed: int, strength: float = 0.5) -> None:
@@ -146,6 +152,8 @@ def build(family: str, out_dir: Path, outtypes=("f32",)):
         for name, buf in model.named_buffers():
             if name.endswith("layer_scalar"):  # gemma4, init 1
                 buf.mul_(0.5 + torch.rand(buf.shape, generator=gen))
+            elif name.endswith("e_score_correction_bias"):  # dots1, init 0: choose experts
+                buf.copy_(torch.randn(buf.shape, generator=gen) * 0.3)
     add_bigram_path(model, seed=seed)
     conv = _convert_module()
     paths = {}

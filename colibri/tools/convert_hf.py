@@ -4,7 +4,7 @@
     python -m colibri.tools.convert_hf MODEL_DIR OUT.gguf [--outtype f32|f16|bf16|q8_0] [--pre NAME]
     (from a checkout also: python tools/convert_hf.py ...)
 
-Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, phi3, gemma2, gemma3_text,
+Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, phi3, dots1, gemma2, gemma3_text,
 gemma4_text (and gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
 TensorNameMap, and the layout follows llama.cpp's convert_hf_to_gguf.py so that colibri and
 llama.cpp read the files the same way:
@@ -59,6 +59,7 @@ ARCHES = {
     "olmoe": "olmoe",
     "gemma2": "gemma2",
     "phi3": "phi3",
+    "dots1": "dots1",
     "gemma3_text": "gemma3",
     "gemma4_text": "gemma4",
 }
@@ -71,6 +72,7 @@ GGUF_ARCH = {
     "olmoe": gguf.MODEL_ARCH.OLMOE,
     "gemma2": gguf.MODEL_ARCH.GEMMA2,
     "phi3": gguf.MODEL_ARCH.PHI3,
+    "dots1": gguf.MODEL_ARCH.DOTS1,
     "gemma3": gguf.MODEL_ARCH.GEMMA3,
     "gemma4": gguf.MODEL_ARCH.GEMMA4,
 }
@@ -221,6 +223,11 @@ def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
+def _n_experts(cfg: dict[str, Any]) -> int:
+    return int(cfg.get("num_local_experts") or cfg.get("num_experts")
+               or cfg.get("n_routed_experts") or 0)
+
+
 def _head_dim(cfg: dict[str, Any]) -> int:
     hd = cfg.get("head_dim")
     return int(hd) if hd else cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -296,7 +303,7 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
         else:
             raise ConvertError(f"unsupported rope scaling {kind!r}")
 
-    n_expert = cfg.get("num_local_experts") or cfg.get("num_experts")
+    n_expert = _n_experts(cfg)
     if arch == "gemma4":
         return  # written by _write_gemma4_metadata
     if n_expert:
@@ -310,6 +317,11 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
             w.add_expert_shared_feed_forward_length(int(cfg["shared_expert_intermediate_size"]))
         if "norm_topk_prob" in cfg:
             w.add_expert_weights_norm(bool(cfg["norm_topk_prob"]))
+        if arch == "dots1":  # as llama.cpp writes it: DeepSeek-V3's routing keys
+            w.add_expert_shared_count(int(cfg["n_shared_experts"]))
+            w.add_expert_weights_scale(float(cfg["routed_scaling_factor"]))
+            w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+            w.add_leading_dense_block_count(int(cfg["first_k_dense_replace"]))
         if arch in ("qwen2moe",) and (
             cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers")
         ):
@@ -428,7 +440,7 @@ class Converter:
         self.pre = pre
         self.n_layer = int(self.cfg["num_hidden_layers"])
         self.tmap = gguf.get_tensor_name_map(GGUF_ARCH[self.arch], self.n_layer)
-        self.n_expert = int(self.cfg.get("num_local_experts") or self.cfg.get("num_experts") or 0)
+        self.n_expert = _n_experts(self.cfg)
         self.multimodal = json.loads((self.dir / "config.json").read_text()).get("model_type") \
             != mt
         if self.arch == "gemma4" and int(self.cfg.get("hidden_size_per_layer_input") or 0) > 0:
@@ -483,6 +495,9 @@ class Converter:
                 if g4 is not None:
                     yield g4
                     continue
+            if hf_name.endswith(".mlp.gate.e_score_correction_bias"):  # dots1's selection bias
+                yield f"blk.{hf_name.split('.')[2]}.exp_probs_b.bias", data
+                continue
             m = _EXPERT_RE.match(hf_name)
             if m:
                 key = (int(m["bid"]), _EXPERT_KIND[m["w"]])
