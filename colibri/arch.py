@@ -83,6 +83,7 @@ class Family:
     # the routing from the file's keys: expert_gating_func (1 softmax, 2 sigmoid),
     # expert_weights_norm, expert_weights_scale (the family's values when absent)
     keyed_routing: bool = False
+    qk_norm_if_present: bool = False  # qk_norm applies when blk.0.attn_q_norm exists
 
 
 FAMILIES: dict[str, Family] = {
@@ -103,6 +104,10 @@ FAMILIES: dict[str, Family] = {
     # bias, renormalised weights times expert_weights_scale, shared experts, dense first layers
     "dots1": Family(qk_norm=QK_HEAD, moe=True, renorm=True, gating=GATING_SIGMOID,
                     shared_expert=True, keyed_routing=True),
+    # glm4moe (GLM-4.5, 4.6, 4.5-Air): dots1's routing, partial rotary (rope.dimension_count),
+    # attention biases, optional q/k norms, the NextN layers skipped
+    "glm4moe": Family(qk_norm=QK_HEAD, qk_norm_if_present=True, moe=True, renorm=True,
+                      gating=GATING_SIGMOID, shared_expert=True, keyed_routing=True),
     "gemma3": Family(
         act=ACT_GELU_TANH, qk_norm=QK_HEAD, embd_scale=True, post_norms=True, swa_pattern=6,
         swa_rope_base=10000.0,
@@ -256,6 +261,10 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
     p = gf.path
     n_embd = r.int_key("embedding_length", required=True, lo=1)
     n_layer = r.int_key("block_count", required=True, lo=1, hi=MAX_LAYERS)
+    # glm4moe: the last blocks are NextN (multi-token prediction) layers, skipped as llama.cpp
+    # does (not read, not run)
+    nextn = r.int_key("nextn_predict_layers", 0, hi=n_layer - 1)
+    n_layer -= nextn
     n_head = r.int_key("attention.head_count", required=True, lo=1)
     per_layer: list[_LayerAttn] | None = None  # the family's per-layer attention, if it has one
     if fam.layer_attn is not None:
@@ -314,6 +323,9 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
     if n_expert and not 1 <= n_used <= n_expert:
         raise UnsupportedModel(f"{p}: {arch}.expert_used_count {n_used} must be in [1, "
                                f"{arch}.expert_count = {n_expert}]")
+    qk_norm = fam.qk_norm
+    if fam.qk_norm_if_present and not r.has("blk.0.attn_q_norm.weight"):
+        qk_norm = QK_NONE  # glm4moe: GLM-4.5 has none, other files per-head norms
     gating, renorm, expert_scale = fam.gating, fam.renorm, 1.0
     if fam.keyed_routing:
         func = r.int_key("expert_gating_func", 2 if fam.gating == GATING_SIGMOID else 1,
@@ -367,10 +379,10 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
         L.bk = r.vec(b + "attn_k.bias", nkv, required=False)
         L.bv = r.vec(b + "attn_v.bias", nkv, required=False)
         L.bo = r.vec(b + "attn_output.bias", n_embd, required=False)
-        if fam.qk_norm == QK_HEAD:
+        if qk_norm == QK_HEAD:
             L.q_norm = r.vec(b + "attn_q_norm.weight", hd_i)
             L.k_norm = r.vec(b + "attn_k_norm.weight", hd_i)
-        elif fam.qk_norm == QK_FULL:
+        elif qk_norm == QK_FULL:
             L.q_norm = r.vec(b + "attn_q_norm.weight", nq)
             L.k_norm = r.vec(b + "attn_k_norm.weight", nkv)
         if fam.post_norms:
@@ -435,7 +447,7 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
     desc = ModelDesc(
         arch=arch, n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv,
         head_dim=head_dim, n_vocab=n_vocab, n_ctx_train=n_ctx, norm_eps=eps, act=fam.act,
-        qk_norm=fam.qk_norm, rope_mode=fam.rope_mode, rope_n_dims=n_rot,
+        qk_norm=qk_norm, rope_mode=fam.rope_mode, rope_n_dims=n_rot,
         embd_scale=math.sqrt(n_embd) if fam.embd_scale else 1.0,
         attn_scale=fam.attn_scale or 1.0 / math.sqrt(
             n_embd // n_head if n_layer == fam.big_attn_scale_layers else head_dim),

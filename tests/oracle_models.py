@@ -94,6 +94,13 @@ def family_configs():
                   dict(intermediate_size=96, moe_intermediate_size=32, n_routed_experts=10,
                        n_shared_experts=1, num_experts_per_tok=3, first_k_dense_replace=1,
                        routed_scaling_factor=2.5, norm_topk_prob=True, head_dim=16)),
+        # dots1's routing; half the head dims rotate; q/k/v biases; one NextN layer counted in
+        # the file's block_count (its tensors absent: colibri must not read them)
+        "glm4moe": (T.Glm4MoeConfig, T.Glm4MoeForCausalLM,
+                    dict(intermediate_size=96, moe_intermediate_size=32, n_routed_experts=10,
+                         n_shared_experts=1, num_experts_per_tok=3, first_k_dense_replace=1,
+                         routed_scaling_factor=2.5, norm_topk_prob=True, head_dim=16,
+                         attention_bias=True, num_nextn_predict_layers=1)),
         # llama with Llama 3.1 rope scaling (converted to a rope_freqs tensor): head_dim 16,
         # original context 64, so short, medium and long wavelengths all occur in 40 tokens
         "llama3_rope": (T.LlamaConfig, T.LlamaForCausalLM,
@@ -105,11 +112,11 @@ def family_configs():
 
 
 FAMILIES = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
-            "gemma4", "gemma2", "phi3", "dots1"]
+            "gemma4", "gemma2", "phi3", "dots1", "glm4moe"]
 EXTRA = ["llama3_rope", "gemma4_mm"]  # built on demand by their own tests
 # each model's seed: its place here (a family added at the end leaves the others' weights)
 SEED_ORDER = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
-              "gemma4", "llama3_rope", "gemma4_mm", "gemma2", "phi3", "dots1"]
+              "gemma4", "llama3_rope", "gemma4_mm", "gemma2", "phi3", "dots1", "glm4moe"]
 
 
 def add_bigram_path(model, seed: int, strength: float = 0.5) -> None:

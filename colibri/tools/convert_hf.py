@@ -4,7 +4,7 @@
     python -m colibri.tools.convert_hf MODEL_DIR OUT.gguf [--outtype f32|f16|bf16|q8_0] [--pre NAME]
     (from a checkout also: python tools/convert_hf.py ...)
 
-Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, phi3, dots1, gemma2, gemma3_text,
+Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, phi3, dots1, glm4_moe, gemma2, gemma3_text,
 gemma4_text (and gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
 TensorNameMap, and the layout follows llama.cpp's convert_hf_to_gguf.py so that colibri and
 llama.cpp read the files the same way:
@@ -60,6 +60,7 @@ ARCHES = {
     "gemma2": "gemma2",
     "phi3": "phi3",
     "dots1": "dots1",
+    "glm4_moe": "glm4moe",
     "gemma3_text": "gemma3",
     "gemma4_text": "gemma4",
 }
@@ -73,6 +74,7 @@ GGUF_ARCH = {
     "gemma2": gguf.MODEL_ARCH.GEMMA2,
     "phi3": gguf.MODEL_ARCH.PHI3,
     "dots1": gguf.MODEL_ARCH.DOTS1,
+    "glm4moe": gguf.MODEL_ARCH.GLM4_MOE,
     "gemma3": gguf.MODEL_ARCH.GEMMA3,
     "gemma4": gguf.MODEL_ARCH.GEMMA4,
 }
@@ -223,6 +225,13 @@ def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
+def _partial_rotary(cfg: dict[str, Any]) -> float:
+    rp = cfg.get("rope_parameters")
+    if isinstance(rp, dict) and "partial_rotary_factor" in rp:
+        return float(rp["partial_rotary_factor"])
+    return float(cfg.get("partial_rotary_factor") or 1.0)
+
+
 def _n_experts(cfg: dict[str, Any]) -> int:
     return int(cfg.get("num_local_experts") or cfg.get("num_experts")
                or cfg.get("n_routed_experts") or 0)
@@ -239,7 +248,10 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
     w.add_file_type(FILE_TYPES[outtype])
     w.add_context_length(int(cfg.get("max_position_embeddings", 4096)))
     w.add_embedding_length(int(cfg["hidden_size"]))
-    w.add_block_count(n_layer)
+    nextn = int(cfg.get("num_nextn_predict_layers") or 0) if arch == "glm4moe" else 0
+    w.add_block_count(n_layer + nextn)  # glm4moe: the NextN layers counted, as llama.cpp does
+    if nextn:
+        w.add_nextn_predict_layers(nextn)
     w.add_head_count(int(cfg["num_attention_heads"]))
     if arch != "gemma4":
         w.add_head_count_kv(int(cfg.get("num_key_value_heads", cfg["num_attention_heads"])))
@@ -249,7 +261,7 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
     if arch != "gemma4":
         w.add_key_length(hd)
         w.add_value_length(hd)
-        w.add_rope_dimension_count(hd)
+        w.add_rope_dimension_count(int(hd * _partial_rotary(cfg)))
     scaling: dict[str, Any] | None
     if arch == "gemma4":
         _write_gemma4_metadata(w, cfg)
@@ -317,7 +329,7 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
             w.add_expert_shared_feed_forward_length(int(cfg["shared_expert_intermediate_size"]))
         if "norm_topk_prob" in cfg:
             w.add_expert_weights_norm(bool(cfg["norm_topk_prob"]))
-        if arch == "dots1":  # as llama.cpp writes it: DeepSeek-V3's routing keys
+        if arch in ("dots1", "glm4moe"):  # as llama.cpp writes them: DeepSeek-V3's routing
             w.add_expert_shared_count(int(cfg["n_shared_experts"]))
             w.add_expert_weights_scale(float(cfg["routed_scaling_factor"]))
             w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
