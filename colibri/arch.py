@@ -108,6 +108,9 @@ FAMILIES: dict[str, Family] = {
     # attention biases, optional q/k norms, the NextN layers skipped
     "glm4moe": Family(qk_norm=QK_HEAD, qk_norm_if_present=True, moe=True, renorm=True,
                       gating=GATING_SIGMOID, shared_expert=True, keyed_routing=True),
+    # ernie4_5-moe (ERNIE 4.5 MoE): llama's rope pairs, softmax scores with a selection bias
+    # (its moe_statics), renormalised weights, shared experts, dense first layers
+    "ernie4_5-moe": Family(rope_mode=ROPE_NORMAL, moe=True, renorm=True, shared_expert=True),
     "gemma3": Family(
         act=ACT_GELU_TANH, qk_norm=QK_HEAD, embd_scale=True, post_norms=True, swa_pattern=6,
         swa_rope_base=10000.0,

@@ -101,6 +101,12 @@ def family_configs():
                          n_shared_experts=1, num_experts_per_tok=3, first_k_dense_replace=1,
                          routed_scaling_factor=2.5, norm_topk_prob=True, head_dim=16,
                          attention_bias=True, num_nextn_predict_layers=1)),
+        # layer 0 dense, 1-2 MoE (10 experts, top 3 by softmax score + a selection bias,
+        # randomised in build), one shared expert; rope on adjacent pairs
+        "ernie4_5_moe": (T.Ernie4_5_MoeConfig, T.Ernie4_5_MoeForCausalLM,
+                         dict(intermediate_size=96, moe_intermediate_size=32, num_experts=10,
+                              moe_num_shared_experts=1, num_experts_per_tok=3,
+                              moe_layer_start_index=1, head_dim=16)),
         # llama with Llama 3.1 rope scaling (converted to a rope_freqs tensor): head_dim 16,
         # original context 64, so short, medium and long wavelengths all occur in 40 tokens
         "llama3_rope": (T.LlamaConfig, T.LlamaForCausalLM,
@@ -112,11 +118,11 @@ def family_configs():
 
 
 FAMILIES = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
-            "gemma4", "gemma2", "phi3", "dots1", "glm4moe"]
+            "gemma4", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe"]
 EXTRA = ["llama3_rope", "gemma4_mm"]  # built on demand by their own tests
 # each model's seed: its place here (a family added at the end leaves the others' weights)
 SEED_ORDER = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
-              "gemma4", "llama3_rope", "gemma4_mm", "gemma2", "phi3", "dots1", "glm4moe"]
+              "gemma4", "llama3_rope", "gemma4_mm", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe"]
 
 
 def add_bigram_path(model, seed: int, strength: float = 0.5) -> None:
@@ -154,6 +160,8 @@ def build(family: str, out_dir: Path, outtypes=("f32",)):
             # non-trivial norms and biases, so that a missing one is caught
             if "norm" in name or name.endswith("bias"):
                 p.add_(torch.randn(p.shape, generator=gen) * 0.1)
+            elif name.endswith("e_score_correction_bias"):  # ernie's (a parameter), init 0
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
             elif name.endswith(("router.scale", "per_expert_scale")):  # gemma4, init 1
                 p.mul_(1.0 + torch.rand(p.shape, generator=gen))
         for name, buf in model.named_buffers():

@@ -4,8 +4,8 @@
     python -m colibri.tools.convert_hf MODEL_DIR OUT.gguf [--outtype f32|f16|bf16|q8_0] [--pre NAME]
     (from a checkout also: python tools/convert_hf.py ...)
 
-Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, phi3, dots1, glm4_moe, gemma2, gemma3_text,
-gemma4_text (and gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
+Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, phi3, dots1,
+glm4_moe, ernie4_5_moe, gemma2, gemma3_text, gemma4_text (and gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
 TensorNameMap, and the layout follows llama.cpp's convert_hf_to_gguf.py so that colibri and
 llama.cpp read the files the same way:
 
@@ -61,6 +61,7 @@ ARCHES = {
     "phi3": "phi3",
     "dots1": "dots1",
     "glm4_moe": "glm4moe",
+    "ernie4_5_moe": "ernie4_5-moe",
     "gemma3_text": "gemma3",
     "gemma4_text": "gemma4",
 }
@@ -75,6 +76,7 @@ GGUF_ARCH = {
     "phi3": gguf.MODEL_ARCH.PHI3,
     "dots1": gguf.MODEL_ARCH.DOTS1,
     "glm4moe": gguf.MODEL_ARCH.GLM4_MOE,
+    "ernie4_5-moe": gguf.MODEL_ARCH.ERNIE4_5_MOE,
     "gemma3": gguf.MODEL_ARCH.GEMMA3,
     "gemma4": gguf.MODEL_ARCH.GEMMA4,
 }
@@ -234,7 +236,7 @@ def _partial_rotary(cfg: dict[str, Any]) -> float:
 
 def _n_experts(cfg: dict[str, Any]) -> int:
     return int(cfg.get("num_local_experts") or cfg.get("num_experts")
-               or cfg.get("n_routed_experts") or 0)
+               or cfg.get("n_routed_experts") or cfg.get("moe_num_experts") or 0)
 
 
 def _head_dim(cfg: dict[str, Any]) -> int:
@@ -320,7 +322,7 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
         return  # written by _write_gemma4_metadata
     if n_expert:
         w.add_expert_count(int(n_expert))
-        w.add_expert_used_count(int(cfg["num_experts_per_tok"]))
+        w.add_expert_used_count(int(cfg.get("num_experts_per_tok") or cfg["moe_k"]))
         moe_ff = cfg.get("moe_intermediate_size")
         w.add_feed_forward_length(int(cfg.get("intermediate_size", moe_ff or 0)))
         if moe_ff:
@@ -329,6 +331,12 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
             w.add_expert_shared_feed_forward_length(int(cfg["shared_expert_intermediate_size"]))
         if "norm_topk_prob" in cfg:
             w.add_expert_weights_norm(bool(cfg["norm_topk_prob"]))
+        if arch == "ernie4_5-moe":
+            w.add_expert_shared_count(int(cfg["moe_num_shared_experts"]))
+            w.add_expert_shared_feed_forward_length(
+                int(cfg["moe_intermediate_size"]) * int(cfg["moe_num_shared_experts"]))
+            w.add_leading_dense_block_count(int(cfg["moe_layer_start_index"]))
+            w.add_uint32(f"{arch}.interleave_moe_layer_step", int(cfg.get("moe_layer_interval") or 1))
         if arch in ("dots1", "glm4moe"):  # as llama.cpp writes them: DeepSeek-V3's routing
             w.add_expert_shared_count(int(cfg["n_shared_experts"]))
             w.add_expert_weights_scale(float(cfg["routed_scaling_factor"]))
@@ -507,8 +515,10 @@ class Converter:
                 if g4 is not None:
                     yield g4
                     continue
-            if hf_name.endswith(".mlp.gate.e_score_correction_bias"):  # dots1's selection bias
-                yield f"blk.{hf_name.split('.')[2]}.exp_probs_b.bias", data
+            if hf_name.endswith((".mlp.gate.e_score_correction_bias",  # dots1, glm4moe
+                                 ".mlp.gate.moe_statics.e_score_correction_bias",  # ernie
+                                 ".mlp.moe_statics.e_score_correction_bias")):  # (saved)
+                yield f"blk.{hf_name.split('.')[2]}.exp_probs_b.bias", data.reshape(-1)
                 continue
             m = _EXPERT_RE.match(hf_name)
             if m:
