@@ -84,6 +84,8 @@ class Family:
     # expert_weights_norm, expert_weights_scale (the family's values when absent)
     keyed_routing: bool = False
     qk_norm_if_present: bool = False  # qk_norm applies when blk.0.attn_q_norm exists
+    # granite: embedding_scale, attention.scale, residual_scale and logit_scale (divides) keys
+    granite_scales: bool = False
 
 
 FAMILIES: dict[str, Family] = {
@@ -111,6 +113,9 @@ FAMILIES: dict[str, Family] = {
     # ernie4_5-moe (ERNIE 4.5 MoE): llama's rope pairs, softmax scores with a selection bias
     # (its moe_statics), renormalised weights, shared experts, dense first layers
     "ernie4_5-moe": Family(rope_mode=ROPE_NORMAL, moe=True, renorm=True, shared_expert=True),
+    # granitemoe (Granite 3.x MoE): Mixtral with Granite's four multipliers (embedding,
+    # attention, residual, logits) from the file's keys
+    "granitemoe": Family(rope_mode=ROPE_NORMAL, moe=True, renorm=True, granite_scales=True),
     "gemma3": Family(
         act=ACT_GELU_TANH, qk_norm=QK_HEAD, embd_scale=True, post_norms=True, swa_pattern=6,
         swa_rope_base=10000.0,
@@ -326,6 +331,15 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
     if n_expert and not 1 <= n_used <= n_expert:
         raise UnsupportedModel(f"{p}: {arch}.expert_used_count {n_used} must be in [1, "
                                f"{arch}.expert_count = {n_expert}]")
+    embd_scale = math.sqrt(n_embd) if fam.embd_scale else 1.0
+    attn_scale = fam.attn_scale or 1.0 / math.sqrt(
+        n_embd // n_head if n_layer == fam.big_attn_scale_layers else head_dim)
+    residual_scale = logit_scale = 1.0
+    if fam.granite_scales:
+        embd_scale = r.float_key("embedding_scale", 1.0, lo=0.0, hi=1e6, lo_open=True)
+        attn_scale = r.float_key("attention.scale", attn_scale, lo=0.0, hi=1e6, lo_open=True)
+        residual_scale = r.float_key("residual_scale", 1.0, lo=0.0, hi=1e6, lo_open=True)
+        logit_scale = 1.0 / r.float_key("logit_scale", 1.0, lo=0.0, hi=1e6, lo_open=True)
     qk_norm = fam.qk_norm
     if fam.qk_norm_if_present and not r.has("blk.0.attn_q_norm.weight"):
         qk_norm = QK_NONE  # glm4moe: GLM-4.5 has none, other files per-head norms
@@ -451,9 +465,8 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
         arch=arch, n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv,
         head_dim=head_dim, n_vocab=n_vocab, n_ctx_train=n_ctx, norm_eps=eps, act=fam.act,
         qk_norm=qk_norm, rope_mode=fam.rope_mode, rope_n_dims=n_rot,
-        embd_scale=math.sqrt(n_embd) if fam.embd_scale else 1.0,
-        attn_scale=fam.attn_scale or 1.0 / math.sqrt(
-            n_embd // n_head if n_layer == fam.big_attn_scale_layers else head_dim),
+        embd_scale=embd_scale, attn_scale=attn_scale, residual_scale=residual_scale,
+        logit_scale=logit_scale,
         attn_softcap=r.float_key("attn_logit_softcapping", 0.0, lo=0.0),
         final_softcap=r.float_key("final_logit_softcapping", fam.final_softcap, lo=0.0),
         gating=gating, expert_renorm=renorm, expert_scale=expert_scale,

@@ -107,6 +107,12 @@ def family_configs():
                          dict(intermediate_size=96, moe_intermediate_size=32, num_experts=10,
                               moe_num_shared_experts=1, num_experts_per_tok=3,
                               moe_layer_start_index=1, head_dim=16)),
+        # Mixtral with Granite's multipliers: embeddings x 6, attention scale 0.2 (not
+        # 1/sqrt(16)), branch outputs x 0.5 before the residual add, logits / 3
+        "granitemoe": (T.GraniteMoeConfig, T.GraniteMoeForCausalLM,
+                       dict(intermediate_size=48, num_local_experts=10, num_experts_per_tok=3,
+                            embedding_multiplier=6.0, attention_multiplier=0.2,
+                            residual_multiplier=0.5, logits_scaling=3.0)),
         # llama with Llama 3.1 rope scaling (converted to a rope_freqs tensor): head_dim 16,
         # original context 64, so short, medium and long wavelengths all occur in 40 tokens
         "llama3_rope": (T.LlamaConfig, T.LlamaForCausalLM,
@@ -118,11 +124,13 @@ def family_configs():
 
 
 FAMILIES = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
-            "gemma4", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe"]
+            "gemma4", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe",
+            "granitemoe"]
 EXTRA = ["llama3_rope", "gemma4_mm"]  # built on demand by their own tests
 # each model's seed: its place here (a family added at the end leaves the others' weights)
 SEED_ORDER = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
-              "gemma4", "llama3_rope", "gemma4_mm", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe"]
+              "gemma4", "llama3_rope", "gemma4_mm", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe",
+              "granitemoe"]
 
 
 def add_bigram_path(model, seed: int, strength: float = 0.5) -> None:

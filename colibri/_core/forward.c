@@ -642,6 +642,7 @@ static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
         float *o = f->o + t * E;
         if (L->bo) cb_add(o, L->bo, E, o);
         if (L->attn_post_norm) CHECK_OK(cb_rmsnorm(o, L->attn_post_norm, E, m->norm_eps, 0, o));
+        if (m->residual_scale != 0.0f && m->residual_scale != 1.0f) cb_scale(o, E, m->residual_scale);
         cb_add(f->x + t * E, o, E, f->x + t * E);
     }
     return CB_OK;
@@ -843,6 +844,7 @@ static cb_status ffn(cb_forward_t *f, int l, int64_t n) {
     for (int64_t t = 0; t < n; t++) {
         float *o = f->o + t * E;
         if (L->ffn_post_norm) CHECK_OK(cb_rmsnorm(o, L->ffn_post_norm, E, m->norm_eps, 0, o));
+        if (m->residual_scale != 0.0f && m->residual_scale != 1.0f) cb_scale(o, E, m->residual_scale);
         cb_add(f->x + t * E, o, E, f->x + t * E);
     }
     if (L->out_scale) cb_scale(f->x, n * E, L->out_scale[0]);
@@ -987,6 +989,8 @@ cb_status cb_forward_run(cb_forward_t *f, const cb_batch_t *b, float *logits_out
     }
     if (nw > 0) {
         CHECK_OK(fmm(f, &m->output, f->lrows, nw, E, logits_out, m->n_vocab));
+        if (m->logit_scale != 0.0f && m->logit_scale != 1.0f)
+            cb_scale(logits_out, nw * m->n_vocab, m->logit_scale);
         if (m->final_softcap > 0) cb_softcap(logits_out, nw * m->n_vocab, m->final_softcap);
         CHECK_OK(check_finite(logits_out, nw, m->n_vocab, "output", -1, m));
     }

@@ -5,7 +5,7 @@
     (from a checkout also: python tools/convert_hf.py ...)
 
 Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, phi3, dots1,
-glm4_moe, ernie4_5_moe, gemma2, gemma3_text, gemma4_text (and gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
+glm4_moe, ernie4_5_moe, granitemoe, gemma2, gemma3_text, gemma4_text (and gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
 TensorNameMap, and the layout follows llama.cpp's convert_hf_to_gguf.py so that colibri and
 llama.cpp read the files the same way:
 
@@ -62,6 +62,7 @@ ARCHES = {
     "dots1": "dots1",
     "glm4_moe": "glm4moe",
     "ernie4_5_moe": "ernie4_5-moe",
+    "granitemoe": "granitemoe",
     "gemma3_text": "gemma3",
     "gemma4_text": "gemma4",
 }
@@ -77,6 +78,7 @@ GGUF_ARCH = {
     "dots1": gguf.MODEL_ARCH.DOTS1,
     "glm4moe": gguf.MODEL_ARCH.GLM4_MOE,
     "ernie4_5-moe": gguf.MODEL_ARCH.ERNIE4_5_MOE,
+    "granitemoe": gguf.MODEL_ARCH.GRANITE_MOE,
     "gemma3": gguf.MODEL_ARCH.GEMMA3,
     "gemma4": gguf.MODEL_ARCH.GEMMA4,
 }
@@ -331,6 +333,11 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
             w.add_expert_shared_feed_forward_length(int(cfg["shared_expert_intermediate_size"]))
         if "norm_topk_prob" in cfg:
             w.add_expert_weights_norm(bool(cfg["norm_topk_prob"]))
+        if arch == "granitemoe":  # Granite's multipliers, as llama.cpp names them
+            w.add_embedding_scale(float(cfg["embedding_multiplier"]))
+            w.add_residual_scale(float(cfg["residual_multiplier"]))
+            w.add_attention_scale(float(cfg["attention_multiplier"]))
+            w.add_logit_scale(float(cfg["logits_scaling"]))
         if arch == "ernie4_5-moe":
             w.add_expert_shared_count(int(cfg["moe_num_shared_experts"]))
             w.add_expert_shared_feed_forward_length(
@@ -515,6 +522,8 @@ class Converter:
                 if g4 is not None:
                     yield g4
                     continue
+            if hf_name.endswith(".block_sparse_moe.input_linear.weight"):  # granite: [gate; up]
+                hf_name = hf_name.replace(".input_linear.weight", ".experts.gate_up_proj")
             if hf_name.endswith((".mlp.gate.e_score_correction_bias",  # dots1, glm4moe
                                  ".mlp.gate.moe_statics.e_score_correction_bias",  # ernie
                                  ".mlp.moe_statics.e_score_correction_bias")):  # (saved)
@@ -542,7 +551,7 @@ class Converter:
             name = self.tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
             if name is None:
                 raise ConvertError(f"{self.dir}: cannot map tensor {hf_name!r} for {self.arch}")
-            if self.arch == "llama":
+            if self.arch in ("llama", "granitemoe"):  # llama's rope pairs: q/k rows permuted
                 if name.endswith("attn_q.weight"):
                     data = permute_qk(data, n_head)
                 elif name.endswith("attn_k.weight"):

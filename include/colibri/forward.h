@@ -154,6 +154,9 @@ typedef enum cb_desc_kind {
     X(F32, attn_scale)      /* score scale (1/sqrt(head_dim) usually) */                         \
     X(F32, attn_softcap)    /* 0 = none */                                                       \
     X(F32, final_softcap)   /* 0 = none */                                                       \
+    X(F32, residual_scale)  /* attention and FFN outputs times this before the residual add     \
+                               (granite; 0 or 1 = none) */                                       \
+    X(F32, logit_scale)     /* logits times this (granite: 1 / logits_scaling; 0 or 1 = none) */ \
     X(I32, gating)          /* CB_GATING_SOFTMAX or CB_GATING_SIGMOID (routing_logic.h) */      \
     X(I32, expert_renorm)   /* renormalise the top-k weights */                                  \
     X(F32, expert_scale)    /* weights multiplied by this (1 = none) */                          \
