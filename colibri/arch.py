@@ -113,9 +113,10 @@ FAMILIES: dict[str, Family] = {
     # ernie4_5-moe (ERNIE 4.5 MoE): llama's rope pairs, softmax scores with a selection bias
     # (its moe_statics), renormalised weights, shared experts, dense first layers
     "ernie4_5-moe": Family(rope_mode=ROPE_NORMAL, moe=True, renorm=True, shared_expert=True),
-    # granitemoe (Granite 3.x MoE): Mixtral with Granite's four multipliers (embedding,
-    # attention, residual, logits) from the file's keys
-    "granitemoe": Family(rope_mode=ROPE_NORMAL, moe=True, renorm=True, granite_scales=True),
+    # granitemoe (Granite 3.x MoE, and its shared-expert variant): Mixtral with Granite's four
+    # multipliers (embedding, attention, residual, logits) from the file's keys
+    "granitemoe": Family(rope_mode=ROPE_NORMAL, moe=True, renorm=True, granite_scales=True,
+                         shared_expert=True),  # (the shared-expert variant: ffn_*_shexp)
     "gemma3": Family(
         act=ACT_GELU_TANH, qk_norm=QK_HEAD, embd_scale=True, post_norms=True, swa_pattern=6,
         swa_rope_base=10000.0,

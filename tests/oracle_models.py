@@ -113,6 +113,12 @@ def family_configs():
                        dict(intermediate_size=48, num_local_experts=10, num_experts_per_tok=3,
                             embedding_multiplier=6.0, attention_multiplier=0.2,
                             residual_multiplier=0.5, logits_scaling=3.0)),
+        # the same with a shared expert (shared_mlp: fused [gate; up], no gate of its own)
+        "granitemoeshared": (T.GraniteMoeSharedConfig, T.GraniteMoeSharedForCausalLM,
+                             dict(intermediate_size=48, num_local_experts=10,
+                                  num_experts_per_tok=3, shared_intermediate_size=40,
+                                  embedding_multiplier=6.0, attention_multiplier=0.2,
+                                  residual_multiplier=0.5, logits_scaling=3.0)),
         # llama with Llama 3.1 rope scaling (converted to a rope_freqs tensor): head_dim 16,
         # original context 64, so short, medium and long wavelengths all occur in 40 tokens
         "llama3_rope": (T.LlamaConfig, T.LlamaForCausalLM,
@@ -125,12 +131,12 @@ def family_configs():
 
 FAMILIES = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
             "gemma4", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe",
-            "granitemoe"]
+            "granitemoe", "granitemoeshared"]
 EXTRA = ["llama3_rope", "gemma4_mm"]  # built on demand by their own tests
 # each model's seed: its place here (a family added at the end leaves the others' weights)
 SEED_ORDER = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
               "gemma4", "llama3_rope", "gemma4_mm", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe",
-              "granitemoe"]
+              "granitemoe", "granitemoeshared"]
 
 
 def add_bigram_path(model, seed: int, strength: float = 0.5) -> None:

@@ -5,7 +5,8 @@
     (from a checkout also: python tools/convert_hf.py ...)
 
 Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, phi3, dots1,
-glm4_moe, ernie4_5_moe, granitemoe, gemma2, gemma3_text, gemma4_text (and gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
+glm4_moe, ernie4_5_moe, granitemoe, granitemoeshared, gemma2, gemma3_text, gemma4_text (and
+gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
 TensorNameMap, and the layout follows llama.cpp's convert_hf_to_gguf.py so that colibri and
 llama.cpp read the files the same way:
 
@@ -63,6 +64,7 @@ ARCHES = {
     "glm4_moe": "glm4moe",
     "ernie4_5_moe": "ernie4_5-moe",
     "granitemoe": "granitemoe",
+    "granitemoeshared": "granitemoe",  # llama.cpp's granitemoe with shared-expert tensors
     "gemma3_text": "gemma3",
     "gemma4_text": "gemma4",
 }
@@ -334,6 +336,8 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
         if "norm_topk_prob" in cfg:
             w.add_expert_weights_norm(bool(cfg["norm_topk_prob"]))
         if arch == "granitemoe":  # Granite's multipliers, as llama.cpp names them
+            if cfg.get("shared_intermediate_size"):
+                w.add_expert_shared_feed_forward_length(int(cfg["shared_intermediate_size"]))
             w.add_embedding_scale(float(cfg["embedding_multiplier"]))
             w.add_residual_scale(float(cfg["residual_multiplier"]))
             w.add_attention_scale(float(cfg["attention_multiplier"]))
@@ -522,6 +526,14 @@ class Converter:
                 if g4 is not None:
                     yield g4
                     continue
+            if hf_name.endswith(".shared_mlp.input_linear.weight"):  # granite's shared [gate; up]
+                layer, half = hf_name.split(".")[2], data.shape[0] // 2
+                yield f"blk.{layer}.ffn_gate_shexp.weight", data[:half]
+                yield f"blk.{layer}.ffn_up_shexp.weight", data[half:]
+                continue
+            if hf_name.endswith(".shared_mlp.output_linear.weight"):
+                yield f"blk.{hf_name.split('.')[2]}.ffn_down_shexp.weight", data
+                continue
             if hf_name.endswith(".block_sparse_moe.input_linear.weight"):  # granite: [gate; up]
                 hf_name = hf_name.replace(".input_linear.weight", ".experts.gate_up_proj")
             if hf_name.endswith((".mlp.gate.e_score_correction_bias",  # dots1, glm4moe
