@@ -39,7 +39,8 @@ __all__ = ["FAMILIES", "ExpertTensors", "Family", "LayerDesc", "Mat", "ModelDesc
 
 # enum values of ops.h, forward.h and routing_logic.h as plain ints, read from the headers
 ACT_SILU, ACT_GELU_TANH = int(_ops.cb_act.CB_ACT_SILU), int(_ops.cb_act.CB_ACT_GELU_TANH)
-QK_NONE, QK_HEAD, QK_FULL = (int(_forward.cb_qk_norm[f"CB_QK_NORM_{k}"]) for k in ("NONE", "HEAD", "FULL"))
+QK_NONE, QK_HEAD, QK_FULL, QK_HEAD_POST = (int(_forward.cb_qk_norm[f"CB_QK_NORM_{k}"])
+                                           for k in ("NONE", "HEAD", "FULL", "HEAD_POST"))
 ROPE_NORMAL, ROPE_NEOX = int(_ops.cb_rope_mode.CB_ROPE_NORMAL), int(_ops.cb_rope_mode.CB_ROPE_NEOX)
 GATING_SOFTMAX, GATING_SIGMOID = _forward.GATING_SOFTMAX, _forward.GATING_SIGMOID
 MAX_LAYERS = 1 << 16
@@ -117,6 +118,9 @@ FAMILIES: dict[str, Family] = {
     # multipliers (embedding, attention, residual, logits) from the file's keys
     "granitemoe": Family(rope_mode=ROPE_NORMAL, moe=True, renorm=True, granite_scales=True,
                          shared_expert=True),  # (the shared-expert variant: ffn_*_shexp)
+    # hunyuan-moe (Hunyuan-A13B): per-head q/k norms after RoPE, softmax routing renormalised,
+    # a shared expert in every layer
+    "hunyuan-moe": Family(qk_norm=QK_HEAD_POST, moe=True, renorm=True, shared_expert=True),
     "gemma3": Family(
         act=ACT_GELU_TANH, qk_norm=QK_HEAD, embd_scale=True, post_norms=True, swa_pattern=6,
         swa_rope_base=10000.0,
@@ -397,7 +401,7 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
         L.bk = r.vec(b + "attn_k.bias", nkv, required=False)
         L.bv = r.vec(b + "attn_v.bias", nkv, required=False)
         L.bo = r.vec(b + "attn_output.bias", n_embd, required=False)
-        if qk_norm == QK_HEAD:
+        if qk_norm in (QK_HEAD, QK_HEAD_POST):
             L.q_norm = r.vec(b + "attn_q_norm.weight", hd_i)
             L.k_norm = r.vec(b + "attn_k_norm.weight", hd_i)
         elif qk_norm == QK_FULL:

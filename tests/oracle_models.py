@@ -119,6 +119,9 @@ def family_configs():
                                   num_experts_per_tok=3, shared_intermediate_size=40,
                                   embedding_multiplier=6.0, attention_multiplier=0.2,
                                   residual_multiplier=0.5, logits_scaling=3.0)),
+        # per-head q/k norms after RoPE; 10 experts, top 3, renormalised; a shared MLP
+        "hunyuan_v1_moe": (T.HunYuanMoEV1Config, T.HunYuanMoEV1ForCausalLM,
+                           dict(intermediate_size=32, num_experts=10, moe_topk=3, head_dim=16)),
         # llama with Llama 3.1 rope scaling (converted to a rope_freqs tensor): head_dim 16,
         # original context 64, so short, medium and long wavelengths all occur in 40 tokens
         "llama3_rope": (T.LlamaConfig, T.LlamaForCausalLM,
@@ -131,12 +134,12 @@ def family_configs():
 
 FAMILIES = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
             "gemma4", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe",
-            "granitemoe", "granitemoeshared"]
+            "granitemoe", "granitemoeshared", "hunyuan_v1_moe"]
 EXTRA = ["llama3_rope", "gemma4_mm"]  # built on demand by their own tests
 # each model's seed: its place here (a family added at the end leaves the others' weights)
 SEED_ORDER = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
               "gemma4", "llama3_rope", "gemma4_mm", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe",
-              "granitemoe", "granitemoeshared"]
+              "granitemoe", "granitemoeshared", "hunyuan_v1_moe"]
 
 
 def add_bigram_path(model, seed: int, strength: float = 0.5) -> None:

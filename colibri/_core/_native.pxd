@@ -65,6 +65,7 @@ cdef extern from "colibri/forward.h":
         CB_QK_NORM_NONE
         CB_QK_NORM_HEAD
         CB_QK_NORM_FULL
+        CB_QK_NORM_HEAD_POST
 
 cdef extern from "colibri/experts.h":
     cpdef enum cb_experts_mode:

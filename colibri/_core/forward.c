@@ -624,6 +624,10 @@ static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
         CHECK_OK(cb_rope_apply(f->q + t * nq, m->n_head, hd, hd, nd, rp.mode, cs, sn));
         CHECK_OK(cb_rope_apply(f->k + t * nkv, n_kv, hd, hd, nd, rp.mode, cs, sn));
     }
+    if (m->qk_norm == CB_QK_NORM_HEAD_POST) { /* hunyuan-moe: the head norms after RoPE */
+        CHECK_OK(cb_rmsnorm_rows(f->q, hd, n * m->n_head, hd, L->q_norm, m->norm_eps, 0, f->q, hd));
+        CHECK_OK(cb_rmsnorm_rows(f->k, hd, n * n_kv, hd, L->k_norm, m->norm_eps, 0, f->k, hd));
+    }
     /* K/V of every token of the batch into the cache before any query reads */
     for (int64_t t = 0; t < n; t++)
         for (int64_t h = 0; h < 2 * n_kv; h++) { /* K heads, then V heads */

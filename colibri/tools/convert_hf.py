@@ -5,8 +5,8 @@
     (from a checkout also: python tools/convert_hf.py ...)
 
 Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, phi3, dots1,
-glm4_moe, ernie4_5_moe, granitemoe, granitemoeshared, gemma2, gemma3_text, gemma4_text (and
-gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
+glm4_moe, ernie4_5_moe, granitemoe, granitemoeshared, hunyuan_v1_moe, gemma2, gemma3_text,
+gemma4_text (and gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
 TensorNameMap, and the layout follows llama.cpp's convert_hf_to_gguf.py so that colibri and
 llama.cpp read the files the same way:
 
@@ -64,7 +64,8 @@ ARCHES = {
     "glm4_moe": "glm4moe",
     "ernie4_5_moe": "ernie4_5-moe",
     "granitemoe": "granitemoe",
-    "granitemoeshared": "granitemoe",  # llama.cpp's granitemoe with shared-expert tensors
+    "granitemoeshared": "granitemoe",
+    "hunyuan_v1_moe": "hunyuan-moe",  # llama.cpp's granitemoe with shared-expert tensors
     "gemma3_text": "gemma3",
     "gemma4_text": "gemma4",
 }
@@ -81,6 +82,7 @@ GGUF_ARCH = {
     "glm4moe": gguf.MODEL_ARCH.GLM4_MOE,
     "ernie4_5-moe": gguf.MODEL_ARCH.ERNIE4_5_MOE,
     "granitemoe": gguf.MODEL_ARCH.GRANITE_MOE,
+    "hunyuan-moe": gguf.MODEL_ARCH.HUNYUAN_MOE,
     "gemma3": gguf.MODEL_ARCH.GEMMA3,
     "gemma4": gguf.MODEL_ARCH.GEMMA4,
 }
@@ -326,8 +328,13 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
         return  # written by _write_gemma4_metadata
     if n_expert:
         w.add_expert_count(int(n_expert))
-        w.add_expert_used_count(int(cfg.get("num_experts_per_tok") or cfg["moe_k"]))
+        w.add_expert_used_count(int(cfg.get("num_experts_per_tok") or cfg.get("moe_k")
+                                    or cfg["moe_topk"]))
         moe_ff = cfg.get("moe_intermediate_size")
+        if isinstance(moe_ff, list):  # hunyuan: one per layer
+            moe_ff = moe_ff[0]
+        if arch == "hunyuan-moe" and not moe_ff:  # its experts are intermediate_size wide
+            moe_ff = cfg["intermediate_size"]
         w.add_feed_forward_length(int(cfg.get("intermediate_size", moe_ff or 0)))
         if moe_ff:
             w.add_expert_feed_forward_length(int(moe_ff))
@@ -342,6 +349,10 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
             w.add_residual_scale(float(cfg["residual_multiplier"]))
             w.add_attention_scale(float(cfg["attention_multiplier"]))
             w.add_logit_scale(float(cfg["logits_scaling"]))
+        if arch == "hunyuan-moe":  # the shared MLP: intermediate_size x num_shared_expert
+            n_sh = int(cfg.get("num_shared_expert") or 1)
+            w.add_expert_shared_count(n_sh)
+            w.add_expert_shared_feed_forward_length(int(cfg["intermediate_size"]) * n_sh)
         if arch == "ernie4_5-moe":
             w.add_expert_shared_count(int(cfg["moe_num_shared_experts"]))
             w.add_expert_shared_feed_forward_length(

@@ -64,6 +64,7 @@ typedef enum cb_qk_norm {
     CB_QK_NORM_NONE = 0,
     CB_QK_NORM_HEAD = 1, /* RMSNorm of each head, weights [head_dim] (qwen3, gemma3) */
     CB_QK_NORM_FULL = 2, /* RMSNorm over the whole q / k projection (olmoe) */
+    CB_QK_NORM_HEAD_POST = 3, /* per head as HEAD, after RoPE instead of before (hunyuan-moe) */
 } cb_qk_norm;
 
 /* The description is written once, as the two field tables below (X-macros): each X(KIND,
