@@ -15,7 +15,7 @@ import colibri._core._quant as _quant
 from colibri.errors import ColibriError
 from colibri.model import Model, min_expert_slots, parse_budget
 
-MOE = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]
+MOE = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "hunyuan_v1_moe"]
 
 CONFIGS = [
     dict(expert_mode="cache", expert_budget=1, expert_policy="lru"),

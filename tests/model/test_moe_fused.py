@@ -3,7 +3,8 @@ a token's logits must be bit-identical whatever the rest of its batch, the numbe
 (which changes how the dispatches are chunked) or the weight type. tests/c/test_moe.c checks the
 fused path against one matmul per expert bit for bit; this runs it through whole models: tiny
 MoE families from tests/oracle_models.py (shared expert: qwen2_moe; olmoe; the MoE block beside
-a dense FFN with per-expert scales: gemma4), as f32 and q8_0."""
+a dense FFN with per-expert scales: gemma4; DeepSeek-V3 routing with a dense first layer:
+dots1; q/k norms after RoPE with a shared MLP: hunyuan_v1_moe), as f32 and q8_0."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from oracle_models import build, prompt
 from colibri.model import Model
 
 
-@pytest.fixture(scope="module", params=["qwen2_moe", "olmoe", "gemma4"])
+@pytest.fixture(scope="module", params=["qwen2_moe", "olmoe", "gemma4", "dots1", "hunyuan_v1_moe"])
 def paths(request, tmp_path_factory):
     _, p = build(request.param, tmp_path_factory.mktemp("fused"), ("f32", "q8_0"))
     return p
