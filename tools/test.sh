@@ -6,12 +6,15 @@
 # in a fresh venv (tools/check_wheel.sh), and pytest (which runs every README example).
 # Usage: bash tools/test.sh [pytest args...]
 #
-# It installs into a virtual environment of its own, .venv in the checkout (git ignores it;
-# reused by the next run), never into the interpreter that runs it: the editable install the
-# tests need points at this checkout, and left in a shared interpreter it would break `import
-# colibri` there (ModuleNotFoundError) once the checkout moves or is deleted, the README's own
-# `pip install ".[demo]"` included. PYTHON=/path/to/python runs everything with that interpreter
-# instead (it gets the editable install).
+# The tests run in a virtual environment of their own, .venv in the checkout (git ignores it;
+# reused by the next run): the editable install they need points at this checkout, and left in
+# a shared interpreter it would break `import colibri` there (ModuleNotFoundError) once the
+# checkout moves or is deleted. Once every check has passed, python3 (the interpreter that runs
+# this, an activated venv's included) gets what the README's first command installs, a copy of
+# this checkout with the demo extra (`pip install ".[demo]"`, not editable: it survives the
+# checkout), so that the README's Python examples run with it from any directory.
+# PYTHON=/path/to/python runs everything with that interpreter instead (it gets the editable
+# install, and nothing else is installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -n "${PYTHON:-}" ]; then
@@ -50,3 +53,13 @@ PYTHON="$PY" bash tools/check_wheel.sh
 
 echo "== pytest"
 "$PY" -m pytest -q "$@"
+
+if [ -z "${PYTHON:-}" ]; then
+    echo "== install for the README's examples (python3: $(command -v python3))"
+    if python3 -m pip install -q --disable-pip-version-check ".[demo]"; then
+        (cd / && python3 -c "import colibri")
+    else
+        echo "tools/test.sh: python3 refused the install (an externally managed interpreter?):" \
+             "run the README's Python examples with $(pwd)/.venv/bin/python" >&2
+    fi
+fi
