@@ -47,23 +47,30 @@ class Server:
         return int(self.proc.returncode)
 
 
-def _kill_using(path: str) -> list[int]:
-    """SIGKILL every process whose command line names path (a Ray cluster's directory)."""
-    killed = []
+def processes_using(path: str) -> list[int]:
+    """The processes (but this one) whose command line names path (a Ray cluster's directory)."""
+    pids = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
+                if path.encode() in f.read():
+                    pids.append(int(pid))
         except OSError:
             continue
-        if path.encode() in cmd:
-            try:
-                os.kill(int(pid), 9)
-                killed.append(int(pid))
-            except OSError:
-                pass
+    return pids
+
+
+def _kill_using(path: str) -> list[int]:
+    """SIGKILL every process whose command line names path; those it killed."""
+    killed = []
+    for pid in processes_using(path):
+        try:
+            os.kill(pid, 9)
+            killed.append(pid)
+        except OSError:
+            pass
     return killed
 
 

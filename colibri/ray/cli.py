@@ -8,7 +8,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -30,26 +29,6 @@ def _autoscale(spec: str | None) -> tuple[int, int] | None:
     return lo, hi
 
 
-def _check_address(host: str, port: int) -> None:
-    """OSError now for an address that cannot be bound (Ray's proxy would fail later, in
-    its own process)."""
-    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, port))
-    finally:
-        s.close()
-
-
-def _free_port(host: str) -> int:
-    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-    finally:
-        s.close()
-
-
 def run(args: Any, model_kwargs: dict[str, Any]) -> int:
     """Serve args.model on Ray (the arguments of `colibri serve`, with --replicas,
     --autoscale, --ray-address, --replica-cpus); the exit status."""
@@ -57,7 +36,7 @@ def run(args: Any, model_kwargs: dict[str, Any]) -> int:
 
     if (missing := missing_extra()) is not None:
         raise ValueError(missing)
-    from colibri.serve import _hostport
+    from colibri.serve import _hostport, _listen
 
     autoscale = _autoscale(args.autoscale)
     replicas = args.replicas if args.replicas is not None else 1
@@ -69,11 +48,11 @@ def run(args: Any, model_kwargs: dict[str, Any]) -> int:
     cpus = args.replica_cpus if args.replica_cpus is not None else float(threads)
     if cpus < 0:
         raise ValueError(f"--replica-cpus must be >= 0, got {cpus}")
-    port = args.port or _free_port(args.host)
-    try:
-        _check_address(args.host, port)
+    try:  # the address checked now (Ray's proxy would fail later, in its own process)
+        with _listen(args.host, args.port) as sock:
+            port = int(sock.getsockname()[1])  # --port 0: the one the system chose
     except OSError as e:
-        print(f"colibri serve: error: could not listen on {_hostport(args.host, port)}: "
+        print(f"colibri serve: error: could not listen on {_hostport(args.host, args.port)}: "
               f"{e.strerror or e}", file=sys.stderr, flush=True)
         return 1
 

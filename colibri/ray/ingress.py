@@ -7,6 +7,7 @@ limits and streaming) on a `RayServerState`, whose engine is the replica deploym
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -29,8 +30,6 @@ class ModelFront(Model):
         self.experts = self.cuda_experts = self.pool = self._fw = None
         self.device = "cpu"
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
-        import threading
-
         self._lock = threading.Lock()
 
 

@@ -79,7 +79,7 @@ class Replica:
         if hub is not None:  # a first report before the replica is ready: /metrics has it
             from colibri.ray.hub import connect
 
-            ray.get(connect(hub).put.remote(self.name, self.state.metrics.render(), self.load()))
+            ray.get(self._report_to(connect(hub)))
             threading.Thread(target=self._report, name="colibri-report", daemon=True).start()
 
     # ---- serving ----
@@ -148,6 +148,10 @@ class Replica:
 
     # ---- the hub (metrics for the ingress) ----
 
+    def _report_to(self, hub: Any) -> Any:
+        """Send the hub this replica's metrics and load (the call's ObjectRef)."""
+        return hub.put.remote(self.name, self.state.metrics.render(), self.load())
+
     def _report(self) -> None:
         from colibri.ray.hub import connect
 
@@ -159,7 +163,7 @@ class Replica:
                 self.state.prune()
                 if hub is None:
                     hub = connect(self._hub_name or "")
-                hub.put.remote(self.name, self.state.metrics.render(), self.load())
+                self._report_to(hub)
             except Exception as e:  # noqa: BLE001 - the hub comes back; serving goes on
                 log.warning("colibri: report to the hub: %s", e)
                 hub = None

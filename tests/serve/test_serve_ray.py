@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from serve_util import REPO, start
+from serve_util import REPO, processes_using, start
 
 pytestmark = pytest.mark.slow
 
@@ -54,17 +54,10 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         time.sleep(0.2)
     yield srv
     code = srv.stop()
-    left = [p for p in os.listdir("/proc") if p.isdigit() and _names(p, srv.ray_tmp)]
+    assert srv.ray_tmp is not None
+    left = processes_using(srv.ray_tmp)
     assert code == 0, srv.log()
     assert not left, f"Ray processes left running: {left}"
-
-
-def _names(pid: str, path: str | None) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return path is not None and path.encode() in f.read()
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +93,7 @@ def test_a_repeated_system_prompt_goes_to_the_replica_that_holds_it(server, clie
     assert sorted(gained.values())[-1] >= 3, gained  # one replica holds the prefix
 
 
-def _streams(url: str, n: int, max_tokens: int, on_first: asyncio.Event | None = None
-             ) -> list[tuple[str, str | None]]:
+def _streams(url: str, n: int, max_tokens: int) -> list[tuple[str, str | None]]:
     """n concurrent greedy streams: (text, None) or (text so far, the error it ended with)."""
     async def run() -> list[tuple[str, str | None]]:
         ac = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
@@ -115,8 +107,6 @@ def _streams(url: str, n: int, max_tokens: int, on_first: asyncio.Event | None =
                         max_tokens=max_tokens, temperature=0, stream=True,
                         logit_bias={"1": -100, "106": -100}):
                     parts.append(c.choices[0].text)
-                    if on_first is not None:
-                        on_first.set()
             except openai.APIError as e:
                 return "".join(parts), str(e)
             return "".join(parts), None
@@ -144,9 +134,8 @@ def test_a_killed_replica_fails_only_its_requests_and_comes_back(server):
         actor = ray.get_actor(victim, namespace="serve")
 
         async def kill_when_streaming() -> list[tuple[str, str | None]]:
-            first = asyncio.Event()
             task = asyncio.get_running_loop().run_in_executor(
-                None, _streams, server.url, 8, 200, None)
+                None, _streams, server.url, 8, 200)
             t0 = time.monotonic()
             while time.monotonic() - t0 < 60:  # both replicas decoding
                 run = per_replica(server.url, "colibri_requests_running")
@@ -154,7 +143,6 @@ def test_a_killed_replica_fails_only_its_requests_and_comes_back(server):
                     break
                 await asyncio.sleep(0.2)
             ray.kill(actor, no_restart=True)  # by its actor, not a process name
-            del first
             return await task
 
         during = asyncio.run(kill_when_streaming())
