@@ -93,22 +93,34 @@ def test_a_repeated_system_prompt_goes_to_the_replica_that_holds_it(server, clie
     assert sorted(gained.values())[-1] >= 3, gained  # one replica holds the prefix
 
 
-def _streams(url: str, n: int, max_tokens: int) -> list[tuple[str, str | None]]:
-    """n concurrent greedy streams: (text, None) or (text so far, the error it ended with)."""
+def _streams(url: str, n: int, max_tokens: int, chunks: list[int] | None = None,
+             staggered: bool = False) -> list[tuple[str, str | None]]:
+    """n concurrent greedy streams: (text, None) or (text so far, the error it ended with).
+    chunks[i] counts stream i's chunks as they come; staggered: stream i is sent once stream
+    i-1 has streamed (each then sees the replicas' true load, so least-loaded spreads them)."""
+    counts = chunks if chunks is not None else [0] * n
+
     async def run() -> list[tuple[str, str | None]]:
         ac = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
                                 timeout=300)
+        streaming = [asyncio.Event() for _ in range(n)]
 
         async def one(i: int) -> tuple[str, str | None]:
             parts: list[str] = []
             try:
+                if staggered and i:
+                    await streaming[i - 1].wait()
                 async for c in await ac.completions.create(
                         model=MODEL, prompt=f"Story {i}: once upon a time, in a city of",
                         max_tokens=max_tokens, temperature=0, stream=True,
                         logit_bias={"1": -100, "106": -100}):
                     parts.append(c.choices[0].text)
+                    counts[i] += 1
+                    streaming[i].set()
             except openai.APIError as e:
                 return "".join(parts), str(e)
+            finally:
+                streaming[i].set()
             return "".join(parts), None
 
         try:
@@ -126,26 +138,31 @@ def test_a_killed_replica_fails_only_its_requests_and_comes_back(server):
     assert all(err is None for _, err in alone)
     before = per_replica(server.url, "colibri_requests_running")
     assert len(before) == 2
-    victim = sorted(before)[0]
 
     os.environ["RAY_TMPDIR"] = server.ray_tmp  # join the server's cluster as a driver
     try:
         ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
-        actor = ray.get_actor(victim, namespace="serve")
 
-        async def kill_when_streaming() -> list[tuple[str, str | None]]:
+        async def kill_when_streaming() -> tuple[str, list[tuple[str, str | None]]]:
+            chunks = [0] * 8
             task = asyncio.get_running_loop().run_in_executor(
-                None, _streams, server.url, 8, 200)
+                None, lambda: _streams(server.url, 8, 200, chunks, staggered=True))
             t0 = time.monotonic()
-            while time.monotonic() - t0 < 60:  # both replicas decoding
+            run: dict[str, float] = {}
+            # every stream has streamed (none can be retried elsewhere) and both replicas hold
+            # some of them
+            while time.monotonic() - t0 < 120 and not task.done():
                 run = per_replica(server.url, "colibri_requests_running")
-                if len(run) == 2 and all(v > 0 for v in run.values()):
+                if min(chunks) >= 2 and len(run) == 2 and all(v > 0 for v in run.values()):
                     break
-                await asyncio.sleep(0.2)
-            ray.kill(actor, no_restart=True)  # by its actor, not a process name
-            return await task
+                await asyncio.sleep(0.1)
+            else:
+                pytest.fail(f"the 8 streams never ran on both replicas: {chunks} {run}")
+            victim = sorted(run)[0]
+            ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)  # its actor
+            return victim, await task
 
-        during = asyncio.run(kill_when_streaming())
+        victim, during = asyncio.run(kill_when_streaming())
     finally:
         ray.shutdown()
         del os.environ["RAY_TMPDIR"]
