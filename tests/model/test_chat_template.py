@@ -1,9 +1,29 @@
-"""Chat rendering against an outside reference: for the published templates of Gemma 3,
-Qwen2.5 (ChatML, with tools), Llama 3 and Mixtral (tests/data/chat_templates), colibri's
-render_template equals transformers' apply_chat_template on the same template string and
-messages - system, multi-turn, tools, with and without add_generation_prompt. Where a template
-refuses a conversation itself, colibri raises ColibriError carrying the template's message.
-Model.chat (and stream=True) runs on the real default model."""
+"""Chat rendering against an outside reference: for the published templates in
+tests/data/chat_templates, colibri's render_template equals transformers' apply_chat_template on
+the same template string and messages - system, multi-turn, tools where the template takes
+them, with and without add_generation_prompt. Where a template refuses a conversation itself,
+colibri raises ColibriError carrying the template's message. Model.chat (and stream=True) runs
+on the real default model.
+
+Where each template comes from:
+- gemma3, qwen2.5, llama3, mixtral: the models' Hugging Face tokenizer_config.json.
+- The families of issue 48, from llama.cpp's models/templates/ (vendored in the
+  llama-cpp-python 0.3.36 sdist, fetched there by its scripts/get_chat_template.py from each
+  model's Hugging Face repository):
+  granite3.3 (ibm-granite-granite-3.3-2B-Instruct.jinja: Granite 3.x, as granitemoe models
+  such as granite-3.1-3b-a800m-instruct use it; tools, `<|tool_call|>[...]` calls),
+  granite4.0 (ibm-granite-granite-4.0.jinja: Granite 4.0, the shared-expert MoE; tools, Hermes
+  `<tool_call>` calls), phi3.5 (microsoft-Phi-3.5-mini-instruct.jinja: Phi-3.5 and
+  Phi-3.5-MoE; no tools), gemma2 (google-gemma-2-2b-it.jinja; no tools, refuses a system
+  role), gemma4 (google-gemma-4-31B-it.jinja; tools, `<|tool_call>call:name{...}<tool_call|>`
+  calls), ling3 (inclusionai-ling-3.0-flash.jinja: the Bailing template llama.cpp's
+  LLM_CHAT_TEMPLATE_BAILING2 detection matches, `<role>HUMAN</role>`...; tools, GLM-style
+  `<tool_call>name<arg_key>..</arg_key><arg_value>..</arg_value></tool_call>` calls).
+- ernie4.5: transformers' own ERNIE 4.5 template (DEFAULT_CHAT_TEMPLATE of
+  transformers/models/ernie4_5/tokenization_ernie4_5_fast.py, the chat_template of
+  baidu/ERNIE-4.5-*-PT's tokenizer_config.json); no tools.
+Not here: dots.llm1's and Hunyuan-A13B's published templates (not found in the sources this
+work could reach; tencent-Hy3.jinja is Hunyuan 3, another model)."""
 
 from __future__ import annotations
 
@@ -20,6 +40,13 @@ SPECIAL = {  # the bos/eos strings each family's tokenizer has
     "qwen2.5": ("", "<|im_end|>"),
     "llama3": ("<|begin_of_text|>", "<|eot_id|>"),
     "mixtral": ("<s>", "</s>"),
+    "granite3.3": ("<|end_of_text|>", "<|end_of_text|>"),
+    "granite4.0": ("<|end_of_text|>", "<|end_of_text|>"),
+    "phi3.5": ("<s>", "<|endoftext|>"),
+    "gemma2": ("<bos>", "<eos>"),
+    "gemma4": ("<bos>", "<eos>"),
+    "ling3": ("", "<|endoftext|>"),
+    "ernie4.5": ("<s>", "</s>"),
 }
 
 SYSTEM = [{"role": "system", "content": "You are terse."},
@@ -38,12 +65,40 @@ TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"]}}}]
+# arguments of every JSON type, two calls in one turn, two tool results (Gemma 4 writes them
+# in its own value syntax, Ling as <arg_value>s, Granite 4 and Qwen as JSON)
+RICH_CONV = [{"role": "user", "content": "Two searches"},
+             {"role": "assistant", "content": "On it.", "tool_calls": [
+                 {"type": "function", "id": "call_1", "function": {"name": "search_web", "arguments": {
+                     "q": "caf\u00e9 \"quoted\"", "n": 3, "exact": True, "tags": ["a", "b"],
+                     "opt": None, "range": {"lo": 1.5, "hi": -2}}}},
+                 {"type": "function", "id": "call_2", "function": {
+                     "name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+             {"role": "tool", "tool_call_id": "call_1", "content": "3 results"},
+             {"role": "tool", "tool_call_id": "call_2", "content": "{\"temp\": -3}"},
+             {"role": "user", "content": "Summarise"}]
+RICH_TOOLS = TOOLS + [{"type": "function", "function": {
+    "name": "search_web", "description": "Search the web",
+    "parameters": {"type": "object", "properties": {
+        "q": {"type": "string", "description": "query"},
+        "n": {"type": "integer"}, "exact": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "mode": {"type": "string", "enum": ["fast", "deep"]},
+        "range": {"type": "object", "properties": {"lo": {"type": "number"}}}},
+        "required": ["q"]}}}]
 
 CASES = {
     "gemma3": [SYSTEM, MULTI],
-    "qwen2.5": [SYSTEM, MULTI, TOOLS_CONV],
+    "qwen2.5": [SYSTEM, MULTI, TOOLS_CONV, RICH_CONV],
     "llama3": [SYSTEM, MULTI],
     "mixtral": [MULTI],
+    "granite3.3": [SYSTEM, MULTI, TOOLS_CONV],  # MULTI: the default system line, today's date
+    "granite4.0": [SYSTEM, MULTI, TOOLS_CONV, RICH_CONV],
+    "phi3.5": [SYSTEM, MULTI],
+    "gemma2": [MULTI],
+    "gemma4": [SYSTEM, MULTI, TOOLS_CONV, RICH_CONV],
+    "ling3": [SYSTEM, MULTI, TOOLS_CONV, RICH_CONV],
+    "ernie4.5": [SYSTEM, MULTI],
 }
 
 
@@ -71,13 +126,16 @@ def test_render_equals_transformers(family, gen):
     tpl = _template(family)
     bos, eos = SPECIAL[family]
     for i, msgs in enumerate(CASES[family]):
-        extra = {"tools": TOOLS} if msgs is TOOLS_CONV else {}
+        extra = {"tools": TOOLS} if msgs is TOOLS_CONV else \
+            {"tools": RICH_TOOLS} if msgs is RICH_CONV else {}
         want = tok.apply_chat_template(msgs, chat_template=tpl, tokenize=False,
                                        add_generation_prompt=gen, **extra)
         got = render_template(tpl, msgs, add_generation_prompt=gen, bos_token=bos,
                               eos_token=eos, **extra)
         assert got == want, f"{family} case {i}"
         assert msgs[-1]["content"].strip() in got or msgs is TOOLS_CONV
+        if msgs is RICH_CONV:
+            assert "search_web" in got and "Oslo" in got
 
 
 def test_template_refusal_is_a_colibri_error_with_its_message():
@@ -93,6 +151,18 @@ def test_template_refusal_is_a_colibri_error_with_its_message():
         render_template(tpl, SYSTEM, bos_token="<s>", eos_token="</s>")
     assert str(ref.value) in str(ours.value)
     assert "Conversation roles must alternate" in str(ours.value)
+
+
+def test_gemma2_refuses_a_system_role_as_transformers_does():
+    import jinja2
+
+    tok = _reference("gemma2")
+    tpl = _template("gemma2")
+    with pytest.raises(jinja2.exceptions.TemplateError) as ref:
+        tok.apply_chat_template(SYSTEM, chat_template=tpl, tokenize=False)
+    with pytest.raises(ColibriError) as ours:
+        render_template(tpl, SYSTEM, bos_token="<bos>", eos_token="<eos>")
+    assert str(ref.value) in str(ours.value) and "System role not supported" in str(ours.value)
 
 
 def test_the_sandbox_holds():
