@@ -40,7 +40,13 @@ from colibri.serve.streaming import (
     _stream_error,
     _usage,
 )
-from colibri.serve.tools import ToolError, ToolStreamParser, call_grammar, check_tools
+from colibri.serve.tools import (
+    ToolError,
+    ToolStreamParser,
+    call_grammar,
+    check_tools,
+    string_params,
+)
 
 
 def _text_of(content: Any) -> str:
@@ -201,7 +207,8 @@ async def prepare_chat(state: ServerState, req: ChatRequest, submit: bool = True
                                  or choice == "required" or isinstance(choice, NamedToolChoice))
     top = req.top_logprobs if req.top_logprobs is not None else 0
     reqs = _submit(state, [ids], req.n, kw, constraint, top if req.logprobs else None)
-    choices = [_Choice(index=i, parser=ToolStreamParser(names) if parse_tools else None,
+    strings = string_params(tools)
+    choices = [_Choice(index=i, parser=ToolStreamParser(names, strings) if parse_tools else None,
                        max_calls=1 if req.parallel_tool_calls is False else None,
                        reasoning=splitter_for(template, text))
                for i in range(len(reqs))]

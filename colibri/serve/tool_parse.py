@@ -7,6 +7,17 @@ Forms understood:
 - Llama 3's JSON form: the output begins with a call object `{"name": ..., "parameters": {...}}`
   (or "arguments"), optionally after `<|python_tag|>`; or a JSON list of such objects; or
   several objects separated by `;` or `,`.
+- Granite 3.x: the same JSON form after `<|tool_call|>` (its template asks for
+  `<|tool_call|>` followed by a JSON list of calls).
+- Hunyuan (A13B): a JSON list of call objects in `<tool_calls>[...]</tool_calls>`, with text
+  around it.
+- GLM-style XML, as Ling / Bailing writes calls: `<tool_call>NAME<arg_key>K</arg_key>
+  <arg_value>V</arg_value>...</tool_call>` (a `<tool_call>` body that does not begin with `{`;
+  see tool_formats).
+- Gemma 4: `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>` (see tool_formats).
+Every form is recognised in every output (the forms' tags do not collide), so the parser needs
+no knowledge of the model; the grammar of tool_choice (tools.call_grammar) writes a form it
+reads.
 
 A call's object is scanned a character at a time (`_CallObject`). It becomes a call when its
 "name" string is complete (the `,` or `}` after it seen) and names one of the request's tools;
@@ -28,8 +39,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from colibri.serve.tool_formats import Gemma4Call, NotACall, XmlCall
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
+GRANITE_TAG = "<|tool_call|>"                     # Granite 3.x: a JSON list follows
+HY_OPEN, HY_CLOSE = "<tool_calls>", "</tool_calls>"   # Hunyuan: a JSON list inside
+G4_OPEN, G4_CLOSE = "<|tool_call>", "<tool_call|>"    # Gemma 4
+PREFIX_TAGS = (PYTHON_TAG, GRANITE_TAG)            # tags before the JSON form
+OPEN_TAGS = (OPEN, HY_OPEN, G4_OPEN)               # tags that open calls amid text
 ARG_KEYS = ("arguments", "parameters")
 _WS = " \t\r\n"
 
@@ -101,8 +119,7 @@ def merge_events(events: list[Event]) -> list[Event]:
     return out
 
 
-class _Bad(Exception):
-    """The text is not (or no longer) a call object."""
+_Bad = NotACall  # the text is not (or no longer) a call object
 
 
 def _escape_cut(raw: str) -> int:
@@ -209,6 +226,9 @@ class _CallObject:
     @property
     def done(self) -> bool:
         return self.st == "done"
+
+    def at_close(self) -> None:
+        """</tool_call> came (the object's own end decides)."""
 
     def _args(self, text: str) -> None:
         if not text:
@@ -332,12 +352,16 @@ class ToolStreamParser:
     """feed(text) and finish() return events: content text (str, safe to show) and
     ToolCallDelta pieces of calls (see the module doc). `calls` accumulates the calls."""
 
-    def __init__(self, names: set[str]) -> None:
+    def __init__(self, names: set[str], string_args: dict[str, set[str]] | None = None) -> None:
+        """names: the request's tools; string_args: per tool, the arguments its schema types
+        "string" (the XML form writes strings raw: "123" stays a string there)."""
         self.names = names
+        self.string_args = string_args
+        self.wrap = ""  # the tag that closes the JSON form's list (</tool_calls>)
         self.buf = ""
         self.state = "start"
         self.calls: list[ToolCall] = []
-        self.obj: _CallObject | None = None
+        self.obj: _CallObject | Gemma4Call | XmlCall | None = None
         self.held = ""        # text of a call not yet decided: content if it is not one
         self.in_list = False  # the JSON form is a [...] list
         self.json_calls = 0   # calls of the JSON form
@@ -397,9 +421,9 @@ class ToolStreamParser:
         s = self.buf.lstrip()
         if not s:
             return False
-        if s.startswith(PYTHON_TAG) or s[0] in "{[":
+        if s.startswith(PREFIX_TAGS) or s[0] in "{[":
             self.state = "json_pre"
-        elif PYTHON_TAG.startswith(s):
+        elif any(t.startswith(s) for t in PREFIX_TAGS):
             return False
         else:
             self.state = "text"
@@ -409,10 +433,11 @@ class ToolStreamParser:
         k = len(self.buf) - len(self.buf.lstrip())
         self.held += self.buf[:k]
         self.buf = self.buf[k:]
-        if not self.tag_seen and self.buf.startswith(PYTHON_TAG):
+        tag = next((t for t in PREFIX_TAGS if self.buf.startswith(t)), None)
+        if not self.tag_seen and not self.wrap and tag:
             self.tag_seen = True
-            self.held += PYTHON_TAG
-            self.buf = self.buf[len(PYTHON_TAG):]
+            self.held += tag
+            self.buf = self.buf[len(tag):]
             return True
         if not self.buf:
             return False
@@ -479,12 +504,20 @@ class ToolStreamParser:
         return True
 
     def _s_after(self) -> bool:
-        """After the JSON form: whitespace held (dropped at the end), other text content."""
+        """After the JSON form: whitespace held (dropped at the end), other text content;
+        the list's closing tag (</tool_calls>) dropped."""
         k = len(self.buf) - len(self.buf.lstrip())
         self.held += self.buf[:k]
         self.buf = self.buf[k:]
         if not self.buf:
             return False
+        if self.wrap:
+            if self.buf.startswith(self.wrap):
+                self.buf, self.held, self.wrap, self.state = \
+                    self.buf[len(self.wrap):], "", "", "text"
+                return True
+            if self.wrap.startswith(self.buf):
+                return False
         self._content(self.held)
         self.held, self.state = "", "text"
         return True
@@ -493,22 +526,64 @@ class ToolStreamParser:
         """The held text is not a call: shown as content (the rest of a <tool_call> too)."""
         hermes = self.state == "call"
         self._content(self.held)
-        self.held, self.obj = "", None
+        self.held, self.obj, self.wrap = "", None, ""
         self.state = "bad_call" if hermes else "text"
 
     def _s_text(self) -> bool:
-        i = self.buf.find(OPEN)
-        if i >= 0:
+        found = [(i, t) for t in OPEN_TAGS if (i := self.buf.find(t)) >= 0]
+        if found:
+            i, tag = min(found)
             self._content(self.buf[:i])
-            self.buf = self.buf[i + len(OPEN):]
-            self.held = OPEN
-            self._new_obj()
-            self.state = "call"
+            self.buf = self.buf[i + len(tag):]
+            self.held = tag
+            if tag == OPEN:
+                self.state = "call_sniff"
+            elif tag == G4_OPEN:
+                self.obj = Gemma4Call(self.names, self._on_start, self._on_args)
+                self.state = "g4"
+            else:  # Hunyuan's list of JSON calls
+                self.wrap, self.in_list, self.json_calls = HY_CLOSE, False, 0
+                self.state = "json_pre"
             return True
-        hold = _partial(self.buf, OPEN)
+        hold = max(_partial(self.buf, t) for t in OPEN_TAGS)
         self._content(self.buf[: len(self.buf) - hold])
         self.buf = self.buf[len(self.buf) - hold:]
         return False
+
+    def _s_call_sniff(self) -> bool:
+        """After <tool_call>: a JSON object (Hermes) or a name (the XML form)."""
+        s = self.buf.lstrip()
+        if not s:
+            return False
+        if s[0] == "{":
+            self._new_obj()
+        else:
+            self.obj = XmlCall(self.names, self._on_start, self._on_args, self.string_args)
+        self.state = "call"
+        return True
+
+    def _s_g4(self) -> bool:
+        """Inside Gemma 4's <|tool_call>: the body to its reader, to the arguments' end."""
+        obj = self.obj
+        assert obj is not None
+        rest = self.buf = self._feed_obj(self.buf)
+        if obj.committed:
+            if obj.done or rest:  # ended (or broke off: the rest is text)
+                self.obj, self.held = None, ""
+                self.state = "g4_close" if obj.done else "text"
+            return bool(rest)
+        if obj.done or rest:
+            self._fail()
+            return True
+        return False
+
+    def _s_g4_close(self) -> bool:
+        if self.buf.startswith(G4_CLOSE):
+            self.buf = self.buf[len(G4_CLOSE):]
+        elif G4_CLOSE.startswith(self.buf):
+            return False
+        self.state = "text"
+        return True
 
     def _s_call(self) -> bool:
         """Inside <tool_call>: the body to the call object, what may be </tool_call> held."""
@@ -526,6 +601,10 @@ class ToolStreamParser:
             self.state = "skip"  # the call ended (or broke off): the rest of its body unshown
             return True
         if j >= 0:  # </tool_call> before the object's end
+            try:
+                obj.at_close()
+            except _Bad:
+                pass
             if obj.committed:
                 obj.end()
                 self.obj, self.held = None, ""
@@ -561,13 +640,13 @@ class ToolStreamParser:
         """The output ended: what was held back, decided."""
         buf, self.buf = self.buf, ""
         st = self.state
-        if st in ("json_obj", "call") and self.obj is not None and self.obj.committed:
+        if st in ("json_obj", "call", "g4") and self.obj is not None and self.obj.committed:
             if st == "call":
                 self._feed_obj(buf)  # not </tool_call> after all
             self.obj.end()
         elif st == "json_pre" or (st in ("json_item", "json_obj") and not self.json_calls):
             self._content(self.held + buf)
-        elif st == "call":
+        elif st in ("call", "call_sniff", "g4"):
             self._content(self.held + buf)
         elif st in ("start", "text", "bad_call"):
             self._content(buf)
@@ -588,14 +667,15 @@ def _partial(text: str, tag: str) -> int:
     return 0
 
 
-def parse_tool_calls(text: str, names: set[str]) -> tuple[str | None, list[ToolCall]]:
+def parse_tool_calls(text: str, names: set[str], string_args: dict[str, set[str]] | None = None,
+                     ) -> tuple[str | None, list[ToolCall]]:
     """(content, calls) of a whole output: content is the text outside the calls (None when
     there is none), calls [] when the output holds no call of a known tool."""
-    p = ToolStreamParser(names)
+    p = ToolStreamParser(names, string_args)
     events = p.feed(text) + p.finish()
     content = "".join(e for e in events if isinstance(e, str))
     return (content if content or not p.calls else None), p.calls
 
 
-__all__ = ["ToolCall", "ToolCallDelta", "ToolStreamParser", "apply_delta", "merge_events",
+__all__ = ["G4_CLOSE", "G4_OPEN", "GRANITE_TAG", "HY_CLOSE", "HY_OPEN", "ToolCall", "ToolCallDelta", "ToolStreamParser", "apply_delta", "merge_events",
            "parse_tool_calls"]

@@ -6,7 +6,16 @@ Forms understood (see tool_parse):
 - Hermes / Qwen: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number of
   them, with ordinary text around them (the text becomes the message content).
 - Llama 3's JSON form: the output begins with a call object `{"name": ..., "parameters": {...}}`
-  (or "arguments"), optionally after `<|python_tag|>`, or a JSON list of such objects.
+  (or "arguments"), optionally after `<|python_tag|>` (or Granite 3's `<|tool_call|>`), or a
+  JSON list of such objects.
+- Hunyuan's `<tool_calls>[...]</tool_calls>` (a JSON list of call objects).
+- GLM-style XML (Ling / Bailing): `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>
+  </tool_call>`.
+- Gemma 4: `<|tool_call>call:NAME{key:<|"|>text<|"|>,...}<tool_call|>`.
+
+The grammar of tool_choice "required" or a named tool (call_grammar) writes the Hermes form
+where the model's template has `<tool_call>` (Qwen, Hermes, Granite 4, Ling), the bare JSON
+object elsewhere (Llama 3, Granite 3, Gemma 4, Hunyuan): both forms the parser reads.
 
 A JSON-looking output that does not name one of the request's tools stays plain content.
 """
@@ -109,6 +118,18 @@ def call_schema(tools: list[dict[str, Any]], name: str | None = None) -> dict[st
     return alts[0] if len(alts) == 1 else {"anyOf": alts}
 
 
+def string_params(tools: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """Per tool, the top-level arguments its schema types "string" (the XML form writes a
+    string raw, so "123" is a string there only by the schema's word)."""
+    out: dict[str, set[str]] = {}
+    for t in tools:
+        f = t["function"]
+        props = (f.get("parameters") or {}).get("properties") or {}
+        out[f["name"]] = {k for k, v in props.items()
+                          if isinstance(v, dict) and v.get("type") == "string"}
+    return out
+
+
 def call_grammar(tools: list[dict[str, Any]], name: str | None, hermes: bool) -> tuple[str, Any]:
     """("json_schema", schema) for the bare JSON form, or ("lark", grammar) wrapping it in
     <tool_call> tags (hermes: the model's template uses them)."""
@@ -124,4 +145,4 @@ def call_grammar(tools: list[dict[str, Any]], name: str | None, hermes: bool) ->
 
 __all__ = ["CLOSE", "OPEN", "PYTHON_TAG", "ToolCall", "ToolCallDelta", "ToolError",
            "ToolStreamParser", "apply_delta", "call_grammar", "call_schema", "check_tools",
-           "parse_tool_calls", "schema_problem"]
+           "parse_tool_calls", "schema_problem", "string_params"]

@@ -1,17 +1,33 @@
 """The streaming tool-call parser (colibri.serve.tool_parse): generated outputs in the Hermes /
-Qwen `<tool_call>` form and Llama 3's JSON form, fed whole, a character at a time and split at
-random boundaries (hypothesis); the pieces must rebuild the calls exactly, as OpenAI's streaming
-shape has them (first piece: index, id, name, arguments ""; then arguments text only)."""
+Qwen `<tool_call>` form and Llama 3's JSON form, and in the forms of issue 48's families, fed
+whole, a character at a time and split at random boundaries (hypothesis); the pieces must
+rebuild the calls exactly, as OpenAI's streaming shape has them (first piece: index, id, name,
+arguments ""; then arguments text only).
+
+The families' forms: where the published template writes an assistant's tool calls itself
+(Gemma 4, Ling / Bailing's GLM-style XML, Granite 4.0's Hermes form), the text parsed is what
+transformers renders with that template (tests/data/chat_templates) for the generated calls,
+so the parser reads what the model was trained to write. Granite 3.3's template only tells the
+model the form (`<|tool_call|>` then a JSON list; it renders past calls as their content), so
+the text is that instruction followed literally. Hunyuan-A13B's `<tool_calls>[...]</tool_calls>`
+is its model card's / vLLM's hunyuan_a13b parser's form (its template is not among the ones
+here). Templates with no tool support: Phi-3.5, Gemma 2, ERNIE 4.5 (the PT models' template);
+nothing to parse there."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from colibri.serve.tool_parse import (
     CLOSE,
+    G4_OPEN,
+    GRANITE_TAG,
+    HY_CLOSE,
+    HY_OPEN,
     OPEN,
     PYTHON_TAG,
     ToolCallDelta,
@@ -34,9 +50,10 @@ dump_styles = st.sampled_from([{}, {"ensure_ascii": False}, {"separators": (",",
                                {"indent": 1}, {"ensure_ascii": False, "separators": (",", ": ")}])
 
 
-def run(text: str, cuts: list[int]) -> tuple[ToolStreamParser, list]:
+def run(text: str, cuts: list[int], strings: dict | None = None,
+        ) -> tuple[ToolStreamParser, list]:
     """Feed text split at cuts (sorted positions), then finish; the parser and its events."""
-    p = ToolStreamParser(NAMES)
+    p = ToolStreamParser(NAMES, strings)
     events: list = []
     last = 0
     for c in [*cuts, len(text)]:
@@ -70,14 +87,15 @@ def rebuild(events: list) -> tuple[str, list[dict]]:
     return content, calls
 
 
-def check(text: str, cuts: list[int], want_content: str | None, want: list[tuple[str, dict]]):
-    p, events = run(text, cuts)
+def check(text: str, cuts: list[int], want_content: str | None, want: list[tuple[str, dict]],
+          strings: dict | None = None):
+    p, events = run(text, cuts, strings)
     content, calls = rebuild(events)
     assert content == (want_content or ""), (text, cuts)
     assert [(c["name"], json.loads(c["arguments"])) for c in calls] == want, (text, cuts)
     # the pieces concatenate to the final arguments exactly, as the whole-output parse has them
     assert [c["arguments"] for c in calls] == [c.arguments for c in p.calls]
-    whole_content, whole = parse_tool_calls(text, NAMES)
+    whole_content, whole = parse_tool_calls(text, NAMES, strings)
     assert whole_content == want_content
     assert [(c.name, c.arguments) for c in whole] == [(c["name"], c["arguments"]) for c in calls]
     return calls
@@ -219,3 +237,130 @@ def test_plain_text_streams_as_it_comes():
     assert p.feed("kit>") == ["<toolkit>"]
     p = ToolStreamParser(NAMES)
     assert p.feed("  ") == [] and p.feed("Hi") == ["  Hi"]
+
+
+# ---- the forms of issue 48's families ----
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "chat_templates"
+idents = st.from_regex(r"[a-z_][a-z0-9_]{0,7}", fullmatch=True)
+
+
+def rendered_calls(family: str, calls: list[tuple[str, dict]], start: str, end: str) -> str:
+    """The assistant turn's calls as transformers renders them with the family's published
+    template: the text from the first `start` to the last `end`."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    msgs = [{"role": "user", "content": "go"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "id": f"call_{i}", "function": {"name": n, "arguments": a}}
+                for i, (n, a) in enumerate(calls)]}]
+    out, _ = render_jinja_template(conversations=[msgs], chat_template=(
+        TEMPLATES / f"{family}.jinja").read_text(), bos_token="<bos>", eos_token="<eos>")
+    text = out[0]
+    return text[text.index(start): text.rindex(end) + len(end)]
+
+
+def draw_cuts(data, text: str) -> list[int]:
+    return sorted(data.draw(st.sets(st.integers(0, len(text)), max_size=len(text) // 3 + 1)))
+
+
+# Gemma 4 writes strings between <|"|> marks, raw, and keys bare: a key is a name, a string
+# anything without the mark
+g4_texts = texts.filter(lambda t: '<|"|>' not in t)
+g4_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6),
+              st.floats(allow_nan=False, allow_infinity=False), g4_texts),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(idents, inner, max_size=3)), max_leaves=8)
+g4_calls = st.lists(st.tuples(st.sampled_from(sorted(NAMES)),
+                              st.dictionaries(idents, g4_values, max_size=4)),
+                    min_size=1, max_size=3)
+
+
+@SETTINGS
+@given(g4_calls, st.sampled_from(["", "Let me look.", "x<|tool"]), st.data())
+def test_gemma4_calls_as_its_template_writes_them(calls, pre, data):
+    text = pre + rendered_calls("gemma4", calls, G4_OPEN, "<tool_call|>")
+    check(text, draw_cuts(data, text), pre or None, calls)
+    check(text, list(range(1, len(text))), pre or None, calls)
+
+
+# Ling's XML form writes a string argument raw, anything else as JSON; the tool's schema says
+# which arguments are strings (here: the keys starting with "s")
+xml_texts = texts.filter(lambda t: "</arg_value>" not in t and CLOSE not in t)
+xml_args = st.dictionaries(idents, st.one_of(xml_texts, values), max_size=4).map(
+    lambda a: {("s" if isinstance(v, str) else "v") + k: v for k, v in a.items()})
+xml_calls = st.lists(st.tuples(st.sampled_from(sorted(NAMES)), xml_args), min_size=1,
+                     max_size=3)
+
+
+@SETTINGS
+@given(xml_calls, st.sampled_from(["", "Sure.\n"]), st.data())
+def test_ling_xml_calls_as_its_template_writes_them(calls, pre, data):
+    text = pre + rendered_calls("ling3", calls, OPEN, CLOSE)
+    strings = {n: {k for _, a in calls for k in a if k.startswith("s")} for n in NAMES}
+    want = pre + "\n" * (len(calls) - 1) or None  # the template's newline between calls
+    check(text, draw_cuts(data, text), want, calls, strings)
+    check(text, list(range(1, len(text))), want, calls, strings)
+
+
+@SETTINGS
+@given(calls_st, st.data())
+def test_granite4_hermes_calls_as_its_template_writes_them(calls, data):
+    text = rendered_calls("granite4.0", calls, OPEN, CLOSE)
+    check(text, draw_cuts(data, text), "\n" * (len(calls) - 1) or None, calls)
+
+
+@SETTINGS
+@given(calls_st, dump_styles, st.sampled_from(["", " "]), st.data())
+def test_granite3_tool_call_tag_then_a_json_list(calls, style, gap, data):
+    """Granite 3.3's template: "respond only with <|tool_call|> followed by a JSON list"."""
+    text = GRANITE_TAG + gap + json.dumps([{"name": n, "arguments": a} for n, a in calls],
+                                          **style)
+    check(text, draw_cuts(data, text), None, calls)
+    check(text, list(range(1, len(text))), None, calls)
+
+
+@SETTINGS
+@given(calls_st, dump_styles, st.sampled_from(["", "I will call them.\n"]),
+       st.sampled_from(["", "\n", "\nDone"]), st.data())
+def test_hunyuan_tool_calls_list(calls, style, pre, post, data):
+    text = (pre + HY_OPEN + json.dumps([{"name": n, "arguments": a} for n, a in calls], **style)
+            + HY_CLOSE + post)
+    want = pre + post or None  # text around the tags is content, as around <tool_call>
+    check(text, draw_cuts(data, text), want, calls)
+    check(text, list(range(1, len(text))), want, calls)
+
+
+def test_the_families_forms_stay_content_when_no_call():
+    for t in (G4_OPEN + "call:rm{a:1}<tool_call|>", G4_OPEN + "oops", G4_OPEN + "call:add",
+              "<|tool_call", OPEN + "rm\n<arg_key>a</arg_key><arg_value>1</arg_value>" + CLOSE,
+              OPEN + "\n" + CLOSE, OPEN + "<arg_key>" + CLOSE, HY_OPEN + "[]" + HY_CLOSE,
+              HY_OPEN + "no",
+              GRANITE_TAG + "[1]", GRANITE_TAG, HY_OPEN + '[{"name": "rm"}]' + HY_CLOSE):
+        for cuts in ([], list(range(1, len(t)))):
+            _, events = run(t, cuts)
+            content, calls = rebuild(events)
+            assert calls == [] and content == t, (t, cuts)
+
+
+def test_gemma4_arguments_stream_as_json_as_they_arrive():
+    text = G4_OPEN + 'call:search_web{q:<|"|>a "b" <|c<|"|>,n:[1,None]}<tool_call|>after'
+    p = ToolStreamParser(NAMES)
+    pieces = [e for ch in text for e in p.feed(ch)] + p.finish()
+    deltas = [e for e in pieces if isinstance(e, ToolCallDelta)]
+    assert deltas[0].name == "search_web" and len(deltas) > 10
+    assert json.loads("".join(d.arguments for d in deltas)) == {"q": 'a "b" <|c',
+                                                                "n": [1, None]}
+    assert "".join(e for e in pieces if isinstance(e, str)) == "after"
+
+
+def test_xml_arguments_without_a_schema_are_json_when_they_parse():
+    text = OPEN + "add\n<arg_key>a</arg_key>\n<arg_value>12</arg_value>\n<arg_key>b</arg_key>\n" \
+        "<arg_value>twelve</arg_value>\n" + CLOSE
+    _, calls = parse_tool_calls(text, NAMES)
+    assert json.loads(calls[0].arguments) == {"a": 12, "b": "twelve"}
+    _, calls = parse_tool_calls(text, NAMES, {"add": {"a"}})
+    assert json.loads(calls[0].arguments) == {"a": "12", "b": "twelve"}
+    _, calls = parse_tool_calls(OPEN + "add\n" + CLOSE, NAMES)
+    assert calls[0].arguments == "{}"
