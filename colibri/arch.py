@@ -43,6 +43,7 @@ QK_NONE, QK_HEAD, QK_FULL, QK_HEAD_POST = (int(_forward.cb_qk_norm[f"CB_QK_NORM_
                                            for k in ("NONE", "HEAD", "FULL", "HEAD_POST"))
 ROPE_NORMAL, ROPE_NEOX = int(_ops.cb_rope_mode.CB_ROPE_NORMAL), int(_ops.cb_rope_mode.CB_ROPE_NEOX)
 GATING_SOFTMAX, GATING_SIGMOID = _forward.GATING_SOFTMAX, _forward.GATING_SIGMOID
+GATING_SPARSEMIXER = _forward.GATING_SPARSEMIXER
 MAX_LAYERS = 1 << 16
 MAX_EXPERTS = 1 << 20
 
@@ -87,6 +88,7 @@ class Family:
     qk_norm_if_present: bool = False  # qk_norm applies when blk.0.attn_q_norm exists
     # granite: embedding_scale, attention.scale, residual_scale and logit_scale (divides) keys
     granite_scales: bool = False
+    layer_norm: bool = False  # LayerNorms with biases instead of RMSNorms (phimoe)
 
 
 FAMILIES: dict[str, Family] = {
@@ -101,8 +103,12 @@ FAMILIES: dict[str, Family] = {
     "gemma2": Family(act=ACT_GELU_TANH, embd_scale=True, post_norms=True, swa_pattern=2,
                      big_attn_scale_layers=46, default_swa=4096),
     # phi3 (Phi-3, Phi-4 mini): fused qkv and gate-up; its sliding window is not applied
-    # (llama.cpp disables Phi SWA); longrope files (rope_factors_long/short) are refused
+    # (llama.cpp disables Phi SWA); LongRoPE (rope_factors_long/short) as llama.cpp applies it
     "phi3": Family(fused_gate_up=True, no_swa=True),
+    # phimoe (Phi-3.5-MoE): LayerNorms with biases, attention and head biases, sparsemixer
+    # routing (routing_logic.h; llama.cpp approximates it by a renormalised softmax top-2)
+    "phimoe": Family(moe=True, renorm=False, gating=GATING_SPARSEMIXER, layer_norm=True,
+                     no_swa=True),
     # dots1 (dots.llm1): qwen3's attention, DeepSeek-V3's MoE: sigmoid scores, a selection
     # bias, renormalised weights times expert_weights_scale, shared experts, dense first layers
     "dots1": Family(qk_norm=QK_HEAD, moe=True, renorm=True, gating=GATING_SIGMOID,
@@ -250,12 +256,14 @@ def _set_known(d: Any, name: str, value: Any) -> None:
     setattr(d, name, value)
 
 
-def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mapped") -> ModelDesc:
+def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mapped",
+             ctx: int | None = None) -> ModelDesc:
     """Build the model description of a GGUF file, or raise UnsupportedModel naming what is
     missing or not supported. dequantize=True expands every matrix to float32 at load (4 bytes
     per weight; exact products, used to compare implementations without the rounding of 8-bit
     activations). dense_weights="copy" copies the dense matrices to huge pages (colibri.dense;
-    `desc.dense_copied` names them), "mapped" reads them through the file mapping."""
+    `desc.dense_copied` names them), "mapped" reads them through the file mapping. ctx: the
+    context the model will run with (LongRoPE files choose their factors by it)."""
     if dense_weights not in MODES:
         raise ValueError(f"dense_weights must be one of {', '.join(MODES)}, got {dense_weights!r}")
     arch = gf.architecture
@@ -310,10 +318,10 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
     if scaling_type not in ("none", "linear") and factor not in (0.0, 1.0):
         raise UnsupportedModel(f"{p}: rope scaling {scaling_type!r} is not supported")
     freq_scale = 1.0 / factor if factor > 0 else 1.0
-    for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
-        if r.has(name):
-            raise UnsupportedModel(f"{p}: {name} (LongRoPE scaling, as Phi-3 128k files use) "
-                                   "is not supported yet")
+    # LongRoPE (Phi-3/3.5 128k): the long factors when the context runs past the original
+    # one, as llama.cpp chooses (by the context asked for: ctx, else the trained one)
+    longrope = r.has("rope_factors_long.weight") or r.has("rope_factors_short.weight")
+    rope_attn_factor = r.float_key("rope.scaling.attn_factor", 1.0, lo=0.0, hi=1e3, lo_open=True)
     if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv or n_embd <= 0 or n_layer <= 0:
         raise UnsupportedModel(f"{p}: bad attention sizes: {n_head} heads, {n_head_kv} KV heads")
 
@@ -371,6 +379,10 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
     # rope of the global layers), n_rot/2 values; with per-layer attention, on global layers only
     rope_rot = n_rot if per_layer is None else next((a.n_rot for a in per_layer if not a.sliding), n_rot)
     rope_freqs = r.vec("rope_freqs.weight", rope_rot // 2, required=False)
+    if longrope and rope_freqs is None:
+        orig = r.int_key("rope.scaling.original_context_length", n_ctx, lo=1)
+        which = "long" if (ctx or n_ctx) > orig else "short"
+        rope_freqs = r.vec(f"rope_factors_{which}.weight", rope_rot // 2)
 
     layers = []
     for i in range(n_layer):
@@ -411,6 +423,10 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
             L.attn_post_norm = r.vec(b + "post_attention_norm.weight", n_embd)
             L.ffn_post_norm = r.vec(b + "post_ffw_norm.weight", n_embd)
         L.rope_base, L.rope_freq_scale, L.rope_freqs = rope_base, freq_scale, rope_freqs
+        L.rope_attn_factor = rope_attn_factor
+        if fam.layer_norm:
+            L.attn_norm_b = r.vec(b + "attn_norm.bias", n_embd, required=False)
+            L.ffn_norm_b = r.vec(ffn_norm_name[:-len("weight")] + "bias", n_embd, required=False)
         L.v_norm = fam.v_norm
         if fam.out_scale:
             L.out_scale = r.vec(b + "layer_output_scale.weight", 1, required=False)
@@ -476,6 +492,8 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
         final_softcap=r.float_key("final_logit_softcapping", fam.final_softcap, lo=0.0),
         gating=gating, expert_renorm=renorm, expert_scale=expert_scale,
         tok_embd=tok_embd, output_norm=output_norm, output=output, layers=layers,
+        output_b=r.vec("output.bias", n_vocab, required=False), layer_norm=fam.layer_norm,
+        output_norm_b=r.vec("output_norm.bias", n_embd, required=False) if fam.layer_norm else None,
     )
     desc._keep = r.keep
     desc.dense_copied = r.dense.names if r.dense is not None else set()

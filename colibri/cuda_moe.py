@@ -49,7 +49,7 @@ import numpy as np
 
 import colibri._core._quant as _q
 from colibri import _cuda_ref as ref
-from colibri.arch import ACT_GELU_TANH, GATING_SIGMOID, ModelDesc
+from colibri.arch import ACT_GELU_TANH, GATING_SIGMOID, GATING_SOFTMAX, ModelDesc, UnsupportedModel
 from colibri.errors import ColibriError
 
 __all__ = ["CudaExperts"]
@@ -78,6 +78,9 @@ class CudaExperts:
                  store: Any = None, budget: str | float | int | None = None) -> None:
         if weights not in ref.WEIGHT_FORMATS:
             raise ValueError(f"cuda_weights must be one of {ref.WEIGHT_FORMATS}, got {weights!r}")
+        if desc.gating not in (GATING_SOFTMAX, GATING_SIGMOID):  # the kernels' two gatings
+            raise UnsupportedModel(f"device='cuda': {desc.arch}'s expert routing (sparsemixer) "
+                                   "does not run on the GPU yet; run it on the CPU")
         if runtime is None:
             from colibri import cuda
 

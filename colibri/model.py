@@ -59,14 +59,14 @@ def parse_budget(budget: str | float | int | None, expert_bytes: int) -> int | N
 
 
 def _open_file(path: str, dequantize: bool, verify: bool,
-               dense_weights: str = "mapped") -> tuple[Any, ModelDesc]:
+               dense_weights: str = "mapped", ctx: int | None = None) -> tuple[Any, ModelDesc]:
     """The validated file (a GGUFFile, or a ContainerFile by its magic) and its description."""
     from colibri.arch import describe
     from colibri.container import open_model_file
 
     f = open_model_file(path, verify=verify)
     try:
-        return f, describe(f, dequantize, dense_weights)
+        return f, describe(f, dequantize, dense_weights, ctx)
     except BaseException:
         f.close()
         raise
@@ -215,7 +215,8 @@ class Model:
             raise ValueError(f"model path {self.path} is not a regular file")
         self.deterministic = bool(deterministic)
         self.dense_weights = str(config.resolve("COLIBRI_DENSE_WEIGHTS", dense_weights))
-        self.gguf, self.desc = _open_file(self.path, dequantize, verify, self.dense_weights)
+        self.gguf, self.desc = _open_file(self.path, dequantize, verify, self.dense_weights,
+                                           self.ctx)
         self._arch, self._n_ctx_train = self.desc.arch, self.desc.n_ctx_train
         try:
             self._load(kv_dtype, tokenizer, expert_mode, expert_budget, expert_policy, pin,

@@ -14,6 +14,9 @@
  *      sel (equal values: ascending id);
  *   4. weights w_i = score[id_i] (unbiased); with renorm, w_i /= sum_i w_i;
  *   5. w_i *= scale (DeepSeek-V3's routed_scaling_factor; 1 for most models).
+ * Sparsemixer (PhiMoE, its inference form): experts chosen by raw logit (plus bias); w_i is the
+ * softmax, at id_i, over the experts not chosen before whose logits l are within the jitter
+ * band of l[id_i] = m: (m - l) / max(|l|, m) <= 2 * CB_SPARSEMIXER_EPS; then steps 4-5.
  * All arithmetic is float32 with expf; host and device results can differ by a few ulp in the
  * weights (different expf implementations), never in the ids unless two selection values
  * are within that rounding of each other.
@@ -44,6 +47,9 @@
 
 #define CB_GATING_SOFTMAX 0
 #define CB_GATING_SIGMOID 1
+#define CB_GATING_SPARSEMIXER 2
+/* PhiMoE's router_jitter_noise (its published configs; GGUF files do not carry it) */
+#define CB_SPARSEMIXER_EPS 0.01f
 
 #define CB_ROUTE_OK 0
 #define CB_ROUTE_EARG (-1)    /* n_experts, k or gating out of range */
@@ -72,7 +78,8 @@ CB_HD static inline int cb_route_token(const float *logits, int n_experts, int k
     int status = CB_ROUTE_OK;
     if (logits == 0 || ids == 0 || weights == 0 || n_experts < 1 ||
         n_experts > CB_ROUTE_MAX_EXPERTS || k < 1 || k > n_experts || k > CB_ROUTE_MAX_K ||
-        (gating != CB_GATING_SOFTMAX && gating != CB_GATING_SIGMOID) ||
+        (gating != CB_GATING_SOFTMAX && gating != CB_GATING_SIGMOID &&
+         gating != CB_GATING_SPARSEMIXER) ||
         !cb_route_finite(scale)) {
         status = CB_ROUTE_EARG;
         goto fail;
@@ -94,7 +101,8 @@ CB_HD static inline int cb_route_token(const float *logits, int n_experts, int k
      * id order and an entry only moves ahead of strictly smaller values, so equal values keep
      * the lower id first. */
     for (e = 0; e < n_experts; e++) {
-        float v = cb_route_score(logits[e], gating, mx, inv_sum);
+        float v = gating == CB_GATING_SPARSEMIXER ? logits[e]
+                                                  : cb_route_score(logits[e], gating, mx, inv_sum);
         if (bias != 0) v += bias[e];
         if (n == k && !(v > sel[k - 1])) continue;
         i = n < k ? n++ : k - 1;
@@ -109,7 +117,22 @@ CB_HD static inline int cb_route_token(const float *logits, int n_experts, int k
     {
         float total = 0.0f;
         for (i = 0; i < k; i++) {
-            weights[i] = cb_route_score(logits[ids[i]], gating, mx, inv_sum);
+            if (gating == CB_GATING_SPARSEMIXER) {
+                const float m = logits[ids[i]];
+                float sum = 0.0f;
+                for (e = 0; e < n_experts; e++) {
+                    int j, taken = 0;
+                    for (j = 0; j < i; j++) taken |= ids[j] == e;
+                    const float a = logits[e] < 0.0f ? -logits[e] : logits[e];
+                    /* (a NaN quotient, 0 / 0, is not "above": the expert stays in) */
+                    if (taken || (m - logits[e]) / (a > m ? a : m) > 2.0f * CB_SPARSEMIXER_EPS)
+                        continue;
+                    sum += expf(logits[e] - m);
+                }
+                weights[i] = 1.0f / sum; /* sum >= 1: expert id_i contributes exp(0) */
+            } else {
+                weights[i] = cb_route_score(logits[ids[i]], gating, mx, inv_sum);
+            }
             total += weights[i];
         }
         /* total > 0 unless every selected sigmoid underflowed to 0 (logits below about -88):

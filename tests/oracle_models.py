@@ -122,6 +122,21 @@ def family_configs():
         # per-head q/k norms after RoPE; 10 experts, top 3, renormalised; a shared MLP
         "hunyuan_v1_moe": (T.HunYuanMoEV1Config, T.HunYuanMoEV1ForCausalLM,
                            dict(intermediate_size=32, num_experts=10, moe_topk=3, head_dim=16)),
+        # PhiMoE (Phi-3.5-MoE): LayerNorms with biases, q/k/v/o and head biases, sparsemixer
+        # routing over 10 experts (top 2)
+        "phimoe": (T.PhimoeConfig, T.PhimoeForCausalLM,
+                   dict(intermediate_size=48, num_local_experts=10, num_experts_per_tok=2,
+                        attention_bias=True, lm_head_bias=True, sliding_window=None)),
+        # phi3 with LongRoPE (Phi-3.5-mini's 128k scaling): original context 32, so prompts
+        # of up to 32 tokens use the short factors, longer ones the long factors, each with
+        # the attention factor sqrt(1 + ln(512/32) / ln(32))
+        "phi3_longrope": (T.Phi3Config, T.Phi3ForCausalLM,
+                          dict(intermediate_size=96, sliding_window=None,
+                               original_max_position_embeddings=32, rope_parameters=dict(
+                                   rope_type="longrope", rope_theta=10000.0,
+                                   original_max_position_embeddings=32,
+                                   short_factor=[1.0 + 0.15 * i for i in range(8)],
+                                   long_factor=[1.0 + 1.3 * i for i in range(8)]))),
         # llama with Llama 3.1 rope scaling (converted to a rope_freqs tensor): head_dim 16,
         # original context 64, so short, medium and long wavelengths all occur in 40 tokens
         "llama3_rope": (T.LlamaConfig, T.LlamaForCausalLM,
@@ -134,12 +149,12 @@ def family_configs():
 
 FAMILIES = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
             "gemma4", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe",
-            "granitemoe", "granitemoeshared", "hunyuan_v1_moe"]
-EXTRA = ["llama3_rope", "gemma4_mm"]  # built on demand by their own tests
+            "granitemoe", "granitemoeshared", "hunyuan_v1_moe", "phimoe"]
+EXTRA = ["llama3_rope", "gemma4_mm", "phi3_longrope"]  # built on demand by their own tests
 # each model's seed: its place here (a family added at the end leaves the others' weights)
 SEED_ORDER = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
               "gemma4", "llama3_rope", "gemma4_mm", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe",
-              "granitemoe", "granitemoeshared", "hunyuan_v1_moe"]
+              "granitemoe", "granitemoeshared", "hunyuan_v1_moe", "phimoe", "phi3_longrope"]
 
 
 def add_bigram_path(model, seed: int, strength: float = 0.5) -> None:

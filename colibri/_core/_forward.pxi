@@ -27,8 +27,8 @@ from colibri._core.forward cimport (
 )
 from colibri._core.forward cimport cb_experts_read_fn, cb_experts_set_read_hook  # test only
 from colibri._core.forward cimport (
-    CB_GATING_SIGMOID, CB_GATING_SOFTMAX, CB_ROUTE_MAX_EXPERTS, CB_ROUTE_MAX_K,
-    CB_ROUTE_WARP_MAX_EXPERTS,
+    CB_GATING_SIGMOID, CB_GATING_SOFTMAX, CB_GATING_SPARSEMIXER, CB_ROUTE_MAX_EXPERTS,
+    CB_ROUTE_MAX_K, CB_ROUTE_WARP_MAX_EXPERTS,
 )
 
 
@@ -50,6 +50,7 @@ _POLICIES = {"lru": CB_EXPERTS_LRU, "lfru": CB_EXPERTS_LFRU}
 # routing (cuda/routing_logic.h, shared by the C forward pass and the CUDA kernels)
 GATING_SOFTMAX = CB_GATING_SOFTMAX
 GATING_SIGMOID = CB_GATING_SIGMOID
+GATING_SPARSEMIXER = CB_GATING_SPARSEMIXER
 ROUTE_MAX_EXPERTS = CB_ROUTE_MAX_EXPERTS
 ROUTE_MAX_K = CB_ROUTE_MAX_K
 ROUTE_WARP_MAX_EXPERTS = CB_ROUTE_WARP_MAX_EXPERTS

@@ -231,7 +231,8 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
             if (ff > *max_ff) *max_ff = ff;
         }
     }
-    if (m->gating != CB_GATING_SOFTMAX && m->gating != CB_GATING_SIGMOID)
+    if (m->gating != CB_GATING_SOFTMAX && m->gating != CB_GATING_SIGMOID &&
+        m->gating != CB_GATING_SPARSEMIXER)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: unknown gating %d", m->gating);
     return CB_OK;
 }
@@ -580,12 +581,21 @@ static void kv_store(uint8_t *dst, const float *src, int64_t n, size_t elt) {
     else cb_f32_to_f16_n(src, n, (uint16_t *)(void *)dst);
 }
 
+/* The pre-norm of a block (attention, FFN, output): RMSNorm, or LayerNorm with its bias when
+ * the model says so (phimoe). */
+static cb_status pre_norm(const cb_model_desc_t *m, const float *x, int64_t n, const float *w,
+                          const float *bias, float *out) {
+    const int64_t E = m->n_embd;
+    if (m->layer_norm) return cb_layernorm_rows(x, E, n, E, w, bias, m->norm_eps, out, E);
+    return cb_rmsnorm_rows(x, E, n, E, w, m->norm_eps, 0, out, E);
+}
+
 static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
     const cb_model_desc_t *m = f->m;
     const cb_layer_desc_t *L = &m->layers[l];
     const int64_t n = b->n_tokens, E = m->n_embd, hd = layer_hd(m, L), n_kv = layer_nkv(m, L);
     const int64_t nq = (int64_t)m->n_head * hd, nkv = n_kv * hd;
-    CHECK_OK(cb_rmsnorm_rows(f->x, E, n, E, L->attn_norm, m->norm_eps, 0, f->h, E));
+    CHECK_OK(pre_norm(m, f->x, n, L->attn_norm, L->attn_norm_b, f->h));
     CHECK_OK(fmm(f, &L->wq, f->h, n, E, f->q, nq));
     CHECK_OK(fmm(f, &L->wk, f->h, n, E, f->k, nkv));
     if (L->v_from_k)
@@ -611,6 +621,7 @@ static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
     rp.freq_base = L->rope_base;
     rp.freq_scale = L->rope_freq_scale;
     rp.freq_factors = L->rope_freqs;
+    if (L->rope_attn_factor > 0.0f) rp.attn_factor = L->rope_attn_factor;
     if (!f->rope_ok || f->rope_hd != hd || !same_rope(&f->rope_key, &rp)) {
         f->rope_ok = 0;
         CHECK_OK(cb_rope_cache_batch(n, f->pos64, hd, &rp, f->rope_cs, f->rope_sn, CB_ROPE_ROW));
@@ -821,7 +832,7 @@ static cb_status ffn(cb_forward_t *f, int l, int64_t n) {
     const cb_model_desc_t *m = f->m;
     const cb_layer_desc_t *L = &m->layers[l];
     const int64_t E = m->n_embd;
-    CHECK_OK(cb_rmsnorm_rows(f->x, E, n, E, L->ffn_norm, m->norm_eps, 0, f->h, E));
+    CHECK_OK(pre_norm(m, f->x, n, L->ffn_norm, L->ffn_norm_b, f->h));
     const int both = L->n_expert > 0 && mat_present(&L->ffn_gate);
     if (both) {
         /* gemma4: the dense FFN into o2 (post_ffw_norm_1), then the router's own input */
@@ -988,11 +999,15 @@ cb_status cb_forward_run(cb_forward_t *f, const cb_batch_t *b, float *logits_out
     int64_t nw = 0;
     for (int64_t t = 0; t < n; t++) {
         if (b->logits && !b->logits[t]) continue;
-        CHECK_OK(cb_rmsnorm(f->x + t * E, m->output_norm, E, m->norm_eps, 0, f->lrows + nw * E));
+        CHECK_OK(pre_norm(m, f->x + t * E, 1, m->output_norm, m->output_norm_b, f->lrows + nw * E));
         nw++;
     }
     if (nw > 0) {
         CHECK_OK(fmm(f, &m->output, f->lrows, nw, E, logits_out, m->n_vocab));
+        if (m->output_b)
+            for (int64_t t = 0; t < nw; t++)
+                CHECK_OK(cb_add(logits_out + t * m->n_vocab, m->output_b, m->n_vocab,
+                                logits_out + t * m->n_vocab));
         if (m->logit_scale != 0.0f && m->logit_scale != 1.0f)
             cb_scale(logits_out, nw * m->n_vocab, m->logit_scale);
         if (m->final_softcap > 0) cb_softcap(logits_out, nw * m->n_vocab, m->final_softcap);

@@ -114,6 +114,7 @@ cdef extern from "routing_logic.h" nogil:
     enum:
         CB_GATING_SOFTMAX
         CB_GATING_SIGMOID
+        CB_GATING_SPARSEMIXER
         CB_ROUTE_MAX_EXPERTS
         CB_ROUTE_MAX_K
         CB_ROUTE_WARP_MAX_EXPERTS

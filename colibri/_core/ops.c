@@ -487,23 +487,54 @@ cb_status cb_rmsnorm(const float *x, const float *weight, int64_t n, float eps,
     return cb_rmsnorm_rows(x, n, 1, n, weight, eps, add_unit_offset, out, n);
 }
 
+/* The argument checks of the row norms (name: the caller's, for the message). */
+static cb_status norm_rows_args(const char *name, const float *x, int64_t x_stride,
+                                int64_t n_rows, int64_t n, float eps, const float *out,
+                                int64_t out_stride) {
+    CHECK_N(n, name);
+    if (n_rows < 0) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "%s: n_rows %lld < 0", name,
+                                   (long long)n_rows);
+    if (n == 0 || n_rows == 0) return CB_OK;
+    if (!x || !out) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "%s: x or out is NULL", name);
+    if ((n_rows > 1 && (x_stride < n || out_stride < n)))
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                       "%s: strides %lld, %lld smaller than the row length %lld", name,
+                       (long long)x_stride, (long long)out_stride, (long long)n);
+    if (!(eps >= 0.0f) || isinf(eps))
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "%s: eps %g must be finite and >= 0", name,
+                       (double)eps);
+    return CB_OK;
+}
+
 cb_status cb_rmsnorm_rows(const float *x, int64_t x_stride, int64_t n_rows, int64_t n,
                           const float *weight, float eps, int add_unit_offset, float *out,
                           int64_t out_stride) {
-    CHECK_N(n, "cb_rmsnorm");
-    if (n_rows < 0) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "cb_rmsnorm: n_rows %lld < 0",
-                                   (long long)n_rows);
-    if (n == 0 || n_rows == 0) return CB_OK;
-    if (!x || !out) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "cb_rmsnorm: x or out is NULL");
-    if ((n_rows > 1 && (x_stride < n || out_stride < n)))
-        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
-                       "cb_rmsnorm: strides %lld, %lld smaller than the row length %lld",
-                       (long long)x_stride, (long long)out_stride, (long long)n);
-    if (!(eps >= 0.0f) || isinf(eps))
-        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "cb_rmsnorm: eps %g must be finite and >= 0",
-                       (double)eps);
+    cb_status st = norm_rows_args("cb_rmsnorm", x, x_stride, n_rows, n, eps, out, out_stride);
+    if (st != CB_OK || n == 0 || n_rows == 0) return st;
     for (int64_t r = 0; r < n_rows; r++)
         rmsnorm_row(x + r * x_stride, weight, n, eps, add_unit_offset != 0, out + r * out_stride);
+    return CB_OK;
+}
+
+cb_status cb_layernorm_rows(const float *x, int64_t x_stride, int64_t n_rows, int64_t n,
+                            const float *weight, const float *bias, float eps, float *out,
+                            int64_t out_stride) {
+    cb_status st = norm_rows_args("cb_layernorm", x, x_stride, n_rows, n, eps, out, out_stride);
+    if (st != CB_OK || n == 0 || n_rows == 0) return st;
+    for (int64_t r = 0; r < n_rows; r++) {
+        const float *xr = x + r * x_stride;
+        float *o = out + r * out_stride;
+        double mean = 0.0, var = 0.0;
+        for (int64_t i = 0; i < n; i++) mean += xr[i];
+        mean /= (double)n;
+        for (int64_t i = 0; i < n; i++) var += ((double)xr[i] - mean) * ((double)xr[i] - mean);
+        const double inv = 1.0 / sqrt(var / (double)n + (double)eps);
+        for (int64_t i = 0; i < n; i++) {
+            float v = (float)(((double)xr[i] - mean) * inv);
+            if (weight) v *= weight[i];
+            o[i] = bias ? v + bias[i] : v;
+        }
+    }
     return CB_OK;
 }
 

@@ -4,7 +4,7 @@
     python -m colibri.tools.convert_hf MODEL_DIR OUT.gguf [--outtype f32|f16|bf16|q8_0] [--pre NAME]
     (from a checkout also: python tools/convert_hf.py ...)
 
-Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, phi3, dots1,
+Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, phi3, phimoe, dots1,
 glm4_moe, ernie4_5_moe, granitemoe, granitemoeshared, hunyuan_v1_moe, gemma2, gemma3_text,
 gemma4_text (and gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
 TensorNameMap, and the layout follows llama.cpp's convert_hf_to_gguf.py so that colibri and
@@ -60,6 +60,7 @@ ARCHES = {
     "olmoe": "olmoe",
     "gemma2": "gemma2",
     "phi3": "phi3",
+    "phimoe": "phimoe",
     "dots1": "dots1",
     "glm4_moe": "glm4moe",
     "ernie4_5_moe": "ernie4_5-moe",
@@ -78,6 +79,7 @@ GGUF_ARCH = {
     "olmoe": gguf.MODEL_ARCH.OLMOE,
     "gemma2": gguf.MODEL_ARCH.GEMMA2,
     "phi3": gguf.MODEL_ARCH.PHI3,
+    "phimoe": gguf.MODEL_ARCH.PHIMOE,
     "dots1": gguf.MODEL_ARCH.DOTS1,
     "glm4moe": gguf.MODEL_ARCH.GLM4_MOE,
     "ernie4_5-moe": gguf.MODEL_ARCH.ERNIE4_5_MOE,
@@ -280,7 +282,7 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
         w.add_sliding_window(int(cfg["sliding_window"]))
         w.add_attn_logit_softcapping(float(cfg["attn_logit_softcapping"]))
         w.add_final_logit_softcapping(float(cfg["final_logit_softcapping"]))
-    elif arch == "phi3":  # as llama.cpp writes it: the sliding window always (0: none)
+    elif arch in ("phi3", "phimoe"):  # as llama.cpp writes it: the sliding window always (0: none)
         w.add_rope_freq_base(_rope_theta(cfg))
         scaling = _rope_scaling(cfg)
         w.add_sliding_window(int(cfg.get("sliding_window") or 0))
@@ -316,6 +318,16 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
         elif kind == "linear":
             w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(float(scaling["factor"]))
+        elif kind in ("longrope", "su") and arch in ("phi3", "phimoe"):
+            # the factors are tensors (Converter.tensors); the attention factor as llama.cpp
+            # computes it, or the checkpoint's own (phimoe's short_mscale, which its
+            # transformers model applies)
+            orig = int(scaling["original_max_position_embeddings"])
+            scale = int(cfg["max_position_embeddings"]) / orig
+            attn = scaling.get("attention_factor") or scaling.get("short_mscale") or (
+                math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0)
+            w.add_rope_scaling_orig_ctx_len(orig)
+            w.add_rope_scaling_attn_factors(float(attn))
         elif kind == "yarn":
             w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
             w.add_rope_scaling_factor(float(scaling["factor"]))
@@ -521,6 +533,9 @@ class Converter:
             if rf is not None:
                 yield "rope_freqs.weight", rf
         scaling = _rope_scaling(cfg)
+        if self.arch in ("phi3", "phimoe") and scaling and scaling.get("long_factor"):
+            yield "rope_factors_long.weight", np.asarray(scaling["long_factor"], np.float32)
+            yield "rope_factors_short.weight", np.asarray(scaling["short_factor"], np.float32)
         if self.arch == "llama" and scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
             yield "rope_freqs.weight", _llama3_rope_freqs(cfg, scaling)
         for hf_name, data in iter_safetensors(self.dir):

@@ -7,7 +7,7 @@
  * once, each at its own position, with K/V in a cb_kvcache_t.
  *
  * One layer, for the batch (x: the residual stream, [n_tokens x n_embd] float32):
- *   h = rmsnorm(x) * attn_norm
+ *   h = rmsnorm(x) * attn_norm (layer_norm: LayerNorm with attn_norm_b; likewise every pre-norm)
  *   q = Wq h (+bq), k = Wk h (+bk), v = Wv h (+bv)
  *   (gemma4 attention_k_eq_v: no Wv, v = the K projection)
  *   q/k norm: per head ([head_dim] weights, qwen3/gemma3/gemma4) or over the whole projection
@@ -32,8 +32,8 @@
  *   x += f; with out_scale: x *= out_scale[0]
  * Each layer may have its own head_dim / KV heads / rotated dims (gemma4's sliding and global
  * layers); a token's K/V in the cache are the layers' [K heads][V heads] one after another.
- * then logits = Wout (rmsnorm(x) * output_norm) for the tokens that want logits, with an
- * optional final tanh softcap.
+ * then logits = Wout (rmsnorm(x) * output_norm) (+ output_b) for the tokens that want logits,
+ * with an optional final tanh softcap.
  *
  * Ownership: the description and everything it points to are borrowed by cb_forward_t for its
  * whole life (Python keeps the file mapping and arrays alive). The KV cache, expert store and
@@ -130,6 +130,7 @@ typedef enum cb_desc_kind {
      * per token in the cache, the layers one after another. */                                  \
     X(I32, n_head_kv) X(I32, head_dim) X(I32, rope_n_dims)                                       \
     X(VEC, rope_freqs)      /* [rope_n_dims/2] RoPE frequency divisors or NULL */                \
+    X(F32, rope_attn_factor) /* cos/sin magnitude, q and k both (LongRoPE); 0 or 1: none */     \
     X(I32, v_norm)          /* RMSNorm of each V head, no weight (gemma4) */                     \
     X(I32, v_from_k)        /* wv absent: V = the K projection before its norm */                \
     X(VEC, out_scale)       /* [1]: the layer's output x is multiplied by it, or NULL */         \
@@ -140,7 +141,8 @@ typedef enum cb_desc_kind {
      * expert e's output is multiplied by exp_down_scale[e]. */                                  \
     X(VEC, ffn_post_norm_1) X(VEC, ffn_pre_norm_2) X(VEC, ffn_post_norm_2) /* [n_embd] */        \
     X(VEC, router_in_scale) /* [n_embd] or NULL (router reads the FFN input) */                  \
-    X(VEC, exp_down_scale)  /* [n_expert] or NULL */
+    X(VEC, exp_down_scale)  /* [n_expert] or NULL */                                         \
+    X(VEC, attn_norm_b) X(VEC, ffn_norm_b) /* LayerNorm biases (layer_norm) or NULL */
 
 /* The model (plus `layers`, the [n_layer] layer table, set by whoever assembles it). */
 #define CB_MODEL_DESC_FIELDS(X)                                                                  \
@@ -163,7 +165,11 @@ typedef enum cb_desc_kind {
     X(F32, expert_scale)    /* weights multiplied by this (1 = none) */                          \
     X(MAT, tok_embd)        /* [n_vocab x n_embd] */                                             \
     X(VEC, output_norm)     /* [n_embd] */                                                       \
-    X(MAT, output)          /* [n_vocab x n_embd] (tok_embd when tied) */
+    X(MAT, output)          /* [n_vocab x n_embd] (tok_embd when tied) */                        \
+    X(VEC, output_b)        /* [n_vocab] head bias or NULL (phimoe) */                           \
+    X(I32, layer_norm)      /* 1: the attention, FFN and output norms are LayerNorms with       \
+                               optional biases (attn_norm_b, ffn_norm_b, output_norm_b) (phimoe) */ \
+    X(VEC, output_norm_b)   /* [n_embd] or NULL */
 
 #define CB_DESC_MEMBER_(kind, name) CB_DESC_T_##kind name;
 

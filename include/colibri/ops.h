@@ -45,6 +45,12 @@ cb_status cb_rmsnorm_rows(const float *x, int64_t x_stride, int64_t n_rows, int6
                           const float *weight, float eps, int add_unit_offset, float *out,
                           int64_t out_stride);
 
+/* LayerNorm over n_rows rows (as cb_rmsnorm_rows): out = (x - mean) / sqrt(var + eps) * weight
+ * + bias, mean and variance over the row in double; weight / bias NULL: 1 / 0 (phimoe). */
+cb_status cb_layernorm_rows(const float *x, int64_t x_stride, int64_t n_rows, int64_t n,
+                            const float *weight, const float *bias, float eps, float *out,
+                            int64_t out_stride);
+
 /* ---- rotary position embedding ---- */
 
 typedef enum cb_rope_mode {

@@ -369,6 +369,26 @@ int main(void) {
     CHECK(cb_rmsnorm(x, NULL, -1, 1e-6f, 0, o) == CB_STATUS_INVALID_ARGUMENT);
     CHECK(cb_rmsnorm(x, NULL, 4, -1.0f, 0, o) == CB_STATUS_INVALID_ARGUMENT);
     CHECK(cb_rmsnorm_rows(x, 1, 2, 2, NULL, 1e-6f, 0, o, 2) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_layernorm_rows(x, 1, 2, 2, NULL, NULL, 1e-6f, o, 2) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_layernorm_rows(NULL, 4, 1, 4, NULL, NULL, 1e-6f, o, 4) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_layernorm_rows(x, 4, 1, 4, NULL, NULL, NAN, o, 4) == CB_STATUS_INVALID_ARGUMENT);
+    {   /* LayerNorm: two rows of 4 with weight and bias, against the double formula */
+        const float lx[8] = {1, 2, 3, 4, -2, 0.5f, 7, 1e3f}, lw[4] = {1, -2, 0.5f, 3},
+                    lb[4] = {0.1f, 0, -1, 2};
+        float lo[8];
+        CHECK(cb_layernorm_rows(lx, 4, 2, 4, lw, lb, 1e-5f, lo, 4) == CB_OK);
+        for (int r = 0; r < 2; r++) {
+            double mu = 0, var = 0;
+            for (int i = 0; i < 4; i++) mu += lx[4 * r + i] / 4.0;
+            for (int i = 0; i < 4; i++) var += (lx[4 * r + i] - mu) * (lx[4 * r + i] - mu) / 4.0;
+            for (int i = 0; i < 4; i++) {
+                double want = (lx[4 * r + i] - mu) / sqrt(var + 1e-5) * lw[i] + lb[i];
+                CHECK(fabs(lo[4 * r + i] - want) <= 1e-6 * (1 + fabs(want)));
+            }
+        }
+        CHECK(cb_layernorm_rows(lx, 4, 1, 4, NULL, NULL, 0.0f, lo, 4) == CB_OK); /* no affine */
+        CHECK(fabs(lo[0] + lo[1] + lo[2] + lo[3]) < 1e-6 && fabs(lo[0] + 1.3416408) < 1e-6);
+    }
     CHECK(cb_softmax(NULL, 3) == CB_STATUS_INVALID_ARGUMENT);
     CHECK(cb_softmax(NULL, 0) == CB_OK);
     CHECK(cb_softcap(x, 4, 0.0f) == CB_STATUS_INVALID_ARGUMENT);

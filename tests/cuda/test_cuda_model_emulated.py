@@ -71,6 +71,22 @@ def test_device_errors(rt, moe_models, monkeypatch, tmp_path):
     assert np.isfinite(m.logits([1, 2, 3])).all()
 
 
+def test_a_routing_the_kernels_lack_is_refused(rt, monkeypatch, tmp_path):
+    """phimoe's sparsemixer routing has no device kernel: Model(device="cuda") refuses it by
+    name before touching the device (the CPU runs it)."""
+    from oracle_models import build
+
+    import colibri.cuda as cuda
+    from colibri.arch import UnsupportedModel
+    from colibri.model import Model
+
+    monkeypatch.setattr(cuda, "get_runtime", lambda device=0: rt)
+    path = build("phimoe", tmp_path)[1]["f32"]
+    with pytest.raises(UnsupportedModel, match="sparsemixer"):
+        Model(path, threads=2, ctx=64, tokenizer=False, device="cuda")
+    assert np.isfinite(Model(path, threads=2, ctx=64, tokenizer=False).logits([1, 2])).all()
+
+
 def test_model_device_without_pycuda(monkeypatch, tmp_path):
     """Without PyCUDA (or a device) Model(device="cuda") fails saying what is missing."""
     from oracle_models import build

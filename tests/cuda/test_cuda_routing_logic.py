@@ -25,7 +25,7 @@ def c_route(lib, logits, k, gating, bias, renorm, scale):
     ids = np.empty((t, k), np.int32)
     w = np.empty((t, k), np.float32)
     b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
-    bad = lib.route_rows(logits, t, e, k, {"softmax": 0, "sigmoid": 1}[gating],
+    bad = lib.route_rows(logits, t, e, k, {"softmax": 0, "sigmoid": 1, "sparsemixer": 2}[gating],
                          None if b is None else b.ctypes.data, int(renorm), scale, ids, w)
     return bad, ids, w
 
@@ -54,6 +54,28 @@ def test_matches_numpy(lib, gating, use_bias, renorm, e, k):
     assert bad == 0
     np.testing.assert_array_equal(ids, rids)
     np.testing.assert_allclose(w, rw, rtol=3e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("e", [4, 16, 64])
+def test_sparsemixer_matches_transformers(lib, e):
+    """PhiMoE's routing (CB_GATING_SPARSEMIXER) against transformers' own sparsemixer (eval
+    mode, jitter 0.01, top 2): logits whose neighbours fall inside and outside the jitter band
+    of the maximum (rows with all logits near 0, mixed signs, a row of equal logits and zeros)."""
+    import torch
+    from transformers.models.phimoe.modeling_phimoe import sparsemixer
+
+    rng = np.random.default_rng(e)
+    rows = [rng.normal(0, s, e) for s in (0.01, 0.3, 3.0) for _ in range(20)]
+    near = rng.normal(2.0, 1.0, e)
+    near[:3] = [2.0, 1.99, 1.97]  # inside, inside, outside the band of 2.0 (2 * 0.01 relative)
+    rows += [near, np.full(e, 0.5), np.zeros(e), -np.abs(rng.normal(1, 1, e))]
+    logits = np.array(rows, np.float32)
+    bad, ids, w = c_route(lib, logits, 2, "sparsemixer", None, False, 1.0)
+    want_w, want_ids = sparsemixer(torch.from_numpy(logits), jitter_eps=0.01, training=False)
+    assert bad == 0
+    np.testing.assert_array_equal(ids, want_ids.numpy())
+    np.testing.assert_allclose(w, want_w.numpy(), rtol=2e-6, atol=0)
+    assert (w < 0.999).any() and (w[:, 1] < 0.999).any()  # some bands hold several experts
 
 
 def test_ties_go_to_lower_id(lib):

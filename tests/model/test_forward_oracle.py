@@ -152,18 +152,25 @@ def test_gemma4_text_part_of_multimodal_k_eq_v(tmp_path):
     assert rel_err(steps, batch) < 1e-5
 
 
-@pytest.mark.parametrize("tensor", ["rope_factors_long.weight", "rope_factors_short.weight"])
-def test_phi3_longrope_is_refused_by_name(tmp_path, tensor):
-    """Phi-3 128k files scale RoPE with LongRoPE factor tensors: refused, named (not run with
-    the plain RoPE, which would be wrong past the original context)."""
-    from gguf_util import write_gguf
+def test_phi3_longrope_short_and_long_factors(tmp_path):
+    """Phi-3.5's LongRoPE: the converter writes rope_factors_short/long and the attention factor
+    as llama.cpp's does; colibri uses the short factors when its context fits the original one
+    (32 here) and the long ones past it, as llama.cpp chooses. transformers switches by the
+    sequence's length: a 30-token prompt is the short case, a 60-token one the long case."""
+    import gguf
 
-    from colibri.arch import UnsupportedModel, open_model
-
-    meta = {"phi3.embedding_length": 64, "phi3.block_count": 2, "phi3.attention.head_count": 4,
-            "phi3.attention.layer_norm_rms_epsilon": 1e-6}
-    path = write_gguf(tmp_path / "phi3.gguf", "phi3", meta,
-                      {tensor: np.ones(8, dtype=np.float32)})
-    with pytest.raises(UnsupportedModel, match="LongRoPE") as e:
-        open_model(path)
-    assert tensor in str(e.value)
+    hf, paths = build("phi3_longrope", tmp_path, ("f32",))
+    r = gguf.GGUFReader(str(paths["f32"]))
+    assert {"rope_factors_long.weight", "rope_factors_short.weight"} <= {t.name for t in r.tensors}
+    short = Model(paths["f32"], threads=2, ctx=32, max_batch=64)
+    long = Model(paths["f32"], threads=2, ctx=256, max_batch=64)
+    assert short.desc.layers[0].rope_freqs.max() < long.desc.layers[0].rope_freqs.max()
+    assert long.desc.layers[0].rope_attn_factor == pytest.approx(
+        np.sqrt(1 + np.log(512 / 32) / np.log(32)), rel=1e-6)
+    for model, n in ((short, 30), (long, 60)):
+        ids = prompt(n, seed=1)
+        ref = hf_logits(hf, ids)
+        assert rel_err(model.logits(ids), ref) < 1e-4, n
+    # the other choice is measurably wrong: the test sees the factors
+    ids = prompt(30, seed=1)
+    assert rel_err(long.logits(ids), hf_logits(hf, ids)) > 1e-3
