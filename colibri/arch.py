@@ -188,7 +188,7 @@ class ModelDesc(_forward.CModelDesc):
     def kv_values_per_token(self) -> int:
         """K and V values one token keeps in the cache, over all layers."""
         return sum(2 * (L.n_head_kv or self.n_head_kv) * (L.head_dim or self.head_dim)
-                   for L in self.layers)
+                   for L in self.layers if not L.kv_from)  # a sharing layer keeps none
 
     def kv_bytes_per_token(self, kv_dtype: str = "f32") -> int:
         return self.kv_values_per_token() * (4 if kv_dtype == "f32" else 2)
@@ -203,7 +203,7 @@ class ModelDesc(_forward.CModelDesc):
 
     def _kv_uniform(self) -> bool:
         return all(L.n_head_kv in (0, self.n_head_kv) and L.head_dim in (0, self.head_dim)
-                   for L in self.layers)
+                   and not L.kv_from for L in self.layers)
 
     def kv_page_tokens(self) -> int:
         """Tokens per page of the KV cache's layout (include/colibri/arena.h): 256, so that
@@ -388,6 +388,7 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
     for i in range(n_layer):
         b = f"blk.{i}."
         hd_i, nkv_i = (head_dim, n_head_kv) if per_layer is None else (per_layer[i].head_dim, per_layer[i].n_head_kv)
+        kv_from = 0 if per_layer is None else per_layer[i].kv_from
         nq, nkv = n_head * hd_i, nkv_i * hd_i
         attn_norm = r.vec(b + "attn_norm.weight", n_embd)
         ffn_norm_name = b + "ffn_norm.weight"
@@ -399,23 +400,25 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
         wv: Mat | None
         if r.has(b + "attn_qkv.weight"):  # phi3: q, k and v rows in one tensor
             wq, wk, wv = r.mat_rows(b + "attn_qkv.weight", [nq, nkv, nkv], n_embd)
-        else:
-            wq, wk = r.mat(b + "attn_q.weight", nq, n_embd), r.mat(b + "attn_k.weight", nkv, n_embd)
+        else:  # a layer sharing another's K/V (kv_from) has no K/V projections
+            wq = r.mat(b + "attn_q.weight", nq, n_embd)
+            wk = r.mat(b + "attn_k.weight", nkv, n_embd, required=not kv_from)
             # gemma4 attention_k_eq_v: no attn_v, V is the K projection
-            wv = r.mat(b + "attn_v.weight", nkv, n_embd, required=not fam.v_from_k)
+            wv = r.mat(b + "attn_v.weight", nkv, n_embd, required=not (fam.v_from_k or kv_from))
         wo = r.mat(b + "attn_output.weight", n_embd, nq)
         assert attn_norm is not None and ffn_norm is not None
-        assert wq is not None and wk is not None and wo is not None
-        L = LayerDesc(attn_norm=attn_norm, wq=wq, wk=wk, wv=wv or Mat(F32, 0, 0, 0, None), wo=wo,
+        assert wq is not None and wo is not None and (wk is not None or kv_from)
+        none = Mat(F32, 0, 0, 0, None)
+        L = LayerDesc(attn_norm=attn_norm, wq=wq, wk=wk or none, wv=wv or none, wo=wo,
                       ffn_norm=ffn_norm)
-        L.v_from_k = wv is None
+        L.v_from_k, L.kv_from = wv is None and not kv_from, kv_from
         L.bq = r.vec(b + "attn_q.bias", nq, required=False)
         L.bk = r.vec(b + "attn_k.bias", nkv, required=False)
         L.bv = r.vec(b + "attn_v.bias", nkv, required=False)
         L.bo = r.vec(b + "attn_output.bias", n_embd, required=False)
         if qk_norm in (QK_HEAD, QK_HEAD_POST):
             L.q_norm = r.vec(b + "attn_q_norm.weight", hd_i)
-            L.k_norm = r.vec(b + "attn_k_norm.weight", hd_i)
+            L.k_norm = r.vec(b + "attn_k_norm.weight", hd_i, required=not kv_from)
         elif qk_norm == QK_FULL:
             L.q_norm = r.vec(b + "attn_q_norm.weight", nq)
             L.k_norm = r.vec(b + "attn_k_norm.weight", nkv)
@@ -481,6 +484,22 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
             L.ffn_up = r.mat(b + "ffn_up.weight", ff, n_embd)
             L.ffn_down = r.mat(b + "ffn_down.weight", n_embd, ff)
         layers.append(L)
+    # gemma4's per-layer embeddings (forward.h n_embd_per_layer)
+    n_pl = r.int_key("embedding_length_per_layer_input", 0, hi=1 << 16)
+    if n_pl > 0 or r.has("per_layer_token_embd.weight"):
+        if n_pl <= 0:
+            raise UnsupportedModel(f"{p}: per_layer_token_embd.weight without "
+                                   f"{arch}.embedding_length_per_layer_input")
+        for i, L in enumerate(layers):
+            b = f"blk.{i}."
+            L.pl_inp_gate = r.mat(b + "inp_gate.weight", n_pl, n_embd)
+            L.pl_proj = r.mat(b + "proj.weight", n_embd, n_pl)
+            L.pl_post_norm = r.vec(b + "post_norm.weight", n_embd)
+    pl_model = dict(
+        n_embd_per_layer=n_pl,
+        per_layer_tok_embd=r.mat("per_layer_token_embd.weight", n_vocab, n_layer * n_pl, copy=False),
+        per_layer_model_proj=r.mat("per_layer_model_proj.weight", n_layer * n_pl, n_embd),
+        per_layer_proj_norm=r.vec("per_layer_proj_norm.weight", n_pl)) if n_pl > 0 else {}
 
     desc = ModelDesc(
         arch=arch, n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv,
@@ -494,6 +513,7 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
         tok_embd=tok_embd, output_norm=output_norm, output=output, layers=layers,
         output_b=r.vec("output.bias", n_vocab, required=False), layer_norm=fam.layer_norm,
         output_norm_b=r.vec("output_norm.bias", n_embd, required=False) if fam.layer_norm else None,
+        **pl_model,
     )
     desc._keep = r.keep
     desc.dense_copied = r.dense.names if r.dense is not None else set()

@@ -302,6 +302,7 @@ class _LayerAttn:
     n_rot: int
     rope_base: float
     freq_scale: float
+    kv_from: int = 0  # 1 + the layer whose K/V it attends to (KV sharing), 0: its own
 
 
 def _per_layer(v: Any, n_layer: int, what: str, path: str) -> list[int]:
@@ -318,20 +319,11 @@ def gemma4_layer_attn(r: _Reader, n_layer: int, n_head: int, freq_scale: float
     """gemma4's per-layer attention (llama.cpp's reading): a per-layer sliding pattern, SWA
     layers with key_length_swa / rope.dimension_count_swa / rope.freq_base_swa, global layers
     with key_length / rope.dimension_count / rope.freq_base (and rope_freqs); head_count_kv
-    scalar or per layer. Returns the layers and the sliding window. Per-layer embeddings and
-    KV sharing are refused by name."""
+    scalar or per layer. Returns the layers and the sliding window. KV sharing
+    (attention.shared_kv_layers, Gemma 4 E2B/E4B): each of the last shared layers attends to
+    the K/V of the last layer of its kind (sliding or global) before them."""
     p = r.gf.path
-    ple = r.int_key("embedding_length_per_layer_input", 0)
-    if ple > 0 or r.has("per_layer_token_embd.weight"):
-        raise UnsupportedModel(
-            f"{p}: gemma4 per-layer embeddings (gemma4.embedding_length_per_layer_input = {ple}, "
-            f"tensor per_layer_token_embd.weight) are not supported"
-        )
-    shared = r.int_key("attention.shared_kv_layers", 0)
-    if shared > 0:
-        raise UnsupportedModel(
-            f"{p}: gemma4 KV sharing (gemma4.attention.shared_kv_layers = {shared}) is not supported"
-        )
+    shared = r.int_key("attention.shared_kv_layers", 0, hi=n_layer)
     swa = r.int_key("attention.sliding_window", required=True)
     pattern = r.key("attention.sliding_window_pattern", required=True)
     if not isinstance(pattern, list | tuple | np.ndarray) or len(pattern) != n_layer:
@@ -361,4 +353,15 @@ def gemma4_layer_attn(r: _Reader, n_layer: int, n_head: int, freq_scale: float
                 f"{p}: layer {i}: {a.n_head_kv} KV heads for {n_head} heads, {a.n_rot} rope "
                 f"dims for head_dim {a.head_dim} are not supported"
             )
+    first = n_layer - shared
+    for i in range(first, n_layer):
+        src = [j for j in range(first) if out[j].sliding == out[i].sliding]
+        if not src:
+            raise UnsupportedModel(f"{p}: layer {i} shares the K/V of an earlier layer of its "
+                                   f"kind, and none of the first {first} layers is one")
+        s = out[src[-1]]
+        if (s.head_dim, s.n_head_kv) != (out[i].head_dim, out[i].n_head_kv):
+            raise UnsupportedModel(f"{p}: layer {i} shares the K/V of layer {src[-1]}, of "
+                                   "another shape")
+        out[i].kv_from = src[-1] + 1
     return out, swa

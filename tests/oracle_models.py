@@ -68,6 +68,16 @@ def family_configs():
                         final_logit_softcapping=30.0,
                         top_k_experts=3, moe_intermediate_size=32,
                         layer_types=["sliding_attention"] * 5 + ["full_attention"] * 2)),
+        # gemma4 as Gemma 4 E2B/E4B: per-layer embeddings (PLE, 16 values per layer) and KV
+        # sharing (the last 3 of 7 layers attend to the K/V of layer 2, the last sliding one,
+        # or 3, the last global one, before them), dense
+        "gemma4_ple": (T.Gemma4TextConfig, T.Gemma4ForCausalLM,
+                       dict(intermediate_size=96, head_dim=16, global_head_dim=32,
+                            sliding_window=6, num_hidden_layers=7, hidden_size_per_layer_input=16,
+                            vocab_size_per_layer_input=VOCAB, num_kv_shared_layers=3,
+                            final_logit_softcapping=30.0,
+                            layer_types=["sliding_attention"] * 3 + ["full_attention"]
+                            + ["sliding_attention"] * 2 + ["full_attention"])),
         # gemma4 variant as the text part of a Gemma4ForConditionalGeneration (tiny vision
         # tower, not converted): dense (no MoE block), attention_k_eq_v (global layers have no
         # v_proj: V is the K projection) with 1 KV head on global layers, 2 on sliding ones
@@ -150,11 +160,11 @@ def family_configs():
 FAMILIES = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
             "gemma4", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe",
             "granitemoe", "granitemoeshared", "hunyuan_v1_moe", "phimoe"]
-EXTRA = ["llama3_rope", "gemma4_mm", "phi3_longrope"]  # built on demand by their own tests
+EXTRA = ["llama3_rope", "gemma4_mm", "phi3_longrope", "gemma4_ple"]  # built on demand by their own tests
 # each model's seed: its place here (a family added at the end leaves the others' weights)
 SEED_ORDER = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
               "gemma4", "llama3_rope", "gemma4_mm", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe",
-              "granitemoe", "granitemoeshared", "hunyuan_v1_moe", "phimoe", "phi3_longrope"]
+              "granitemoe", "granitemoeshared", "hunyuan_v1_moe", "phimoe", "phi3_longrope", "gemma4_ple"]
 
 
 def add_bigram_path(model, seed: int, strength: float = 0.5) -> None:

@@ -48,6 +48,7 @@ struct cb_forward {
     int32_t max_expert, max_used;
     /* scratch, [max_batch x ...] */
     float *x, *h, *q, *k, *v, *att, *o, *o2, *g, *u, *rlog, *rw, *shg, *lrows;
+    float *pli, *plt;     /* per-layer inputs [max_batch x n_layer*P] and their scratch */
     int32_t *rid, *lists, *cnt, *start, *used, *fill, *ent;
     int64_t *pos64;
     uint32_t *seqs;       /* distinct sequences of the batch */
@@ -148,6 +149,11 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
                        m->rope_n_dims, m->head_dim);
     if (!m->layers || !m->output_norm)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: no layers or output norm");
+    if (m->n_embd_per_layer < 0 || (m->n_embd_per_layer > 0 &&
+        (!mat_present(&m->per_layer_tok_embd) || !mat_present(&m->per_layer_model_proj) ||
+         !m->per_layer_proj_norm)))
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: per-layer embeddings without "
+                                                   "their tensors");
     if (m->act != CB_ACT_SILU && m->act != CB_ACT_GELU_TANH)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: unknown activation %d", (int)m->act);
     const int64_t E = m->n_embd;
@@ -170,18 +176,31 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
         const int64_t nq = (int64_t)m->n_head * hd, nkv = (int64_t)n_kv * hd;
         if (nq > *max_nq) *max_nq = nq;
         if (nkv > *max_nkv) *max_nkv = nkv;
-        *kv_elems += 2 * (size_t)nkv;
+        const int own = L->kv_from == 0; /* else it attends to layer kv_from - 1's K/V */
+        if (own) *kv_elems += 2 * (size_t)nkv;
+        if (!own) {
+            const int ok = L->kv_from >= 1 && L->kv_from <= l;
+            const cb_layer_desc_t *S = &m->layers[ok ? L->kv_from - 1 : l];
+            if (!ok || S->kv_from != 0 || layer_hd(m, S) != hd || layer_nkv(m, S) != n_kv)
+                return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: layer %d: shares the K/V of "
+                               "layer %d, not an earlier layer of its shape with K/V of its own",
+                               l, L->kv_from - 1);
+        }
         if (!L->attn_norm || !L->ffn_norm)
             return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: layer %d: missing norms", l);
-        if (m->qk_norm != CB_QK_NORM_NONE && (!L->q_norm || !L->k_norm))
+        if (m->n_embd_per_layer > 0 &&
+            (!mat_present(&L->pl_inp_gate) || !mat_present(&L->pl_proj) || !L->pl_post_norm))
+            return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: layer %d: missing per-layer "
+                                                       "embedding weights", l);
+        if (m->qk_norm != CB_QK_NORM_NONE && (!L->q_norm || (own && !L->k_norm)))
             return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: layer %d: missing q/k norm", l);
         if (L->sliding_window < 0 || !(L->rope_base > 0) || !(L->rope_freq_scale > 0))
             return cb_fail(CB_STATUS_INVALID_ARGUMENT,
                            "forward: layer %d: bad window %d or rope base %g / scale %g", l,
                            L->sliding_window, L->rope_base, L->rope_freq_scale);
         CHECK_OK(check_mat(&L->wq, nq, E, "attn_q", l));
-        CHECK_OK(check_mat(&L->wk, nkv, E, "attn_k", l));
-        if (!L->v_from_k) CHECK_OK(check_mat(&L->wv, nkv, E, "attn_v", l));
+        if (own) CHECK_OK(check_mat(&L->wk, nkv, E, "attn_k", l));
+        if (own && !L->v_from_k) CHECK_OK(check_mat(&L->wv, nkv, E, "attn_v", l));
         CHECK_OK(check_mat(&L->wo, E, nq, "attn_output", l));
         if (L->n_expert > 0) {
             if (L->n_expert_used < 1 || L->n_expert_used > L->n_expert ||
@@ -249,7 +268,8 @@ void cb_forward_free(cb_forward_t *f) {
                     f->o,     f->o2,    f->kv_off, f->g,      f->u,      f->rlog, f->rw, f->shg,
                     f->lrows, f->rid,   f->lists, f->cnt,     f->start,  f->used,
                     f->fill,  f->pos64, f->seqs, f->seq_len0, f->seq_n,  f->seq_cap,
-                    f->seq_base, f->refs, f->ent, f->moe_ws, f->rope_cs, f->rope_sn};
+                    f->seq_base, f->refs, f->ent, f->moe_ws, f->rope_cs, f->rope_sn,
+                    f->pli,   f->plt};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     if (f->scores)
         for (int t = 0; t < f->n_threads; t++) free(f->scores[t]);
@@ -317,6 +337,9 @@ cb_status cb_forward_new(const cb_model_desc_t *m, cb_kvcache_t *kv, cb_experts_
     f->rw = zalloc(B * K, sizeof(float), &fail);
     f->shg = zalloc(B, sizeof(float), &fail);
     f->lrows = zalloc(B * E, sizeof(float), &fail);
+    const size_t LP = (size_t)m->n_layer * (size_t)(m->n_embd_per_layer > 0 ? m->n_embd_per_layer : 0);
+    f->pli = zalloc(B * LP, sizeof(float), &fail);
+    f->plt = zalloc(B * LP, sizeof(float), &fail);
     f->rid = zalloc(B * K, sizeof(int32_t), &fail);
     f->lists = zalloc(B * K, sizeof(int32_t), &fail);
     f->cnt = zalloc(NE, sizeof(int32_t), &fail);
@@ -360,6 +383,10 @@ cb_status cb_forward_new(const cb_model_desc_t *m, cb_kvcache_t *kv, cb_experts_
     }
     size_t off = 0;
     for (int l = 0; l < m->n_layer; l++) {
+        if (m->layers[l].kv_from) { /* validated: an earlier layer with K/V of its own */
+            f->kv_off[l] = f->kv_off[m->layers[l].kv_from - 1];
+            continue;
+        }
         f->kv_off[l] = off;
         const size_t hd = (size_t)layer_hd(m, &m->layers[l]), rows = 2 * (size_t)layer_nkv(m, &m->layers[l]);
         /* in pages, a head's values must be one cache row (a row's tokens are not adjacent) */
@@ -596,25 +623,29 @@ static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
     const int64_t n = b->n_tokens, E = m->n_embd, hd = layer_hd(m, L), n_kv = layer_nkv(m, L);
     const int64_t nq = (int64_t)m->n_head * hd, nkv = n_kv * hd;
     CHECK_OK(pre_norm(m, f->x, n, L->attn_norm, L->attn_norm_b, f->h));
+    /* a layer sharing an earlier layer's K/V (kv_from) computes only its queries: nk = 0 */
+    const int64_t nk = L->kv_from ? 0 : n_kv;
     CHECK_OK(fmm(f, &L->wq, f->h, n, E, f->q, nq));
-    CHECK_OK(fmm(f, &L->wk, f->h, n, E, f->k, nkv));
-    if (L->v_from_k)
-        memcpy(f->v, f->k, (size_t)(n * nkv) * sizeof(float));
-    else
-        CHECK_OK(fmm(f, &L->wv, f->h, n, E, f->v, nkv));
+    if (nk) {
+        CHECK_OK(fmm(f, &L->wk, f->h, n, E, f->k, nkv));
+        if (L->v_from_k)
+            memcpy(f->v, f->k, (size_t)(n * nkv) * sizeof(float));
+        else
+            CHECK_OK(fmm(f, &L->wv, f->h, n, E, f->v, nkv));
+    }
     for (int64_t t = 0; t < n; t++) {
         if (L->bq) cb_add(f->q + t * nq, L->bq, nq, f->q + t * nq);
-        if (L->bk) cb_add(f->k + t * nkv, L->bk, nkv, f->k + t * nkv);
-        if (L->bv) cb_add(f->v + t * nkv, L->bv, nkv, f->v + t * nkv);
+        if (L->bk && nk) cb_add(f->k + t * nkv, L->bk, nkv, f->k + t * nkv);
+        if (L->bv && nk) cb_add(f->v + t * nkv, L->bv, nkv, f->v + t * nkv);
     }
     if (m->qk_norm == CB_QK_NORM_HEAD) {
         CHECK_OK(cb_rmsnorm_rows(f->q, hd, n * m->n_head, hd, L->q_norm, m->norm_eps, 0, f->q, hd));
-        CHECK_OK(cb_rmsnorm_rows(f->k, hd, n * n_kv, hd, L->k_norm, m->norm_eps, 0, f->k, hd));
+        CHECK_OK(cb_rmsnorm_rows(f->k, hd, n * nk, hd, L->k_norm, m->norm_eps, 0, f->k, hd));
     } else if (m->qk_norm == CB_QK_NORM_FULL) {
         CHECK_OK(cb_rmsnorm_rows(f->q, nq, n, nq, L->q_norm, m->norm_eps, 0, f->q, nq));
-        CHECK_OK(cb_rmsnorm_rows(f->k, nkv, n, nkv, L->k_norm, m->norm_eps, 0, f->k, nkv));
+        if (nk) CHECK_OK(cb_rmsnorm_rows(f->k, nkv, n, nkv, L->k_norm, m->norm_eps, 0, f->k, nkv));
     }
-    if (L->v_norm) CHECK_OK(cb_rmsnorm_rows(f->v, hd, n * n_kv, hd, NULL, m->norm_eps, 0, f->v, hd));
+    if (L->v_norm && nk) CHECK_OK(cb_rmsnorm_rows(f->v, hd, n * n_kv, hd, NULL, m->norm_eps, 0, f->v, hd));
     cb_rope_params_t rp = cb_rope_default_params();
     rp.n_dims = layer_nrot(m, L);
     rp.mode = m->rope_mode;
@@ -633,15 +664,15 @@ static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
     for (int64_t t = 0; t < n; t++) {
         const float *cs = f->rope_cs + t * CB_ROPE_ROW, *sn = f->rope_sn + t * CB_ROPE_ROW;
         CHECK_OK(cb_rope_apply(f->q + t * nq, m->n_head, hd, hd, nd, rp.mode, cs, sn));
-        CHECK_OK(cb_rope_apply(f->k + t * nkv, n_kv, hd, hd, nd, rp.mode, cs, sn));
+        CHECK_OK(cb_rope_apply(f->k + t * nkv, nk, hd, hd, nd, rp.mode, cs, sn));
     }
     if (m->qk_norm == CB_QK_NORM_HEAD_POST) { /* hunyuan-moe: the head norms after RoPE */
         CHECK_OK(cb_rmsnorm_rows(f->q, hd, n * m->n_head, hd, L->q_norm, m->norm_eps, 0, f->q, hd));
-        CHECK_OK(cb_rmsnorm_rows(f->k, hd, n * n_kv, hd, L->k_norm, m->norm_eps, 0, f->k, hd));
+        CHECK_OK(cb_rmsnorm_rows(f->k, hd, n * nk, hd, L->k_norm, m->norm_eps, 0, f->k, hd));
     }
     /* K/V of every token of the batch into the cache before any query reads */
     for (int64_t t = 0; t < n; t++)
-        for (int64_t h = 0; h < 2 * n_kv; h++) { /* K heads, then V heads */
+        for (int64_t h = 0; h < 2 * nk; h++) { /* K heads, then V heads */
             const float *src = (h < n_kv ? f->k + t * nkv : f->v + t * nkv) + (h % n_kv) * hd;
             kv_store(kv_at(f, t, (size_t)b->pos[t], f->kv_off[l] + (size_t)(h * hd)), src, hd, f->kv_elt);
         }
@@ -862,7 +893,35 @@ static cb_status ffn(cb_forward_t *f, int l, int64_t n) {
         if (m->residual_scale != 0.0f && m->residual_scale != 1.0f) cb_scale(o, E, m->residual_scale);
         cb_add(f->x + t * E, o, E, f->x + t * E);
     }
+    if (m->n_embd_per_layer > 0) { /* gemma4's per-layer embedding block */
+        const int64_t P = m->n_embd_per_layer, LP = (int64_t)m->n_layer * P;
+        CHECK_OK(fmm(f, &L->pl_inp_gate, f->x, n, E, f->plt, P));
+        for (int64_t t = 0; t < n; t++)
+            CHECK_OK(cb_glu(CB_ACT_GELU_TANH, f->plt + t * P, f->pli + t * LP + l * P, P,
+                            f->plt + t * P));
+        CHECK_OK(fmm(f, &L->pl_proj, f->plt, n, P, f->o, E));
+        CHECK_OK(cb_rmsnorm_rows(f->o, E, n, E, L->pl_post_norm, m->norm_eps, 0, f->o, E));
+        CHECK_OK(cb_add(f->x, f->o, n * E, f->x));
+    }
     if (L->out_scale) cb_scale(f->x, n * E, L->out_scale[0]);
+    return CB_OK;
+}
+
+/* gemma4's per-layer inputs of the batch (forward.h, n_embd_per_layer) from its token ids and
+ * scaled embeddings f->x, into f->pli. */
+static cb_status per_layer_inputs(cb_forward_t *f, const cb_batch_t *b, int64_t n) {
+    const cb_model_desc_t *m = f->m;
+    const int64_t E = m->n_embd, P = m->n_embd_per_layer, LP = (int64_t)m->n_layer * P;
+    if (!b->tokens)
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: a model with per-layer embeddings "
+                                                   "needs token ids, not input embeddings");
+    CHECK_OK(fmm(f, &m->per_layer_model_proj, f->x, n, E, f->pli, LP));
+    cb_scale(f->pli, n * LP, 1.0f / sqrtf((float)E));
+    CHECK_OK(cb_rmsnorm_rows(f->pli, P, n * m->n_layer, P, m->per_layer_proj_norm, m->norm_eps,
+                             0, f->pli, P));
+    CHECK_OK(cb_get_rows(&m->per_layer_tok_embd, b->tokens, n, f->plt));
+    const float ts = sqrtf((float)P), s2 = 1.0f / sqrtf(2.0f);
+    for (int64_t i = 0; i < n * LP; i++) f->pli[i] = (f->pli[i] + f->plt[i] * ts) * s2;
     return CB_OK;
 }
 
@@ -990,6 +1049,7 @@ cb_status cb_forward_run(cb_forward_t *f, const cb_batch_t *b, float *logits_out
                                (long long)(i / E));
         memcpy(f->x, b->embd, (size_t)(n * E) * sizeof(float));
     }
+    if (m->n_embd_per_layer > 0) CHECK_OK(per_layer_inputs(f, b, n));
     for (int l = 0; l < m->n_layer; l++) {
         CHECK_OK(attention(f, b, l));
         CHECK_OK(check_finite(f->x, n, E, "attention", l, m));

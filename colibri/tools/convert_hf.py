@@ -497,11 +497,11 @@ class Converter:
         self.n_expert = _n_experts(self.cfg)
         self.multimodal = json.loads((self.dir / "config.json").read_text()).get("model_type") \
             != mt
-        if self.arch == "gemma4" and int(self.cfg.get("hidden_size_per_layer_input") or 0) > 0:
-            raise ConvertError(
-                f"{self.dir}: gemma4 per-layer embeddings (hidden_size_per_layer_input = "
-                f"{self.cfg['hidden_size_per_layer_input']}) are not supported"
-            )
+        if self.arch == "gemma4" and int(self.cfg.get("hidden_size_per_layer_input") or 0) > 0 \
+                and int(self.cfg.get("vocab_size_per_layer_input") or self.cfg["vocab_size"]) \
+                != int(self.cfg["vocab_size"]):
+            raise ConvertError(f"{self.dir}: gemma4 per-layer embeddings over a vocabulary of "
+                               "their own (vocab_size_per_layer_input) are not supported")
 
     def _qtype(self, name: str, data: np.ndarray) -> gguf.GGMLQuantizationType:
         if data.ndim == 1 or ".ffn_gate_inp" in name or name.endswith("_norm.weight"):

@@ -142,7 +142,14 @@ typedef enum cb_desc_kind {
     X(VEC, ffn_post_norm_1) X(VEC, ffn_pre_norm_2) X(VEC, ffn_post_norm_2) /* [n_embd] */        \
     X(VEC, router_in_scale) /* [n_embd] or NULL (router reads the FFN input) */                  \
     X(VEC, exp_down_scale)  /* [n_expert] or NULL */                                         \
-    X(VEC, attn_norm_b) X(VEC, ffn_norm_b) /* LayerNorm biases (layer_norm) or NULL */
+    X(VEC, attn_norm_b) X(VEC, ffn_norm_b) /* LayerNorm biases (layer_norm) or NULL */         \
+    /* per-layer embeddings (n_embd_per_layer > 0, gemma4), after the FFN's residual add:       \
+     * x += rmsnorm(pl_proj (gelu(pl_inp_gate x) * pli_l)) * pl_post_norm */                    \
+    X(MAT, pl_inp_gate)     /* [n_embd_per_layer x n_embd] */                                    \
+    X(MAT, pl_proj)         /* [n_embd x n_embd_per_layer] */                                    \
+    X(VEC, pl_post_norm)    /* [n_embd] */                                                     \
+    X(I32, kv_from)         /* 0: own K/V; else 1 + the earlier layer whose cached K/V it      \
+                               attends to (gemma4 KV sharing: no K/V projection, no cache) */
 
 /* The model (plus `layers`, the [n_layer] layer table, set by whoever assembles it). */
 #define CB_MODEL_DESC_FIELDS(X)                                                                  \
@@ -169,7 +176,15 @@ typedef enum cb_desc_kind {
     X(VEC, output_b)        /* [n_vocab] head bias or NULL (phimoe) */                           \
     X(I32, layer_norm)      /* 1: the attention, FFN and output norms are LayerNorms with       \
                                optional biases (attn_norm_b, ffn_norm_b, output_norm_b) (phimoe) */ \
-    X(VEC, output_norm_b)   /* [n_embd] or NULL */
+    X(VEC, output_norm_b)   /* [n_embd] or NULL */                                               \
+    /* per-layer embeddings (gemma4): P = n_embd_per_layer (0: none); each token's inputs of     \
+     * every layer, pli = (rmsnorm_P(per_layer_model_proj e / sqrt(n_embd)) * per_layer_proj_norm \
+     * + per_layer_tok_embd[token] * sqrt(P)) / sqrt(2), e the scaled token embedding,          \
+     * [n_layer x P] per token */                                                                \
+    X(I32, n_embd_per_layer)                                                                     \
+    X(MAT, per_layer_tok_embd)   /* [n_vocab x n_layer*P] */                                     \
+    X(MAT, per_layer_model_proj) /* [n_layer*P x n_embd] */                                      \
+    X(VEC, per_layer_proj_norm)  /* [P] */
 
 #define CB_DESC_MEMBER_(kind, name) CB_DESC_T_##kind name;
 

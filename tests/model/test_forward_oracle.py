@@ -109,25 +109,49 @@ def test_llama3_rope_freqs_match(tmp_path):
     assert ((freqs > 1) & (freqs < 8)).any()
 
 
-def _gemma4_meta(**extra):
-    base = {"gemma4.embedding_length": 64, "gemma4.block_count": 2,
-            "gemma4.attention.head_count": 4, "gemma4.attention.layer_norm_rms_epsilon": 1e-6}
-    return {**base, **extra}
+def test_gemma4_per_layer_embeddings_and_kv_sharing(tmp_path):
+    """Gemma 4 E2B/E4B's per-layer embeddings (PLE): per_layer_token_embd, the model projection
+    and its norm, each layer's gate, projection and post norm, as llama.cpp's converter names
+    them; and KV sharing: the last layers attend to the cached K/V of the last earlier layer of
+    their kind and keep none of their own; logits in one batch and token by token, greedy tokens, and a Q8_0 file. The block is
+    seen: with its projections zeroed transformers' logits move by more than 1e-3."""
+    import gguf
+    import torch
 
-
-@pytest.mark.parametrize("key, value, what", [
-    ("gemma4.embedding_length_per_layer_input", 256, "per-layer embeddings"),
-    ("gemma4.attention.shared_kv_layers", 1, "KV sharing"),
-])
-def test_gemma4_unsupported_parts_are_refused_by_name(tmp_path, key, value, what):
-    from gguf_util import write_gguf
-
-    from colibri.arch import UnsupportedModel, open_model
-
-    path = write_gguf(tmp_path / "g4.gguf", "gemma4", _gemma4_meta(**{key: value}))
-    with pytest.raises(UnsupportedModel, match=what) as e:
-        open_model(path)
-    assert key in str(e.value)
+    hf, paths = build("gemma4_ple", tmp_path, ("f32", "q8_0"))
+    names = {t.name for t in gguf.GGUFReader(str(paths["f32"])).tensors}
+    assert {"per_layer_token_embd.weight", "per_layer_model_proj.weight",
+            "per_layer_proj_norm.weight", "blk.3.inp_gate.weight", "blk.3.proj.weight",
+            "blk.3.post_norm.weight", "blk.3.attn_k.weight"} <= names
+    assert "blk.4.attn_k.weight" not in names  # layers 4-6 share earlier layers' K/V
+    model = Model(paths["f32"], threads=2, ctx=256, max_batch=64)
+    d = model.desc
+    assert [L.kv_from for L in d.layers] == [0, 0, 0, 0, 3, 3, 4]  # 1 + the source layer
+    own = [L for L in d.layers if not L.kv_from]
+    assert d.kv_values_per_token() == sum(2 * L.n_head_kv * L.head_dim for L in own)
+    ids = prompt(30, seed=1)
+    ref = hf_logits(hf, ids)
+    batch = model.logits(ids)
+    assert rel_err(batch, ref) < 1e-4
+    seq = model.new_sequence()
+    steps = np.concatenate([model.eval([seq], tokens=[t]) for t in ids])
+    model.free_sequence(seq)
+    assert rel_err(steps, batch) < 1e-5
+    start = prompt(12, seed=2)
+    want = hf_greedy(hf, start, 16)
+    seq = model.new_sequence()
+    lg = model.eval([seq], tokens=start)
+    got: list[int] = []
+    for _ in range(16):
+        got.append(int(np.argmax(lg[-1])))
+        lg = model.eval([seq], tokens=[got[-1]])
+    assert got == want
+    q8 = Model(paths["q8_0"], threads=2, ctx=256, max_batch=64)
+    assert rel_err(q8.logits(ids), ref) < 0.05
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.per_layer_projection.weight.zero_()
+    assert rel_err(batch, hf_logits(hf, ids)) > 1e-3
 
 
 def test_gemma4_text_part_of_multimodal_k_eq_v(tmp_path):
