@@ -116,7 +116,6 @@ def test_gemma4_per_layer_embeddings_and_kv_sharing(tmp_path):
     their kind and keep none of their own; logits in one batch and token by token, greedy tokens, and a Q8_0 file. The block is
     seen: with its projections zeroed transformers' logits move by more than 1e-3."""
     import gguf
-    import torch
 
     hf, paths = build("gemma4_ple", tmp_path, ("f32", "q8_0"))
     names = {t.name for t in gguf.GGUFReader(str(paths["f32"])).tensors}
