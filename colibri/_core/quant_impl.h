@@ -186,6 +186,16 @@ cb_dot_fn cb_scalar_dot(int type);
 void cb_scalar_quantize_q8a(const float *x, int64_t n, void *dst);
 void cb_scalar_quantize_q8k(const float *x, int64_t n, void *dst);
 
+/* The low-bit types' scalar kernels (Q2_K, Q3_K, Q8_K, TQ1_0, TQ2_0 in quant_lowbit.c, the
+ * i-quants in quant_iq.c): a block's dequantizer (gguf-py's float order) and the dot product
+ * (cb_dot_fn; activations cb_q8k_t, IQ4_NL's cb_q8a_t); NULL for other types. cb_lowbit_* cover
+ * both files. */
+typedef void (*cb_deq_fn)(const uint8_t *b, float *y);
+cb_deq_fn cb_lowbit_deq(int type);
+cb_dot_fn cb_lowbit_dot(int type);
+cb_deq_fn cb_iq_deq(int type);
+cb_dot_fn cb_iq_dot(int type);
+
 static inline uint16_t cb_rd16(const uint8_t *p) {
     uint16_t v;
     memcpy(&v, p, 2);
