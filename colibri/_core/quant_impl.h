@@ -73,7 +73,7 @@ typedef void (*cb_act_fn)(const float *x, int64_t n, void *dst);
 cb_tile_fn cb_avx2_tile(int type);
 /* The same without batch invariance (partial sums in lanes; cb_matmul_opts_t.fast). */
 cb_tile_fn cb_avx2_tile_fast(int type);
-/* The low-bit types' tiles (quant_avx2_lowbit.c: Q2_K, Q3_K, IQ2_XXS, IQ3_XXS, IQ4_XS, IQ4_NL;
+/* The low-bit types' tiles (quant_avx2_lowbit.c: every type of quant_lowbit.c and quant_iq.c;
  * NULL for the others): the scalar kernels' results bit for bit, for both of the above. */
 cb_tile_fn cb_avx2_lowbit_tile(int type);
 void cb_avx2_quantize_q8a(const float *x, int64_t n, void *dst);
