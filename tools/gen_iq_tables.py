@@ -12,6 +12,8 @@ with shifts, cb_iq_grid8 / cb_iq_grid4 in quant_iq.c):
   - cb_iq3xxs_grid[256] (4..62), cb_iq3s_grid[512] (1..15): 4 values an entry;
   - cb_iq1s_grid[2048]: -1, 0, 1 as int8 bytes (0xff for -1; IQ1_M shares it);
   - cb_iq_ksigns[128]: 7 sign bits -> 8 (the 8th makes the count of set bits even);
+  - cb_iq_signs64[128]: the same 8 signs as bytes of a uint64_t, 0xFF (-1) where the bit is set,
+    0x01 (+1) elsewhere (the AVX2 tiles' multipliers, quant_avx2_lowbit.c);
   - cb_iq4nl_values[16].
 
 Usage: python tools/gen_iq_tables.py [--check] [output]
@@ -78,6 +80,10 @@ def generate() -> str:
     ks = np.frombuffer(quants.IQ2_XXS.ksigns, dtype=np.uint8)
     out.append(f"static const uint8_t cb_iq_ksigns[{ks.size}] = {{")
     out += _rows([str(int(v)) for v in ks], 16)
+    out += ["};", ""]
+    bits = (ks[:, None] >> np.arange(8)) & 1
+    out.append(f"static const uint64_t cb_iq_signs64[{ks.size}] = {{")
+    out += _rows(_packed(np.where(bits == 1, -1, 1)), 5)
     out += ["};", ""]
     kv = np.array(quants.IQ4_NL.kvalues, dtype=np.int8)
     out.append(f"static const int8_t cb_iq4nl_values[{kv.size}] = {{")

@@ -36,7 +36,7 @@
  * the per-type extras. */
 typedef struct {
     __m256i w[8], sc[8];
-    __m256i sgn_bits[8]; /* IQ2, IQ3: the sign bytes of the 32 values (0xFF: negative) */
+    __m256i sgn[8];      /* IQ2, IQ3: the signs of the 32 values as bytes -1 / +1 */
     __m256i mins;        /* the bsums factors: Q2_K's 16 mins, Q3_K's 16 scales, TQ's ones */
     float d, dmin;
 } lb_block;
@@ -45,20 +45,24 @@ INL __m256i lanes16(int lo, int hi) {
     return _mm256_set_m128i(_mm_set1_epi16((short)hi), _mm_set1_epi16((short)lo));
 }
 
-/* 32 bytes: byte k = 0xFF where bit k%8 of byte k/8 of the 32-bit word s is set */
+/* 32 bytes: byte k = -1 where bit k%8 of byte k/8 of the 32-bit word s is set, else +1 */
 INL __m256i expand_signs(uint32_t s) {
     const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                           2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
     __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)s), shuf);
-    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bits), bits);
+    return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bits), bits), _mm256_set1_epi8(1));
 }
 
-/* the 4 ksigns bytes of a 32-value group, from 4 x 7 sign bits */
-INL uint32_t ksigns4(uint32_t aux) {
-    return (uint32_t)cb_iq_ksigns[aux & 127] | (uint32_t)cb_iq_ksigns[(aux >> 7) & 127] << 8 |
-           (uint32_t)cb_iq_ksigns[(aux >> 14) & 127] << 16 |
-           (uint32_t)cb_iq_ksigns[(aux >> 21) & 127] << 24;
+/* the same from four 7-bit ksigns indices (cb_iq_signs64: the 8 signs of an index as bytes) */
+INL __m256i ksigns_vec(uint32_t i0, uint32_t i1, uint32_t i2, uint32_t i3) {
+    return _mm256_setr_epi64x((long long)cb_iq_signs64[i0], (long long)cb_iq_signs64[i1],
+                              (long long)cb_iq_signs64[i2], (long long)cb_iq_signs64[i3]);
+}
+
+/* the signs of a 32-value group from 4 x 7 sign bits */
+INL __m256i ksigns4(uint32_t aux) {
+    return ksigns_vec(aux & 127, (aux >> 7) & 127, (aux >> 14) & 127, (aux >> 21) & 127);
 }
 
 /* ------------------------------------------------------------ decoders */
@@ -108,7 +112,7 @@ INL void dec_iq2_xxs(const uint8_t *b, lb_block *k) {
         uint32_t aux1 = cb_rd32(g + 4);
         k->w[ib] = _mm256_setr_epi64x((long long)cb_iq2xxs_grid[g[0]], (long long)cb_iq2xxs_grid[g[1]],
                                       (long long)cb_iq2xxs_grid[g[2]], (long long)cb_iq2xxs_grid[g[3]]);
-        k->sgn_bits[ib] = expand_signs(ksigns4(aux1));
+        k->sgn[ib] = ksigns4(aux1);
         k->sc[ib] = _mm256_set1_epi16((short)(2 * (int)(aux1 >> 28) + 1));
     }
     k->d = f16(b);
@@ -122,7 +126,7 @@ INL void dec_iq3_xxs(const uint8_t *b, lb_block *k) {
                                      (int)cb_iq3xxs_grid[q[2]], (int)cb_iq3xxs_grid[q[3]],
                                      (int)cb_iq3xxs_grid[q[4]], (int)cb_iq3xxs_grid[q[5]],
                                      (int)cb_iq3xxs_grid[q[6]], (int)cb_iq3xxs_grid[q[7]]);
-        k->sgn_bits[ib] = expand_signs(ksigns4(aux));
+        k->sgn[ib] = ksigns4(aux);
         k->sc[ib] = _mm256_set1_epi16((short)(2 * (int)(aux >> 28) + 1));
     }
     k->d = f16(b);
@@ -159,9 +163,7 @@ INL void dec_iq2_xs(const uint8_t *b, lb_block *k) {
         memcpy(q, b + 2 + 8 * v, 8);
         k->w[v] = _mm256_setr_epi64x((long long)cb_iq2xs_grid[q[0] & 511], (long long)cb_iq2xs_grid[q[1] & 511],
                                      (long long)cb_iq2xs_grid[q[2] & 511], (long long)cb_iq2xs_grid[q[3] & 511]);
-        k->sgn_bits[v] = expand_signs((uint32_t)cb_iq_ksigns[q[0] >> 9] | (uint32_t)cb_iq_ksigns[q[1] >> 9] << 8 |
-                                      (uint32_t)cb_iq_ksigns[q[2] >> 9] << 16 |
-                                      (uint32_t)cb_iq_ksigns[q[3] >> 9] << 24);
+        k->sgn[v] = ksigns_vec(q[0] >> 9, q[1] >> 9, q[2] >> 9, q[3] >> 9);
     }
     iq2x_scales(b + 66, k);
     k->d = f16(b);
@@ -175,7 +177,7 @@ INL void dec_iq2_s(const uint8_t *b, lb_block *k) {
                                      (long long)cb_iq2s_grid[qs[1] | (h >> 2 & 3u) << 8],
                                      (long long)cb_iq2s_grid[qs[2] | (h >> 4 & 3u) << 8],
                                      (long long)cb_iq2s_grid[qs[3] | (h >> 6 & 3u) << 8]);
-        k->sgn_bits[v] = expand_signs(cb_rd32(b + 34 + 4 * v));
+        k->sgn[v] = expand_signs(cb_rd32(b + 34 + 4 * v));
     }
     iq2x_scales(b + 74, k);
     k->d = f16(b);
@@ -188,7 +190,7 @@ INL void dec_iq3_s(const uint8_t *b, lb_block *k) {
         uint32_t e[8];
         for (int i = 0; i < 8; i++) e[i] = cb_iq3s_grid[qs[i] | (h >> i & 1u) << 8];
         k->w[v] = _mm256_loadu_si256((const __m256i *)(const void *)e);
-        k->sgn_bits[v] = expand_signs(cb_rd32(b + 74 + 4 * v));
+        k->sgn[v] = expand_signs(cb_rd32(b + 74 + 4 * v));
         k->sc[v] = _mm256_set1_epi16((short)(1 + 2 * ((b[106 + v / 2] >> (4 * (v & 1))) & 0x0F)));
     }
     k->d = f16(b);
@@ -308,8 +310,7 @@ INL int lb_isum(int kind, const lb_block *k, const cb_q8k_t *a, int *aux) {
         if (lb_signed(kind)) {
             p = _mm256_maddubs_epi16(_mm256_sign_epi8(k->w[v], k->w[v]), _mm256_sign_epi8(x, k->w[v]));
         } else if (lb_sign_bits(kind)) {
-            const __m256i s = _mm256_or_si256(k->sgn_bits[v], _mm256_set1_epi8(1)); /* -1 | +1 */
-            p = _mm256_maddubs_epi16(k->w[v], _mm256_sign_epi8(x, s));
+            p = _mm256_maddubs_epi16(k->w[v], _mm256_sign_epi8(x, k->sgn[v]));
         } else {
             p = _mm256_maddubs_epi16(k->w[v], x);
         }
