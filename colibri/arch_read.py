@@ -57,13 +57,21 @@ class ExpertTensors:
 
 
 def _dequantized(raw: np.ndarray, type_: int, n: int) -> np.ndarray:
-    """A tensor's bytes dequantized to float32, viewed as bytes (gguf's reference dequantizers)."""
+    """A tensor's bytes dequantized to float32, viewed as bytes (gguf's reference dequantizers;
+    colibri's, bit-equal where both exist, for a type gguf cannot dequantize: Q8_K)."""
+    return _dequantized_f32(raw, type_, n).view(np.uint8)
+
+
+def _dequantized_f32(raw: np.ndarray, type_: int, n: int) -> np.ndarray:
     from gguf import GGMLQuantizationType, quants
 
-    a = np.ascontiguousarray(quants.dequantize(raw, GGMLQuantizationType(type_)).reshape(-1),
-                             dtype=np.float32)
+    try:
+        a = quants.dequantize(raw, GGMLQuantizationType(type_))
+    except NotImplementedError:
+        a = _quant.dequantize(type_, raw.reshape(-1).view(np.uint8), (1, n))
+    a = np.ascontiguousarray(a.reshape(-1), dtype=np.float32)
     assert a.size == n
-    return a.view(np.uint8)
+    return a
 
 
 def _expert_span(gf: GGUFFile, name: str, t: TensorInfo, n_expert: int) -> tuple[np.ndarray, int]:
@@ -154,11 +162,7 @@ class _Reader:
         raw = self.gf.data(name)
         if t.type == F32:
             return raw.view(np.float32)
-        from gguf import GGMLQuantizationType, quants
-
-        arr = np.ascontiguousarray(
-            quants.dequantize(raw, GGMLQuantizationType(t.type)).reshape(-1), dtype=np.float32
-        )
+        arr = _dequantized_f32(raw, t.type, n)
         self.keep.append(arr)
         return arr
 

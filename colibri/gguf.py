@@ -80,6 +80,21 @@ SUPPORTED_TYPES: frozenset[int] = frozenset(
         GGMLQuantizationType.Q5_K,
         GGMLQuantizationType.Q6_K,
         GGMLQuantizationType.MXFP4,
+        # the low-bit types (colibri/_core/quant_lowbit.c, quant_iq.c)
+        GGMLQuantizationType.Q2_K,
+        GGMLQuantizationType.Q3_K,
+        GGMLQuantizationType.Q8_K,
+        GGMLQuantizationType.TQ1_0,
+        GGMLQuantizationType.TQ2_0,
+        GGMLQuantizationType.IQ1_S,
+        GGMLQuantizationType.IQ1_M,
+        GGMLQuantizationType.IQ2_XXS,
+        GGMLQuantizationType.IQ2_XS,
+        GGMLQuantizationType.IQ2_S,
+        GGMLQuantizationType.IQ3_XXS,
+        GGMLQuantizationType.IQ3_S,
+        GGMLQuantizationType.IQ4_NL,
+        GGMLQuantizationType.IQ4_XS,
     )
 )
 

@@ -78,7 +78,10 @@ def i4g128_from_gpu(quants: npt.ArrayLike, scales: npt.ArrayLike) -> npt.NDArray
 
 # f16 scale fields (byte offsets in a block) that random payload bytes must not make inf/nan
 _SCALE_OFFSETS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
-                  "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "I4_G128": [0]}
+                  "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "I4_G128": [0],
+                  "Q2_K": [80, 82], "Q3_K": [108], "TQ1_0": [52], "TQ2_0": [64], "IQ1_S": [0],
+                  "IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0],
+                  "IQ4_NL": [0], "IQ4_XS": [0]}
 
 
 def random_weight(t: str, rows: int, cols: int, rng: np.random.Generator) -> npt.NDArray[np.uint8]:
@@ -102,6 +105,14 @@ def random_weight(t: str, rows: int, cols: int, rng: np.random.Generator) -> npt
         if off == 0 and t in ("Q4_0", "Q5_0", "Q8_0", "I4_G128"):
             d *= rng.choice([-1, 1], size=nb)
         raw[:, off:off + 2] = d.astype(np.float16).view(np.uint8).reshape(nb, 2)
+    if t == "Q8_K":  # f32 d
+        raw[:, :4] = (rng.uniform(0.2, 2.0, size=nb) / 64).astype(np.float32).view(np.uint8).reshape(nb, 4)
+    if t == "IQ1_M":  # f16 d in the top nibbles of the 4 scale words (bytes 48..55)
+        dh = (rng.uniform(0.2, 2.0, size=nb) / 64).astype(np.float16).view(np.uint16)
+        sc = raw[:, 48:56].copy().view(np.uint16) & np.uint16(0x0FFF)
+        for k in range(4):
+            sc[:, k] |= ((dh >> np.uint16(4 * k)) & np.uint16(0xF)) << np.uint16(12)
+        raw[:, 48:56] = sc.view(np.uint8)
     return raw.reshape(-1)
 
 
@@ -110,7 +121,7 @@ def activation_block(t: str) -> int:
     t = type_name(t)
     if t in ("F32", "F16", "BF16"):
         return 0
-    return 256 if t.endswith("_K") else 32
+    return 256 if block_size(t) == 256 else 32  # the 256-value types meet Q8_K-like blocks
 
 
 def error_bound(t: str, w: npt.NDArray[np.float32], x: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:

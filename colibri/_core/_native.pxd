@@ -31,7 +31,18 @@ cdef extern from "colibri/quant.h":
         CB_TYPE_Q5_K
         CB_TYPE_Q6_K
         CB_TYPE_Q8_K
+        CB_TYPE_IQ2_XXS
+        CB_TYPE_IQ2_XS
+        CB_TYPE_IQ3_XXS
+        CB_TYPE_IQ1_S
+        CB_TYPE_IQ4_NL
+        CB_TYPE_IQ3_S
+        CB_TYPE_IQ2_S
+        CB_TYPE_IQ4_XS
+        CB_TYPE_IQ1_M
         CB_TYPE_BF16
+        CB_TYPE_TQ1_0
+        CB_TYPE_TQ2_0
         CB_TYPE_MXFP4
         CB_TYPE_I4_G128
         CB_TYPE_Q8_0_R16

@@ -36,9 +36,15 @@ static const type_info TYPES[] = {
     {CB_TYPE_Q4_0, "Q4_0", 32, 18, 1},    {CB_TYPE_Q4_1, "Q4_1", 32, 20, 1},
     {CB_TYPE_Q5_0, "Q5_0", 32, 22, 1},    {CB_TYPE_Q5_1, "Q5_1", 32, 24, 1},
     {CB_TYPE_Q8_0, "Q8_0", 32, 34, 1},    {CB_TYPE_Q8_1, "Q8_1", 32, 40, 0},
-    {CB_TYPE_Q2_K, "Q2_K", 256, 84, 0},   {CB_TYPE_Q3_K, "Q3_K", 256, 110, 0},
+    {CB_TYPE_Q2_K, "Q2_K", 256, 84, 1},   {CB_TYPE_Q3_K, "Q3_K", 256, 110, 1},
     {CB_TYPE_Q4_K, "Q4_K", 256, 144, 1},  {CB_TYPE_Q5_K, "Q5_K", 256, 176, 1},
-    {CB_TYPE_Q6_K, "Q6_K", 256, 210, 1},  {CB_TYPE_Q8_K, "Q8_K", 256, 292, 0},
+    {CB_TYPE_Q6_K, "Q6_K", 256, 210, 1},  {CB_TYPE_Q8_K, "Q8_K", 256, 292, 1},
+    {CB_TYPE_IQ2_XXS, "IQ2_XXS", 256, 66, 1}, {CB_TYPE_IQ2_XS, "IQ2_XS", 256, 74, 1},
+    {CB_TYPE_IQ3_XXS, "IQ3_XXS", 256, 98, 1}, {CB_TYPE_IQ1_S, "IQ1_S", 256, 50, 1},
+    {CB_TYPE_IQ4_NL, "IQ4_NL", 32, 18, 1}, {CB_TYPE_IQ3_S, "IQ3_S", 256, 110, 1},
+    {CB_TYPE_IQ2_S, "IQ2_S", 256, 82, 1}, {CB_TYPE_IQ4_XS, "IQ4_XS", 256, 136, 1},
+    {CB_TYPE_IQ1_M, "IQ1_M", 256, 56, 1}, {CB_TYPE_TQ1_0, "TQ1_0", 256, 54, 1},
+    {CB_TYPE_TQ2_0, "TQ2_0", 256, 66, 1},
     {CB_TYPE_BF16, "BF16", 1, 2, 1},      {CB_TYPE_MXFP4, "MXFP4", 32, 17, 1},
     {CB_TYPE_I4_G128, "I4_G128", 128, 66, 1}, {CB_TYPE_Q8_0_R16, "Q8_0_R16", 32, 34, 1},
     {CB_TYPE_Q5_0_R16, "Q5_0_R16", 32, 22, 1}, {CB_TYPE_Q6_K_R16, "Q6_K_R16", 256, 210, 1},
@@ -290,7 +296,7 @@ static deq_fn deq_for(int type) {
     case CB_TYPE_Q4_K: return deq_q4_k;
     case CB_TYPE_Q5_K: return deq_q5_k;
     case CB_TYPE_Q6_K: return deq_q6_k;
-    default: return NULL;
+    default: return cb_lowbit_deq(type); /* quant_lowbit.c, quant_iq.c */
     }
 }
 
@@ -662,7 +668,7 @@ static dot_fn dot_for(int type) {
     case CB_TYPE_Q4_K: return dot_q4_k;
     case CB_TYPE_Q5_K: return dot_q5_k;
     case CB_TYPE_Q6_K: return dot_q6_k;
-    default: return NULL;
+    default: return cb_lowbit_dot(type); /* quant_lowbit.c, quant_iq.c */
     }
 }
 
@@ -676,7 +682,7 @@ static cb_act_kind act_for(int type) {
     case CB_TYPE_Q6_K:
     case CB_TYPE_Q6_K_R16:
     case CB_TYPE_Q4_K_R16: return CB_ACT_Q8K;
-    default: return CB_ACT_Q8A;
+    default: return cb_type_block_size(type) == CB_QKK ? CB_ACT_Q8K : CB_ACT_Q8A; /* low-bit */
     }
 }
 

@@ -806,7 +806,7 @@ cb_tile_fn cb_avx2_tile(int type) {
     case CB_TYPE_Q4_K:
     case CB_TYPE_Q5_K:
     case CB_TYPE_Q6_K: return cb_avx2_k_tile(type, 0);
-    default: return NULL;
+    default: return cb_avx2_lowbit_tile(type); /* quant_avx2_lowbit.c: invariant either way */
     }
 }
 
@@ -826,7 +826,7 @@ cb_tile_fn cb_avx2_tile_fast(int type) {
     case CB_TYPE_Q4_K:
     case CB_TYPE_Q5_K:
     case CB_TYPE_Q6_K: return cb_avx2_k_tile(type, 1);
-    default: return NULL;
+    default: return cb_avx2_lowbit_tile(type);
     }
 }
 

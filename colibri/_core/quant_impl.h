@@ -73,6 +73,9 @@ typedef void (*cb_act_fn)(const float *x, int64_t n, void *dst);
 cb_tile_fn cb_avx2_tile(int type);
 /* The same without batch invariance (partial sums in lanes; cb_matmul_opts_t.fast). */
 cb_tile_fn cb_avx2_tile_fast(int type);
+/* The low-bit types' tiles (quant_avx2_lowbit.c: every type of quant_lowbit.c and quant_iq.c;
+ * NULL for the others): the scalar kernels' results bit for bit, for both of the above. */
+cb_tile_fn cb_avx2_lowbit_tile(int type);
 void cb_avx2_quantize_q8a(const float *x, int64_t n, void *dst);
 void cb_avx2_quantize_q8k(const float *x, int64_t n, void *dst);
 
@@ -185,6 +188,16 @@ typedef float (*cb_dot_fn)(int64_t n, const uint8_t *w, const uint8_t *x);
 cb_dot_fn cb_scalar_dot(int type);
 void cb_scalar_quantize_q8a(const float *x, int64_t n, void *dst);
 void cb_scalar_quantize_q8k(const float *x, int64_t n, void *dst);
+
+/* The low-bit types' scalar kernels (Q2_K, Q3_K, Q8_K, TQ1_0, TQ2_0 in quant_lowbit.c, the
+ * i-quants in quant_iq.c): a block's dequantizer (gguf-py's float order) and the dot product
+ * (cb_dot_fn; activations cb_q8k_t, IQ4_NL's cb_q8a_t); NULL for other types. cb_lowbit_* cover
+ * both files. */
+typedef void (*cb_deq_fn)(const uint8_t *b, float *y);
+cb_deq_fn cb_lowbit_deq(int type);
+cb_dot_fn cb_lowbit_dot(int type);
+cb_deq_fn cb_iq_deq(int type);
+cb_dot_fn cb_iq_dot(int type);
 
 static inline uint16_t cb_rd16(const uint8_t *p) {
     uint16_t v;

@@ -45,7 +45,10 @@ over the experts, token by token, with no temporal locality (random tokens): a h
 a cache than real text, where consecutive tokens share experts. `raw` keeps the random routers.
 
 Types: q8_0 (every matrix Q8_0); q4_0; q4_k_m (llama.cpp's recipe: Q4_K for most matrices,
-Q6_K for attn_v, ffn_down(_exps) and the output); q5_k_m (the same with Q5_K).
+Q6_K for attn_v, ffn_down(_exps) and the output); q5_k_m (the same with Q5_K); q3_k_m (Q3_K,
+Q4_K attn_v and ffn_down, Q6_K output); and every low-bit type by its name (q2_k, iq2_xxs,
+iq4_xs, tq2_0, ...: every matrix of that type, random valid blocks; not llama.cpp's
+quantization of some weights, which tools/ does not run).
 """
 
 from __future__ import annotations
@@ -108,9 +111,46 @@ def random_blocks(qtype: QT, n_blocks: int, rng: np.random.Generator) -> np.ndar
     elif qtype == QT.Q6_K:
         b[:, 192:208] = rng.integers(-32, 32, size=(n_blocks, 16), dtype=np.int8).view(np.uint8)
         b[:, 208:210] = _f16(rng.uniform(0.5, 1.5, n_blocks) * 0.02 / 32 / 16)
+    elif qtype in _LOWBIT_D:
+        # the low-bit types: random indices, signs and sub-block scales; d sized so that the
+        # values are about 0.02 (Q2_K: dmin = 1.5 d centres 2-bit q of mean 1.5)
+        per_d = _LOWBIT_D[qtype]
+        d = rng.uniform(0.5, 1.5, n_blocks) * 0.02 / per_d
+        if qtype == QT.Q8_K:
+            b[:, 0:4] = d.astype(np.float32).view(np.uint8).reshape(n_blocks, 4)
+        elif qtype == QT.IQ1_M:
+            _set_iq1m_d(b, d)
+        else:
+            off = _SCALE_FIELDS[qtype][0]
+            b[:, off:off + 2] = _f16(d)
+            if qtype == QT.Q2_K:
+                b[:, 82:84] = _f16(d * 1.5)
     else:
         raise ValueError(f"no random blocks for {qtype.name}")
     return b
+
+
+# the low-bit types' typical |value| per unit of d (random payload bits)
+_LOWBIT_D = {QT.Q2_K: 11.0, QT.Q3_K: 32.0, QT.Q8_K: 64.0, QT.TQ1_0: 1.0, QT.TQ2_0: 1.0,
+             QT.IQ1_S: 6.0, QT.IQ1_M: 6.0, QT.IQ2_XXS: 50.0, QT.IQ2_XS: 50.0, QT.IQ2_S: 50.0,
+             QT.IQ3_XXS: 120.0, QT.IQ3_S: 128.0, QT.IQ4_NL: 60.0, QT.IQ4_XS: 1000.0}
+
+
+def _set_iq1m_d(b: np.ndarray, d: np.ndarray) -> None:
+    """IQ1_M's f16 d lives in the top nibbles of its 4 scale words (bytes 48..55)."""
+    dh = d.astype(np.float16).view(np.uint16)
+    sc = np.ascontiguousarray(b[:, 48:56]).view(np.uint16) & np.uint16(0x0FFF)
+    for k in range(4):
+        sc[:, k] |= ((dh >> np.uint16(4 * k)) & np.uint16(0xF)) << np.uint16(12)
+    b[:, 48:56] = sc.view(np.uint8)
+
+
+def _iq1m_d(b: np.ndarray) -> np.ndarray:
+    sc = np.ascontiguousarray(b[:, 48:56]).view(np.uint16)
+    dh = np.zeros(b.shape[0], np.uint16)
+    for k in range(4):
+        dh |= ((sc[:, k] >> np.uint16(12)) & np.uint16(0xF)) << np.uint16(4 * k)
+    return dh.view(np.float16).astype(np.float32)
 
 
 class Pool:
@@ -138,16 +178,30 @@ class Pool:
             out[done * nb : (done + take) * nb] = pool[start * nb : (start + take) * nb]
             done += take
         if scale != 1.0:
-            lo, hi = _SCALE_FIELDS[qtype]
             blocks = out.reshape(n_blocks, nb)
-            f = np.ascontiguousarray(blocks[:, lo:hi]).view(np.float16) * np.float16(scale)
-            blocks[:, lo:hi] = f.view(np.uint8)
+            if qtype == QT.IQ1_M:
+                _set_iq1m_d(blocks, _iq1m_d(blocks) * np.float32(scale))
+            elif qtype == QT.Q8_K:
+                f = np.ascontiguousarray(blocks[:, 0:4]).view(np.float32) * np.float32(scale)
+                blocks[:, 0:4] = f.view(np.uint8)
+            else:
+                lo, hi = _SCALE_FIELDS[qtype]
+                f = np.ascontiguousarray(blocks[:, lo:hi]).view(np.float16) * np.float16(scale)
+                blocks[:, lo:hi] = f.view(np.uint8)
         return out.reshape(*shape[:-1], shape[-1] // bs * nb)
 
 
 # bytes of a block holding its fp16 scale(s): every value of the block is linear in them
 _SCALE_FIELDS = {QT.Q8_0: (0, 2), QT.Q4_0: (0, 2), QT.Q4_K: (0, 4), QT.Q5_K: (0, 4),
-                 QT.Q6_K: (208, 210)}
+                 QT.Q6_K: (208, 210), QT.Q2_K: (80, 84), QT.Q3_K: (108, 110),
+                 QT.TQ1_0: (52, 54), QT.TQ2_0: (64, 66),
+                 **{t: (0, 2) for t in (QT.IQ1_S, QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ3_XXS,
+                                        QT.IQ3_S, QT.IQ4_NL, QT.IQ4_XS)}}
+# the low-bit kinds: a type's lower-case name puts every matrix in that type; q3_k_m is
+# llama.cpp's mix (Q3_K, Q4_K attn_v and ffn_down, Q6_K output)
+LOWBIT_KINDS = {t.name.lower(): (t, t, t, t) for t in _LOWBIT_D}
+LOWBIT_KINDS["q3_k_m"] = (QT.Q3_K, QT.Q4_K, QT.Q4_K, QT.Q6_K)
+KINDS = ["q4_k_m", "q5_k_m", "q8_0", "q4_0", *LOWBIT_KINDS]
 # with `spread` routing: attention's output projection, scaled down (see the module docstring)
 ATTN_OUT_SCALE = 0.1
 
@@ -166,8 +220,10 @@ def plan(n_layers: int, kind: str, shape: str = "qwen3-30b-a3b"
         main, attn_v, down, out = QT.Q4_K, QT.Q6_K, QT.Q6_K, QT.Q6_K
     elif kind == "q5_k_m":
         main, attn_v, down, out = QT.Q5_K, QT.Q6_K, QT.Q6_K, QT.Q6_K
+    elif kind in LOWBIT_KINDS:
+        main, attn_v, down, out = LOWBIT_KINDS[kind]
     else:
-        raise ValueError(f"unknown type {kind!r}: q4_k_m, q5_k_m, q8_0 or q4_0")
+        raise ValueError(f"unknown type {kind!r}: {', '.join(KINDS)}")
     t: list[tuple[str, tuple[int, ...], QT | None]] = [("token_embd.weight", (V, E), main)]
     for i in range(n_layers):
         b = f"blk.{i}."
@@ -302,7 +358,9 @@ def _write(tmp: str, n_layers: int, kind: str, rng: np.random.Generator,
            seed: int) -> None:
     w = gguf.GGUFWriter(tmp, ARCH)
     w.add_name(f"colibri-bench-{shape}-shape-{n_layers}L-{kind}")
-    w.add_file_type({"q8_0": 7, "q4_0": 2, "q4_k_m": 15, "q5_k_m": 17}[kind])
+    ftype = getattr(gguf.LlamaFileType, "MOSTLY_" + kind.upper(), None)
+    w.add_file_type({"q8_0": 7, "q4_0": 2, "q4_k_m": 15, "q5_k_m": 17}.get(
+        kind, int(ftype) if ftype is not None else 0))
     w.add_context_length(s["n_ctx"])
     w.add_embedding_length(s["n_embd"])
     w.add_block_count(n_layers)
@@ -444,9 +502,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, default=12,
                    help="transformer layers (default: %(default)s; each ~0.4 GiB at the default "
                         "shape and type)")
-    p.add_argument("--type", default="q4_k_m", choices=["q4_k_m", "q5_k_m", "q8_0", "q4_0"],
-                   help="weight types: q4_k_m and q5_k_m as llama.cpp's recipes, q8_0 or q4_0 "
-                        "for every matrix (default: %(default)s)")
+    p.add_argument("--type", default="q4_k_m", choices=KINDS,
+                   help="weight types: q4_k_m, q5_k_m and q3_k_m as llama.cpp's recipes, the "
+                        "others (q8_0, q4_0, q2_k, iq2_xxs, ...) for every matrix "
+                        "(default: %(default)s)")
     p.add_argument("--seed", type=int, default=0,
                    help="random seed of the weights and the router calibration "
                         "(default: %(default)s)")

@@ -18,6 +18,21 @@
  *   Q5_K  {f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}  as Q4_K, bit j of qh[l] is
  *         bit 4 of value l of sub-block j
  *   Q6_K  {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}  v = d*scales[i/16]*(q-32), 6-bit q
+ * The low-bit types (256 values a block unless said; bit-level details in quant_lowbit.c and
+ * quant_iq.c, whose comments give every index):
+ *   Q2_K  {u8 scales[16]; u8 qs[64]; f16 d, dmin}   2-bit q, v = d*(sc&15)*q - dmin*(sc>>4)
+ *   Q3_K  {u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d}  3-bit q-4, 6-bit scales - 32
+ *   Q8_K  {f32 d; i8 qs[256]; i16 bsums[16]}        v = d*q
+ *   TQ1_0 {u8 qs[48]; u8 qh[4]; f16 d}  TQ2_0 {u8 qs[64]; f16 d}  ternary: v = d*(-1|0|1)
+ *   IQ2_XXS {f16 d; u16 qs[32]}  IQ2_XS {f16 d; u16 qs[32]; u8 sc[8]}  IQ2_S {f16 d; u8 qs[32],
+ *         signs[32], qh[8], sc[8]}: 8-value lattice entries (8, 25, 43) with signs, 4-bit scales
+ *   IQ3_XXS {f16 d; u8 qs[64]; u32 sc[8]}  IQ3_S {f16 d; u8 qs[64], qh[8], signs[32], sc[4]}:
+ *         4-value lattice entries with signs
+ *   IQ1_S {f16 d; u8 qs[32]; u16 qh[8]}  IQ1_M {u8 qs[32], qh[16]; u16 sc[4]}: 8-value
+ *         entries of -1, 0, 1 shifted by +-1/8
+ *   IQ4_NL {f16 d; u8 qs[16]} (32 values)  IQ4_XS {f16 d; u16 sh; u8 sl[4]; u8 qs[128]}:
+ *         v = d*K[nibble] (IQ4_XS: times a 6-bit scale - 32 per 32), K 16 non-uniform values
+ * The grids are data from the gguf package (quant_iq_tables.h, tools/gen_iq_tables.py).
  *
  * One type is colibri's own, not GGML's: I4_G128 ("int4-g128", the GPU expert kernels' format,
  * cuda/moe_gemm.cu), id 1024 (GGML's ids are < 64, so a GGUF never names it; only colibri
@@ -31,7 +46,8 @@
  *   - Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, I4_G128 weights: x in blocks of 32 as int8 with an
  *     f32 scale (d = max|x|/127, q = round(x/d)) and d*sum(q) for the offset (m) of Q4_1/Q5_1;
  *     an I4_G128 block (one scale) meets 4 activation blocks (4 scales);
- *   - Q4_K, Q5_K, Q6_K weights: x in blocks of 256 as int8, f32 scale and 16 int16 sums of 16;
+ *   - Q4_K, Q5_K, Q6_K and the 256-value low-bit types (IQ4_NL: the 32-blocks above): x in
+ *     blocks of 256 as int8, f32 scale and 16 int16 sums of 16 (llama.cpp's Q8_K);
  *   - F32, F16, BF16 weights: x stays float (f32 products).
  * The error this adds is bounded by sum_b max|x_b|/254 * sum_{c in b} |W[r,c]| (the per-value
  * rounding of x), the same as llama.cpp's CPU backend. The integer sums are exact; the SIMD
@@ -71,13 +87,24 @@ typedef enum cb_type {
     CB_TYPE_Q5_1 = 7,
     CB_TYPE_Q8_0 = 8,
     CB_TYPE_Q8_1 = 9,  /* known (sizes), no kernels */
-    CB_TYPE_Q2_K = 10, /* known (sizes), no kernels */
-    CB_TYPE_Q3_K = 11, /* known (sizes), no kernels */
+    CB_TYPE_Q2_K = 10,
+    CB_TYPE_Q3_K = 11,
     CB_TYPE_Q4_K = 12,
     CB_TYPE_Q5_K = 13,
     CB_TYPE_Q6_K = 14,
-    CB_TYPE_Q8_K = 15, /* known (sizes), no kernels */
+    CB_TYPE_Q8_K = 15,
+    CB_TYPE_IQ2_XXS = 16,
+    CB_TYPE_IQ2_XS = 17,
+    CB_TYPE_IQ3_XXS = 18,
+    CB_TYPE_IQ1_S = 19,
+    CB_TYPE_IQ4_NL = 20,
+    CB_TYPE_IQ3_S = 21,
+    CB_TYPE_IQ2_S = 22,
+    CB_TYPE_IQ4_XS = 23,
+    CB_TYPE_IQ1_M = 29,
     CB_TYPE_BF16 = 30,
+    CB_TYPE_TQ1_0 = 34,
+    CB_TYPE_TQ2_0 = 35,
     CB_TYPE_MXFP4 = 39,
     CB_TYPE_I4_G128 = 1024, /* colibri's own (not a GGML id), see above */
     CB_TYPE_Q8_0_R16 = 1025, /* colibri's in-memory layouts of Q8_0, Q5_0, Q6_K, Q4_K: below */

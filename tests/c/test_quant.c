@@ -130,7 +130,7 @@ int main(void) {
     CHECK(cb_type_block_size(CB_TYPE_Q4_K) == 256 && cb_type_block_bytes(CB_TYPE_Q4_K) == 144);
     CHECK(cb_type_block_bytes(CB_TYPE_MXFP4) == 17 && cb_type_block_bytes(CB_TYPE_Q6_K) == 210);
     CHECK(cb_type_block_size(5) == 0 && strcmp(cb_type_name(5), "unknown") == 0);
-    CHECK(!cb_type_supported(CB_TYPE_Q2_K) && cb_type_supported(CB_TYPE_MXFP4));
+    CHECK(!cb_type_supported(CB_TYPE_Q8_1) && cb_type_supported(CB_TYPE_Q2_K) && cb_type_supported(CB_TYPE_IQ1_M));
     size_t rb;
     CHECK(cb_type_row_bytes(CB_TYPE_Q8_0, 64, &rb) == CB_OK && rb == 68);
     CHECK(cb_type_row_bytes(CB_TYPE_Q8_0, 65, &rb) == CB_STATUS_INVALID_ARGUMENT);

@@ -54,7 +54,7 @@ def test_row_bytes_and_bad_shapes():
     with pytest.raises(ValueError, match="unknown"):
         q.row_bytes(5, 32)
     with pytest.raises(ValueError, match="not supported"):
-        q.matmul("Q2_K", np.zeros(84, np.uint8), 1, 256, np.zeros((1, 256), np.float32))
+        q.matmul("Q8_1", np.zeros(40, np.uint8), 1, 32, np.zeros((1, 32), np.float32))
     with pytest.raises(ValueError):
         q.ThreadPool(0)
 

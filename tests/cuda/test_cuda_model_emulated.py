@@ -357,3 +357,27 @@ def test_store_pin_pool_callbacks(moe_models):
     mapped = Model(moe_models["mixtral"], threads=2, ctx=64, tokenizer=False)
     with pytest.raises(ValueError, match="only the cache store"):  # INVALID_ARGUMENT
         mapped.experts.pool()
+
+
+@pytest.mark.parametrize("kind", ["iq2_xxs", "q3_k_m"])
+def test_lowbit_experts_on_the_device(rt, monkeypatch, tmp_path, kind):
+    """The low-bit types (issue 45) on the device: the experts are dequantized on the CPU
+    (colibri's dequantizers, as for every type) on their way to the fp16 kernels; logits within
+    the fp16 rounding of the CPU forward's, and the staged path equal to the whole pool."""
+    import colibri.cuda as cuda
+    from colibri.model import Model
+    from colibri.tools.make_bench_model import write
+
+    monkeypatch.setattr(cuda, "get_runtime", lambda device=0: rt)
+    path = str(write(str(tmp_path / f"{kind}.gguf"), 1, kind=kind, shape="tiny", routing="raw"))
+    ids = [int(t) for t in np.random.default_rng(2).integers(3, 2000, 10)]
+    ref = Model(path, threads=2, ctx=64, tokenizer=False).logits(ids)
+    got = Model(path, threads=2, ctx=64, tokenizer=False, device="cuda",
+                cuda_weights="f16").logits(ids)
+    rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    print(f"{kind} f16 on the device: relative logit error {rel:.2e}")
+    # the CPU experts' 8-bit activations against the device's fp16 weights and activations
+    assert 0 < rel < 0.05, rel
+    staged = Model(path, threads=2, ctx=64, tokenizer=False, device="cuda", cuda_weights="f16",
+                   cuda_expert_budget=0.5, expert_mode="cache", expert_budget=1).logits(ids)
+    np.testing.assert_array_equal(staged, got)

@@ -6,7 +6,8 @@ The logits of sequence A must be bit-identical (np.array_equal) whether A's toke
   - in chunks of various sizes (chunked prefill),
   - in one eval together with other sequences' tokens (the Engine's mixed steps),
 on every quantized type the models use: Gemma 3 270M Q4_K_M (Q4_K, Q6_K, Q5_0, Q8_0), the tiny
-random MoE (Q4_K/Q6_K) and its Q8_0 / Q4_0 variants. The matmul kernels choose their path by
+random MoE (Q4_K/Q6_K) and its Q8_0 / Q4_0 / Q5_K_M variants and low-bit ones (Q3_K_M, and Q2_K,
+IQ2_XXS, IQ3_XXS, IQ4_XS, IQ4_NL, IQ1_S, TQ2_0 for every matrix). The matmul kernels choose their path by
 token count (direct tiles up to a few tokens, packed rows above), so this holds only if every
 path sums a row's products in the same order (ARCHITECTURE "Batch invariance").
 """
@@ -35,8 +36,13 @@ def _tiny(tmp: str, kind: str | None) -> str:
     return str(write(tmp, 2, kind=kind, shape="tiny"))
 
 
-@pytest.fixture(scope="module", params=[None, "q8_0", "q4_0", "q5_k_m"],
-                ids=["q4_k_m", "q8_0", "q4_0", "q5_k_m"])
+# the low-bit kinds (issue 45): llama.cpp's Q3_K_M mix, and every matrix one low-bit type (the
+# ones with AVX2 tiles, and two with the scalar kernels only)
+LOWBIT = ["q3_k_m", "q2_k", "iq2_xxs", "iq3_xxs", "iq4_xs", "iq4_nl", "iq1_s", "tq2_0"]
+
+
+@pytest.fixture(scope="module", params=[None, "q8_0", "q4_0", "q5_k_m", *LOWBIT],
+                ids=["q4_k_m", "q8_0", "q4_0", "q5_k_m", *LOWBIT])
 def tiny(request: pytest.FixtureRequest,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[colibri.Model]:
     p = _tiny(str(tmp_path_factory.mktemp("inv") / "tiny.gguf"), request.param)

@@ -37,7 +37,10 @@ import colibri.quant as cq
 from colibri.tools.membw import l3_bytes, membw
 
 ALL = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "Q4_K", "Q5_K", "Q6_K", "I4_G128", "F16",
-       "BF16", "F32"]
+       "BF16", "F32",
+       # the low-bit types (Q8_K left out: gguf has no reference dequantizer for it)
+       "Q2_K", "Q3_K", "TQ1_0", "TQ2_0", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
+       "IQ3_S", "IQ4_NL", "IQ4_XS"]
 TARGET_MATVEC = ("Q4_0", "Q8_0", "Q4_K", "Q6_K")
 
 NUMPY_PEER = r"""
