@@ -7,7 +7,8 @@ The logits of sequence A must be bit-identical (np.array_equal) whether A's toke
   - in one eval together with other sequences' tokens (the Engine's mixed steps),
 on every quantized type the models use: Gemma 3 270M Q4_K_M (Q4_K, Q6_K, Q5_0, Q8_0), the tiny
 random MoE (Q4_K/Q6_K) and its Q8_0 / Q4_0 / Q5_K_M variants and low-bit ones (Q3_K_M, and Q2_K,
-IQ2_XXS, IQ3_XXS, IQ4_XS, IQ4_NL, IQ1_S, TQ2_0 for every matrix). The matmul kernels choose their path by
+IQ2_XXS, IQ3_XXS, IQ4_XS, IQ4_NL, IQ1_S, TQ2_0 for every matrix), and the tiny oracle models of
+granitemoe, ernie4_5_moe and phimoe in F32 and Q8_0. The matmul kernels choose their path by
 token count (direct tiles up to a few tokens, packed rows above), so this holds only if every
 path sums a row's products in the same order (ARCHITECTURE "Batch invariance").
 """
@@ -144,6 +145,26 @@ def test_tiny_logits_batch_invariant(tiny: colibri.Model) -> None:
 def test_gemma_logits_batch_invariant(gemma: colibri.Model) -> None:
     _check(gemma, 40)
 
+
+# MoE families of issue 48 whose FFN differs from the tiny model's (tests/oracle_models.py):
+# Granite's multipliers on embeddings, attention, residual branches and logits; ERNIE 4.5's dense
+# layer 0, selection bias and shared expert; PhiMoE's LayerNorms with biases and sparsemixer
+# routing (top 2 of 10). In f32 and in Q8_0 (8-bit activations: the quantized tiles).
+@pytest.fixture(scope="module", params=[(f, t) for f in ("granitemoe", "ernie4_5_moe", "phimoe")
+                                        for t in ("f32", "q8_0")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def family(request: pytest.FixtureRequest,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[colibri.Model]:
+    from oracle_models import build
+
+    fam, outtype = request.param
+    _, paths = build(fam, tmp_path_factory.mktemp(fam), (outtype,))
+    with colibri.Model(str(paths[outtype]), ctx=1024, verbose=False) as m:
+        yield m
+
+
+def test_family_logits_batch_invariant(family: colibri.Model) -> None:
+    _check(family, 40)
 
 
 def test_fast_mode_is_an_opt_out(tmp_path) -> None:
