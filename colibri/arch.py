@@ -127,6 +127,10 @@ FAMILIES: dict[str, Family] = {
     # hunyuan-moe (Hunyuan-A13B): per-head q/k norms after RoPE, softmax routing renormalised,
     # a shared expert in every layer
     "hunyuan-moe": Family(qk_norm=QK_HEAD_POST, moe=True, renorm=True, shared_expert=True),
+    # bailingmoe2 (Ling/Ring 2.0): fused qkv, per-head q/k norms, partial rotary, dots1's
+    # routing with expert groups, shared experts, dense first layers, NextN layers skipped
+    "bailingmoe2": Family(qk_norm=QK_HEAD, moe=True, renorm=True, gating=GATING_SIGMOID,
+                          shared_expert=True, keyed_routing=True),
     "gemma3": Family(
         act=ACT_GELU_TANH, qk_norm=QK_HEAD, embd_scale=True, post_norms=True, swa_pattern=6,
         swa_rope_base=10000.0,
@@ -367,9 +371,14 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
                                    f"{_show(norm)}")
         renorm = bool(norm)
         expert_scale = r.float_key("expert_weights_scale", 1.0, lo=0.0, hi=1e6, lo_open=True)
-        if r.int_key("expert_group_count", 1) > 1:
-            raise UnsupportedModel(f"{p}: group-limited expert routing ({arch}."
-                                   "expert_group_count > 1) is not supported yet")
+    # group-limited routing (DeepSeek-V3, Ling): only the best expert_group_used_count groups
+    # of experts compete (routing_logic.h cb_route_token_grouped)
+    n_group = r.int_key("expert_group_count", 0, hi=64)
+    n_group_used = r.int_key("expert_group_used_count", n_group, hi=max(n_group, 1)) if n_group > 1 else 0
+    if n_group > 1 and (n_expert % n_group or n_expert < 2 * n_group or n_group_used < 1
+                        or n_used > n_group_used * (n_expert // n_group)):
+        raise UnsupportedModel(f"{p}: {n_expert} experts in {n_group} groups ({n_group_used} "
+                               f"used) for top-{n_used} routing")
     swa = 0 if fam.no_swa else r.int_key("attention.sliding_window", fam.default_swa)
     pattern_layers = gf.metadata.get(f"{arch}.attention.sliding_window_pattern_layers")
     if not isinstance(pattern_layers, list | tuple | np.ndarray):
@@ -510,6 +519,7 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
         attn_softcap=r.float_key("attn_logit_softcapping", 0.0, lo=0.0),
         final_softcap=r.float_key("final_logit_softcapping", fam.final_softcap, lo=0.0),
         gating=gating, expert_renorm=renorm, expert_scale=expert_scale,
+        expert_groups=n_group if n_group > 1 else 0, expert_groups_used=n_group_used,
         tok_embd=tok_embd, output_norm=output_norm, output=output, layers=layers,
         output_b=r.vec("output.bias", n_vocab, required=False), layer_norm=fam.layer_norm,
         output_norm_b=r.vec("output_norm.bias", n_embd, required=False) if fam.layer_norm else None,

@@ -78,9 +78,10 @@ class CudaExperts:
                  store: Any = None, budget: str | float | int | None = None) -> None:
         if weights not in ref.WEIGHT_FORMATS:
             raise ValueError(f"cuda_weights must be one of {ref.WEIGHT_FORMATS}, got {weights!r}")
-        if desc.gating not in (GATING_SOFTMAX, GATING_SIGMOID):  # the kernels' two gatings
-            raise UnsupportedModel(f"device='cuda': {desc.arch}'s expert routing (sparsemixer) "
-                                   "does not run on the GPU yet; run it on the CPU")
+        if desc.gating not in (GATING_SOFTMAX, GATING_SIGMOID) or desc.expert_groups > 1:
+            kind = "group-limited" if desc.expert_groups > 1 else "sparsemixer"
+            raise UnsupportedModel(f"device='cuda': {desc.arch}'s expert routing ({kind}) does "
+                                   "not run on the GPU yet; run it on the CPU")
         if runtime is None:
             from colibri import cuda
 

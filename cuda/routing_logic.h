@@ -14,6 +14,9 @@
  *      sel (equal values: ascending id);
  *   4. weights w_i = score[id_i] (unbiased); with renorm, w_i /= sum_i w_i;
  *   5. w_i *= scale (DeepSeek-V3's routed_scaling_factor; 1 for most models).
+ * Group-limited (DeepSeek-V3, Ling/Bailing: n_group > 1, cb_route_token_grouped, CPU only):
+ * experts in n_group equal groups of consecutive ids; a group's score is the sum of its two
+ * largest selection values; only the group_used best groups (ties: lower group) compete in 3.
  * Sparsemixer (PhiMoE, its inference form): experts chosen by raw logit (plus bias); w_i is the
  * softmax, at id_i, over the experts not chosen before whose logits l are within the jitter
  * band of l[id_i] = m: (m - l) / max(|l|, m) <= 2 * CB_SPARSEMIXER_EPS; then steps 4-5.
@@ -68,14 +71,19 @@ CB_HD static inline float cb_route_score(float logit, int gating, float mx, floa
     return 1.0f / (1.0f + expf(-logit));
 }
 
-/* Route one token (see the top of the file). Returns CB_ROUTE_OK or a CB_ROUTE_E* code. */
-CB_HD static inline int cb_route_token(const float *logits, int n_experts, int k, int gating,
-                                       const float *bias, int renorm, float scale, int *ids,
-                                       float *weights) {
+/* Route one token (see the top of the file) with experts outside the allowed groups skipped:
+ * group_of_mask bit g set = group g competes, group size n_experts / n_group (n_group 1: all
+ * compete). Returns CB_ROUTE_OK or a CB_ROUTE_E* code. */
+CB_HD static inline int cb_route_token_masked(const float *logits, int n_experts, int k,
+                                              int gating, const float *bias, int renorm,
+                                              float scale, int n_group,
+                                              unsigned long long group_mask, int *ids,
+                                              float *weights) {
     float sel[CB_ROUTE_MAX_K];
     int i, e, n = 0;
     float mx = 0.0f, inv_sum = 1.0f;
     int status = CB_ROUTE_OK;
+    const int per_group = n_group > 1 ? n_experts / n_group : n_experts;
     if (logits == 0 || ids == 0 || weights == 0 || n_experts < 1 ||
         n_experts > CB_ROUTE_MAX_EXPERTS || k < 1 || k > n_experts || k > CB_ROUTE_MAX_K ||
         (gating != CB_GATING_SOFTMAX && gating != CB_GATING_SIGMOID &&
@@ -101,6 +109,7 @@ CB_HD static inline int cb_route_token(const float *logits, int n_experts, int k
      * id order and an entry only moves ahead of strictly smaller values, so equal values keep
      * the lower id first. */
     for (e = 0; e < n_experts; e++) {
+        if (n_group > 1 && !((group_mask >> (e / per_group)) & 1ull)) continue;
         float v = gating == CB_GATING_SPARSEMIXER ? logits[e]
                                                   : cb_route_score(logits[e], gating, mx, inv_sum);
         if (bias != 0) v += bias[e];
@@ -150,6 +159,63 @@ fail:
     }
     return status;
 }
+
+/* Route one token (see the top of the file). Returns CB_ROUTE_OK or a CB_ROUTE_E* code. */
+CB_HD static inline int cb_route_token(const float *logits, int n_experts, int k, int gating,
+                                       const float *bias, int renorm, float scale, int *ids,
+                                       float *weights) {
+    return cb_route_token_masked(logits, n_experts, k, gating, bias, renorm, scale, 1, 0ull,
+                                 ids, weights);
+}
+
+#define CB_ROUTE_MAX_GROUPS 64
+#ifndef __CUDACC__
+/* Group-limited routing (see the top): n_group in [2, CB_ROUTE_MAX_GROUPS] dividing n_experts
+ * into groups of at least 2, group_used in [1, n_group], softmax or sigmoid gating; the rest
+ * as cb_route_token. Host only (the device routes without groups). */
+static inline int cb_route_token_grouped(const float *logits, int n_experts, int k, int gating,
+                                         const float *bias, int renorm, float scale,
+                                         int n_group, int group_used, int *ids,
+                                         float *weights) {
+    float gs[CB_ROUTE_MAX_GROUPS];
+    unsigned long long mask = 0ull;
+    int g, e, j;
+    if (n_group <= 1)
+        return cb_route_token(logits, n_experts, k, gating, bias, renorm, scale, ids, weights);
+    if (logits == 0 || n_group > CB_ROUTE_MAX_GROUPS || n_experts < 2 * n_group ||
+        n_experts % n_group || group_used < 1 || group_used > n_group ||
+        k > group_used * (n_experts / n_group) ||
+        (gating != CB_GATING_SOFTMAX && gating != CB_GATING_SIGMOID) ||
+        n_experts > CB_ROUTE_MAX_EXPERTS || !cb_route_finite(scale))
+        return cb_route_token_masked(logits, n_experts, k, -1, bias, renorm, scale, 1, 0ull,
+                                     ids, weights); /* CB_ROUTE_EARG, outputs cleared */
+    const int per = n_experts / n_group;
+    float mx = 0.0f, inv_sum = 1.0f;
+    if (gating == CB_GATING_SOFTMAX) {
+        float sum = 0.0f;
+        mx = logits[0];
+        for (e = 1; e < n_experts; e++) mx = logits[e] > mx ? logits[e] : mx;
+        for (e = 0; e < n_experts; e++) sum += expf(logits[e] - mx);
+        inv_sum = 1.0f / sum;
+    }
+    for (g = 0; g < n_group; g++) { /* the two largest selection values of each group */
+        float a = -INFINITY, b = -INFINITY;
+        for (e = g * per; e < (g + 1) * per; e++) {
+            float v = cb_route_score(logits[e], gating, mx, inv_sum) + (bias ? bias[e] : 0.0f);
+            if (v > a) { b = a; a = v; } else if (v > b) { b = v; }
+        }
+        gs[g] = a + b;
+    }
+    for (j = 0; j < group_used; j++) { /* the best groups, ties to the lower id */
+        int best = -1;
+        for (g = 0; g < n_group; g++)
+            if (!((mask >> g) & 1ull) && (best < 0 || gs[g] > gs[best])) best = g;
+        mask |= 1ull << best;
+    }
+    return cb_route_token_masked(logits, n_experts, k, gating, bias, renorm, scale, n_group,
+                                 mask, ids, weights);
+}
+#endif
 
 /* Round n up to a multiple of tile (tile >= 1). */
 CB_HD static inline int cb_route_pad(int n, int tile) {

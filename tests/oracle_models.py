@@ -252,3 +252,67 @@ def build_moe(out: Path, n_layers: int = 2) -> str:
     model = model_cls(cfg).eval()
     model.save_pretrained(out / "hf")
     return str(_convert_module().convert(out / "hf", out / "moe.gguf", "f32"))
+
+
+def build_bailingmoe2(out: Path, outtypes=("f32",), seed: int = 7) -> dict[str, Path]:
+    """A tiny Ling/Ring 2.0 (bailingmoe2) model: transformers has no BailingMoeV2 class, so the
+    checkpoint is written directly (config.json and seeded random safetensors under the HF
+    names llama.cpp's converter reads) and converted; llama.cpp is its reference. 4 layers (the
+    first dense), fused qkv, per-head q/k norms, half the head dims rotated, 16 experts in 4
+    groups of which 2 compete, top 4 by sigmoid score plus a selection bias, renormalised and
+    scaled by 2.5, one shared expert; a bigram path as add_bigram_path gives."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(seed)
+    E, H, KV, HD, FF, MFF, NE, L = 64, 4, 2, 16, 96, 32, 16, 4
+    cfg = dict(model_type="bailing_moe_v2", architectures=["BailingMoeV2ForCausalLM"],
+               vocab_size=VOCAB, hidden_size=E, num_hidden_layers=L, num_attention_heads=H,
+               num_key_value_heads=KV, head_dim=HD, intermediate_size=FF,
+               moe_intermediate_size=MFF, num_experts=NE, num_experts_per_tok=4,
+               num_shared_experts=1, first_k_dense_replace=1, n_group=4, topk_group=2,
+               routed_scaling_factor=2.5, norm_topk_prob=True, score_function="sigmoid",
+               partial_rotary_factor=0.5, rope_theta=10000.0, rms_norm_eps=1e-6,
+               max_position_embeddings=512, use_qk_norm=True, tie_word_embeddings=False)
+
+    def w(*shape, s=0.08):
+        return (rng.standard_normal(shape) * s).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + rng.standard_normal(n) * 0.1).astype(np.float32)
+
+    t: dict[str, np.ndarray] = {}
+    emb = w(VOCAB, E, s=0.5)
+    t["model.word_embeddings.weight"] = emb
+    head = w(VOCAB, E)
+    head[rng.permutation(VOCAB)] += emb
+    t["lm_head.weight"], t["model.norm.weight"] = head, norm(E)
+    for i in range(L):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = norm(E)
+        t[p + "post_attention_layernorm.weight"] = norm(E)
+        t[p + "attention.query_key_value.weight"] = w((H + 2 * KV) * HD, E)
+        t[p + "attention.dense.weight"] = w(E, H * HD)
+        t[p + "attention.query_layernorm.weight"] = norm(HD)
+        t[p + "attention.key_layernorm.weight"] = norm(HD)
+        if i == 0:
+            for k in ("gate_proj", "up_proj"):
+                t[p + f"mlp.{k}.weight"] = w(FF, E)
+            t[p + "mlp.down_proj.weight"] = w(E, FF)
+            continue
+        t[p + "mlp.gate.weight"] = w(NE, E, s=0.5)
+        t[p + "mlp.gate.expert_bias"] = (rng.standard_normal(NE) * 0.3).astype(np.float32)
+        for x in range(NE):
+            for k in ("gate_proj", "up_proj"):
+                t[p + f"mlp.experts.{x}.{k}.weight"] = w(MFF, E)
+            t[p + f"mlp.experts.{x}.down_proj.weight"] = w(E, MFF)
+        for k in ("gate_proj", "up_proj"):
+            t[p + f"mlp.shared_experts.{k}.weight"] = w(MFF, E)
+        t[p + "mlp.shared_experts.down_proj.weight"] = w(E, MFF)
+    hf = out / "bailingmoe2-hf"
+    hf.mkdir(parents=True, exist_ok=True)
+    (hf / "config.json").write_text(json.dumps(cfg))
+    save_file(t, str(hf / "model.safetensors"))
+    conv = _convert_module()
+    return {o: conv.convert(hf, out / f"bailingmoe2-{o}.gguf", o) for o in outtypes}

@@ -210,6 +210,15 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
                                "forward: layer %d: %d of %d experts (ff %lld) not supported", l,
                                L->n_expert_used, L->n_expert, (long long)L->n_ff_exp);
             CHECK_OK(check_mat(&L->router, L->n_expert, E, "ffn_gate_inp", l));
+            if (m->expert_groups > 1 &&
+                (m->expert_groups > CB_ROUTE_MAX_GROUPS || L->n_expert % m->expert_groups ||
+                 L->n_expert < 2 * m->expert_groups || m->expert_groups_used < 1 ||
+                 m->expert_groups_used > m->expert_groups || m->gating == CB_GATING_SPARSEMIXER ||
+                 L->n_expert_used > m->expert_groups_used * (L->n_expert / m->expert_groups)))
+                return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: layer %d: %d experts in %d "
+                               "groups (%d used) for top-%d routing not supported", l,
+                               L->n_expert, m->expert_groups, m->expert_groups_used,
+                               L->n_expert_used);
             {
                 /* the expert templates carry no data: check them with a dummy pointer */
                 cb_matrix_t tg = L->exp_gate, tu = L->exp_up, td = L->exp_down;
@@ -727,8 +736,9 @@ static void prefetch_next(cb_forward_t *f, int l, int64_t n) {
     int32_t ids[CB_ROUTE_MAX_EXPERTS], n_ids = 0;
     memset(seen, 0, (size_t)NE);
     for (int64_t t = 0; t < n; t++) {
-        if (cb_route_token(f->u + t * NE, (int)NE, (int)K, m->gating, L2->router_bias,
-                           m->expert_renorm, m->expert_scale, f->rid, f->rw) != CB_ROUTE_OK)
+        if (cb_route_token_grouped(f->u + t * NE, (int)NE, (int)K, m->gating, L2->router_bias,
+                                   m->expert_renorm, m->expert_scale, m->expert_groups,
+                                   m->expert_groups_used, f->rid, f->rw) != CB_ROUTE_OK)
             return;
         for (int64_t i = 0; i < K; i++)
             if (!seen[f->rid[i]]) {
@@ -793,8 +803,10 @@ static cb_status moe_ffn(cb_forward_t *f, int l, int64_t n) {
     }
     memset(f->cnt, 0, (size_t)NE * sizeof(int32_t));
     for (int64_t t = 0; t < n; t++) {
-        int r = cb_route_token(f->rlog + t * NE, (int)NE, (int)K, m->gating, L->router_bias,
-                               m->expert_renorm, m->expert_scale, f->rid + t * K, f->rw + t * K);
+        int r = cb_route_token_grouped(f->rlog + t * NE, (int)NE, (int)K, m->gating,
+                                       L->router_bias, m->expert_renorm, m->expert_scale,
+                                       m->expert_groups, m->expert_groups_used, f->rid + t * K,
+                                       f->rw + t * K);
         if (r != CB_ROUTE_OK)
             return cb_fail(r == CB_ROUTE_ENONFINITE ? CB_STATUS_CORRUPT : CB_STATUS_INTERNAL,
                            "forward: layer %d: routing of token %lld failed (%s)", l,

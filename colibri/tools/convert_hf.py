@@ -61,6 +61,7 @@ ARCHES = {
     "gemma2": "gemma2",
     "phi3": "phi3",
     "phimoe": "phimoe",
+    "bailing_moe_v2": "bailingmoe2",
     "dots1": "dots1",
     "glm4_moe": "glm4moe",
     "ernie4_5_moe": "ernie4_5-moe",
@@ -80,6 +81,7 @@ GGUF_ARCH = {
     "gemma2": gguf.MODEL_ARCH.GEMMA2,
     "phi3": gguf.MODEL_ARCH.PHI3,
     "phimoe": gguf.MODEL_ARCH.PHIMOE,
+    "bailingmoe2": gguf.MODEL_ARCH.BAILINGMOE2,
     "dots1": gguf.MODEL_ARCH.DOTS1,
     "glm4moe": gguf.MODEL_ARCH.GLM4_MOE,
     "ernie4_5-moe": gguf.MODEL_ARCH.ERNIE4_5_MOE,
@@ -371,6 +373,19 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
                 int(cfg["moe_intermediate_size"]) * int(cfg["moe_num_shared_experts"]))
             w.add_leading_dense_block_count(int(cfg["moe_layer_start_index"]))
             w.add_uint32(f"{arch}.interleave_moe_layer_step", int(cfg.get("moe_layer_interval") or 1))
+        if arch == "bailingmoe2":  # as llama.cpp's BailingMoeV2 converter writes it
+            n_sh = int(cfg["num_shared_experts"])
+            w.add_expert_shared_count(n_sh)
+            w.add_expert_shared_feed_forward_length(int(cfg.get(
+                "moe_shared_expert_intermediate_size", int(cfg["moe_intermediate_size"]) * n_sh)))
+            w.add_expert_weights_scale(float(cfg["routed_scaling_factor"]))
+            w.add_leading_dense_block_count(int(cfg["first_k_dense_replace"]))
+            w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID
+                                     if cfg.get("score_function", "sigmoid") == "sigmoid"
+                                     else gguf.ExpertGatingFuncType.SOFTMAX)
+            if int(cfg.get("n_group") or 1) > 1:
+                w.add_expert_group_count(int(cfg["n_group"]))
+                w.add_expert_group_used_count(int(cfg["topk_group"]))
         if arch in ("dots1", "glm4moe"):  # as llama.cpp writes them: DeepSeek-V3's routing
             w.add_expert_shared_count(int(cfg["n_shared_experts"]))
             w.add_expert_weights_scale(float(cfg["routed_scaling_factor"]))
@@ -563,6 +578,7 @@ class Converter:
             if hf_name.endswith(".block_sparse_moe.input_linear.weight"):  # granite: [gate; up]
                 hf_name = hf_name.replace(".input_linear.weight", ".experts.gate_up_proj")
             if hf_name.endswith((".mlp.gate.e_score_correction_bias",  # dots1, glm4moe
+                                 ".mlp.gate.expert_bias",  # bailingmoe2
                                  ".mlp.gate.moe_statics.e_score_correction_bias",  # ernie
                                  ".mlp.moe_statics.e_score_correction_bias")):  # (saved)
                 yield f"blk.{hf_name.split('.')[2]}.exp_probs_b.bias", data.reshape(-1)

@@ -170,6 +170,8 @@ typedef enum cb_desc_kind {
     X(I32, gating)          /* CB_GATING_SOFTMAX or CB_GATING_SIGMOID (routing_logic.h) */      \
     X(I32, expert_renorm)   /* renormalise the top-k weights */                                  \
     X(F32, expert_scale)    /* weights multiplied by this (1 = none) */                          \
+    X(I32, expert_groups)   /* group-limited routing (routing_logic.h): groups, 0 or 1 = none */ \
+    X(I32, expert_groups_used) /* the groups that compete */                                     \
     X(MAT, tok_embd)        /* [n_vocab x n_embd] */                                             \
     X(VEC, output_norm)     /* [n_embd] */                                                       \
     X(MAT, output)          /* [n_vocab x n_embd] (tok_embd when tied) */                        \
