@@ -232,11 +232,12 @@ class ModelDesc(_forward.CModelDesc):
                 seen.add(id(a))
                 total += a.nbytes
 
-        if not experts:
-            add(self.tok_embd.data)
-            if self.output.data is not self.tok_embd.data:
-                add(self.output.data)
-            add(self.output_norm)
+        if not experts:  # every model-wide tensor: embeddings, head, norms, biases, PLE
+            for v in self.c_fields().values():
+                if isinstance(v, Mat):
+                    add(v.data)
+                elif isinstance(v, np.ndarray):
+                    add(v)
         for layer in self.layers:
             if experts:
                 if layer.experts:  # from the shapes: a container's base views span padding

@@ -334,19 +334,14 @@ def test_a_pool_smaller_than_one_batch_fails_with_the_numbers(moe):
         _fw.ExpertStore(m.desc, mode="cache", path="/nonexistent/model.gguf", budget_bytes=1)
 
 
-def test_plan_sizes_and_budget(moe, request):
-    """The plan's sizes are the file's tensor sizes; a machine too small for the experts gets
-    a cache budget, never below one batch's experts. phimoe: ModelDesc.dense_bytes
-    (colibri/arch.py) leaves out the model-level output.bias and output_norm.bias (1536 bytes
-    here), so its dense_bytes is short: a known failure until that is fixed (strict: it
-    reports the fix)."""
+def test_plan_sizes_and_budget(moe):
+    """The plan's sizes are the file's tensor sizes (phimoe's head and output-norm biases
+    included: dense_bytes counts every model-wide tensor); a machine too small for the experts
+    gets a cache budget, never below one batch's experts."""
     from colibri.gguf import GGUFFile
     from colibri.plan import make_plan
 
     name, paths = moe
-    if name == "phimoe":
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason="ModelDesc.dense_bytes omits output.bias and output_norm.bias"))
     path = str(paths["f32"])
     with GGUFFile(path) as gf:
         exps = sum(t.nbytes for n, t in gf.tensors.items() if "_exps." in n)
