@@ -31,6 +31,7 @@ from colibri.arch_read import (
     _show,
     gemma4_layer_attn,
 )
+from colibri.arch_mla import log_mul, mla_attn_scale, mla_dims, mla_layer, yarn
 from colibri.dense import MODES, DenseCopies, worth_copying
 from colibri.gguf import GGUFError, GGUFFile
 
@@ -89,6 +90,7 @@ class Family:
     # granite: embedding_scale, attention.scale, residual_scale and logit_scale (divides) keys
     granite_scales: bool = False
     layer_norm: bool = False  # LayerNorms with biases instead of RMSNorms (phimoe)
+    mla: bool = False  # multi-head latent attention (arch_mla, forward_mla.c)
 
 
 FAMILIES: dict[str, Family] = {
@@ -131,6 +133,11 @@ FAMILIES: dict[str, Family] = {
     # routing with expert groups, shared experts, dense first layers, NextN layers skipped
     "bailingmoe2": Family(qk_norm=QK_HEAD, moe=True, renorm=True, gating=GATING_SIGMOID,
                           shared_expert=True, keyed_routing=True),
+    # deepseek2 (DeepSeek-V2/V3/R1, Kimi K2): multi-head latent attention with the latent KV
+    # cache, YaRN, dense first layers, shared experts, routing from the file's keys (V3:
+    # sigmoid with a selection bias and expert groups; V2: softmax), llama's rope pairs
+    "deepseek2": Family(rope_mode=ROPE_NORMAL, moe=True, renorm=False, shared_expert=True,
+                        keyed_routing=True, mla=True),
     "gemma3": Family(
         act=ACT_GELU_TANH, qk_norm=QK_HEAD, embd_scale=True, post_norms=True, swa_pattern=6,
         swa_rope_base=10000.0,
@@ -191,7 +198,8 @@ class ModelDesc(_forward.CModelDesc):
 
     def kv_values_per_token(self) -> int:
         """K and V values one token keeps in the cache, over all layers."""
-        return sum(2 * (L.n_head_kv or self.n_head_kv) * (L.head_dim or self.head_dim)
+        return sum(L.mla_kv_lora + (L.rope_n_dims or self.rope_n_dims) if L.mla_kv_lora
+                   else 2 * (L.n_head_kv or self.n_head_kv) * (L.head_dim or self.head_dim)
                    for L in self.layers if not L.kv_from)  # a sharing layer keeps none
 
     def kv_bytes_per_token(self, kv_dtype: str = "f32") -> int:
@@ -207,7 +215,7 @@ class ModelDesc(_forward.CModelDesc):
 
     def _kv_uniform(self) -> bool:
         return all(L.n_head_kv in (0, self.n_head_kv) and L.head_dim in (0, self.head_dim)
-                   and not L.kv_from for L in self.layers)
+                   and not L.kv_from and not L.mla_kv_lora for L in self.layers)
 
     def kv_page_tokens(self) -> int:
         """Tokens per page of the KV cache's layout (include/colibri/arena.h): 256, so that
@@ -293,7 +301,10 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
     n_layer -= nextn
     n_head = r.int_key("attention.head_count", required=True, lo=1)
     per_layer: list[_LayerAttn] | None = None  # the family's per-layer attention, if it has one
-    if fam.layer_attn is not None:
+    mla = mla_dims(r, n_head) if fam.mla else None
+    if mla is not None:  # one latent K/V row per token (arch_mla)
+        n_head_kv, head_dim, n_rot = 1, mla.head_dim, mla.rope
+    elif fam.layer_attn is not None:
         per_layer, _ = fam.layer_attn(r, n_layer, n_head, 1.0)
         # the model-level shape: the first layer's (the per-layer values override it)
         n_head_kv, head_dim, n_rot = per_layer[0].n_head_kv, per_layer[0].head_dim, per_layer[0].n_rot
@@ -320,13 +331,16 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
         raise UnsupportedModel(f"{p}: {arch}.rope.scaling.type must be a string, got "
                                f"{_show(scaling_type)}")
     factor = r.float_key("rope.scaling.factor", 0.0, lo=0.0, hi=1e6)
-    if scaling_type not in ("none", "linear") and factor not in (0.0, 1.0):
+    if scaling_type not in ("none", "linear", "yarn") and factor not in (0.0, 1.0):
         raise UnsupportedModel(f"{p}: rope scaling {scaling_type!r} is not supported")
     freq_scale = 1.0 / factor if factor > 0 else 1.0
     # LongRoPE (Phi-3/3.5 128k): the long factors when the context runs past the original
     # one, as llama.cpp chooses (by the context asked for: ctx, else the trained one)
     longrope = r.has("rope_factors_long.weight") or r.has("rope_factors_short.weight")
     rope_attn_factor = r.float_key("rope.scaling.attn_factor", 1.0, lo=0.0, hi=1e3, lo_open=True)
+    y = yarn(r, arch, n_ctx, freq_scale, rope_attn_factor) if scaling_type == "yarn" else None
+    if y is not None:  # the rope's magnitude as llama.cpp sets it for YaRN
+        rope_attn_factor = y.attn_factor
     if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv or n_embd <= 0 or n_layer <= 0:
         raise UnsupportedModel(f"{p}: bad attention sizes: {n_head} heads, {n_head_kv} KV heads")
 
@@ -352,6 +366,8 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
     embd_scale = math.sqrt(n_embd) if fam.embd_scale else 1.0
     attn_scale = fam.attn_scale or 1.0 / math.sqrt(
         n_embd // n_head if n_layer == fam.big_attn_scale_layers else head_dim)
+    if mla is not None:
+        attn_scale = mla_attn_scale(mla, rope_attn_factor, log_mul(r, arch), freq_scale)
     residual_scale = logit_scale = 1.0
     if fam.granite_scales:
         embd_scale = r.float_key("embedding_scale", 1.0, lo=0.0, hi=1e6, lo_open=True)
@@ -408,19 +424,23 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
         wq: Mat | None
         wk: Mat | None
         wv: Mat | None
-        if r.has(b + "attn_qkv.weight"):  # phi3: q, k and v rows in one tensor
+        mla_f = mla_layer(r, i, n_embd, n_head, mla) if mla is not None else {}
+        if mla_f:  # queries and keys from the latent (the fields below); no attn_k / attn_v
+            none0 = Mat(F32, 0, 0, 0, None)
+            wq, wk, wv = mla_f.pop("wq", none0), none0, none0
+        elif r.has(b + "attn_qkv.weight"):  # phi3: q, k and v rows in one tensor
             wq, wk, wv = r.mat_rows(b + "attn_qkv.weight", [nq, nkv, nkv], n_embd)
         else:  # a layer sharing another's K/V (kv_from) has no K/V projections
             wq = r.mat(b + "attn_q.weight", nq, n_embd)
             wk = r.mat(b + "attn_k.weight", nkv, n_embd, required=not kv_from)
             # gemma4 attention_k_eq_v: no attn_v, V is the K projection
             wv = r.mat(b + "attn_v.weight", nkv, n_embd, required=not (fam.v_from_k or kv_from))
-        wo = r.mat(b + "attn_output.weight", n_embd, nq)
+        wo = mla_f.pop("wo") if mla_f else r.mat(b + "attn_output.weight", n_embd, nq)
         assert attn_norm is not None and ffn_norm is not None
         assert wq is not None and wo is not None and (wk is not None or kv_from)
         none = Mat(F32, 0, 0, 0, None)
         L = LayerDesc(attn_norm=attn_norm, wq=wq, wk=wk or none, wv=wv or none, wo=wo,
-                      ffn_norm=ffn_norm)
+                      ffn_norm=ffn_norm, **mla_f)
         L.v_from_k, L.kv_from = wv is None and not kv_from, kv_from
         L.bq = r.vec(b + "attn_q.bias", nq, required=False)
         L.bk = r.vec(b + "attn_k.bias", nkv, required=False)
@@ -437,6 +457,9 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
             L.ffn_post_norm = r.vec(b + "post_ffw_norm.weight", n_embd)
         L.rope_base, L.rope_freq_scale, L.rope_freqs = rope_base, freq_scale, rope_freqs
         L.rope_attn_factor = rope_attn_factor
+        if y is not None:
+            L.rope_ext_factor, L.rope_beta_fast, L.rope_beta_slow = y.ext_factor, y.beta_fast, y.beta_slow
+            L.rope_n_ctx_orig = y.n_ctx_orig
         if fam.layer_norm:
             L.attn_norm_b = r.vec(b + "attn_norm.bias", n_embd, required=False)
             L.ffn_norm_b = r.vec(ffn_norm_name[:-len("weight")] + "bias", n_embd, required=False)

@@ -147,6 +147,36 @@ def family_configs():
                                    original_max_position_embeddings=32,
                                    short_factor=[1.0 + 0.15 * i for i in range(8)],
                                    long_factor=[1.0 + 1.3 * i for i in range(8)]))),
+        # DeepSeek-V3 shape (deepseek2): MLA with a low-rank q (q_lora 32), kv_lora 32, 16
+        # nope + 8 rope dims per head, v 24; YaRN (factor 4 over an original context of 16,
+        # mscale_all_dim 1); layer 0 dense, 1-2 MoE: 16 experts in 4 groups (2 compete), top 3
+        # by sigmoid score + a selection bias, renormalised, times 2.5, one shared expert
+        "deepseek_v3": (T.DeepseekV3Config, T.DeepseekV3ForCausalLM,
+                        dict(intermediate_size=96, moe_intermediate_size=32, n_routed_experts=16,
+                             n_shared_experts=1, num_experts_per_tok=3, first_k_dense_replace=1,
+                             n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                             norm_topk_prob=True, q_lora_rank=32, kv_lora_rank=32,
+                             qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24,
+                             num_key_value_heads=4, scoring_func="sigmoid", topk_method="noaux_tc",
+                             max_position_embeddings=64,
+                             rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                                  original_max_position_embeddings=16,
+                                                  beta_fast=32.0, beta_slow=1.0, mscale=1.0,
+                                                  mscale_all_dim=1.0))),
+        # DeepSeek-V2-Lite shape: the queries straight from attn_q (no q_lora), softmax
+        # routing over 10 experts (top 3, not renormalised), no groups, mscale 0.707
+        "deepseek_v2": (T.DeepseekV2Config, T.DeepseekV2ForCausalLM,
+                        dict(intermediate_size=96, moe_intermediate_size=32, n_routed_experts=10,
+                             n_shared_experts=2, num_experts_per_tok=3, first_k_dense_replace=1,
+                             routed_scaling_factor=1.0, norm_topk_prob=False, q_lora_rank=None,
+                             kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                             v_head_dim=16, num_key_value_heads=4, topk_method="greedy",
+                             max_position_embeddings=64,
+                             scoring_func="softmax",
+                             rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                                  original_max_position_embeddings=16,
+                                                  beta_fast=32.0, beta_slow=1.0, mscale=0.707,
+                                                  mscale_all_dim=0.707))),
         # llama with Llama 3.1 rope scaling (converted to a rope_freqs tensor): head_dim 16,
         # original context 64, so short, medium and long wavelengths all occur in 40 tokens
         "llama3_rope": (T.LlamaConfig, T.LlamaForCausalLM,
@@ -160,11 +190,12 @@ def family_configs():
 FAMILIES = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
             "gemma4", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe",
             "granitemoe", "granitemoeshared", "hunyuan_v1_moe", "phimoe"]
-EXTRA = ["llama3_rope", "gemma4_mm", "phi3_longrope", "gemma4_ple"]  # built on demand by their own tests
+EXTRA = ["llama3_rope", "gemma4_mm", "phi3_longrope", "gemma4_ple", "deepseek_v3", "deepseek_v2"]  # built on demand by their own tests
 # each model's seed: its place here (a family added at the end leaves the others' weights)
 SEED_ORDER = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
               "gemma4", "llama3_rope", "gemma4_mm", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe",
-              "granitemoe", "granitemoeshared", "hunyuan_v1_moe", "phimoe", "phi3_longrope", "gemma4_ple"]
+              "granitemoe", "granitemoeshared", "hunyuan_v1_moe", "phimoe", "phi3_longrope", "gemma4_ple",
+              "deepseek_v3", "deepseek_v2"]
 
 
 def add_bigram_path(model, seed: int, strength: float = 0.5) -> None:

@@ -23,58 +23,10 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "forward_impl.h"
 #include "moe_impl.h"
 #include "routing_logic.h"
 
-#define CB_FORWARD_MAX_HEAD_DIM 1024
-
-#define CHECK_OK(expr)                  \
-    do {                                \
-        cb_status _s = (expr);          \
-        if (_s != CB_OK) return _s;     \
-    } while (0)
-
-struct cb_forward {
-    const cb_model_desc_t *m;
-    cb_kvcache_t *kv;
-    cb_experts_t *experts;
-    cb_threadpool_t *pool;
-    int32_t max_batch;
-    int n_threads;
-    size_t kv_elt;        /* 4 (f32) or 2 (f16) */
-    size_t kv_page, kv_row, kv_tok; /* the cache's page tokens, row and token values (arena.h) */
-    size_t *kv_off;       /* [n_layer] element offset of each layer's K/V inside a token */
-    int64_t max_ff;       /* widest FFN (dense, expert or shared) */
-    int32_t max_expert, max_used;
-    /* scratch, [max_batch x ...] */
-    float *x, *h, *q, *k, *v, *att, *o, *o2, *g, *u, *rlog, *rw, *shg, *lrows;
-    float *pli, *plt;     /* per-layer inputs [max_batch x n_layer*P] and their scratch */
-    int32_t *rid, *lists, *cnt, *start, *used, *fill, *ent;
-    int64_t *pos64;
-    uint32_t *seqs;       /* distinct sequences of the batch */
-    size_t *seq_len0;     /* their lengths before the batch */
-    int32_t *seq_n;       /* their token counts in the batch */
-    size_t *seq_cap;      /* per token: its sequence's capacity (the block's layout) */
-    uint8_t **seq_base;   /* per token: its sequence's block */
-    cb_expert_ref_t *refs;
-    void *moe_ws;         /* the routed experts' workspace (moe_impl.h), 64-byte aligned */
-    size_t moe_ws_bytes;
-    float **scores;       /* per thread */
-    size_t scores_cap;    /* positions per head: each thread holds CB_ATTN_MAX_HPT heads */
-    cb_moe_hook_fn moe_hook; /* routed experts elsewhere (a GPU), or NULL */
-    void *moe_hook_user;
-    int fast;             /* !deterministic: cb_matmul_opts_t.fast */
-    /* RoPE's cos/sin of the batch's positions [max_batch x CB_ROPE_ROW], kept from layer to
-     * layer while the parameters stay (every layer of most models; Gemma 3's local and global
-     * layers alternate): the same numbers as cb_rope_batch, computed once instead of twice a
-     * layer (pow and sincos were ~1% of Gemma's decode, on the caller while workers wait) */
-    float *rope_cs, *rope_sn;
-    cb_rope_params_t rope_key;
-    int64_t rope_hd;
-    int rope_ok;          /* 0: none yet in this forward run */
-};
-
-#define CB_ROPE_ROW (CB_FORWARD_MAX_HEAD_DIM / 2)
 
 /* The field tables of the description (forward.h), from the same X-macro lists as the structs. */
 _Static_assert(sizeof(cb_act) == sizeof(int) && sizeof(cb_qk_norm) == sizeof(int) &&
@@ -93,12 +45,6 @@ int32_t cb_desc_fields(int layer, const cb_desc_field_t **out) {
 }
 
 /* Every matmul of the forward: cb_matmul with the batch-invariance choice. */
-static cb_status fmm(const cb_forward_t *f, const cb_matrix_t *w, const float *x, int64_t n,
-                     int64_t xs, float *y, int64_t ys) {
-    cb_matmul_opts_t o = cb_matmul_default_opts();
-    o.fast = f->fast;
-    return cb_matmul_ex(w, x, n, xs, y, ys, &o, f->pool);
-}
 
 void cb_forward_set_deterministic(cb_forward_t *f, int deterministic) {
     if (f) f->fast = !deterministic;
@@ -120,21 +66,10 @@ static cb_status check_mat(const cb_matrix_t *w, int64_t rows, int64_t cols, con
     return CB_OK;
 }
 
-/* A layer's attention shape: its own values, or the model's where the layer says 0. */
-static inline int32_t layer_hd(const cb_model_desc_t *m, const cb_layer_desc_t *L) {
-    return L->head_dim > 0 ? L->head_dim : m->head_dim;
-}
-static inline int32_t layer_nkv(const cb_model_desc_t *m, const cb_layer_desc_t *L) {
-    return L->n_head_kv > 0 ? L->n_head_kv : m->n_head_kv;
-}
-static inline int32_t layer_nrot(const cb_model_desc_t *m, const cb_layer_desc_t *L) {
-    int32_t r = L->rope_n_dims > 0 ? L->rope_n_dims : m->rope_n_dims;
-    return r > 0 ? r : layer_hd(m, L);
-}
 
 static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *max_expert,
                           int32_t *max_used, int64_t *max_nq, int64_t *max_nkv,
-                          size_t *kv_elems) {
+                          size_t *kv_elems, int64_t *max_mla) {
     if (m->n_embd <= 0 || m->n_layer <= 0 || m->n_head <= 0 || m->n_head_kv <= 0 ||
         m->head_dim <= 0 || m->n_vocab <= 0 || m->n_head % m->n_head_kv != 0)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT,
@@ -162,7 +97,7 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
     *max_ff = 1;
     *max_expert = 0;
     *max_used = 0;
-    *max_nq = *max_nkv = 0;
+    *max_nq = *max_nkv = *max_mla = 0;
     *kv_elems = 0;
     for (int l = 0; l < m->n_layer; l++) {
         const cb_layer_desc_t *L = &m->layers[l];
@@ -173,11 +108,20 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
                            "forward: layer %d: head_dim %d (max %d), %d KV heads for %d heads, "
                            "%d rope dims not supported", l, hd, CB_FORWARD_MAX_HEAD_DIM, n_kv,
                            m->n_head, n_rot);
-        const int64_t nq = (int64_t)m->n_head * hd, nkv = (int64_t)n_kv * hd;
+        int64_t nq = (int64_t)m->n_head * hd, nkv = (int64_t)n_kv * hd;
+        const int own = L->kv_from == 0; /* else it attends to layer kv_from - 1's K/V */
+        if (L->mla_kv_lora) { /* forward_mla.c: its own tensors and cache row */
+            size_t row;
+            int64_t scr;
+            CHECK_OK(cb_mla_validate(m, L, l, &nq, &row, &scr));
+            nkv = (int64_t)row;
+            *kv_elems += row;
+            if (scr > *max_mla) *max_mla = scr;
+        } else if (own) {
+            *kv_elems += 2 * (size_t)nkv;
+        }
         if (nq > *max_nq) *max_nq = nq;
         if (nkv > *max_nkv) *max_nkv = nkv;
-        const int own = L->kv_from == 0; /* else it attends to layer kv_from - 1's K/V */
-        if (own) *kv_elems += 2 * (size_t)nkv;
         if (!own) {
             const int ok = L->kv_from >= 1 && L->kv_from <= l;
             const cb_layer_desc_t *S = &m->layers[ok ? L->kv_from - 1 : l];
@@ -198,10 +142,12 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
             return cb_fail(CB_STATUS_INVALID_ARGUMENT,
                            "forward: layer %d: bad window %d or rope base %g / scale %g", l,
                            L->sliding_window, L->rope_base, L->rope_freq_scale);
-        CHECK_OK(check_mat(&L->wq, nq, E, "attn_q", l));
-        if (own) CHECK_OK(check_mat(&L->wk, nkv, E, "attn_k", l));
-        if (own && !L->v_from_k) CHECK_OK(check_mat(&L->wv, nkv, E, "attn_v", l));
-        CHECK_OK(check_mat(&L->wo, E, nq, "attn_output", l));
+        if (!L->mla_kv_lora) {
+            CHECK_OK(check_mat(&L->wq, nq, E, "attn_q", l));
+            if (own) CHECK_OK(check_mat(&L->wk, nkv, E, "attn_k", l));
+            if (own && !L->v_from_k) CHECK_OK(check_mat(&L->wv, nkv, E, "attn_v", l));
+            CHECK_OK(check_mat(&L->wo, E, nq, "attn_output", l));
+        }
         if (L->n_expert > 0) {
             if (L->n_expert_used < 1 || L->n_expert_used > L->n_expert ||
                 L->n_expert_used > CB_ROUTE_MAX_K || L->n_expert > CB_ROUTE_MAX_EXPERTS ||
@@ -278,7 +224,7 @@ void cb_forward_free(cb_forward_t *f) {
                     f->lrows, f->rid,   f->lists, f->cnt,     f->start,  f->used,
                     f->fill,  f->pos64, f->seqs, f->seq_len0, f->seq_n,  f->seq_cap,
                     f->seq_base, f->refs, f->ent, f->moe_ws, f->rope_cs, f->rope_sn,
-                    f->pli,   f->plt};
+                    f->pli,   f->plt,   f->mla_q, f->mla_t,   f->mla_o};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     if (f->scores)
         for (int t = 0; t < f->n_threads; t++) free(f->scores[t]);
@@ -303,7 +249,8 @@ cb_status cb_forward_new(const cb_model_desc_t *m, cb_kvcache_t *kv, cb_experts_
     int32_t max_expert = 0, max_used = 0;
     int64_t max_nq = 0, max_nkv = 0;
     size_t per_elt = 0; /* K/V values of one token over all layers */
-    CHECK_OK(validate(m, &max_ff, &max_expert, &max_used, &max_nq, &max_nkv, &per_elt));
+    int64_t max_mla = 0; /* MLA scratch per token */
+    CHECK_OK(validate(m, &max_ff, &max_expert, &max_used, &max_nq, &max_nkv, &per_elt, &max_mla));
     if (max_expert > 0 && !experts)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: a MoE model needs an expert store");
     size_t stride = cb_kvcache_token_stride(kv);
@@ -339,6 +286,11 @@ cb_status cb_forward_new(const cb_model_desc_t *m, cb_kvcache_t *kv, cb_experts_
     f->att = zalloc(B * nq, sizeof(float), &fail);
     f->o = zalloc(B * E, sizeof(float), &fail);
     f->o2 = zalloc(B * E, sizeof(float), &fail);
+    if (max_mla > 0) {
+        f->mla_q = zalloc(B * (size_t)max_mla, sizeof(float), &fail);
+        f->mla_t = zalloc(B * (size_t)max_mla, sizeof(float), &fail);
+        f->mla_o = zalloc(B * (size_t)max_mla, sizeof(float), &fail);
+    }
     f->kv_off = zalloc((size_t)m->n_layer, sizeof(size_t), &fail);
     f->g = zalloc(B * (size_t)max_ff, sizeof(float), &fail);
     f->u = zalloc(B * (size_t)max_ff, sizeof(float), &fail);
@@ -397,7 +349,10 @@ cb_status cb_forward_new(const cb_model_desc_t *m, cb_kvcache_t *kv, cb_experts_
             continue;
         }
         f->kv_off[l] = off;
-        const size_t hd = (size_t)layer_hd(m, &m->layers[l]), rows = 2 * (size_t)layer_nkv(m, &m->layers[l]);
+        const cb_layer_desc_t *L = &m->layers[l];
+        const int mla = L->mla_kv_lora > 0; /* one row of kv_lora + rope values */
+        const size_t hd = mla ? (size_t)(L->mla_kv_lora + layer_nrot(m, L)) : (size_t)layer_hd(m, L);
+        const size_t rows = mla ? 1 : 2 * (size_t)layer_nkv(m, L);
         /* in pages, a head's values must be one cache row (a row's tokens are not adjacent) */
         for (size_t j = 0; j < rows && f->kv_page > 1; j++)
             if ((off + j * hd) % f->kv_row + hd > f->kv_row) {
@@ -421,7 +376,9 @@ typedef struct attn_ctx {
     const cb_batch_t *b;
     int layer;
     int32_t window;
-    int32_t hd, n_kv;     /* this layer's head_dim and KV heads */
+    int32_t hd, n_kv;     /* this layer's query / K head dim and KV heads */
+    int32_t hv;           /* V head dim (the output's): hd, or MLA's kv_lora */
+    int v_in_k;           /* MLA: V is the first hv values of the K row, no V heads */
     int32_t hpt;          /* query heads per task: a divisor of n_head / n_kv */
     /* the split path (attention_split): per (token, K/V head) pair, n_chunks tasks of `chunk`
      * score rows, then n_cols tasks of `cols` value columns */
@@ -443,11 +400,6 @@ static int32_t attn_heads_per_task(int64_t n_tokens, int n_head, int n_kv, int n
     return hpt;
 }
 
-/* Address of element elem (counted in a position-major token) of token pos of token t's
- * sequence: the cache's layout (arena.h). */
-static inline uint8_t *kv_at(const cb_forward_t *f, int64_t t, size_t pos, size_t elem) {
-    return f->seq_base[t] + cb_kvcache_row_elem(pos, f->seq_cap[t], f->kv_page, f->kv_tok, f->kv_row, elem) * f->kv_elt;
-}
 
 /* Token t's K rows (out NULL: G heads' scores sc[h * sst + j] = scale * q_h . k_(lo + j)) or V
  * rows (out: the heads' outputs += sc * v) of positions [lo, lo + n) at element el of a token,
@@ -505,14 +457,14 @@ static void attn_task(void *vctx, int task, int thread) {
     const int groups = m->n_head / c->hpt, G = c->hpt;
     const int t = task / groups, hq0 = (task % groups) * G;
     const int hk = hq0 / (m->n_head / c->n_kv);
-    const int64_t hd = c->hd;
+    const int64_t hd = c->hd, hv = c->hv;
     int64_t lo;
     const int64_t n = attn_span(c, t, &lo);
-    float *out0 = f->att + (size_t)t * m->n_head * hd + (size_t)hq0 * hd;
+    float *out0 = f->att + (size_t)t * m->n_head * hv + (size_t)hq0 * hv;
     float *sc0 = f->scores[thread];
     const int64_t sst = (int64_t)f->scores_cap; /* head h's scores at sc0 + h * sst */
     const size_t kel = f->kv_off[c->layer] + (size_t)hk * hd; /* K's element in a token */
-    const size_t vel = kel + (size_t)c->n_kv * hd;
+    const size_t vel = c->v_in_k ? kel : kel + (size_t)c->n_kv * hd;
     float qh[CB_ATTN_MAX_HPT * CB_FORWARD_MAX_HEAD_DIM];
     const float *q0 = attn_query(f, f->q + (size_t)t * m->n_head * hd + (size_t)hq0 * hd, G * hd, qh);
     cb_status s = attn_rows(f, t, lo, n, kel, q0, hd, hd, G, sc0, sst, NULL);
@@ -521,8 +473,8 @@ static void attn_task(void *vctx, int task, int thread) {
         return;
     }
     for (int h = 0; h < G; h++) attn_softmax(f, sc0 + h * sst, n);
-    memset(out0, 0, (size_t)G * (size_t)hd * sizeof(float));
-    s = attn_rows(f, t, lo, n, vel, q0, hd, hd, G, sc0, sst, out0);
+    memset(out0, 0, (size_t)G * (size_t)hv * sizeof(float));
+    s = attn_rows(f, t, lo, n, vel, q0, hv, hv, G, sc0, sst, out0);
     if (s != CB_OK) c->status = s;
 }
 
@@ -540,16 +492,17 @@ static void attn_split_task(attn_ctx *c, int task, int values) {
     const cb_model_desc_t *m = f->m;
     const int64_t per = values ? c->n_cols : c->n_chunks, pair = task / per, piece = task % per;
     const int64_t t = pair / c->n_kv, hk = pair % c->n_kv, G = m->n_head / c->n_kv, hd = c->hd;
+    const int64_t hv = c->hv;
     const size_t kel = f->kv_off[c->layer] + (size_t)(hk * hd); /* K's element in a token */
     int64_t lo;
     const int64_t n = attn_span(c, t, &lo);
     cb_status s;
     if (values) { /* columns [c0, c0 + cols) of every head's output, over all rows */
         const int64_t c0 = piece * c->cols;
-        float *out0 = f->att + (size_t)(t * m->n_head + hk * G) * (size_t)hd + (size_t)c0;
-        for (int64_t h = 0; h < G; h++) memset(out0 + h * hd, 0, (size_t)c->cols * sizeof(float));
-        s = attn_rows(f, t, lo, n, kel + (size_t)(c->n_kv * hd + c0), NULL, hd, c->cols, (int)G,
-                      f->scores[pair], (int64_t)f->scores_cap, out0);
+        float *out0 = f->att + (size_t)(t * m->n_head + hk * G) * (size_t)hv + (size_t)c0;
+        for (int64_t h = 0; h < G; h++) memset(out0 + h * hv, 0, (size_t)c->cols * sizeof(float));
+        s = attn_rows(f, t, lo, n, kel + (size_t)((c->v_in_k ? 0 : c->n_kv * hd) + c0), NULL, hv,
+                      c->cols, (int)G, f->scores[pair], (int64_t)f->scores_cap, out0);
     } else { /* the scores of rows [j0, j0 + chunk) for every head */
         const int64_t j0 = piece * c->chunk;
         if (j0 >= n) return;
@@ -591,8 +544,8 @@ static cb_status attention_split(attn_ctx *c, int64_t n_tokens) {
     c->chunk = ((max_rows + want - 1) / want + 7) / 8 * 8;
     c->n_chunks = (max_rows + c->chunk - 1) / c->chunk;
     c->n_cols = want;
-    while (c->n_cols > 1 && (c->hd % c->n_cols || (c->hd / c->n_cols) % 64)) c->n_cols--;
-    c->cols = c->hd / c->n_cols;
+    while (c->n_cols > 1 && (c->hv % c->n_cols || (c->hv / c->n_cols) % 64)) c->n_cols--;
+    c->cols = c->hv / c->n_cols;
     CHECK_OK(cb_threadpool_run(f->pool, attn_score_task, c, (int)(pairs * c->n_chunks)));
     if (c->status != CB_OK) return c->status;
     for (int64_t pr = 0; pr < pairs; pr++) {
@@ -612,10 +565,6 @@ static int same_rope(const cb_rope_params_t *a, const cb_rope_params_t *b) {
            a->freq_factors == b->freq_factors;
 }
 
-static void kv_store(uint8_t *dst, const float *src, int64_t n, size_t elt) {
-    if (elt == 4) memcpy(dst, src, (size_t)n * sizeof(float));
-    else cb_f32_to_f16_n(src, n, (uint16_t *)(void *)dst);
-}
 
 /* The pre-norm of a block (attention, FFN, output): RMSNorm, or LayerNorm with its bias when
  * the model says so (phimoe). */
@@ -626,12 +575,40 @@ static cb_status pre_norm(const cb_model_desc_t *m, const float *x, int64_t n, c
     return cb_rmsnorm_rows(x, E, n, E, w, m->norm_eps, 0, out, E);
 }
 
-static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
+/* The layer's RoPE parameters, and their cos/sin of the batch's positions in f->rope_cs /
+ * rope_sn (kept from the previous layer when the same). hd: the rotated heads' dim. */
+static cb_status rope_prepare(cb_forward_t *f, const cb_layer_desc_t *L, int64_t n, int64_t hd,
+                              cb_rope_params_t *rp) {
+    const cb_model_desc_t *m = f->m;
+    *rp = cb_rope_default_params();
+    rp->n_dims = layer_nrot(m, L);
+    rp->mode = m->rope_mode;
+    rp->freq_base = L->rope_base;
+    rp->freq_scale = L->rope_freq_scale;
+    rp->freq_factors = L->rope_freqs;
+    if (L->rope_attn_factor > 0.0f) rp->attn_factor = L->rope_attn_factor;
+    if (L->rope_ext_factor > 0.0f) { /* YaRN */
+        rp->ext_factor = L->rope_ext_factor;
+        rp->beta_fast = L->rope_beta_fast;
+        rp->beta_slow = L->rope_beta_slow;
+        rp->n_ctx_orig = L->rope_n_ctx_orig;
+    }
+    if (!f->rope_ok || f->rope_hd != hd || !same_rope(&f->rope_key, rp)) {
+        f->rope_ok = 0;
+        CHECK_OK(cb_rope_cache_batch(n, f->pos64, hd, rp, f->rope_cs, f->rope_sn, CB_ROPE_ROW));
+        f->rope_key = *rp;
+        f->rope_hd = hd;
+        f->rope_ok = 1;
+    }
+    return CB_OK;
+}
+
+/* Queries into f->q, the batch's K/V into the cache (every kind but MLA). */
+static cb_status qkv(cb_forward_t *f, const cb_batch_t *b, int l, const cb_rope_params_t *rp) {
     const cb_model_desc_t *m = f->m;
     const cb_layer_desc_t *L = &m->layers[l];
     const int64_t n = b->n_tokens, E = m->n_embd, hd = layer_hd(m, L), n_kv = layer_nkv(m, L);
     const int64_t nq = (int64_t)m->n_head * hd, nkv = n_kv * hd;
-    CHECK_OK(pre_norm(m, f->x, n, L->attn_norm, L->attn_norm_b, f->h));
     /* a layer sharing an earlier layer's K/V (kv_from) computes only its queries: nk = 0 */
     const int64_t nk = L->kv_from ? 0 : n_kv;
     CHECK_OK(fmm(f, &L->wq, f->h, n, E, f->q, nq));
@@ -655,25 +632,11 @@ static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
         if (nk) CHECK_OK(cb_rmsnorm_rows(f->k, nkv, n, nkv, L->k_norm, m->norm_eps, 0, f->k, nkv));
     }
     if (L->v_norm && nk) CHECK_OK(cb_rmsnorm_rows(f->v, hd, n * n_kv, hd, NULL, m->norm_eps, 0, f->v, hd));
-    cb_rope_params_t rp = cb_rope_default_params();
-    rp.n_dims = layer_nrot(m, L);
-    rp.mode = m->rope_mode;
-    rp.freq_base = L->rope_base;
-    rp.freq_scale = L->rope_freq_scale;
-    rp.freq_factors = L->rope_freqs;
-    if (L->rope_attn_factor > 0.0f) rp.attn_factor = L->rope_attn_factor;
-    if (!f->rope_ok || f->rope_hd != hd || !same_rope(&f->rope_key, &rp)) {
-        f->rope_ok = 0;
-        CHECK_OK(cb_rope_cache_batch(n, f->pos64, hd, &rp, f->rope_cs, f->rope_sn, CB_ROPE_ROW));
-        f->rope_key = rp;
-        f->rope_hd = hd;
-        f->rope_ok = 1;
-    }
-    const int64_t nd = rp.n_dims ? rp.n_dims : hd;
+    const int64_t nd = rp->n_dims ? rp->n_dims : hd;
     for (int64_t t = 0; t < n; t++) {
         const float *cs = f->rope_cs + t * CB_ROPE_ROW, *sn = f->rope_sn + t * CB_ROPE_ROW;
-        CHECK_OK(cb_rope_apply(f->q + t * nq, m->n_head, hd, hd, nd, rp.mode, cs, sn));
-        CHECK_OK(cb_rope_apply(f->k + t * nkv, nk, hd, hd, nd, rp.mode, cs, sn));
+        CHECK_OK(cb_rope_apply(f->q + t * nq, m->n_head, hd, hd, nd, rp->mode, cs, sn));
+        CHECK_OK(cb_rope_apply(f->k + t * nkv, nk, hd, hd, nd, rp->mode, cs, sn));
     }
     if (m->qk_norm == CB_QK_NORM_HEAD_POST) { /* hunyuan-moe: the head norms after RoPE */
         CHECK_OK(cb_rmsnorm_rows(f->q, hd, n * m->n_head, hd, L->q_norm, m->norm_eps, 0, f->q, hd));
@@ -685,14 +648,34 @@ static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
             const float *src = (h < n_kv ? f->k + t * nkv : f->v + t * nkv) + (h % n_kv) * hd;
             kv_store(kv_at(f, t, (size_t)b->pos[t], f->kv_off[l] + (size_t)(h * hd)), src, hd, f->kv_elt);
         }
+    return CB_OK;
+}
+
+static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
+    const cb_model_desc_t *m = f->m;
+    const cb_layer_desc_t *L = &m->layers[l];
+    const int64_t n = b->n_tokens, E = m->n_embd;
+    const int mla = L->mla_kv_lora > 0; /* forward_mla.c: one K head, V inside it */
+    const int64_t hd = mla ? L->mla_kv_lora + layer_nrot(m, L) : layer_hd(m, L);
+    const int64_t hv = mla ? L->mla_kv_lora : hd, n_kv = mla ? 1 : layer_nkv(m, L);
+    CHECK_OK(pre_norm(m, f->x, n, L->attn_norm, L->attn_norm_b, f->h));
+    cb_rope_params_t rp;
+    CHECK_OK(rope_prepare(f, L, n, mla ? layer_nrot(m, L) : hd, &rp));
+    CHECK_OK(mla ? cb_mla_qkv(f, b, l) : qkv(f, b, l, &rp));
     const int32_t hpt = attn_heads_per_task(n, m->n_head, (int)n_kv, f->n_threads);
-    attn_ctx c = {f, b, l, L->sliding_window, (int32_t)hd, (int32_t)n_kv, hpt, 0, 0, 0, 0, CB_OK};
+    attn_ctx c = {f, b, l, L->sliding_window, (int32_t)hd, (int32_t)n_kv, (int32_t)hv, mla, hpt,
+                  0, 0, 0, 0, CB_OK};
     if (attn_split_applies(&c, n))
         CHECK_OK(attention_split(&c, n));
     else
         CHECK_OK(cb_threadpool_run(f->pool, attn_task, &c, (int)(n * (m->n_head / hpt))));
     if (c.status != CB_OK) return c.status;
-    CHECK_OK(fmm(f, &L->wo, f->att, n, nq, f->o, E));
+    if (mla) {
+        CHECK_OK(cb_mla_out(f, l, n));
+        CHECK_OK(fmm(f, &L->wo, f->mla_o, n, (int64_t)m->n_head * L->mla_v_dim, f->o, E));
+    } else {
+        CHECK_OK(fmm(f, &L->wo, f->att, n, (int64_t)m->n_head * hd, f->o, E));
+    }
     for (int64_t t = 0; t < n; t++) {
         float *o = f->o + t * E;
         if (L->bo) cb_add(o, L->bo, E, o);

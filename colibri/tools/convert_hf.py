@@ -6,7 +6,7 @@
 
 Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, phi3, phimoe, dots1,
 glm4_moe, ernie4_5_moe, granitemoe, granitemoeshared, hunyuan_v1_moe, gemma2, gemma3_text,
-gemma4_text (and gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
+deepseek_v2, deepseek_v3 (convert_hf_deepseek), gemma4_text (and gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
 TensorNameMap, and the layout follows llama.cpp's convert_hf_to_gguf.py so that colibri and
 llama.cpp read the files the same way:
 
@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from colibri.tokenizer import bytes_to_unicode
+from colibri.tools import convert_hf_deepseek
 
 try:
     import gguf
@@ -70,6 +71,8 @@ ARCHES = {
     "hunyuan_v1_moe": "hunyuan-moe",  # llama.cpp's granitemoe with shared-expert tensors
     "gemma3_text": "gemma3",
     "gemma4_text": "gemma4",
+    "deepseek_v2": "deepseek2",
+    "deepseek_v3": "deepseek2",
 }
 GGUF_ARCH = {
     "llama": gguf.MODEL_ARCH.LLAMA,
@@ -89,6 +92,7 @@ GGUF_ARCH = {
     "hunyuan-moe": gguf.MODEL_ARCH.HUNYUAN_MOE,
     "gemma3": gguf.MODEL_ARCH.GEMMA3,
     "gemma4": gguf.MODEL_ARCH.GEMMA4,
+    "deepseek2": gguf.MODEL_ARCH.DEEPSEEK2,
 }
 OUTTYPES = {
     "f32": gguf.GGMLQuantizationType.F32,
@@ -265,12 +269,14 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
     if nextn:
         w.add_nextn_predict_layers(nextn)
     w.add_head_count(int(cfg["num_attention_heads"]))
-    if arch != "gemma4":
+    if arch not in ("gemma4", "deepseek2"):  # (theirs below)
         w.add_head_count_kv(int(cfg.get("num_key_value_heads", cfg["num_attention_heads"])))
     w.add_layer_norm_rms_eps(float(cfg.get("rms_norm_eps", 1e-6)))
     w.add_vocab_size(int(cfg["vocab_size"]))
     hd = _head_dim(cfg)
-    if arch != "gemma4":
+    if arch == "deepseek2":
+        convert_hf_deepseek.write_metadata(w, cfg)
+    elif arch != "gemma4":
         w.add_key_length(hd)
         w.add_value_length(hd)
         w.add_rope_dimension_count(int(hd * _partial_rotary(cfg)))
@@ -612,6 +618,9 @@ class Converter:
                     data = permute_qk(data, n_head_kv)
             if self.arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
                 data = data + 1.0
+            if name.endswith("attn_kv_b.weight"):  # deepseek2: the absorbed form's halves
+                yield from convert_hf_deepseek.split_kv_b(name, data, cfg)
+                continue
             yield name, data
         if experts:
             missing = ", ".join(f"layer {b} {k}: {sorted(v)}" for (b, k), v in experts.items())

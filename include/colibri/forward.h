@@ -149,7 +149,24 @@ typedef enum cb_desc_kind {
     X(MAT, pl_proj)         /* [n_embd x n_embd_per_layer] */                                    \
     X(VEC, pl_post_norm)    /* [n_embd] */                                                     \
     X(I32, kv_from)         /* 0: own K/V; else 1 + the earlier layer whose cached K/V it      \
-                               attends to (gemma4 KV sharing: no K/V projection, no cache) */
+                               attends to (gemma4 KV sharing: no K/V projection, no cache) */  \
+    /* YaRN (ext_factor > 0; ops.h cb_rope_params_t): the mix, its ramp and original context */ \
+    X(F32, rope_ext_factor) X(F32, rope_beta_fast) X(F32, rope_beta_slow)                      \
+    X(I32, rope_n_ctx_orig)                                                                    \
+    /* Multi-head latent attention (mla_kv_lora > 0, deepseek2): head_dim = nope + rope dims    \
+     * (rope_n_dims), n_head_kv 1. q = wq h, or wq_b (rmsnorm(wq_a h) * q_a_norm); c|k_pe =     \
+     * wkv_a h; c = rmsnorm(c) * kv_a_norm; k_pe and each head's last rope dims rotated. The     \
+     * cache keeps c|k_pe per token (kv_lora + rope values, not full K and V); each head       \
+     * attends with the absorbed query (wk_b_h q_nope_h)|q_pe_h over those rows, its output    \
+     * wv_b_h (sum p c), then wo over the heads' values. */                                     \
+    X(I32, mla_kv_lora) X(I32, mla_nope) X(I32, mla_v_dim)                                     \
+    X(MAT, wq_a)            /* [q_lora x n_embd] or absent (then wq) */                        \
+    X(VEC, q_a_norm)        /* [q_lora] */                                                     \
+    X(MAT, wq_b)            /* [n_head*(nope+rope) x q_lora] */                                \
+    X(MAT, wkv_a)           /* [kv_lora+rope x n_embd] */                                      \
+    X(VEC, kv_a_norm)       /* [kv_lora] */                                                    \
+    X(MAT, wk_b)            /* [n_head*kv_lora x nope]: head h's rows h*kv_lora.. */           \
+    X(MAT, wv_b)            /* [n_head*v_dim x kv_lora] */
 
 /* The model (plus `layers`, the [n_layer] layer table, set by whoever assembles it). */
 #define CB_MODEL_DESC_FIELDS(X)                                                                  \
