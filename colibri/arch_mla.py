@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from colibri.arch_read import F32, Mat, UnsupportedModel, _dequantized, _Reader
+from colibri.arch_read import F32, Mat, UnsupportedModel, _dequantized, _dequantized_f32, _Reader
 
 
 @dataclass(frozen=True)
@@ -107,13 +107,13 @@ def _split_kv_b(r: _Reader, name: str, n_head: int, d: MlaDims) -> tuple[Mat, Ma
     if list(t.shape) != [d.kv_lora, rows]:
         raise UnsupportedModel(f"{r.gf.path}: tensor {name!r} has shape {list(t.shape)}, "
                                f"expected {[d.kv_lora, rows]} (GGUF order)")
-    w = _dequantized(r.gf.data(name), t.type, rows * d.kv_lora).reshape(n_head, d.nope + d.v,
-                                                                        d.kv_lora)
-    kb = np.ascontiguousarray(w[:, :d.nope, :].transpose(0, 2, 1)).reshape(-1, d.nope)
-    vb = np.ascontiguousarray(w[:, d.nope:, :]).reshape(-1, d.kv_lora)
+    w = _dequantized_f32(r.gf.data(name), t.type, rows * d.kv_lora).reshape(
+        n_head, d.nope + d.v, d.kv_lora)
+    kb = np.ascontiguousarray(w[:, :d.nope, :].transpose(0, 2, 1)).reshape(-1).view(np.uint8)
+    vb = np.ascontiguousarray(w[:, d.nope:, :]).reshape(-1).view(np.uint8)
     r.keep.extend((kb, vb))
-    return Mat(F32, kb.shape[0], d.nope, d.nope * 4, kb), Mat(F32, vb.shape[0], d.kv_lora,
-                                                             d.kv_lora * 4, vb)
+    return (Mat(F32, n_head * d.kv_lora, d.nope, d.nope * 4, kb),
+            Mat(F32, n_head * d.v, d.kv_lora, d.kv_lora * 4, vb))
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The expert store: every mode, budget and policy, with prefetch on and off, gives
 bit-identical logits to the mapped (full-RAM) store on the tiny oracle MoE models of every MoE
-family (gemma4's fused gate_up experts in their own test), a 25% budget included; statistics
+family (gemma4's fused gate_up experts in their own test; deepseek2's MLA too), a 25% budget included; statistics
 add up; prefetched experts become hits; bad settings fail clearly. dots1, glm4moe and
 ernie4_5_moe have a dense first layer (first_k_dense): nothing here assumes layer 0 has experts
 or that every layer does."""
@@ -19,7 +19,7 @@ from colibri.errors import ColibriError
 from colibri.model import Model, min_expert_slots, parse_budget
 
 MOE = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "hunyuan_v1_moe", "dots1", "glm4moe",
-       "ernie4_5_moe", "granitemoe", "granitemoeshared", "phimoe"]
+       "ernie4_5_moe", "granitemoe", "granitemoeshared", "phimoe", "deepseek_v3", "deepseek_v2"]
 
 CONFIGS = [
     dict(expert_mode="cache", expert_budget=1, expert_policy="lru"),

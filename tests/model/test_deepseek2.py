@@ -1,0 +1,193 @@
+"""deepseek2 (DeepSeek-V2/V3/R1, Kimi K2): multi-head latent attention with the latent KV cache
+(colibri/_core/forward_mla.c), YaRN, group-limited sigmoid routing, dense first layers and
+shared experts, against `transformers` (DeepseekV3ForCausalLM, DeepseekV2ForCausalLM: the
+oracle) on tiny random models converted with colibri's converter as llama.cpp's writes them.
+llama.cpp's own outputs on the same files are checked in test_family_llama_refs.py."""
+
+from __future__ import annotations
+
+import math
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from oracle_models import build, hf_greedy, hf_logits, prompt
+
+from colibri.model import Model
+
+
+def rel_err(a: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(a - ref).max() / np.abs(ref).max())
+
+
+@pytest.fixture(scope="module", params=["deepseek_v3", "deepseek_v2"])
+def ds(request, tmp_path_factory):
+    hf, paths = build(request.param, tmp_path_factory.mktemp(request.param), ("f32", "q8_0"))
+    return request.param, hf, paths
+
+
+def test_file_as_llama_cpp_writes_it(ds):
+    """The absorbed form: attn_k_b / attn_v_b (no attn_kv_b), one K/V head, key_length =
+    kv_lora + rope for the latent cache and the per-head lengths in the _mla keys."""
+    name, hf, paths = ds
+    r = gguf.GGUFReader(str(paths["f32"]))
+    names = {t.name for t in r.tensors}
+    assert {"blk.1.attn_k_b.weight", "blk.1.attn_v_b.weight", "blk.1.attn_kv_a_mqa.weight",
+            "blk.1.attn_kv_a_norm.weight"} <= names
+    assert not any("attn_kv_b" in n for n in names)
+    assert ("blk.0.attn_q_a.weight" in names) == (name == "deepseek_v3")
+
+    def val(key):
+        return r.fields[f"deepseek2.{key}"].contents()
+
+    c = hf.config
+    assert val("attention.head_count_kv") == 1
+    assert val("attention.key_length") == c.kv_lora_rank + c.qk_rope_head_dim
+    assert val("attention.value_length") == c.kv_lora_rank
+    assert val("attention.key_length_mla") == c.qk_nope_head_dim + c.qk_rope_head_dim
+    assert val("attention.value_length_mla") == c.v_head_dim
+
+
+def test_logits_match_transformers_in_one_batch_and_token_by_token(ds):
+    name, hf, paths = ds
+    model = Model(paths["f32"], threads=2, ctx=256, max_batch=64)
+    ids = prompt(40, seed=1)  # past the original context (16) YaRN stretches
+    ref = hf_logits(hf, ids)
+    batch = model.logits(ids)
+    assert rel_err(batch, ref) < 1e-4, name
+    seq = model.new_sequence()
+    steps = np.concatenate([model.eval([seq], tokens=[t]) for t in ids])
+    model.free_sequence(seq)
+    assert rel_err(steps, batch) < 1e-5, name
+    # f16 cache: the latent rows rounded, still within llama.cpp's usual distance
+    h = Model(paths["f32"], threads=2, ctx=256, max_batch=64, kv_dtype="f16")
+    assert rel_err(h.logits(ids), ref) < 5e-3
+
+
+def test_greedy_and_q8_0(ds):
+    name, hf, paths = ds
+    ids = prompt(12, seed=2)
+    want = hf_greedy(hf, ids, 24)
+    for path, need in ((paths["f32"], 24), (paths["q8_0"], 22)):
+        m = Model(path, threads=2, ctx=256, max_batch=64)
+        seq = m.new_sequence()
+        lg = m.eval([seq], tokens=ids)
+        got = []
+        for _ in range(24):
+            got.append(int(np.argmax(lg[-1])))
+            lg = m.eval([seq], tokens=[got[-1]])
+        assert sum(a == b for a, b in zip(got, want, strict=True)) >= need, (name, path)
+
+
+def test_sequences_batched_equal_each_alone(ds):
+    """Several sequences in one batch, each at its own positions, through the latent cache."""
+    _, _, paths = ds
+    m = Model(paths["f32"], threads=2, ctx=256, max_batch=64)
+    prompts = [prompt(n, seed=20 + n) for n in (5, 17, 11)]
+    alone = [m.logits(p) for p in prompts]
+    seqs = [m.new_sequence() for _ in prompts]
+    order = [(i, t) for t in range(17) for i, p in enumerate(prompts) if t < len(p)]
+    out = m.eval([seqs[i] for i, _ in order], tokens=[prompts[i][t] for i, t in order])
+    for row, (i, t) in enumerate(order):
+        assert np.array_equal(out[row], alone[i][t]), (i, t)  # batch-invariant: bit for bit
+
+
+def test_the_cache_keeps_the_latent(ds):
+    """KV values per token: kv_lora + rope per layer, not the heads' full K and V; the plan
+    and the cache's size say so."""
+    name, hf, paths = ds
+    c = hf.config
+    m = Model(paths["f32"], threads=2, ctx=256, max_batch=64)
+    latent = c.num_hidden_layers * (c.kv_lora_rank + c.qk_rope_head_dim)
+    full = c.num_hidden_layers * c.num_attention_heads * (
+        c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim)
+    assert m.desc.kv_values_per_token() == latent
+    assert m.desc.kv_bytes_per_token("f16") == 2 * latent < 2 * full
+    assert all(L.mla_kv_lora == c.kv_lora_rank for L in m.desc.layers)
+
+
+def test_scale_and_yarn_from_the_config(ds):
+    """The score scale is transformers' (1/sqrt(qk head dim) times YaRN's mscale(factor,
+    mscale_all_dim)^2) and the rope runs YaRN over the original context (the logits past it
+    match transformers' in the test above)."""
+    name, hf, paths = ds
+    rp = hf.config.rope_parameters
+    m = Model(paths["f32"], threads=2, ctx=256, max_batch=64)
+    ms = 0.1 * rp["mscale_all_dim"] * math.log(rp["factor"]) + 1.0
+    hd = hf.config.qk_nope_head_dim + hf.config.qk_rope_head_dim
+    assert m.desc.attn_scale == pytest.approx(ms * ms / math.sqrt(hd), rel=1e-6)
+    L = m.desc.layers[0]
+    assert L.rope_ext_factor == 1.0 and L.rope_n_ctx_orig == rp["original_max_position_embeddings"]
+    assert L.rope_freq_scale == pytest.approx(1 / rp["factor"])
+
+
+def _legacy(path, out, cfg):
+    """The same model as an older llama.cpp converter wrote it: one attn_kv_b per layer
+    ([n_head*(nope + v), kv_lora]) and the per-head key/value lengths, no _mla keys."""
+    r = gguf.GGUFReader(str(path))
+    w = gguf.GGUFWriter(str(out), "deepseek2")
+    H, N, V = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture" or "_mla" in f.name:
+            continue
+        v = f.contents()
+        if f.name == "deepseek2.attention.key_length":
+            v = N + cfg.qk_rope_head_dim
+        elif f.name == "deepseek2.attention.value_length":
+            v = V
+        vt = f.types[0]
+        if vt == gguf.GGUFValueType.ARRAY:
+            w.add_array(f.name, v)
+        else:
+            w.add_key_value(f.name, v, vt)
+    kb = {}
+    for t in r.tensors:
+        a = np.array(t.data, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
+        if t.name.endswith("attn_k_b.weight"):
+            kb[t.name] = a
+            continue
+        if t.name.endswith("attn_v_b.weight"):
+            k = kb.pop(t.name.replace("attn_v_b", "attn_k_b"))  # [H, kv_lora, N]
+            kv = np.concatenate([k.transpose(0, 2, 1), a], axis=1)  # [H, N + V, kv_lora]
+            w.add_tensor(t.name.replace("attn_v_b", "attn_kv_b"), kv.reshape(H * (N + V), -1))
+            continue
+        w.add_tensor(t.name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def test_legacy_kv_b_files_keep_the_latent_cache(ds, tmp_path):
+    """A file with the unsplit attn_kv_b (older conversions) runs the same MLA: its logits are
+    the split file's, with the same latent cache."""
+    _, hf, paths = ds
+    old = _legacy(paths["f32"], tmp_path / "legacy.gguf", hf.config)
+    assert "blk.1.attn_kv_b.weight" in {t.name for t in gguf.GGUFReader(str(old)).tensors}
+    a = Model(paths["f32"], threads=2, ctx=256, max_batch=64)
+    b = Model(str(old), threads=2, ctx=256, max_batch=64)
+    ids = prompt(30, seed=4)
+    assert rel_err(b.logits(ids), a.logits(ids)) < 1e-5
+    assert b.desc.kv_values_per_token() == a.desc.kv_values_per_token()
+
+
+def test_mla_tensors_are_used(ds):
+    """Zeroing the absorbed V projection in transformers moves its logits: the test compares
+    against a model in which the MLA path matters."""
+    _, hf, paths = ds
+    m = Model(paths["f32"], threads=2, ctx=256, max_batch=64)
+    ids = prompt(20, seed=5)
+    got = m.logits(ids)
+    assert rel_err(got, hf_logits(hf, ids)) < 1e-4
+    saved = [layer.self_attn.kv_b_proj.weight.clone() for layer in hf.model.layers]
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.self_attn.kv_b_proj.weight[:, :].mul_(0.5)
+    try:
+        assert rel_err(got, hf_logits(hf, ids)) > 1e-3
+    finally:
+        with torch.no_grad():
+            for layer, w in zip(hf.model.layers, saved, strict=True):
+                layer.self_attn.kv_b_proj.weight.copy_(w)
