@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from colibri._core import _forward, _ops
+from colibri.arch_mla import log_mul, mla_attn_scale, mla_dims, mla_layer, yarn
 from colibri.arch_read import (
     F32,
     ExpertTensors,
@@ -31,7 +32,6 @@ from colibri.arch_read import (
     _show,
     gemma4_layer_attn,
 )
-from colibri.arch_mla import log_mul, mla_attn_scale, mla_dims, mla_layer, yarn
 from colibri.dense import MODES, DenseCopies, worth_copying
 from colibri.gguf import GGUFError, GGUFFile
 

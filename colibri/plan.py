@@ -122,6 +122,11 @@ def plan_for(path: str, d: ModelDesc, ctx: int, max_batch: int, kv_dtype: str,
     k_ff = max([L.n_expert_used * L.n_ff_exp for L in d.layers if L.n_expert] + [0])
     k_e = max([L.n_expert_used for L in d.layers if L.n_expert] + [0]) * d.n_embd
     scratch += max_batch * (10 * k_ff + 2 * k_e)
+    # MLA (forward_mla.c): the absorbed queries and the heads' latent outputs, n_head rows of
+    # kv_lora + rope, and its three per-head buffers
+    scratch += max([max_batch * 4 * d.n_head * (2 * (L.mla_kv_lora + L.rope_n_dims)
+                                                + 3 * max(L.head_dim, L.mla_v_dim))
+                    for L in d.layers if L.mla_kv_lora] + [0])
     per_expert = experts // max(1, sum(L.n_expert for L in d.layers))
     min_budget = min_expert_slots(d, max_batch) * per_expert if experts else 0
     room = int(available * HEADROOM) - dense - kv - scratch if available else experts

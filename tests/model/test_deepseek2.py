@@ -191,3 +191,13 @@ def test_mla_tensors_are_used(ds):
         with torch.no_grad():
             for layer, w in zip(hf.model.layers, saved, strict=True):
                 layer.self_attn.kv_b_proj.weight.copy_(w)
+
+
+def test_plan_counts_the_latent_cache(ds):
+    """colibri plan's KV figure: the context times the latent row of every layer."""
+    from colibri.plan import make_plan
+
+    _, hf, paths = ds
+    c = hf.config
+    p = make_plan(str(paths["f32"]), ctx=100, max_batch=4, kv_dtype="f16", available=2**34)
+    assert p.kv_bytes == 100 * 2 * c.num_hidden_layers * (c.kv_lora_rank + c.qk_rope_head_dim)
