@@ -40,11 +40,12 @@ __all__ = ["FAMILIES", "ExpertTensors", "Family", "LayerDesc", "Mat", "ModelDesc
 
 # enum values of ops.h, forward.h and routing_logic.h as plain ints, read from the headers
 ACT_SILU, ACT_GELU_TANH = int(_ops.cb_act.CB_ACT_SILU), int(_ops.cb_act.CB_ACT_GELU_TANH)
+ACT_SWIGLU_OAI = int(_ops.cb_act.CB_ACT_SWIGLU_OAI)
 QK_NONE, QK_HEAD, QK_FULL, QK_HEAD_POST = (int(_forward.cb_qk_norm[f"CB_QK_NORM_{k}"])
                                            for k in ("NONE", "HEAD", "FULL", "HEAD_POST"))
 ROPE_NORMAL, ROPE_NEOX = int(_ops.cb_rope_mode.CB_ROPE_NORMAL), int(_ops.cb_rope_mode.CB_ROPE_NEOX)
 GATING_SOFTMAX, GATING_SIGMOID = _forward.GATING_SOFTMAX, _forward.GATING_SIGMOID
-GATING_SPARSEMIXER = _forward.GATING_SPARSEMIXER
+GATING_SPARSEMIXER, GATING_SOFTMAX_WEIGHT = _forward.GATING_SPARSEMIXER, _forward.GATING_SOFTMAX_WEIGHT
 MAX_LAYERS = 1 << 16
 MAX_EXPERTS = 1 << 20
 
@@ -91,6 +92,7 @@ class Family:
     granite_scales: bool = False
     layer_norm: bool = False  # LayerNorms with biases instead of RMSNorms (phimoe)
     mla: bool = False  # multi-head latent attention (arch_mla, forward_mla.c)
+    swa_same_rope: bool = False  # sliding-window layers keep the global rope scaling (gpt-oss)
 
 
 FAMILIES: dict[str, Family] = {
@@ -138,6 +140,11 @@ FAMILIES: dict[str, Family] = {
     # sigmoid with a selection bias and expert groups; V2: softmax), llama's rope pairs
     "deepseek2": Family(rope_mode=ROPE_NORMAL, moe=True, renorm=False, shared_expert=True,
                         keyed_routing=True, mla=True),
+    # gpt-oss: attention sinks, sliding-window (even) and full layers alternating, biases on
+    # attention, router and experts, the clamped SwiGLU, softmax over the chosen experts, YaRN
+    # on every layer
+    "gpt-oss": Family(moe=True, act=ACT_SWIGLU_OAI, gating=GATING_SOFTMAX_WEIGHT, renorm=False,
+                      swa_pattern=2, swa_same_rope=True),
     "gemma3": Family(
         act=ACT_GELU_TANH, qk_norm=QK_HEAD, embd_scale=True, post_norms=True, swa_pattern=6,
         swa_rope_base=10000.0,
@@ -446,6 +453,7 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
         L.bk = r.vec(b + "attn_k.bias", nkv, required=False)
         L.bv = r.vec(b + "attn_v.bias", nkv, required=False)
         L.bo = r.vec(b + "attn_output.bias", n_embd, required=False)
+        L.attn_sinks = r.vec(b + "attn_sinks.weight", n_head, required=False)
         if qk_norm in (QK_HEAD, QK_HEAD_POST):
             L.q_norm = r.vec(b + "attn_q_norm.weight", hd_i)
             L.k_norm = r.vec(b + "attn_k_norm.weight", hd_i, required=not kv_from)
@@ -479,7 +487,9 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
                 sliding = (i + 1) % fam.swa_pattern != 0
             if sliding:
                 L.sliding_window = swa
-                L.rope_base, L.rope_freq_scale = fam.swa_rope_base or rope_base, 1.0
+                if not fam.swa_same_rope:
+                    L.rope_base, L.rope_freq_scale = fam.swa_rope_base or rope_base, 1.0
+                    L.rope_ext_factor = 0.0
         if n_expert and r.has(b + "ffn_gate_inp.weight"):
             exp_name = b + ("ffn_gate_up_exps.weight" if r.has(b + "ffn_gate_up_exps.weight")
                             else "ffn_gate_exps.weight")
@@ -488,6 +498,10 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
             L.n_expert, L.n_expert_used, L.n_ff_exp = n_expert, n_used, n_ff_exp
             L.router = r.mat(b + "ffn_gate_inp.weight", n_expert, n_embd)
             L.router_bias = r.vec(b + "exp_probs_b.bias", n_expert, required=False)
+            L.router_b = r.vec(b + "ffn_gate_inp.bias", n_expert, required=False)
+            L.exp_gate_b, L.exp_up_b, L.exp_down_b = (  # gpt-oss
+                r.vec(b + f"ffn_{w}_exps.bias", n_expert * k, required=False)
+                for w, k in (("gate", n_ff_exp), ("up", n_ff_exp), ("down", n_embd)))
             L.experts = r.experts(i, n_expert, n_embd, n_ff_exp)
             if fam.shared_expert and r.has(b + "ffn_gate_shexp.weight"):
                 ff_sh = r.dims(b + "ffn_gate_shexp.weight", 2)[1]

@@ -49,7 +49,14 @@ import numpy as np
 
 import colibri._core._quant as _q
 from colibri import _cuda_ref as ref
-from colibri.arch import ACT_GELU_TANH, GATING_SIGMOID, GATING_SOFTMAX, ModelDesc, UnsupportedModel
+from colibri.arch import (
+    ACT_GELU_TANH,
+    ACT_SILU,
+    GATING_SIGMOID,
+    GATING_SOFTMAX,
+    ModelDesc,
+    UnsupportedModel,
+)
 from colibri.errors import ColibriError
 
 __all__ = ["CudaExperts"]
@@ -78,8 +85,12 @@ class CudaExperts:
                  store: Any = None, budget: str | float | int | None = None) -> None:
         if weights not in ref.WEIGHT_FORMATS:
             raise ValueError(f"cuda_weights must be one of {ref.WEIGHT_FORMATS}, got {weights!r}")
-        if desc.gating not in (GATING_SOFTMAX, GATING_SIGMOID) or desc.expert_groups > 1:
-            kind = "group-limited" if desc.expert_groups > 1 else "sparsemixer"
+        biased = any(L.exp_gate_b is not None or L.router_b is not None for L in desc.layers)
+        if desc.gating not in (GATING_SOFTMAX, GATING_SIGMOID) or desc.expert_groups > 1 \
+                or biased or desc.act not in (ACT_SILU, ACT_GELU_TANH):
+            kind = ("group-limited" if desc.expert_groups > 1 else "biased experts and "
+                    "clamped SwiGLU" if biased or desc.act not in (ACT_SILU, ACT_GELU_TANH)
+                    else "sparsemixer")
             raise UnsupportedModel(f"device='cuda': {desc.arch}'s expert routing ({kind}) does "
                                    "not run on the GPU yet; run it on the CPU")
         if runtime is None:

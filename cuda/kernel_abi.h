@@ -12,6 +12,9 @@
 typedef enum cb_act {
     CB_ACT_SILU = 0,      /* x * sigmoid(x) */
     CB_ACT_GELU_TANH = 1, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): gelu_pytorch_tanh */
+    /* gpt-oss's gated unit (a GLU only): g = min(gate, 7), u = clamp(up, -7, 7),
+     * g * sigmoid(1.702 g) * (u + 1); CPU only (the expert kernels refuse it) */
+    CB_ACT_SWIGLU_OAI = 2,
 } cb_act;
 
 /* err[0] of a kernel's error record (common.cuh): the first failure's code. */

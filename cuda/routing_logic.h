@@ -51,6 +51,8 @@
 #define CB_GATING_SOFTMAX 0
 #define CB_GATING_SIGMOID 1
 #define CB_GATING_SPARSEMIXER 2
+/* gpt-oss: experts chosen by raw logit (plus bias); w_i = softmax over the k chosen logits */
+#define CB_GATING_SOFTMAX_WEIGHT 3
 /* PhiMoE's router_jitter_noise (its published configs; GGUF files do not carry it) */
 #define CB_SPARSEMIXER_EPS 0.01f
 
@@ -87,7 +89,7 @@ CB_HD static inline int cb_route_token_masked(const float *logits, int n_experts
     if (logits == 0 || ids == 0 || weights == 0 || n_experts < 1 ||
         n_experts > CB_ROUTE_MAX_EXPERTS || k < 1 || k > n_experts || k > CB_ROUTE_MAX_K ||
         (gating != CB_GATING_SOFTMAX && gating != CB_GATING_SIGMOID &&
-         gating != CB_GATING_SPARSEMIXER) ||
+         gating != CB_GATING_SPARSEMIXER && gating != CB_GATING_SOFTMAX_WEIGHT) ||
         !cb_route_finite(scale)) {
         status = CB_ROUTE_EARG;
         goto fail;
@@ -110,7 +112,7 @@ CB_HD static inline int cb_route_token_masked(const float *logits, int n_experts
      * the lower id first. */
     for (e = 0; e < n_experts; e++) {
         if (n_group > 1 && !((group_mask >> (e / per_group)) & 1ull)) continue;
-        float v = gating == CB_GATING_SPARSEMIXER ? logits[e]
+        float v = gating >= CB_GATING_SPARSEMIXER ? logits[e]
                                                   : cb_route_score(logits[e], gating, mx, inv_sum);
         if (bias != 0) v += bias[e];
         if (n == k && !(v > sel[k - 1])) continue;
@@ -139,6 +141,8 @@ CB_HD static inline int cb_route_token_masked(const float *logits, int n_experts
                     sum += expf(logits[e] - m);
                 }
                 weights[i] = 1.0f / sum; /* sum >= 1: expert id_i contributes exp(0) */
+            } else if (gating == CB_GATING_SOFTMAX_WEIGHT) {
+                weights[i] = expf(logits[ids[i]] - logits[ids[0]]); /* normalised below */
             } else {
                 weights[i] = cb_route_score(logits[ids[i]], gating, mx, inv_sum);
             }
@@ -146,7 +150,8 @@ CB_HD static inline int cb_route_token_masked(const float *logits, int n_experts
         }
         /* total > 0 unless every selected sigmoid underflowed to 0 (logits below about -88):
          * then the weights stay 0 rather than becoming NaN. */
-        float f = (renorm && total > 0.0f) ? scale / total : scale;
+        float f = ((renorm || gating == CB_GATING_SOFTMAX_WEIGHT) && total > 0.0f) ? scale / total
+                                                                                : scale;
         for (i = 0; i < k; i++) weights[i] *= f;
     }
     return CB_ROUTE_OK;

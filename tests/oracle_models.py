@@ -177,6 +177,17 @@ def family_configs():
                                                   original_max_position_embeddings=16,
                                                   beta_fast=32.0, beta_slow=1.0, mscale=0.707,
                                                   mscale_all_dim=0.707))),
+        # gpt-oss: sinks, sliding-window (8 < prompts; even layers) and full layers, biases on
+        # attention, router and experts, clamped SwiGLU, softmax over the top 3 of 10 experts,
+        # YaRN (factor 4 over an original context of 16)
+        "gpt_oss": (T.GptOssConfig, T.GptOssForCausalLM,
+                    dict(intermediate_size=32, num_local_experts=10, num_experts_per_tok=3,
+                         head_dim=16, sliding_window=8, num_hidden_layers=4,
+                         max_position_embeddings=64,
+                         layer_types=["sliding_attention", "full_attention"] * 2,
+                         rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                              original_max_position_embeddings=16,
+                                              beta_fast=32.0, beta_slow=1.0))),
         # llama with Llama 3.1 rope scaling (converted to a rope_freqs tensor): head_dim 16,
         # original context 64, so short, medium and long wavelengths all occur in 40 tokens
         "llama3_rope": (T.LlamaConfig, T.LlamaForCausalLM,
@@ -190,12 +201,12 @@ def family_configs():
 FAMILIES = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
             "gemma4", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe",
             "granitemoe", "granitemoeshared", "hunyuan_v1_moe", "phimoe"]
-EXTRA = ["llama3_rope", "gemma4_mm", "phi3_longrope", "gemma4_ple", "deepseek_v3", "deepseek_v2"]  # built on demand by their own tests
+EXTRA = ["llama3_rope", "gemma4_mm", "phi3_longrope", "gemma4_ple", "deepseek_v3", "deepseek_v2", "gpt_oss"]  # built on demand by their own tests
 # each model's seed: its place here (a family added at the end leaves the others' weights)
 SEED_ORDER = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
               "gemma4", "llama3_rope", "gemma4_mm", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe",
               "granitemoe", "granitemoeshared", "hunyuan_v1_moe", "phimoe", "phi3_longrope", "gemma4_ple",
-              "deepseek_v3", "deepseek_v2"]
+              "deepseek_v3", "deepseek_v2", "gpt_oss"]
 
 
 def add_bigram_path(model, seed: int, strength: float = 0.5) -> None:

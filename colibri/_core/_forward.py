@@ -5,6 +5,7 @@ extension module."""
 from colibri._core._native import (
     GATING_SIGMOID,
     GATING_SOFTMAX,
+    GATING_SOFTMAX_WEIGHT,
     GATING_SPARSEMIXER,
     ROUTE_MAX_EXPERTS,
     ROUTE_MAX_K,
@@ -23,7 +24,8 @@ from colibri._core._native import (
 )
 
 __all__ = [
-    "CLayerDesc", "CModelDesc", "ExpertStore", "Forward", "GATING_SIGMOID", "GATING_SOFTMAX", "GATING_SPARSEMIXER",
+    "CLayerDesc", "CModelDesc", "ExpertStore", "Forward", "GATING_SIGMOID", "GATING_SOFTMAX", "GATING_SOFTMAX_WEIGHT",
+    "GATING_SPARSEMIXER",
     "ROUTE_MAX_EXPERTS", "ROUTE_MAX_K", "ROUTE_WARP_MAX_EXPERTS",
     "cb_experts_mode", "cb_experts_policy", "cb_kerr",
     "cb_kfile", "cb_qk_norm", "desc_fields", "desc_struct_size",

@@ -57,6 +57,7 @@ cdef extern from "colibri/ops.h":
     cpdef enum cb_act:
         CB_ACT_SILU
         CB_ACT_GELU_TANH
+        CB_ACT_SWIGLU_OAI
 
 cdef extern from "kernel_abi.h":  # cuda/: shared by the C core and the CUDA kernels
     cpdef enum cb_kerr:

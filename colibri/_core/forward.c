@@ -50,7 +50,6 @@ void cb_forward_set_deterministic(cb_forward_t *f, int deterministic) {
     if (f) f->fast = !deterministic;
 }
 
-static int mat_present(const cb_matrix_t *w) { return w->data != NULL; }
 
 static cb_status check_mat(const cb_matrix_t *w, int64_t rows, int64_t cols, const char *what,
                            int layer) {
@@ -89,7 +88,7 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
          !m->per_layer_proj_norm)))
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: per-layer embeddings without "
                                                    "their tensors");
-    if (m->act != CB_ACT_SILU && m->act != CB_ACT_GELU_TANH)
+    if (m->act != CB_ACT_SILU && m->act != CB_ACT_GELU_TANH && m->act != CB_ACT_SWIGLU_OAI)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: unknown activation %d", (int)m->act);
     const int64_t E = m->n_embd;
     CHECK_OK(check_mat(&m->tok_embd, m->n_vocab, E, "token_embd", -1));
@@ -159,7 +158,7 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
             if (m->expert_groups > 1 &&
                 (m->expert_groups > CB_ROUTE_MAX_GROUPS || L->n_expert % m->expert_groups ||
                  L->n_expert < 2 * m->expert_groups || m->expert_groups_used < 1 ||
-                 m->expert_groups_used > m->expert_groups || m->gating == CB_GATING_SPARSEMIXER ||
+                 m->expert_groups_used > m->expert_groups || m->gating >= CB_GATING_SPARSEMIXER ||
                  L->n_expert_used > m->expert_groups_used * (L->n_expert / m->expert_groups)))
                 return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: layer %d: %d experts in %d "
                                "groups (%d used) for top-%d routing not supported", l,
@@ -206,7 +205,7 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
         }
     }
     if (m->gating != CB_GATING_SOFTMAX && m->gating != CB_GATING_SIGMOID &&
-        m->gating != CB_GATING_SPARSEMIXER)
+        m->gating != CB_GATING_SPARSEMIXER && m->gating != CB_GATING_SOFTMAX_WEIGHT)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: unknown gating %d", m->gating);
     return CB_OK;
 }
@@ -444,9 +443,11 @@ static const float *attn_query(const cb_forward_t *f, const float *q, int64_t n,
     return qh;
 }
 
-static void attn_softmax(const cb_forward_t *f, float *sc, int64_t n) {
+/* sink (gpt-oss): a logit the softmax includes with no value (sc holds n + 1 floats) */
+static void attn_softmax(const cb_forward_t *f, float *sc, int64_t n, const float *sink) {
     if (f->m->attn_softcap > 0) cb_softcap(sc, n, f->m->attn_softcap);
-    cb_softmax(sc, n);
+    if (sink) sc[n] = *sink;
+    cb_softmax(sc, n + (sink != NULL));
     if (f->kv_elt == 2) cb_f16_round(sc, n);
 }
 
@@ -472,7 +473,8 @@ static void attn_task(void *vctx, int task, int thread) {
         c->status = s;
         return;
     }
-    for (int h = 0; h < G; h++) attn_softmax(f, sc0 + h * sst, n);
+    const float *sinks = m->layers[c->layer].attn_sinks;
+    for (int h = 0; h < G; h++) attn_softmax(f, sc0 + h * sst, n, sinks ? sinks + hq0 + h : NULL);
     memset(out0, 0, (size_t)G * (size_t)hv * sizeof(float));
     s = attn_rows(f, t, lo, n, vel, q0, hv, hv, G, sc0, sst, out0);
     if (s != CB_OK) c->status = s;
@@ -551,7 +553,10 @@ static cb_status attention_split(attn_ctx *c, int64_t n_tokens) {
     for (int64_t pr = 0; pr < pairs; pr++) {
         int64_t lo;
         const int64_t n = attn_span(c, pr / c->n_kv, &lo);
-        for (int64_t h = 0; h < G; h++) attn_softmax(f, f->scores[pr] + h * (int64_t)f->scores_cap, n);
+        const float *sk = f->m->layers[c->layer].attn_sinks;
+        for (int64_t h = 0; h < G; h++)
+            attn_softmax(f, f->scores[pr] + h * (int64_t)f->scores_cap, n,
+                         sk ? sk + (pr % c->n_kv) * G + h : NULL);
     }
     CHECK_OK(cb_threadpool_run(f->pool, attn_value_task, c, (int)(pairs * c->n_cols)));
     return c->status;
@@ -689,169 +694,13 @@ static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
 /* ---- feed-forward ------------------------------------------------------------------------- */
 
 /* out[rows of h] = down(act(gate h) * up h), for n tokens (rows of h, E floats). g/u: n x ff. */
-static cb_status dense_ffn(cb_forward_t *f, const cb_matrix_t *gate, const cb_matrix_t *up,
+cb_status cb_fwd_dense_ffn(cb_forward_t *f, const cb_matrix_t *gate, const cb_matrix_t *up,
                            const cb_matrix_t *down, int64_t n, float *out) {
     const int64_t E = f->m->n_embd, ff = gate->rows;
     CHECK_OK(fmm(f, gate, f->h, n, E, f->g, ff));
     CHECK_OK(fmm(f, up, f->h, n, E, f->u, ff));
     CHECK_OK(cb_glu(f->m->act, f->g, f->u, n * ff, f->g));
     return fmm(f, down, f->g, n, ff, out, E);
-}
-
-/* Expert prefetch hint (only when the store runs a prefetch thread): while layer l computes,
- * the next MoE layer's router is applied to layer l's expert input f->h (the cheapest stand-in
- * for that layer's own input: no extra norm) for up to PREFETCH_TOKENS tokens (decode-sized
- * batches; a bigger batch uses most experts anyway), and the union of the top-k is hinted to the
- * store. Scratch: f->u (unused by the routed experts) and f->rid/f->rw (free
- * once the lists are built). A hint never changes the tokens; failures are ignored. */
-#define PREFETCH_TOKENS 16
-static void prefetch_next(cb_forward_t *f, int l, int64_t n) {
-    const cb_model_desc_t *m = f->m;
-    int l2 = l + 1;
-    while (l2 < m->n_layer && m->layers[l2].n_expert == 0) l2++;
-    if (l2 >= m->n_layer || n > PREFETCH_TOKENS) return;
-    const cb_layer_desc_t *L2 = &m->layers[l2];
-    const int64_t E = m->n_embd, NE = L2->n_expert, K = L2->n_expert_used;
-    if (n * NE > (int64_t)f->max_batch * f->max_ff || n * K > (int64_t)f->max_batch * f->max_used)
-        return;
-    if (fmm(f, &L2->router, f->h, n, E, f->u, NE) != CB_OK) return;
-    uint8_t seen[CB_ROUTE_MAX_EXPERTS];
-    int32_t ids[CB_ROUTE_MAX_EXPERTS], n_ids = 0;
-    memset(seen, 0, (size_t)NE);
-    for (int64_t t = 0; t < n; t++) {
-        if (cb_route_token_grouped(f->u + t * NE, (int)NE, (int)K, m->gating, L2->router_bias,
-                                   m->expert_renorm, m->expert_scale, m->expert_groups,
-                                   m->expert_groups_used, f->rid, f->rw) != CB_ROUTE_OK)
-            return;
-        for (int64_t i = 0; i < K; i++)
-            if (!seen[f->rid[i]]) {
-                seen[f->rid[i]] = 1;
-                ids[n_ids++] = f->rid[i];
-            }
-    }
-    (void)cb_experts_prefetch(f->experts, l2, ids, n_ids);
-}
-
-/* cb_moe_run_t.wait: the started acquire's wait (moe.c calls it one at a time) */
-static cb_status expert_wait(void *store, int32_t i) { return cb_experts_wait(store, i); }
-
-/* The routed experts one after the other, three matmuls each (moe.c's dispatches give the same
- * bits): used while the started acquire reads misses, so that every expert computes as soon as
- * its own bytes are in, down projection included (moe.c starts the downs after the last read). */
-static cb_status moe_each(cb_forward_t *f, int l, int64_t n, int32_t n_used, const float *lw) {
-    const cb_model_desc_t *m = f->m;
-    const cb_layer_desc_t *L = &m->layers[l];
-    const int64_t E = m->n_embd, ff = L->n_ff_exp;
-    cb_status st = CB_OK;
-    for (int32_t i = 0; i < n_used && st == CB_OK; i++) {
-        st = cb_experts_wait(f->experts, i);
-        if (st != CB_OK) break;
-        int32_t e = f->used[i], ne = f->cnt[e];
-        const int32_t *ids = f->lists + f->start[e];
-        cb_matrix_t wg = L->exp_gate, wu = L->exp_up, wd = L->exp_down;
-        wg.data = f->refs[i].gate;
-        wu.data = f->refs[i].up;
-        wd.data = f->refs[i].down;
-        cb_matmul_opts_t op = cb_matmul_default_opts();
-        op.token_ids = ids;
-        op.n_rows_xy = n;
-        op.fast = f->fast;
-        st = cb_matmul_ex(&wg, f->h, ne, E, f->g, ff, &op, f->pool);
-        if (st == CB_OK) st = cb_matmul_ex(&wu, f->h, ne, E, f->u, ff, &op, f->pool);
-        for (int32_t j = 0; j < ne && st == CB_OK; j++)
-            st = cb_glu(m->act, f->g + (size_t)ids[j] * ff, f->u + (size_t)ids[j] * ff, ff,
-                        f->g + (size_t)ids[j] * ff);
-        if (st != CB_OK) break;
-        cb_matmul_opts_t od = op;
-        od.accumulate = 1;
-        od.token_scale = lw + f->start[e];
-        st = cb_matmul_ex(&wd, f->g, ne, ff, f->o, E, &od, f->pool);
-    }
-    return st;
-}
-
-static cb_status moe_ffn(cb_forward_t *f, int l, int64_t n) {
-    const cb_model_desc_t *m = f->m;
-    const cb_layer_desc_t *L = &m->layers[l];
-    const int64_t E = m->n_embd, NE = L->n_expert, K = L->n_expert_used;
-    CHECK_OK(fmm(f, &L->router, f->h, n, E, f->rlog, NE));
-    if (L->ffn_pre_norm_2) /* gemma4: the router read its own input; the experts read this */
-        CHECK_OK(cb_rmsnorm_rows(f->x, E, n, E, L->ffn_pre_norm_2, m->norm_eps, 0, f->h, E));
-    if (f->moe_hook) {
-        /* routing and the routed experts run in the hook (colibri.cuda on a GPU) */
-        memset(f->o, 0, (size_t)n * E * sizeof(float));
-        cb_status hs = f->moe_hook(f->moe_hook_user, l, f->h, f->rlog, n, f->o);
-        if (hs != CB_OK) return hs;
-        goto shared;
-    }
-    memset(f->cnt, 0, (size_t)NE * sizeof(int32_t));
-    for (int64_t t = 0; t < n; t++) {
-        int r = cb_route_token_grouped(f->rlog + t * NE, (int)NE, (int)K, m->gating,
-                                       L->router_bias, m->expert_renorm, m->expert_scale,
-                                       m->expert_groups, m->expert_groups_used, f->rid + t * K,
-                                       f->rw + t * K);
-        if (r != CB_ROUTE_OK)
-            return cb_fail(r == CB_ROUTE_ENONFINITE ? CB_STATUS_CORRUPT : CB_STATUS_INTERNAL,
-                           "forward: layer %d: routing of token %lld failed (%s)", l,
-                           (long long)t,
-                           r == CB_ROUTE_ENONFINITE ? "non-finite router logits" : "bad arguments");
-        for (int64_t i = 0; i < K; i++) {
-            f->cnt[f->rid[t * K + i]]++;
-            if (L->exp_down_scale) f->rw[t * K + i] *= L->exp_down_scale[f->rid[t * K + i]];
-        }
-    }
-    /* counting sort: lists[start[e] ..) = (token t) of expert e, in batch order */
-    int32_t n_used = 0;
-    f->start[0] = 0;
-    for (int64_t e = 0; e < NE; e++) {
-        f->start[e + 1] = f->start[e] + f->cnt[e];
-        f->fill[e] = f->start[e];
-        if (f->cnt[e] > 0) f->used[n_used++] = (int32_t)e;
-    }
-    /* per-entry routing weights, in list order: rlog is free again after routing */
-    float *lw = f->rlog;
-    for (int64_t t = 0; t < n; t++)
-        for (int64_t i = 0; i < K; i++) {
-            int32_t e = f->rid[t * K + i];
-            int32_t at = f->fill[e]++;
-            f->lists[at] = (int32_t)t;
-            f->ent[t * K + i] = at;
-            lw[at] = f->rw[t * K + i];
-        }
-    for (int32_t i = 0; i < n_used; i++) f->fill[i] = f->cnt[f->used[i]]; /* tokens per expert */
-    /* the misses are read while the experts before them compute (moe.c, four dispatches):
-     * expert i's first task waits for its own bytes only; the order of the sums, and so the
-     * logits, is the one of a plain acquire */
-    CHECK_OK(cb_experts_acquire_start(f->experts, l, f->used, n_used, f->fill, f->refs));
-    if (cb_experts_prefetching(f->experts)) prefetch_next(f, l, n); /* hint the next layer */
-    memset(f->o, 0, (size_t)n * E * sizeof(float));
-    cb_status st;
-    if (cb_experts_reads_pending(f->experts) > 0) {
-        st = moe_each(f, l, n, n_used, lw); /* each expert's down overlaps the later reads */
-    } else {
-        cb_moe_run_t r = {&L->exp_gate, &L->exp_up, &L->exp_down, m->act, f->fast, f->h, n,
-                          (int32_t)K, n_used, f->fill, f->refs, f->lists, lw, f->ent, f->o,
-                          f->moe_ws, f->moe_ws_bytes, expert_wait, f->experts};
-        st = cb_moe_run(&r, f->pool);
-    }
-    cb_status fs = cb_experts_acquire_finish(f->experts); /* every read ended */
-    if (fs != CB_OK) return st != CB_OK ? st : fs; /* a failed read: nothing stays acquired */
-    cb_status rs = cb_experts_release(f->experts, l, f->used, n_used);
-    if (st != CB_OK) return st;
-    CHECK_OK(rs);
-shared:
-    if (mat_present(&L->sh_gate)) {
-        /* shared expert into lrows, scaled by sigmoid(sh_gate_inp . h) when that gate exists */
-        CHECK_OK(dense_ffn(f, &L->sh_gate, &L->sh_up, &L->sh_down, n, f->lrows));
-        if (mat_present(&L->sh_gate_inp))
-            CHECK_OK(fmm(f, &L->sh_gate_inp, f->h, n, E, f->shg, 1));
-        for (int64_t t = 0; t < n; t++) {
-            float s = 1.0f;
-            if (mat_present(&L->sh_gate_inp)) s = 1.0f / (1.0f + expf(-f->shg[t]));
-            cb_axpy(s, f->lrows + t * E, E, f->o + t * E);
-        }
-    }
-    return CB_OK;
 }
 
 static cb_status ffn(cb_forward_t *f, int l, int64_t n) {
@@ -862,7 +711,7 @@ static cb_status ffn(cb_forward_t *f, int l, int64_t n) {
     const int both = L->n_expert > 0 && mat_present(&L->ffn_gate);
     if (both) {
         /* gemma4: the dense FFN into o2 (post_ffw_norm_1), then the router's own input */
-        CHECK_OK(dense_ffn(f, &L->ffn_gate, &L->ffn_up, &L->ffn_down, n, f->o2));
+        CHECK_OK(cb_fwd_dense_ffn(f, &L->ffn_gate, &L->ffn_up, &L->ffn_down, n, f->o2));
         CHECK_OK(cb_rmsnorm_rows(f->o2, E, n, E, L->ffn_post_norm_1, m->norm_eps, 0, f->o2, E));
         if (L->router_in_scale) {
             CHECK_OK(cb_rmsnorm_rows(f->x, E, n, E, NULL, m->norm_eps, 0, f->h, E));
@@ -875,9 +724,9 @@ static cb_status ffn(cb_forward_t *f, int l, int64_t n) {
         }
     }
     if (L->n_expert > 0)
-        CHECK_OK(moe_ffn(f, l, n));
+        CHECK_OK(cb_fwd_moe_ffn(f, l, n));
     else
-        CHECK_OK(dense_ffn(f, &L->ffn_gate, &L->ffn_up, &L->ffn_down, n, f->o));
+        CHECK_OK(cb_fwd_dense_ffn(f, &L->ffn_gate, &L->ffn_up, &L->ffn_down, n, f->o));
     if (both) {
         CHECK_OK(cb_rmsnorm_rows(f->o, E, n, E, L->ffn_post_norm_2, m->norm_eps, 0, f->o, E));
         cb_add(f->o, f->o2, n * E, f->o);
@@ -1032,7 +881,7 @@ cb_status cb_forward_run(cb_forward_t *f, const cb_batch_t *b, float *logits_out
     int32_t ns = 0;
     int64_t max_ctx = 0;
     CHECK_OK(prepare(f, b, &ns, &max_ctx));
-    CHECK_OK(ensure_scores(f, max_ctx));
+    CHECK_OK(ensure_scores(f, max_ctx + 1)); /* + a sink */
     if (b->tokens) {
         CHECK_OK(cb_get_rows(&m->tok_embd, b->tokens, n, f->x));
         if (m->embd_scale != 1.0f && m->embd_scale != 0.0f) cb_scale(f->x, n * E, m->embd_scale);

@@ -115,6 +115,7 @@ cdef extern from "routing_logic.h" nogil:
         CB_GATING_SOFTMAX
         CB_GATING_SIGMOID
         CB_GATING_SPARSEMIXER
+        CB_GATING_SOFTMAX_WEIGHT
         CB_ROUTE_MAX_EXPERTS
         CB_ROUTE_MAX_K
         CB_ROUTE_WARP_MAX_EXPERTS

@@ -87,6 +87,14 @@ static inline void kv_store(uint8_t *dst, const float *src, int64_t n, size_t el
     else cb_f32_to_f16_n(src, n, (uint16_t *)(void *)dst);
 }
 
+static inline int mat_present(const cb_matrix_t *w) { return w->data != NULL; }
+
+/* out[rows of f->h] = down(act(gate h) * up h) for n tokens (forward.c) */
+cb_status cb_fwd_dense_ffn(cb_forward_t *f, const cb_matrix_t *gate, const cb_matrix_t *up,
+                           const cb_matrix_t *down, int64_t n, float *out);
+/* the MoE block of layer l into f->o (forward_moe.c) */
+cb_status cb_fwd_moe_ffn(cb_forward_t *f, int l, int64_t n);
+
 /* Multi-head latent attention (forward_mla.c; forward.h, mla_kv_lora): */
 /* checks an MLA layer's tensors; *nq: its query values per token after absorption, *kv_elems:
  * its cache values per token, *scratch: the per-token floats of its own scratch */

@@ -193,9 +193,12 @@ static void gate_up_task(void *vctx, int task, int thread) {
     m.y = c->ub + x->first * c->ff;
     m.y_stride = c->ff;
     cb_mm_rows(&m, r0, r1, thread);
+    const int64_t id = r->expert_id ? r->expert_id[i] : 0;
     for (int64_t e = x->first; e < x->first + n; e++) {
-        float *g = c->gb + e * c->ff + r0;
-        cb_status s = cb_glu(r->act, g, c->ub + e * c->ff + r0, r1 - r0, g);
+        float *g = c->gb + e * c->ff + r0, *u = c->ub + e * c->ff + r0;
+        if (r->gate_b) cb_moe_add_bias(g, r->gate_b + id * c->ff + r0, 1.0f, r1 - r0);
+        if (r->up_b) cb_moe_add_bias(u, r->up_b + id * c->ff + r0, 1.0f, r1 - r0);
+        cb_status s = cb_glu(r->act, g, u, r1 - r0, g);
         if (s != CB_OK) task_fail(c, s);
     }
 }
@@ -229,6 +232,19 @@ static void down_task(void *vctx, int task, int thread) {
         m.token_scale = r->scale + x->first;
         m.token_ids = r->tok + x->first;
         cb_mm_rows(&m, r0, r1, thread);
+        if (r->down_b) /* after the expert's down, before the next expert's */
+            for (int32_t j = 0; j < r->n_tok[i]; j++)
+                cb_moe_add_bias(r->out + (size_t)r->tok[x->first + j] * c->n_embd + r0,
+                                r->down_b + (size_t)r->expert_id[i] * c->n_embd + r0,
+                                r->scale[x->first + j], r1 - r0);
+    }
+}
+
+__attribute__((optimize("fp-contract=off"))) void cb_moe_add_bias(float *y, const float *b,
+                                                                   float s, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float t = s * b[i];
+        y[i] += t;
     }
 }
 

@@ -49,7 +49,15 @@ typedef struct cb_moe_run {
      * failure stops the run (the tasks still queued skip their work) and is its result. */
     cb_status (*wait)(void *user, int32_t i);
     void *wait_user;
+    const int32_t *expert_id;     /* [n_used] the experts' ids (rows of the biases) */
+    /* NULL, or [n_expert x n_ff] added to gate / up before the activation, [n_expert x n_embd]
+     * added times the routing weight after down (gpt-oss), as cb_moe_add_bias */
+    const float *gate_b, *up_b, *down_b;
 } cb_moe_run_t;
+
+/* y[i] += s * b[i], each element on its own (no contraction into an FMA), so that any split of
+ * a row gives the same bits: the one way the MoE paths add expert biases. */
+void cb_moe_add_bias(float *y, const float *b, float s, int64_t n);
 
 /* Workspace bytes for up to max_entries entries and max_used experts of these shapes on a pool
  * of n_threads, at any SIMD level; SIZE_MAX when that overflows. */

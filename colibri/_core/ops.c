@@ -770,6 +770,13 @@ static cb_status act_common(cb_act act, const float *x, const float *up, int64_t
     CHECK_N(n, name);
     CHECK_PTR(x, n, name, "input");
     CHECK_PTR(out, n, name, "out");
+    if (act == CB_ACT_SWIGLU_OAI && up) { /* (scalar: gpt-oss's experts, as ggml computes it) */
+        for (int64_t i = 0; i < n; i++) {
+            const float g = x[i] < 7.0f ? x[i] : 7.0f, u = up[i] < -7.0f ? -7.0f : up[i] > 7.0f ? 7.0f : up[i];
+            out[i] = g / (1.0f + expf(-1.702f * g)) * (u + 1.0f);
+        }
+        return CB_OK;
+    }
     if (act != CB_ACT_SILU && act != CB_ACT_GELU_TANH)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "%s: unknown activation %d", name, (int)act);
     if (n == 0) return CB_OK;

@@ -6,7 +6,7 @@
 
 Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, phi3, phimoe, dots1,
 glm4_moe, ernie4_5_moe, granitemoe, granitemoeshared, hunyuan_v1_moe, gemma2, gemma3_text,
-deepseek_v2, deepseek_v3 (convert_hf_deepseek), gemma4_text (and gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
+deepseek_v2, deepseek_v3 (convert_hf_deepseek), gpt_oss (convert_hf_gptoss), gemma4_text (and gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
 TensorNameMap, and the layout follows llama.cpp's convert_hf_to_gguf.py so that colibri and
 llama.cpp read the files the same way:
 
@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from colibri.tokenizer import bytes_to_unicode
-from colibri.tools import convert_hf_deepseek
+from colibri.tools import convert_hf_deepseek, convert_hf_gptoss
 
 try:
     import gguf
@@ -73,6 +73,7 @@ ARCHES = {
     "gemma4_text": "gemma4",
     "deepseek_v2": "deepseek2",
     "deepseek_v3": "deepseek2",
+    "gpt_oss": "gpt-oss",
 }
 GGUF_ARCH = {
     "llama": gguf.MODEL_ARCH.LLAMA,
@@ -93,6 +94,7 @@ GGUF_ARCH = {
     "gemma3": gguf.MODEL_ARCH.GEMMA3,
     "gemma4": gguf.MODEL_ARCH.GEMMA4,
     "deepseek2": gguf.MODEL_ARCH.DEEPSEEK2,
+    "gpt-oss": gguf.MODEL_ARCH.GPT_OSS,
 }
 OUTTYPES = {
     "f32": gguf.GGMLQuantizationType.F32,
@@ -343,6 +345,8 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
         else:
             raise ConvertError(f"unsupported rope scaling {kind!r}")
 
+    if arch == "gpt-oss":
+        convert_hf_gptoss.write_metadata(w, cfg)
     n_expert = _n_experts(cfg)
     if arch == "gemma4":
         return  # written by _write_gemma4_metadata
@@ -525,7 +529,7 @@ class Converter:
                                "their own (vocab_size_per_layer_input) are not supported")
 
     def _qtype(self, name: str, data: np.ndarray) -> gguf.GGMLQuantizationType:
-        if data.ndim == 1 or ".ffn_gate_inp" in name or name.endswith("_norm.weight"):
+        if data.ndim == 1 or ".ffn_gate_inp" in name or name.endswith(("_norm.weight", ".bias")):
             return gguf.GGMLQuantizationType.F32
         q = OUTTYPES[self.outtype]
         if q == gguf.GGMLQuantizationType.Q8_0 and data.shape[-1] % 32 != 0:
@@ -568,6 +572,10 @@ class Converter:
                     hf_name = "model." + hf_name[len("model.language_model."):]
                 elif not hf_name.startswith("lm_head."):
                     continue
+            oss = convert_hf_gptoss.tensors(hf_name, data) if self.arch == "gpt-oss" else None
+            if oss is not None:
+                yield from oss
+                continue
             if self.arch == "gemma4":
                 g4 = self._gemma4_tensor(hf_name, data)
                 if g4 is not None:

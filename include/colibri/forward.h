@@ -166,7 +166,14 @@ typedef enum cb_desc_kind {
     X(MAT, wkv_a)           /* [kv_lora+rope x n_embd] */                                      \
     X(VEC, kv_a_norm)       /* [kv_lora] */                                                    \
     X(MAT, wk_b)            /* [n_head*kv_lora x nope]: head h's rows h*kv_lora.. */           \
-    X(MAT, wv_b)            /* [n_head*v_dim x kv_lora] */
+    X(MAT, wv_b)            /* [n_head*v_dim x kv_lora] */                                     \
+    /* gpt-oss: per-head attention sinks (a logit each head's softmax includes, with no value), \
+     * the router's bias (added to its logits) and the experts' biases, [n_expert x rows]:      \
+     * gate and up before the activation, down times the routing weight after */               \
+    X(VEC, attn_sinks)      /* [n_head] or NULL */                                             \
+    X(VEC, router_b)        /* [n_expert] or NULL */                                           \
+    X(VEC, exp_gate_b) X(VEC, exp_up_b) /* [n_expert x n_ff_exp] or NULL */                    \
+    X(VEC, exp_down_b)      /* [n_expert x n_embd] or NULL */
 
 /* The model (plus `layers`, the [n_layer] layer table, set by whoever assembles it). */
 #define CB_MODEL_DESC_FIELDS(X)                                                                  \

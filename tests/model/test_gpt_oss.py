@@ -1,0 +1,132 @@
+"""gpt-oss against `transformers` (GptOssForCausalLM, the oracle) on a tiny random model
+converted with colibri's converter as llama.cpp's writes it: attention sinks, sliding-window
+and full layers alternating, biases on attention, router and experts, the clamped SwiGLU with
+its alpha, softmax over the chosen experts, YaRN. Each mechanism is shown to matter: with it
+changed in transformers, the logits leave colibri's."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from oracle_models import _convert_module, build, hf_greedy, hf_logits, prompt
+
+from colibri.model import Model
+
+
+def rel_err(a: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(a - ref).max() / np.abs(ref).max())
+
+
+@pytest.fixture(scope="module")
+def oss(tmp_path_factory):
+    hf, paths = build("gpt_oss", tmp_path_factory.mktemp("gpt_oss"), ("f32", "q8_0"))
+    return hf, paths
+
+
+def test_file_as_llama_cpp_writes_it(oss):
+    hf, paths = oss
+    r = gguf.GGUFReader(str(paths["f32"]))
+    names = {t.name for t in r.tensors}
+    assert {"blk.0.attn_sinks.weight", "blk.0.ffn_gate_inp.bias", "blk.0.ffn_gate_exps.bias",
+            "blk.0.ffn_up_exps.bias", "blk.0.ffn_down_exps.bias", "blk.0.attn_q.bias",
+            "blk.0.post_attention_norm.weight"} <= names
+    assert r.fields["gpt-oss.expert_feed_forward_length"].contents() == 32
+    assert r.fields["gpt-oss.attention.sliding_window"].contents() == 8
+
+
+def test_logits_in_one_batch_token_by_token_greedy_and_q8_0(oss):
+    hf, paths = oss
+    m = Model(paths["f32"], threads=2, ctx=256, max_batch=64)
+    assert [L.sliding_window for L in m.desc.layers] == [8, 0, 8, 0]
+    assert all(L.rope_ext_factor == 1.0 for L in m.desc.layers)  # YaRN on the sliding ones too
+    ids = prompt(40, seed=1)
+    ref = hf_logits(hf, ids)
+    batch = m.logits(ids)
+    assert rel_err(batch, ref) < 1e-4
+    seq = m.new_sequence()
+    steps = np.concatenate([m.eval([seq], tokens=[t]) for t in ids])
+    m.free_sequence(seq)
+    assert rel_err(steps, batch) < 1e-5
+    start = prompt(12, seed=2)
+    want = hf_greedy(hf, start, 24)
+    for path, need in ((paths["f32"], 24), (paths["q8_0"], 22)):
+        mm = Model(path, threads=2, ctx=256, max_batch=64)
+        s = mm.new_sequence()
+        lg = mm.eval([s], tokens=start)
+        got = []
+        for _ in range(24):
+            got.append(int(np.argmax(lg[-1])))
+            lg = mm.eval([s], tokens=[got[-1]])
+        assert sum(a == b for a, b in zip(got, want, strict=True)) >= need, path
+
+
+def test_sequences_batched_equal_each_alone(oss):
+    _, paths = oss
+    m = Model(paths["f32"], threads=2, ctx=256, max_batch=64)
+    prompts = [prompt(n, seed=30 + n) for n in (5, 17, 11)]
+    alone = [m.logits(p) for p in prompts]
+    seqs = [m.new_sequence() for _ in prompts]
+    order = [(i, t) for t in range(17) for i, p in enumerate(prompts) if t < len(p)]
+    out = m.eval([seqs[i] for i, _ in order], tokens=[prompts[i][t] for i, t in order])
+    for row, (i, t) in enumerate(order):
+        assert np.array_equal(out[row], alone[i][t]), (i, t)
+
+
+@pytest.mark.parametrize("what", ["sinks", "expert biases", "router bias"])
+def test_each_mechanism_is_seen(oss, what):
+    """With the sinks (or the experts' or router's biases) zeroed in transformers, its logits
+    move away from colibri's: the comparison above depends on each."""
+    hf, paths = oss
+    m = Model(paths["f32"], threads=2, ctx=256, max_batch=64)
+    ids = prompt(30, seed=3)
+    got = m.logits(ids)
+    params = {n: p for n, p in hf.named_parameters()
+              if {"sinks": n.endswith("sinks"),
+                  "expert biases": n.endswith(("gate_up_proj_bias", "down_proj_bias")),
+                  "router bias": n.endswith("router.bias")}[what]}
+    assert params
+    saved = {n: p.detach().clone() for n, p in params.items()}
+    try:
+        with torch.no_grad():
+            for p in params.values():
+                p.zero_()
+        assert rel_err(got, hf_logits(hf, ids)) > 1e-3
+    finally:
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(saved[n])
+
+
+def test_the_swiglu_clamp(oss, tmp_path):
+    """Experts whose gate and up run past the clamp (+-7): the gate_up weights scaled by 40;
+    colibri still matches transformers, and a share of the values is clamped."""
+    hf, _ = oss
+    saved = {n: p.detach().clone() for n, p in hf.named_parameters()
+             if n.endswith("experts.gate_up_proj")}
+    try:
+        with torch.no_grad():
+            for n, p in hf.named_parameters():
+                if n in saved:
+                    p.mul_(40.0)
+        hf.save_pretrained(tmp_path / "hf")
+        path = _convert_module().convert(tmp_path / "hf", tmp_path / "clamped.gguf", "f32")
+        m = Model(path, threads=2, ctx=256, max_batch=64)
+        ids = prompt(30, seed=4)
+        seen = []
+        hook = hf.model.layers[1].mlp.experts.register_forward_hook(
+            lambda mod, args, out: seen.append(args[0].detach()))
+        try:
+            ref = hf_logits(hf, ids)
+        finally:
+            hook.remove()
+        h = seen[0].reshape(-1, seen[0].shape[-1])
+        gu = h @ hf.model.layers[1].mlp.experts.gate_up_proj[0]
+        assert float((gu.abs() > 7).float().mean()) > 0.05  # the clamp bites
+        assert rel_err(m.logits(ids), ref) < 1e-4
+    finally:
+        with torch.no_grad():
+            for n, p in hf.named_parameters():
+                if n in saved:
+                    p.copy_(saved[n])
