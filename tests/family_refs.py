@@ -18,10 +18,12 @@ REFS = Path(__file__).resolve().parent / "data" / "llama_refs" / "families.npz"
 # the families of issue 48 (and the two extras), in recording order
 FAMILIES = ["gemma2", "phi3", "phi3_longrope", "phimoe", "dots1", "glm4moe", "ernie4_5_moe",
             "granitemoe", "granitemoeshared", "hunyuan_v1_moe", "gemma4", "gemma4_ple"]
-# issue 46's MLA family, recorded apart (tools/record_family_refs.py --out REFS_MLA deepseek_v3
-# deepseek_v2)
+# issues 46 and 47's families, each recording apart (tools/record_family_refs.py --out PATH
+# FAMILY...)
 REFS_MLA = REFS.with_name("deepseek2.npz")
 FAMILIES_MLA = ["deepseek_v3", "deepseek_v2"]
+REFS_OSS = REFS.with_name("gpt_oss.npz")
+FAMILIES_OSS = ["gpt_oss"]
 TYPES = ("f16", "q8_0", "q4_k_m")
 PROMPTS = [om.prompt(48, seed=11), om.prompt(80, seed=12)]
 TOP_K = 16

@@ -130,3 +130,47 @@ def test_the_swiglu_clamp(oss, tmp_path):
             for n, p in hf.named_parameters():
                 if n in saved:
                     p.copy_(saved[n])
+
+
+def test_mxfp4_experts(oss, tmp_path):
+    """The experts in MXFP4, as gpt-oss ships them (the gguf package's quantizer): colibri's
+    MXFP4 kernels against the same file dequantized to float32 at load (exact products), and
+    the greedy tokens of transformers' model kept."""
+    hf, paths = oss
+    r = gguf.GGUFReader(str(paths["f32"]))
+    out = tmp_path / "mxfp4.gguf"
+    w = gguf.GGUFWriter(str(out), "gpt-oss")
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_array(f.name, f.contents())
+        else:
+            w.add_key_value(f.name, f.contents(), f.types[0])
+    n_mx = 0
+    for t in r.tensors:
+        a = np.array(t.data, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
+        if t.name.endswith("_exps.weight"):
+            q = gguf.quants.quantize(a, gguf.GGMLQuantizationType.MXFP4)
+            w.add_tensor(t.name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+            n_mx += 1
+        else:
+            w.add_tensor(t.name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert n_mx == 12
+    ids = prompt(30, seed=6)
+    exact = Model(str(out), threads=2, ctx=256, max_batch=64, dequantize=True).logits(ids)
+    m = Model(str(out), threads=2, ctx=256, max_batch=64)
+    assert rel_err(m.logits(ids), exact) < 0.02
+    start = prompt(12, seed=2)
+    want = hf_greedy(hf, start, 16)
+    s = m.new_sequence()
+    lg = m.eval([s], tokens=start)
+    got = []
+    for _ in range(16):
+        got.append(int(np.argmax(lg[-1])))
+        lg = m.eval([s], tokens=[got[-1]])
+    assert sum(a == b for a, b in zip(got, want, strict=True)) >= 14
