@@ -27,7 +27,7 @@ from colibri.serve.handling import (
     _submit,
 )
 from colibri.serve.protocol import ChatMessage, ChatRequest, NamedToolChoice
-from colibri.serve.reasoning import Reasoning, splitter_for
+from colibri.serve.reasoning import Reasoning, ThinkTags, splitter_for
 from colibri.serve.state import APIError, ServerState
 from colibri.serve.streaming import (
     _cached_tokens,
@@ -40,10 +40,10 @@ from colibri.serve.streaming import (
     _stream_error,
     _usage,
 )
+from colibri.serve.tool_grammar import call_grammar
 from colibri.serve.tools import (
     ToolError,
     ToolStreamParser,
-    call_grammar,
     check_tools,
     string_params,
 )
@@ -198,7 +198,9 @@ async def prepare_chat(state: ServerState, req: ChatRequest, submit: bool = True
         if name is not None and name not in names:
             raise APIError(400, f"tool_choice names {name!r}, which is not among the "
                            f"tools", param="tool_choice")
-        kind, spec = call_grammar(tools, name, hermes="<tool_call>" in template)
+        thought = splitter_for(template, text)  # a thought the prompt leaves open: closed
+        close = thought.CLOSE if isinstance(thought, ThinkTags) and thought.in_reasoning else ""
+        kind, spec = call_grammar(tools, name, template, close)
         constraint = await _constraint_factory(state, kind, spec, param="tools")
     else:
         constraint = await _response_format(state, req)

@@ -17,7 +17,7 @@ Forms understood:
 - Gemma 4: `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>` (see tool_formats).
 - DeepSeek V3.1 / V3 / R1 and Kimi K2, calls between special tags (see tool_tags).
 Every form is recognised in every output (the forms' tags do not collide), so the parser needs
-no knowledge of the model; the grammar of tool_choice (tools.call_grammar) writes a form it
+no knowledge of the model; the grammar of tool_choice (tool_grammar.call_grammar) writes a form it
 reads.
 
 A call's object is scanned a character at a time (`_CallObject`). It becomes a call when its

@@ -392,29 +392,6 @@ def test_xml_arguments_without_a_schema_are_json_when_they_parse():
     assert calls[0].arguments == "{}"
 
 
-def test_the_grammar_form_is_read_for_every_family_template():
-    """tool_choice "required" constrains the output to call_grammar's form, Hermes where the
-    template has <tool_call> (as chat.prepare_chat decides): the parser reads that form for
-    every template with tools."""
-    from colibri.serve.tools import call_grammar
-
-    tools = [{"type": "function", "function": {"name": "add", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer"}}}}}]
-    obj = json.dumps({"name": "add", "arguments": {"a": 1}})
-    for family in ("qwen2.5", "granite3.3", "granite4.0", "gemma4", "ling3"):
-        tpl = (TEMPLATES / f"{family}.jinja").read_text()
-        kind, spec = call_grammar(tools, None, hermes=OPEN in tpl)
-        if kind == "lark":
-            assert spec.startswith(f'start: "{OPEN}\\n" call "\\n{CLOSE}"'), family
-            text = f"{OPEN}\n{obj}\n{CLOSE}"
-        else:
-            assert kind == "json_schema", family
-            text = obj
-        content, calls = parse_tool_calls(text, NAMES)
-        assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == \
-            [("add", {"a": 1})], family
-
-
 # ---- the forms of issue 46's families (and Hunyuan-A13B's template) ----
 
 @SETTINGS
