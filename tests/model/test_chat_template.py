@@ -185,6 +185,8 @@ def test_render_equals_transformers(family, gen, monkeypatch):
                               eos_token=eos, **extra)
         assert got == want, f"{family} case {i}"
         assert msgs[-1]["content"].strip() in got or msgs is TOOLS_CONV
+        if family == "hunyuan-a13b" and "tools" in extra:
+            assert "2026-03-04 05:06:07" in got  # the frozen clock, read by both
         if msgs in (RICH_CONV, STRING_ARGS_CONV):
             assert "search_web" in got and "Oslo" in got
 
