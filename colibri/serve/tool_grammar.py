@@ -20,9 +20,10 @@ bare JSON form.
 Where a tool's schema is beyond what the gemma4 or xml grammar writes ($ref, anyOf, a
 free-form object...), those fall back to the hermes form (the parser reads it everywhere).
 
-The tags are written as text: where a model's vocabulary has one as a control token, the
-engine's output text leaves that token out (its decoder renders no control token), so the
-parser would not see it; the grammar makes the model spell it instead.
+A tag that is a control token in the model's vocabulary (`control_tags`) may be written as
+that token (llguidance's `<[id]>`) or spelled as text: the engine's text leaves control tokens
+out, and the server puts these tags back into the text it parses (streaming._Choice), as
+llama.cpp's server keeps a chat format's "preserved tokens".
 """
 
 from __future__ import annotations
@@ -31,7 +32,16 @@ import json
 from typing import Any
 
 from colibri.serve.grammar import JSON_OPTIONS
-from colibri.serve.tool_parse import CLOSE, G4_CLOSE, G4_OPEN, GRANITE_TAG, HY_CLOSE, HY_OPEN, OPEN
+from colibri.serve.tool_parse import (
+    CLOSE,
+    G4_CLOSE,
+    G4_OPEN,
+    GRANITE_TAG,
+    HY_CLOSE,
+    HY_OPEN,
+    OPEN,
+    PYTHON_TAG,
+)
 from colibri.serve.tool_tags import (
     DS_CALL,
     DS_CALL_END,
@@ -49,6 +59,30 @@ from colibri.serve.tools import call_schema, tool_parameters
 QUOTE = '<|"|>'  # Gemma 4's string mark
 # JSON as the templates' tojson writes it (", " and ": "), no other whitespace
 CALL_JSON: dict[str, Any] = {**JSON_OPTIONS, "item_separator": ", ", "key_separator": ": "}
+
+
+# the tags of the call forms and of ThinkTags: text the parsers need to see
+PRESERVED = (OPEN, CLOSE, G4_OPEN, G4_CLOSE, QUOTE, GRANITE_TAG, PYTHON_TAG, HY_OPEN, HY_CLOSE,
+             "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", DS_SECTION,
+             DS_SECTION_END, DS_CALL, DS_SEP, DS_CALL_END, KIMI_SECTION, KIMI_SECTION_END,
+             KIMI_CALL, KIMI_SEP, KIMI_CALL_END, "<think>", "</think>")
+
+
+def control_tags(model: Any) -> dict[str, int]:
+    """The PRESERVED tags that are one control token each in model's vocabulary: tag -> id
+    ({} for a model without a tokenizer)."""
+    from colibri.tokenizer import ATTR_CONTROL
+
+    get = getattr(model, "_tok", None)
+    attrs = getattr(get(), "token_attrs", None) if get is not None else None
+    if attrs is None:
+        return {}
+    out = {}
+    for tag in PRESERVED:
+        ids = model.tokenize(tag, add_special=False, parse_special=True)
+        if len(ids) == 1 and int(attrs[ids[0]]) & ATTR_CONTROL:
+            out[tag] = int(ids[0])
+    return out
 
 
 class Unsupported(Exception):
@@ -76,12 +110,14 @@ def call_form(template: str) -> str:
 class _Lark:
     """Rules of a lark grammar under construction."""
 
-    def __init__(self) -> None:
+    def __init__(self, special: dict[str, int] | None = None) -> None:
+        self.special = special or {}
         self.rules: list[str] = []
 
-    @staticmethod
-    def lit(text: str) -> str:
-        return json.dumps(text, ensure_ascii=False)
+    def lit(self, text: str) -> str:
+        """A literal; a tag that is a control token, that token or its text."""
+        s = json.dumps(text, ensure_ascii=False)
+        return f"({s} | <[{self.special[text]}]>)" if text in self.special else s
 
     def rule(self, body: str) -> str:
         name = f"r{len(self.rules)}"
@@ -188,28 +224,28 @@ def _xml_args(g: _Lark, schema: dict[str, Any]) -> str:
 
 
 def call_grammar(tools: list[dict[str, Any]], name: str | None, template: str,
-                 close: str = "") -> tuple[str, Any]:
+                 close: str = "", special: dict[str, int] | None = None) -> tuple[str, Any]:
     """("json_schema", schema) for the bare JSON form, else ("lark", grammar): one call of
     the tool named name (any of tools for None) in call_form(template)'s form. close: text
     written first (the closing tag of a thought the prompt leaves open, as DeepSeek-R1's
-    template opens <think>: the call is the answer, after it)."""
-    kind, spec = _call_grammar(tools, name, template)
+    template opens <think>: the call is the answer, after it). special: control_tags."""
+    kind, spec = _call_grammar(tools, name, template, special or {})
     if not close:
         return kind, spec
+    g = _Lark(special)
     if kind == "json_schema":
-        g = _Lark()
         kind, spec = "lark", g.text(g.json(spec))
     assert spec.startswith("start: ")
-    return kind, f"start: {_Lark.lit(close)} " + spec[len("start: "):]
+    return kind, f"start: {g.lit(close)} " + spec[len("start: "):]
 
 
 def _call_grammar(tools: list[dict[str, Any]], name: str | None, template: str,
-                  ) -> tuple[str, Any]:
+                  special: dict[str, int]) -> tuple[str, Any]:
     schema = call_schema(tools, name)
     form = call_form(template)
     if form == "json":
         return "json_schema", schema
-    g = _Lark()
+    g = _Lark(special)
     chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
     try:
         if form in ("gemma4", "xml"):
@@ -227,7 +263,7 @@ def _call_grammar(tools: list[dict[str, Any]], name: str | None, template: str,
                 return "lark", g.text(f"{g.lit(G4_OPEN)} ({body}) {g.lit(G4_CLOSE)}")
             return "lark", g.text(f'{g.lit(OPEN)} ({body}) "\\n"? {g.lit(CLOSE)}')
     except Unsupported:
-        form, g = "hermes", _Lark()
+        form, g = "hermes", _Lark(special)
     if form in ("deepseek-v3.1", "deepseek-v3", "kimi-k2"):
         alts = []
         for f in chosen:
@@ -253,4 +289,4 @@ def _call_grammar(tools: list[dict[str, Any]], name: str | None, template: str,
     return "lark", g.text(f'{g.lit(OPEN)} "\\n" {call} "\\n" {g.lit(CLOSE)}')
 
 
-__all__ = ["call_form", "call_grammar"]
+__all__ = ["PRESERVED", "call_form", "call_grammar", "control_tags"]

@@ -8,7 +8,10 @@
   byte vocabulary, parse back to one call of an offered tool whose arguments the tool's schema
   validates (jsonschema).
 - Served: a tiny random model with a family's template, through the official openai client,
-  answers tool_choice "required" and a named function with a tool call.
+  answers tool_choice "required" and a named function with a tool call; with a vocabulary
+  where the tags are control tokens (as converted models mark special tokens), the model
+  writes those tokens and the call is still read (the engine's text leaves control tokens out;
+  the server puts the tags back).
 """
 
 from __future__ import annotations
@@ -229,3 +232,80 @@ def test_a_served_model_calls_in_its_family_form(served, family):
         call = c.message.tool_calls[0].function
         assert call.name == want or (want is None and call.name in NAMES), (family, call)
         jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+
+
+# ---- tags that are control tokens ----
+
+CONTROL = ["<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
+           "<|tool_call_end|>", "<|tool_calls_section_end|>", "<think>", "</think>"]
+
+
+@pytest.fixture(scope="module")
+def control_served(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The tiny model with Kimi K2's tool tags and <think> / </think> as control tokens (as
+    a converted vocabulary marks special tokens), served in-process."""
+    import gguf
+
+    from colibri.model import Model
+    from colibri.serve.app import create_app
+    from colibri.serve.state import ServerState
+    from colibri.tools import make_bench_model as mbm
+
+    first = 256 + 26 * 26  # after the byte and letter-pair tokens
+    real_vocab, real_types = mbm._vocab, gguf.GGUFWriter.add_token_types
+
+    def vocab(n: int) -> tuple[list[str], list[str]]:
+        tokens, merges = real_vocab(n)
+        tokens[first:first + len(CONTROL)] = CONTROL
+        return tokens, merges
+
+    def types(self: Any, ts: Any) -> None:
+        ts = list(ts)
+        ts[first:first + len(CONTROL)] = [gguf.TokenType.CONTROL] * len(CONTROL)
+        real_types(self, ts)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mbm, "_vocab", vocab)
+        mp.setattr(gguf.GGUFWriter, "add_token_types", types)
+        path = str(mbm.write(str(tmp_path_factory.mktemp("ctl") / "tiny.gguf"), n_layers=2,
+                             shape="tiny"))
+    state = ServerState(lambda: Model(path, threads=1, ctx=4096, verbose=False), MODEL,
+                        max_seqs=2, prefault=False)
+    state.load()
+    assert state.ready, state.load_error
+    yield SimpleNamespace(app=create_app(state), state=state,
+                          ids={t: first + k for k, t in enumerate(CONTROL)})
+    state.close()
+
+
+@pytest.mark.parametrize("family", ["kimi-k2", "deepseek-r1"])
+def test_tags_written_as_control_tokens_are_read(control_served, family):
+    """The grammar lets the model write a tag as its control token (pushed to, here); the
+    engine's text leaves control tokens out, the server puts the tags back: the call is read
+    (and DeepSeek-R1's open thought is closed by the </think> token)."""
+    from colibri.serve.tool_grammar import control_tags
+
+    m = control_served.state.model
+    m.gguf.metadata["tokenizer.chat_template"] = template(family)
+    assert control_tags(m) == control_served.ids
+    bias = {str(i): 40.0 for i in control_served.ids.values()}
+
+    async def go() -> Any:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=control_served.app),
+                                     base_url="http://colibri", timeout=300) as http:
+            client = openai.AsyncOpenAI(base_url="http://colibri/v1", api_key="none",
+                                        max_retries=0, http_client=http)
+            return await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Add 1 and 2"}],
+                tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}},
+                max_tokens=300, temperature=1.0, seed=2, logprobs=True,
+                logit_bias={**bias, "2046": -100, "2047": -100})  # type: ignore[arg-type]
+
+    r = asyncio.run(go())
+    c = r.choices[0]
+    written = [t.token for t in c.logprobs.content]
+    used = {"kimi-k2": "<|tool_call_begin|>", "deepseek-r1": "</think>"}[family]
+    assert used in written, written  # the control token itself, not its spelling
+    assert c.finish_reason == "tool_calls" and c.message.tool_calls[0].function.name == "add"
+    jsonschema.validate(json.loads(c.message.tool_calls[0].function.arguments), SCHEMAS["add"])
+    assert not getattr(c.message, "reasoning_content", None)
