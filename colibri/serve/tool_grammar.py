@@ -217,8 +217,9 @@ def _xml_args(g: _Lark, schema: dict[str, Any]) -> str:
                  if t == "string" else g.json(v))
         if t == "string" and "enum" in v and not all(isinstance(x, str) for x in v["enum"]):
             raise Unsupported
-        item = g.rule(f'"<arg_key>" {json.dumps(k, ensure_ascii=False)} "</arg_key>\\n'
-                      f'<arg_value>" {value} "</arg_value>" "\\n"?')
+        item = g.rule(f'{g.lit("<arg_key>")} {json.dumps(k, ensure_ascii=False)} '
+                      f'{g.lit("</arg_key>")} "\\n" {g.lit("<arg_value>")} {value} '
+                      f'{g.lit("</arg_value>")} "\\n"?')
         parts.append(item if k in required else f"{item}?")
     return " ".join(parts)
 

@@ -309,3 +309,33 @@ def test_tags_written_as_control_tokens_are_read(control_served, family):
     assert c.finish_reason == "tool_calls" and c.message.tool_calls[0].function.name == "add"
     jsonschema.validate(json.loads(c.message.tool_calls[0].function.arguments), SCHEMAS["add"])
     assert not getattr(c.message, "reasoning_content", None)
+
+
+@pytest.mark.parametrize("family", sorted(SPANS))
+def test_the_templates_call_with_its_tags_as_control_tokens_is_accepted(family):
+    """A vocabulary where every tag is a control token: the template's call, each tag written
+    as its token, is what the grammar (given those tokens) accepts."""
+    import re
+
+    from colibri.serve.tool_grammar import PRESERVED
+
+    tags = sorted(set(PRESERVED), key=len, reverse=True)
+    special = {t: 257 + k for k, t in enumerate(tags)}
+
+    class Vocab(_Bytes):
+        tokens = _Bytes.tokens + [b"\xff" + t.encode() for t in tags]
+
+    tok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(Vocab()),
+                                 n_vocab=len(Vocab.tokens), eos_token=[256])
+    start, end, kw = SPANS[family]
+    for name, args in CALLS:
+        text = rendered(family, name, args, start, end, **kw)
+        if family == "deepseek-r1":
+            text += "<｜tool▁calls▁end｜>"
+        ids: list[int] = []
+        for piece in re.split("(" + "|".join(map(re.escape, tags)) + ")", text):
+            ids += [special[piece]] if piece in special else list(piece.encode())
+        assert any(i > 256 for i in ids)
+        kind, spec = call_grammar(TOOLS, name, template(family), special=special)
+        m = llguidance.LLMatcher(tok, llguidance.LLMatcher.grammar_from_lark(spec), log_level=0)
+        assert m.consume_tokens(ids) and m.is_accepting(), (family, text)
