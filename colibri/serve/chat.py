@@ -27,7 +27,7 @@ from colibri.serve.handling import (
     _submit,
 )
 from colibri.serve.protocol import ChatMessage, ChatRequest, NamedToolChoice
-from colibri.serve.reasoning import Reasoning, splitter_for
+from colibri.serve.reasoning import Reasoning, ThinkTags, splitter_for
 from colibri.serve.state import APIError, ServerState
 from colibri.serve.streaming import (
     _cached_tokens,
@@ -40,10 +40,10 @@ from colibri.serve.streaming import (
     _stream_error,
     _usage,
 )
+from colibri.serve.tool_grammar import call_grammar, control_tags
 from colibri.serve.tools import (
     ToolError,
     ToolStreamParser,
-    call_grammar,
     check_tools,
     string_params,
 )
@@ -193,12 +193,15 @@ async def prepare_chat(state: ServerState, req: ChatRequest, submit: bool = True
         else req.max_tokens
     kw = _sampling(req, state, _max_tokens(state, len(ids), asked, None, "messages"))
     constraint: Callable[[], Any] | None
+    tags = control_tags(m) if use_tools or splitter_for(template, text) else {}
     if use_tools and (choice == "required" or isinstance(choice, NamedToolChoice)):
         name = choice.function.name if isinstance(choice, NamedToolChoice) else None
         if name is not None and name not in names:
             raise APIError(400, f"tool_choice names {name!r}, which is not among the "
                            f"tools", param="tool_choice")
-        kind, spec = call_grammar(tools, name, hermes="<tool_call>" in template)
+        thought = splitter_for(template, text)  # a thought the prompt leaves open: closed
+        close = thought.CLOSE if isinstance(thought, ThinkTags) and thought.in_reasoning else ""
+        kind, spec = call_grammar(tools, name, template, close, tags)
         constraint = await _constraint_factory(state, kind, spec, param="tools")
     else:
         constraint = await _response_format(state, req)
@@ -210,7 +213,8 @@ async def prepare_chat(state: ServerState, req: ChatRequest, submit: bool = True
     strings = string_params(tools)
     choices = [_Choice(index=i, parser=ToolStreamParser(names, strings) if parse_tools else None,
                        max_calls=1 if req.parallel_tool_calls is False else None,
-                       reasoning=splitter_for(template, text))
+                       reasoning=splitter_for(template, text),
+                       tags={tid: tag for tag, tid in tags.items()})
                for i in range(len(reqs))]
     return ChatRun(len(ids), reqs, choices, top)
 

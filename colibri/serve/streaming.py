@@ -75,6 +75,9 @@ class _Choice:
     error: str | None = None
     thought: list[str] = field(default_factory=list)  # the reasoning text
     reasoning_tokens: int = 0
+    # control tokens whose text the parsers need (tool_grammar.control_tags: id -> tag): the
+    # engine's text leaves them out, they are put back here
+    tags: dict[int, str] = field(default_factory=dict)
 
     def _answer(self, text: str, last: bool) -> list[Event]:
         if self.parser is None:
@@ -93,12 +96,13 @@ class _Choice:
         if d.logprobs:
             self.logprobs += d.logprobs
         last = d.finish_reason is not None
+        text = d.text + "".join(self.tags[t] for t in d.token_ids if t in self.tags)
         events: list[Event | Reasoning] = []
         if self.reasoning is None:
-            events += self._answer(d.text, last)
+            events += self._answer(text, last)
         else:
             thinking = self.reasoning.in_reasoning
-            pieces = self.reasoning.feed(d.text)
+            pieces = self.reasoning.feed(text)
             if last:
                 pieces += self.reasoning.finish()
             if thinking or self.reasoning.in_reasoning:  # the tags' own tokens included

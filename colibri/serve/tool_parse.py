@@ -15,8 +15,9 @@ Forms understood:
   <arg_value>V</arg_value>...</tool_call>` (a `<tool_call>` body that does not begin with `{`;
   see tool_formats).
 - Gemma 4: `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>` (see tool_formats).
+- DeepSeek V3.1 / V3 / R1 and Kimi K2, calls between special tags (see tool_tags).
 Every form is recognised in every output (the forms' tags do not collide), so the parser needs
-no knowledge of the model; the grammar of tool_choice (tools.call_grammar) writes a form it
+no knowledge of the model; the grammar of tool_choice (tool_grammar.call_grammar) writes a form it
 reads.
 
 A call's object is scanned a character at a time (`_CallObject`). It becomes a call when its
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from colibri.serve.tool_formats import Gemma4Call, NotACall, XmlCall
+from colibri.serve.tool_tags import CLOSERS, OPENERS, TagCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
@@ -47,7 +49,8 @@ GRANITE_TAG = "<|tool_call|>"                     # Granite 3.x: a JSON list fol
 HY_OPEN, HY_CLOSE = "<tool_calls>", "</tool_calls>"   # Hunyuan: a JSON list inside
 G4_OPEN, G4_CLOSE = "<|tool_call>", "<tool_call|>"    # Gemma 4
 PREFIX_TAGS = (PYTHON_TAG, GRANITE_TAG)            # tags before the JSON form
-OPEN_TAGS = (OPEN, HY_OPEN, G4_OPEN)               # tags that open calls amid text
+OPEN_TAGS = (OPEN, HY_OPEN, G4_OPEN, *OPENERS)    # tags that open calls amid text
+AFTER_CALL = (G4_CLOSE, *CLOSERS)                  # tags after a call's body, dropped
 ARG_KEYS = ("arguments", "parameters")
 _WS = " \t\r\n"
 
@@ -361,7 +364,7 @@ class ToolStreamParser:
         self.buf = ""
         self.state = "start"
         self.calls: list[ToolCall] = []
-        self.obj: _CallObject | Gemma4Call | XmlCall | None = None
+        self.obj: _CallObject | Gemma4Call | XmlCall | TagCall | None = None
         self.held = ""        # text of a call not yet decided: content if it is not one
         self.in_list = False  # the JSON form is a [...] list
         self.json_calls = 0   # calls of the JSON form
@@ -540,7 +543,10 @@ class ToolStreamParser:
                 self.state = "call_sniff"
             elif tag == G4_OPEN:
                 self.obj = Gemma4Call(self.names, self._on_start, self._on_args)
-                self.state = "g4"
+                self.state = "body"
+            elif tag in OPENERS:
+                self.obj = TagCall(tag, self.names, self._on_start, self._on_args)
+                self.state = "body"
             else:  # Hunyuan's list of JSON calls
                 self.wrap, self.in_list, self.json_calls = HY_CLOSE, False, 0
                 self.state = "json_pre"
@@ -562,26 +568,36 @@ class ToolStreamParser:
         self.state = "call"
         return True
 
-    def _s_g4(self) -> bool:
-        """Inside Gemma 4's <|tool_call>: the body to its reader, to the arguments' end."""
+    def _s_body(self) -> bool:
+        """After Gemma 4's <|tool_call> or a tag of tool_tags: the body to its reader, to the
+        arguments' end."""
         obj = self.obj
         assert obj is not None
         rest = self.buf = self._feed_obj(self.buf)
         if obj.committed:
             if obj.done or rest:  # ended (or broke off: the rest is text)
                 self.obj, self.held = None, ""
-                self.state = "g4_close" if obj.done else "text"
+                self.state = "close" if obj.done else "text"
             return bool(rest)
         if obj.done or rest:
             self._fail()
             return True
         return False
 
-    def _s_g4_close(self) -> bool:
-        if self.buf.startswith(G4_CLOSE):
-            self.buf = self.buf[len(G4_CLOSE):]
-        elif G4_CLOSE.startswith(self.buf):
+    def _s_close(self) -> bool:
+        """After a call's body: the tags that close it dropped, with the whitespace before
+        them and before another call's tag; other text is content."""
+        s = self.buf.lstrip()
+        if not s:
             return False
+        tag = next((t for t in AFTER_CALL if s.startswith(t)), None)
+        if tag:
+            self.buf = s[len(tag):]
+            return True
+        if any(t.startswith(s) for t in AFTER_CALL + OPEN_TAGS):
+            return False
+        if s.startswith(OPEN_TAGS):
+            self.buf = s
         self.state = "text"
         return True
 
@@ -640,17 +656,17 @@ class ToolStreamParser:
         """The output ended: what was held back, decided."""
         buf, self.buf = self.buf, ""
         st = self.state
-        if st in ("json_obj", "call", "g4") and self.obj is not None and self.obj.committed:
+        if st in ("json_obj", "call", "body") and self.obj is not None and self.obj.committed:
             if st == "call":
                 self._feed_obj(buf)  # not </tool_call> after all
             self.obj.end()
         elif st == "json_pre" or (st in ("json_item", "json_obj") and not self.json_calls):
             self._content(self.held + buf)
-        elif st in ("call", "call_sniff", "g4"):
+        elif st in ("call", "call_sniff", "body"):
             self._content(self.held + buf)
         elif st in ("start", "text", "bad_call"):
             self._content(buf)
-        # json_sep, after, skip, json_item after a call: trailing separators dropped
+        # json_sep, after, skip, close, json_item after a call: trailing separators dropped
         self.held, self.obj, self.state = "", None, "done"
         out, self.out = merge_events(self.out), []
         return out

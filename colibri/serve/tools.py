@@ -9,13 +9,14 @@ Forms understood (see tool_parse):
   (or "arguments"), optionally after `<|python_tag|>` (or Granite 3's `<|tool_call|>`), or a
   JSON list of such objects.
 - Hunyuan's `<tool_calls>[...]</tool_calls>` (a JSON list of call objects).
+- DeepSeek V3.1 / V3 / R1's and Kimi K2's calls between special tags.
 - GLM-style XML (Ling / Bailing): `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>
   </tool_call>`.
 - Gemma 4: `<|tool_call>call:NAME{key:<|"|>text<|"|>,...}<tool_call|>`.
 
-The grammar of tool_choice "required" or a named tool (call_grammar) writes the Hermes form
-where the model's template has `<tool_call>` (Qwen, Hermes, Granite 4, Ling), the bare JSON
-object elsewhere (Llama 3, Granite 3, Gemma 4, Hunyuan): both forms the parser reads.
+The grammar of tool_choice "required" or a named tool (tool_grammar.call_grammar) writes
+the form the model's template teaches: DeepSeek's, Kimi K2's, Gemma 4's, Hunyuan's, GLM's XML,
+Hermes, Granite 3's, or the bare JSON object (Llama 3 and templates with no form of their own).
 
 A JSON-looking output that does not name one of the request's tools stays plain content.
 """
@@ -96,6 +97,17 @@ def check_tools(tools: list[dict[str, Any]]) -> None:
                                 f"{problem}", f"tools.{i}.function.parameters")
 
 
+def tool_parameters(f: dict[str, Any]) -> dict[str, Any]:
+    """A function's parameters schema, as OpenAI's strict mode constrains it where the tool
+    says "strict": true (grammar.strict_schema)."""
+    params = f.get("parameters") or {"type": "object"}
+    if f.get("strict"):  # closed objects, every property required
+        from colibri.serve.grammar import strict_schema
+
+        params = strict_schema(params)
+    return params
+
+
 def call_schema(tools: list[dict[str, Any]], name: str | None = None) -> dict[str, Any]:
     """JSON schema of one call {"name": ..., "arguments": {...}} of the tool named name, or of
     any of tools (tool_choice "required"); a tool with "strict": true has its parameters
@@ -105,11 +117,7 @@ def call_schema(tools: list[dict[str, Any]], name: str | None = None) -> dict[st
         f = t["function"]
         if name is not None and f["name"] != name:
             continue
-        params = f.get("parameters") or {"type": "object"}
-        if f.get("strict"):  # OpenAI's strict mode: closed objects, every property required
-            from colibri.serve.grammar import strict_schema
-
-            params = strict_schema(params)
+        params = tool_parameters(f)
         alts.append({"type": "object",
                      "properties": {"name": {"const": f["name"]}, "arguments": params},
                      "required": ["name", "arguments"], "additionalProperties": False})
@@ -130,19 +138,6 @@ def string_params(tools: list[dict[str, Any]]) -> dict[str, set[str]]:
     return out
 
 
-def call_grammar(tools: list[dict[str, Any]], name: str | None, hermes: bool) -> tuple[str, Any]:
-    """("json_schema", schema) for the bare JSON form, or ("lark", grammar) wrapping it in
-    <tool_call> tags (hermes: the model's template uses them)."""
-    schema = call_schema(tools, name)
-    if not hermes:
-        return "json_schema", schema
-    from colibri.serve.grammar import JSON_OPTIONS
-
-    lark = (f'start: "{OPEN}\\n" call "\\n{CLOSE}"\n'
-            f"call: %json {json.dumps({**schema, 'x-guidance': JSON_OPTIONS})}\n")
-    return "lark", lark
-
-
 __all__ = ["CLOSE", "OPEN", "PYTHON_TAG", "ToolCall", "ToolCallDelta", "ToolError",
-           "ToolStreamParser", "apply_delta", "call_grammar", "call_schema", "check_tools",
-           "parse_tool_calls", "schema_problem", "string_params"]
+           "ToolStreamParser", "apply_delta", "call_schema", "check_tools",
+           "parse_tool_calls", "schema_problem", "string_params", "tool_parameters"]

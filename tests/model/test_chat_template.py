@@ -22,11 +22,26 @@ Where each template comes from:
 - ernie4.5: transformers' own ERNIE 4.5 template (DEFAULT_CHAT_TEMPLATE of
   transformers/models/ernie4_5/tokenization_ernie4_5_fast.py, the chat_template of
   baidu/ERNIE-4.5-*-PT's tokenizer_config.json); no tools.
-Not here: dots.llm1's and Hunyuan-A13B's published templates (not found in the sources this
-work could reach; tencent-Hy3.jinja is Hunyuan 3, another model)."""
+- The families of issue 46, from the same llama.cpp models/templates/: deepseek3.1
+  (deepseek-ai-DeepSeek-V3.1.jinja; tools, `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME
+  <｜tool▁sep｜>{...}<｜tool▁call▁end｜>` calls), deepseek-r1
+  (deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja, the DeepSeek-V3 / R1 template as published:
+  calls as `function<｜tool▁sep｜>NAME` then a ```json block, arguments given as a JSON string),
+  kimi-k2 (moonshotai-Kimi-K2.jinja; tools, `<|tool_call_begin|>functions.NAME:IDX
+  <|tool_call_argument_begin|>{...}<|tool_call_end|>` calls), kimi-k2-instruct
+  (Kimi-K2-Instruct.jinja, the later revision: its tool-call bookkeeping calls list.append,
+  which transformers' sandbox refuses, and colibri's alike), glm4.6 (GLM-4.6.jinja, GLM-4.5's
+  glm4moe family; tools, the XML `<arg_key>`/`<arg_value>` calls; GLM-4.5's own file is
+  listed in llama.cpp's README but not vendored).
+- hunyuan-a13b: the chat_template of models/tokenizer_config.json in Tencent's Hunyuan-A13B
+  GitHub repository (as a public fork holds it); tools, `<tool_calls>[...]</tool_calls>` calls;
+  it stamps the current time, frozen here for both renderers.
+Not here: dots.llm1's published template (not found in the sources this work could reach)."""
 
 from __future__ import annotations
 
+import datetime
+import json
 from pathlib import Path
 
 import pytest
@@ -47,6 +62,12 @@ SPECIAL = {  # the bos/eos strings each family's tokenizer has
     "gemma4": ("<bos>", "<eos>"),
     "ling3": ("", "<|endoftext|>"),
     "ernie4.5": ("<s>", "</s>"),
+    "deepseek3.1": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
+    "deepseek-r1": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
+    "kimi-k2": ("", "<|im_end|>"),
+    "kimi-k2-instruct": ("", "<|im_end|>"),
+    "glm4.6": ("", "<|endoftext|>"),
+    "hunyuan-a13b": ("<|startoftext|>", "<|eos|>"),
 }
 
 SYSTEM = [{"role": "system", "content": "You are terse."},
@@ -87,6 +108,14 @@ RICH_TOOLS = TOOLS + [{"type": "function", "function": {
         "range": {"type": "object", "properties": {"lo": {"type": "number"}}}},
         "required": ["q"]}}}]
 
+# the arguments as a JSON string, as OpenAI's API carries them, and no content (DeepSeek R1 /
+# V3's template concatenates the arguments as text, and writes calls only where content is
+# None: transformers' tokenizer drops a None content before rendering, so this case is checked
+# against transformers' renderer itself, render_jinja_template)
+STRING_ARGS_CONV = [{**m, "tool_calls": [{**c, "function": {
+    **c["function"], "arguments": json.dumps(c["function"]["arguments"], ensure_ascii=False)}}
+    for c in m["tool_calls"]], "content": None} if "tool_calls" in m else m for m in RICH_CONV]
+
 CASES = {
     "gemma3": [SYSTEM, MULTI],
     "qwen2.5": [SYSTEM, MULTI, TOOLS_CONV, RICH_CONV],
@@ -99,6 +128,12 @@ CASES = {
     "gemma4": [SYSTEM, MULTI, TOOLS_CONV, RICH_CONV],
     "ling3": [SYSTEM, MULTI, TOOLS_CONV, RICH_CONV],
     "ernie4.5": [SYSTEM, MULTI],
+    "deepseek3.1": [SYSTEM, MULTI, TOOLS_CONV, RICH_CONV],
+    "deepseek-r1": [SYSTEM, MULTI, STRING_ARGS_CONV],
+    "kimi-k2": [SYSTEM, MULTI, TOOLS_CONV, RICH_CONV],
+    "kimi-k2-instruct": [SYSTEM, MULTI],
+    "glm4.6": [SYSTEM, MULTI, TOOLS_CONV, RICH_CONV],
+    "hunyuan-a13b": [SYSTEM, MULTI, TOOLS_CONV, RICH_CONV],
 }
 
 
@@ -121,21 +156,53 @@ def _template(family: str) -> str:
 
 @pytest.mark.parametrize("family", sorted(CASES))
 @pytest.mark.parametrize("gen", [True, False])
-def test_render_equals_transformers(family, gen):
+def test_render_equals_transformers(family, gen, monkeypatch):
+    from transformers.utils import chat_template_utils
+
+    class Frozen(datetime.datetime):  # strftime_now's clock, for both renderers
+        @classmethod
+        def now(cls, tz=None):
+            return cls(2026, 3, 4, 5, 6, 7)
+
+    monkeypatch.setattr(datetime, "datetime", Frozen)
+    monkeypatch.setattr(chat_template_utils, "datetime", Frozen)
     tok = _reference(family)
     tpl = _template(family)
     bos, eos = SPECIAL[family]
     for i, msgs in enumerate(CASES[family]):
         extra = {"tools": TOOLS} if msgs is TOOLS_CONV else \
-            {"tools": RICH_TOOLS} if msgs is RICH_CONV else {}
-        want = tok.apply_chat_template(msgs, chat_template=tpl, tokenize=False,
-                                       add_generation_prompt=gen, **extra)
+            {"tools": RICH_TOOLS} if msgs in (RICH_CONV, STRING_ARGS_CONV) else {}
+        if msgs is STRING_ARGS_CONV:
+            from transformers.utils.chat_template_utils import render_jinja_template
+
+            want = render_jinja_template(conversations=[msgs], chat_template=tpl,
+                                         add_generation_prompt=gen, bos_token=bos,
+                                         eos_token=eos, **extra)[0][0]
+        else:
+            want = tok.apply_chat_template(msgs, chat_template=tpl, tokenize=False,
+                                           add_generation_prompt=gen, **extra)
         got = render_template(tpl, msgs, add_generation_prompt=gen, bos_token=bos,
                               eos_token=eos, **extra)
         assert got == want, f"{family} case {i}"
         assert msgs[-1]["content"].strip() in got or msgs is TOOLS_CONV
-        if msgs is RICH_CONV:
+        if family == "hunyuan-a13b" and "tools" in extra:
+            assert "2026-03-04 05:06:07" in got  # the frozen clock, read by both
+        if msgs in (RICH_CONV, STRING_ARGS_CONV):
             assert "search_web" in got and "Oslo" in got
+
+
+def test_kimi_k2_instruct_refuses_tool_calls_as_transformers_does():
+    """Kimi-K2-Instruct's later template keeps its call ids with list.append: transformers'
+    immutable sandbox refuses that, and colibri's (the same sandbox) too."""
+    import jinja2
+
+    tok = _reference("kimi-k2-instruct")
+    tpl = _template("kimi-k2-instruct")
+    with pytest.raises(jinja2.exceptions.SecurityError) as ref:
+        tok.apply_chat_template(TOOLS_CONV, chat_template=tpl, tokenize=False, tools=TOOLS)
+    with pytest.raises(ColibriError) as ours:
+        render_template(tpl, TOOLS_CONV, tools=TOOLS)
+    assert str(ref.value) in str(ours.value) and "append" in str(ours.value)
 
 
 def test_template_refusal_is_a_colibri_error_with_its_message():

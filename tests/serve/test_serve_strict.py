@@ -40,7 +40,8 @@ from colibri.serve.grammar import (  # noqa: E402
     _token_tables,
     strict_schema,
 )
-from colibri.serve.tools import call_grammar, call_schema  # noqa: E402
+from colibri.serve.tool_grammar import call_grammar  # noqa: E402
+from colibri.serve.tools import call_schema  # noqa: E402
 
 MODEL = "tiny"
 DIGITS = {str(t): 30.0 for t in range(48, 58)}  # the tiny model's '0'..'9' (byte tokens)
@@ -135,7 +136,7 @@ def test_strict_tools_only():
     args = call_schema([strict])["properties"]["arguments"]
     assert args["additionalProperties"] is False and args["required"] == ["city", "days"]
     assert params == before
-    kind, lark = call_grammar([strict], "g", hermes=True)
+    kind, lark = call_grammar([strict], "g", "<tool_call>")
     assert kind == "lark" and '"required": ["city", "days"]' in lark
 
 

@@ -34,6 +34,18 @@ from colibri.serve.tool_parse import (
     ToolStreamParser,
     parse_tool_calls,
 )
+from colibri.serve.tool_tags import (
+    DS_CALL,
+    DS_CALL_END,
+    DS_SECTION,
+    DS_SECTION_END,
+    DS_SEP,
+    KIMI_CALL,
+    KIMI_CALL_END,
+    KIMI_SECTION,
+    KIMI_SECTION_END,
+    KIMI_SEP,
+)
 
 NAMES = {"get_weather", "add", "search_web"}
 TRICKY = ["}", "{", '"', "\\", "</tool", "</tool_call", "<tool_call>", "]", ",", ":", "é",
@@ -245,19 +257,31 @@ TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "chat_templates"
 idents = st.from_regex(r"[a-z_][a-z0-9_]{0,7}", fullmatch=True)
 
 
-def rendered_calls(family: str, calls: list[tuple[str, dict]], start: str, end: str) -> str:
+def rendered_calls(family: str, calls: list[tuple[str, dict]], start: str, end: str,
+                   content: str | None = "", as_text: dict | None = None,
+                   tools: bool = False, stop: str | None = None) -> str:
     """The assistant turn's calls as transformers renders them with the family's published
-    template: the text from the first `start` to the last `end`."""
+    template: the text from the first `start` to the last `end` (after the prompt). as_text:
+    the arguments given as JSON text (json.dumps with these options), not as an object;
+    tools: the request has tools (a template that writes calls only then); stop: the end of
+    generation, where the text ends when the template writes it amid the calls."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    msgs = [{"role": "user", "content": "go"},
-            {"role": "assistant", "content": "", "tool_calls": [
-                {"type": "function", "id": f"call_{i}", "function": {"name": n, "arguments": a}}
+    msgs = [{"role": "user", "content": "¶go¶"},
+            {"role": "assistant", "content": content, "tool_calls": [
+                {"type": "function", "id": f"call_{i}", "function": {"name": n, "arguments": (
+                    a if as_text is None else json.dumps(a, **as_text))}}
                 for i, (n, a) in enumerate(calls)]}]
+    specs = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+             for n in sorted(NAMES)] if tools else None
     out, _ = render_jinja_template(conversations=[msgs], chat_template=(
-        TEMPLATES / f"{family}.jinja").read_text(), bos_token="<bos>", eos_token="<eos>")
-    text = out[0]
-    return text[text.index(start): text.rindex(end) + len(end)]
+        TEMPLATES / f"{family}.jinja").read_text(), bos_token="<bos>", eos_token="<eos>",
+        tools=specs)
+    text = out[0][out[0].rindex("¶go¶"):]
+    text = text[text.index(start):]
+    if stop is not None and stop in text:
+        return text[:text.index(stop)]
+    return text[: text.rindex(end) + len(end)]
 
 
 def draw_cuts(data, text: str) -> list[int]:
@@ -289,7 +313,9 @@ def test_gemma4_calls_as_its_template_writes_them(calls, pre, data):
 # which arguments are strings (here: the keys starting with "s")
 xml_texts = texts.filter(lambda t: "</arg_value>" not in t and CLOSE not in t)
 xml_args = st.dictionaries(idents, st.one_of(xml_texts, values), max_size=4).map(
-    lambda a: {("s" if isinstance(v, str) else "v") + k: v for k, v in a.items()})
+    lambda a: {("s" if isinstance(v, str) else "v") + k: v for k, v in a.items()}).filter(
+    lambda a: not any(t in json.dumps(v, ensure_ascii=False) for v in a.values()
+                      for t in (CLOSE, "</arg_value>")))  # the form cannot hold these
 xml_calls = st.lists(st.tuples(st.sampled_from(sorted(NAMES)), xml_args), min_size=1,
                      max_size=3)
 
@@ -366,24 +392,81 @@ def test_xml_arguments_without_a_schema_are_json_when_they_parse():
     assert calls[0].arguments == "{}"
 
 
-def test_the_grammar_form_is_read_for_every_family_template():
-    """tool_choice "required" constrains the output to call_grammar's form, Hermes where the
-    template has <tool_call> (as chat.prepare_chat decides): the parser reads that form for
-    every template with tools."""
-    from colibri.serve.tools import call_grammar
+# ---- the forms of issue 46's families (and Hunyuan-A13B's template) ----
 
-    tools = [{"type": "function", "function": {"name": "add", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer"}}}}}]
-    obj = json.dumps({"name": "add", "arguments": {"a": 1}})
-    for family in ("qwen2.5", "granite3.3", "granite4.0", "gemma4", "ling3"):
-        tpl = (TEMPLATES / f"{family}.jinja").read_text()
-        kind, spec = call_grammar(tools, None, hermes=OPEN in tpl)
-        if kind == "lark":
-            assert spec.startswith(f'start: "{OPEN}\\n" call "\\n{CLOSE}"'), family
-            text = f"{OPEN}\n{obj}\n{CLOSE}"
-        else:
-            assert kind == "json_schema", family
-            text = obj
-        content, calls = parse_tool_calls(text, NAMES)
-        assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == \
-            [("add", {"a": 1})], family
+@SETTINGS
+@given(xml_calls, st.sampled_from(["", "Sure.\n"]), st.data())
+def test_glm_xml_calls_as_its_template_writes_them(calls, pre, data):
+    """GLM-4.6's template (GLM-4.5's family) writes the XML form Ling's does."""
+    text = pre + rendered_calls("glm4.6", calls, OPEN, CLOSE)
+    strings = {n: {k for _, a in calls for k in a if k.startswith("s")} for n in NAMES}
+    want = pre + "\n" * (len(calls) - 1) or None  # the template's newline before a call
+    check(text, draw_cuts(data, text), want, calls, strings)
+    check(text, list(range(1, len(text))), want, calls, strings)
+
+
+@SETTINGS
+@given(calls_st, st.sampled_from(["", "Let me look."]), st.sampled_from(["", "\nDone"]),
+       st.data())
+def test_deepseek_v31_calls_as_its_template_writes_them(calls, pre, post, data):
+    text = pre + rendered_calls("deepseek3.1", calls, DS_SECTION, DS_SECTION_END) + post
+    check(text, draw_cuts(data, text), pre + post or None, calls)
+    check(text, list(range(1, len(text))), pre + post or None, calls)
+
+
+@SETTINGS
+@given(calls_st, dump_styles, st.sampled_from(["", "x"]), st.data())
+def test_deepseek_v3_r1_calls_as_their_template_writes_them(calls, style, pre, data):
+    """DeepSeek V3 / R1's template: `function<｜tool▁sep｜>NAME` then a ```json block, the
+    arguments as given (JSON text), a newline between calls. It closes the section (and the
+    turn: <｜end▁of▁sentence｜>, where generation ends) after the second call, and not at all
+    after a single one."""
+    text = pre + rendered_calls("deepseek-r1", calls, DS_SECTION, DS_CALL_END, content=None,
+                                as_text=style, stop="<｜end▁of▁sentence｜>")
+    calls = calls[:2]
+    assert text.count("```json") == len(calls)
+    check(text, draw_cuts(data, text), pre or None, calls)
+    check(text, list(range(1, len(text))), pre or None, calls)
+
+
+@SETTINGS
+@given(calls_st, st.sampled_from(["", "On it."]), st.data())
+def test_kimi_k2_calls_as_its_template_writes_them(calls, pre, data):
+    text = rendered_calls("kimi-k2", calls, KIMI_SECTION, KIMI_SECTION_END, content=pre)
+    text = pre + text  # the template writes the content before the section
+    assert "functions." + calls[0][0] + ":0" in text
+    check(text, draw_cuts(data, text), pre or None, calls)
+    check(text, list(range(1, len(text))), pre or None, calls)
+
+
+@SETTINGS
+@given(calls_st, st.data())
+def test_hunyuan_calls_as_its_template_writes_them(calls, data):
+    text = rendered_calls("hunyuan-a13b", calls, HY_OPEN, HY_CLOSE, tools=True)
+    check(text, draw_cuts(data, text), None, calls)
+    check(text, list(range(1, len(text))), None, calls)
+
+
+def test_the_tagged_forms_stay_content_when_no_call():
+    for t in (DS_SECTION + DS_CALL + "rm" + DS_SEP + '{"a": 1}' + DS_CALL_END,
+              DS_CALL + "function" + DS_SEP + "rm\n```json\n{}\n```" + DS_CALL_END,
+              DS_SECTION + "hello", DS_CALL + "add", DS_CALL + "add<",
+              KIMI_SECTION + KIMI_CALL + "functions.rm:0" + KIMI_SEP + "{}" + KIMI_CALL_END,
+              KIMI_CALL + "functions.add:0", "<|tool_call_begin", "<｜tool▁call"):
+        for cuts in ([], list(range(1, len(t)))):
+            _, events = run(t, cuts)
+            content, calls = rebuild(events)
+            assert calls == [] and content == t, (t, cuts)
+
+
+def test_tagged_arguments_stream_and_a_string_is_decoded():
+    text = KIMI_CALL + "functions.add:3" + KIMI_SEP + '{"a": [1, 2], "b": "x"}' + KIMI_CALL_END
+    p = ToolStreamParser(NAMES)
+    pieces = [e for ch in text for e in p.feed(ch)] + p.finish()
+    deltas = [e for e in pieces if isinstance(e, ToolCallDelta)]
+    assert deltas[0].name == "add" and len(deltas) > 10
+    assert "".join(d.arguments for d in deltas) == '{"a": [1, 2], "b": "x"}'
+    # arguments given as a JSON string (DeepSeek V3.1's template given text writes them so)
+    text = DS_CALL + "add" + DS_SEP + json.dumps('{"a": 1}') + DS_CALL_END + "ok"
+    assert parse_tool_calls(text, NAMES)[0] == "ok"
+    assert json.loads(parse_tool_calls(text, NAMES)[1][0].arguments) == {"a": 1}
