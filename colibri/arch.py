@@ -93,6 +93,11 @@ class Family:
     layer_norm: bool = False  # LayerNorms with biases instead of RMSNorms (phimoe)
     mla: bool = False  # multi-head latent attention (arch_mla, forward_mla.c)
     swa_same_rope: bool = False  # sliding-window layers keep the global rope scaling (gpt-oss)
+    # every n-th layer global without RoPE (queries temperature-tuned), the others chunked
+    # attention (the chunk: attention.sliding_window, 8192 when absent, as llama.cpp) (llama4)
+    chunked_pattern: int = 0
+    qk_rms: bool = False      # q/k heads RMS-normed (no weight) after RoPE on rope layers
+    weight_in: bool = False   # the routing weight scales the expert's input (top-1)
 
 
 FAMILIES: dict[str, Family] = {
@@ -145,6 +150,11 @@ FAMILIES: dict[str, Family] = {
     # on every layer
     "gpt-oss": Family(moe=True, act=ACT_SWIGLU_OAI, gating=GATING_SOFTMAX_WEIGHT, renorm=False,
                       swa_pattern=2, swa_same_rope=True),
+    # llama4 (Llama 4 Scout, Maverick): MoE layers (every interleave_moe_layer_step-th) with a
+    # shared expert and top-1 sigmoid routing on the input, chunked attention with RoPE and
+    # q/k norms, every 4th layer global without RoPE; llama's rope pairs, not permuted
+    "llama4": Family(rope_mode=ROPE_NORMAL, moe=True, shared_expert=True, gating=GATING_SIGMOID,
+                     renorm=False, no_swa=True, chunked_pattern=4, qk_rms=True, weight_in=True),
     "gemma3": Family(
         act=ACT_GELU_TANH, qk_norm=QK_HEAD, embd_scale=True, post_norms=True, swa_pattern=6,
         swa_rope_base=10000.0,
@@ -404,6 +414,13 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
         raise UnsupportedModel(f"{p}: {n_expert} experts in {n_group} groups ({n_group_used} "
                                f"used) for top-{n_used} routing")
     swa = 0 if fam.no_swa else r.int_key("attention.sliding_window", fam.default_swa)
+    chunk = nope_step = 0
+    if fam.chunked_pattern:  # as llama.cpp: a window key of 0 means no chunks, and RoPE but on
+        chunk = r.int_key("attention.sliding_window", 8192, hi=1 << 30) or 0  # the last layer
+        nope_step = fam.chunked_pattern if chunk else n_layer
+    temp = (r.float_key("attention.temperature_length", 8192.0, lo=1.0),
+            r.float_key("attention.temperature_scale", 0.1, lo=0.0)) if chunk else (0.0, 0.0)
+    qk_rms = fam.qk_rms and n_expert != 128  # llama.cpp: Llama 4 Maverick (128 experts) has none
     pattern_layers = gf.metadata.get(f"{arch}.attention.sliding_window_pattern_layers")
     if not isinstance(pattern_layers, list | tuple | np.ndarray):
         pattern_layers = None
@@ -454,6 +471,10 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
         L.bv = r.vec(b + "attn_v.bias", nkv, required=False)
         L.bo = r.vec(b + "attn_output.bias", n_embd, required=False)
         L.attn_sinks = r.vec(b + "attn_sinks.weight", n_head, required=False)
+        if nope_step and (i + 1) % nope_step:
+            L.attn_chunk, L.qk_rms = chunk, qk_rms
+        elif nope_step:
+            L.no_rope, (L.attn_temp_floor, L.attn_temp_scale) = 1, temp
         if qk_norm in (QK_HEAD, QK_HEAD_POST):
             L.q_norm = r.vec(b + "attn_q_norm.weight", hd_i)
             L.k_norm = r.vec(b + "attn_k_norm.weight", hd_i, required=not kv_from)
@@ -558,6 +579,7 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
         final_softcap=r.float_key("final_logit_softcapping", fam.final_softcap, lo=0.0),
         gating=gating, expert_renorm=renorm, expert_scale=expert_scale,
         expert_groups=n_group if n_group > 1 else 0, expert_groups_used=n_group_used,
+        expert_weight_in=fam.weight_in,
         tok_embd=tok_embd, output_norm=output_norm, output=output, layers=layers,
         output_b=r.vec("output.bias", n_vocab, required=False), layer_norm=fam.layer_norm,
         output_norm_b=r.vec("output_norm.bias", n_embd, required=False) if fam.layer_norm else None,

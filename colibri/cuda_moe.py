@@ -87,7 +87,7 @@ class CudaExperts:
             raise ValueError(f"cuda_weights must be one of {ref.WEIGHT_FORMATS}, got {weights!r}")
         biased = any(L.exp_gate_b is not None or L.router_b is not None for L in desc.layers)
         if desc.gating not in (GATING_SOFTMAX, GATING_SIGMOID) or desc.expert_groups > 1 \
-                or biased or desc.act not in (ACT_SILU, ACT_GELU_TANH):
+                or biased or desc.act not in (ACT_SILU, ACT_GELU_TANH) or desc.expert_weight_in:
             kind = ("group-limited" if desc.expert_groups > 1 else "biased experts and "
                     "clamped SwiGLU" if biased or desc.act not in (ACT_SILU, ACT_GELU_TANH)
                     else "sparsemixer")

@@ -188,6 +188,29 @@ def family_configs():
                          rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
                                               original_max_position_embeddings=16,
                                               beta_fast=32.0, beta_slow=1.0))),
+        # llama4: layers 1 and 3 MoE (8 experts, top-1 sigmoid on the input, a shared expert),
+        # 0 and 2 dense; layers 0-2 chunked attention (chunks of 8 < prompts) with RoPE (Llama
+        # 3.1 scaling) and q/k RMS norms, layer 3 global without RoPE, its queries
+        # temperature-tuned (floor 4, so it varies within the prompts)
+        "llama4": (T.Llama4TextConfig, T.Llama4ForCausalLM,
+                   dict(intermediate_size=32, intermediate_size_mlp=96, num_local_experts=8,
+                        num_experts_per_tok=1, interleave_moe_layer_step=2, head_dim=16,
+                        num_hidden_layers=4, attention_chunk_size=8, floor_scale=4,
+                        attn_scale=0.1, use_qk_norm=True, attn_temperature_tuning=True,
+                        max_position_embeddings=512,
+                        rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0,
+                                             low_freq_factor=1.0, high_freq_factor=4.0,
+                                             original_max_position_embeddings=16))),
+        # the same with Llama 4's own chunk (8192) and temperature floor (8192), the values
+        # llama.cpp uses whatever the file says: the model its outputs are recorded on
+        "llama4_8k": (T.Llama4TextConfig, T.Llama4ForCausalLM,
+                      dict(intermediate_size=32, intermediate_size_mlp=96, num_local_experts=8,
+                           num_experts_per_tok=1, interleave_moe_layer_step=2, head_dim=16,
+                           num_hidden_layers=4, max_position_embeddings=512,
+                           rope_parameters=dict(rope_type="llama3", rope_theta=10000.0,
+                                                factor=8.0, low_freq_factor=1.0,
+                                                high_freq_factor=4.0,
+                                                original_max_position_embeddings=16))),
         # llama with Llama 3.1 rope scaling (converted to a rope_freqs tensor): head_dim 16,
         # original context 64, so short, medium and long wavelengths all occur in 40 tokens
         "llama3_rope": (T.LlamaConfig, T.LlamaForCausalLM,
@@ -201,12 +224,13 @@ def family_configs():
 FAMILIES = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
             "gemma4", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe",
             "granitemoe", "granitemoeshared", "hunyuan_v1_moe", "phimoe"]
-EXTRA = ["llama3_rope", "gemma4_mm", "phi3_longrope", "gemma4_ple", "deepseek_v3", "deepseek_v2", "gpt_oss"]  # built on demand by their own tests
+EXTRA = ["llama3_rope", "gemma4_mm", "phi3_longrope", "gemma4_ple", "deepseek_v3", "deepseek_v2", "gpt_oss",
+         "llama4", "llama4_8k"]  # built on demand by their own tests
 # each model's seed: its place here (a family added at the end leaves the others' weights)
 SEED_ORDER = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
               "gemma4", "llama3_rope", "gemma4_mm", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe",
               "granitemoe", "granitemoeshared", "hunyuan_v1_moe", "phimoe", "phi3_longrope", "gemma4_ple",
-              "deepseek_v3", "deepseek_v2", "gpt_oss"]
+              "deepseek_v3", "deepseek_v2", "gpt_oss", "llama4", "llama4_8k"]
 
 
 def add_bigram_path(model, seed: int, strength: float = 0.5) -> None:

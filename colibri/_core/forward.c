@@ -137,10 +137,15 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
                                                        "embedding weights", l);
         if (m->qk_norm != CB_QK_NORM_NONE && (!L->q_norm || (own && !L->k_norm)))
             return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: layer %d: missing q/k norm", l);
-        if (L->sliding_window < 0 || !(L->rope_base > 0) || !(L->rope_freq_scale > 0))
+        if (L->sliding_window < 0 || !(L->rope_base > 0) || !(L->rope_freq_scale > 0) ||
+            L->attn_chunk < 0 || (L->attn_temp_scale > 0.0f && !(L->attn_temp_floor >= 1.0f)) ||
+            (m->expert_weight_in && L->n_expert > 0 &&
+             (L->n_expert_used != 1 || mat_present(&L->ffn_gate))))
             return cb_fail(CB_STATUS_INVALID_ARGUMENT,
-                           "forward: layer %d: bad window %d or rope base %g / scale %g", l,
-                           L->sliding_window, L->rope_base, L->rope_freq_scale);
+                           "forward: layer %d: bad window %d, chunk %d, rope base %g / scale %g, "
+                           "temperature floor %g, or input-weighted experts with top-%d routing "
+                           "or a dense FFN beside", l, L->sliding_window, L->attn_chunk,
+                           L->rope_base, L->rope_freq_scale, L->attn_temp_floor, L->n_expert_used);
         if (!L->mla_kv_lora) {
             CHECK_OK(check_mat(&L->wq, nq, E, "attn_q", l));
             if (own) CHECK_OK(check_mat(&L->wk, nkv, E, "attn_k", l));
@@ -378,6 +383,7 @@ typedef struct attn_ctx {
     int32_t hd, n_kv;     /* this layer's query / K head dim and KV heads */
     int32_t hv;           /* V head dim (the output's): hd, or MLA's kv_lora */
     int v_in_k;           /* MLA: V is the first hv values of the K row, no V heads */
+    int32_t attn_chunk;   /* chunked attention (llama4), 0: none */
     int32_t hpt;          /* query heads per task: a divisor of n_head / n_kv */
     /* the split path (attention_split): per (token, K/V head) pair, n_chunks tasks of `chunk`
      * score rows, then n_cols tasks of `cols` value columns */
@@ -431,6 +437,7 @@ static cb_status attn_rows(const cb_forward_t *f, int64_t t, int64_t lo, int64_t
 static int64_t attn_span(const attn_ctx *c, int64_t t, int64_t *lo) {
     const int64_t p = c->b->pos[t];
     *lo = c->window > 0 && p - c->window + 1 > 0 ? p - c->window + 1 : 0;
+    if (c->attn_chunk > 0) *lo = p / c->attn_chunk * c->attn_chunk;
     return p - *lo + 1;
 }
 
@@ -638,10 +645,17 @@ static cb_status qkv(cb_forward_t *f, const cb_batch_t *b, int l, const cb_rope_
     }
     if (L->v_norm && nk) CHECK_OK(cb_rmsnorm_rows(f->v, hd, n * n_kv, hd, NULL, m->norm_eps, 0, f->v, hd));
     const int64_t nd = rp->n_dims ? rp->n_dims : hd;
-    for (int64_t t = 0; t < n; t++) {
+    for (int64_t t = 0; t < n && !L->no_rope; t++) {
         const float *cs = f->rope_cs + t * CB_ROPE_ROW, *sn = f->rope_sn + t * CB_ROPE_ROW;
         CHECK_OK(cb_rope_apply(f->q + t * nq, m->n_head, hd, hd, nd, rp->mode, cs, sn));
         CHECK_OK(cb_rope_apply(f->k + t * nkv, nk, hd, hd, nd, rp->mode, cs, sn));
+    }
+    for (int64_t t = 0; t < n && L->attn_temp_scale > 0.0f; t++) /* llama4's temperature */
+        cb_scale(f->q + t * nq, nq, logf(floorf(((float)b->pos[t] + 1.0f) / L->attn_temp_floor)
+                                         + 1.0f) * L->attn_temp_scale + 1.0f);
+    if (L->qk_rms) {
+        CHECK_OK(cb_rmsnorm_rows(f->q, hd, n * m->n_head, hd, NULL, m->norm_eps, 0, f->q, hd));
+        CHECK_OK(cb_rmsnorm_rows(f->k, hd, n * nk, hd, NULL, m->norm_eps, 0, f->k, hd));
     }
     if (m->qk_norm == CB_QK_NORM_HEAD_POST) { /* hunyuan-moe: the head norms after RoPE */
         CHECK_OK(cb_rmsnorm_rows(f->q, hd, n * m->n_head, hd, L->q_norm, m->norm_eps, 0, f->q, hd));
@@ -668,8 +682,8 @@ static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
     CHECK_OK(rope_prepare(f, L, n, mla ? layer_nrot(m, L) : hd, &rp));
     CHECK_OK(mla ? cb_mla_qkv(f, b, l) : qkv(f, b, l, &rp));
     const int32_t hpt = attn_heads_per_task(n, m->n_head, (int)n_kv, f->n_threads);
-    attn_ctx c = {f, b, l, L->sliding_window, (int32_t)hd, (int32_t)n_kv, (int32_t)hv, mla, hpt,
-                  0, 0, 0, 0, CB_OK};
+    attn_ctx c = {f, b, l, L->sliding_window, (int32_t)hd, (int32_t)n_kv, (int32_t)hv, mla,
+                  L->attn_chunk, hpt, 0, 0, 0, 0, CB_OK};
     if (attn_split_applies(&c, n))
         CHECK_OK(attention_split(&c, n));
     else

@@ -138,6 +138,13 @@ cb_status cb_fwd_moe_ffn(cb_forward_t *f, int l, int64_t n) {
             lw[at] = f->rw[t * K + i];
         }
     for (int32_t i = 0; i < n_used; i++) f->fill[i] = f->cnt[f->used[i]]; /* tokens per expert */
+    if (m->expert_weight_in) { /* llama4 (top-1): the experts read w * h; the shared one h */
+        memcpy(f->o2, f->h, (size_t)(n * E) * sizeof(float));
+        for (int64_t t = 0; t < n; t++) {
+            cb_scale(f->h + t * E, E, f->rw[t]);
+            lw[f->ent[t]] = 1.0f;
+        }
+    }
     /* the misses are read while the experts before them compute (moe.c, four dispatches):
      * expert i's first task waits for its own bytes only; the order of the sums, and so the
      * logits, is the one of a plain acquire */
@@ -159,6 +166,7 @@ cb_status cb_fwd_moe_ffn(cb_forward_t *f, int l, int64_t n) {
     cb_status rs = cb_experts_release(f->experts, l, f->used, n_used);
     if (st != CB_OK) return st;
     CHECK_OK(rs);
+    if (m->expert_weight_in) memcpy(f->h, f->o2, (size_t)(n * E) * sizeof(float));
 shared:
     if (mat_present(&L->sh_gate)) {
         /* shared expert into lrows, scaled by sigmoid(sh_gate_inp . h) when that gate exists */

@@ -6,7 +6,8 @@
 
 Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, phi3, phimoe, dots1,
 glm4_moe, ernie4_5_moe, granitemoe, granitemoeshared, hunyuan_v1_moe, gemma2, gemma3_text,
-deepseek_v2, deepseek_v3 (convert_hf_deepseek), gpt_oss (convert_hf_gptoss), gemma4_text (and gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
+deepseek_v2, deepseek_v3 (convert_hf_deepseek), gpt_oss (convert_hf_gptoss), llama4_text
+(convert_hf_llama4), gemma4_text (and gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
 TensorNameMap, and the layout follows llama.cpp's convert_hf_to_gguf.py so that colibri and
 llama.cpp read the files the same way:
 
@@ -44,7 +45,12 @@ from typing import Any
 import numpy as np
 
 from colibri.tokenizer import bytes_to_unicode
-from colibri.tools import convert_hf_deepseek, convert_hf_gptoss
+from colibri.tools import (
+    convert_hf_deepseek,
+    convert_hf_gemma4,
+    convert_hf_gptoss,
+    convert_hf_llama4,
+)
 
 try:
     import gguf
@@ -74,6 +80,7 @@ ARCHES = {
     "deepseek_v2": "deepseek2",
     "deepseek_v3": "deepseek2",
     "gpt_oss": "gpt-oss",
+    "llama4_text": "llama4",
 }
 GGUF_ARCH = {
     "llama": gguf.MODEL_ARCH.LLAMA,
@@ -95,6 +102,7 @@ GGUF_ARCH = {
     "gemma4": gguf.MODEL_ARCH.GEMMA4,
     "deepseek2": gguf.MODEL_ARCH.DEEPSEEK2,
     "gpt-oss": gguf.MODEL_ARCH.GPT_OSS,
+    "llama4": gguf.MODEL_ARCH.LLAMA4,
 }
 OUTTYPES = {
     "f32": gguf.GGMLQuantizationType.F32,
@@ -127,44 +135,6 @@ def load_config(model_dir: Path) -> dict[str, Any]:
         text.setdefault("model_type", cfg["model_type"] + "_text")
         return text
     return cfg
-
-
-def _gemma4_layer(cfg: dict[str, Any], i: int) -> dict[str, Any]:
-    """gemma4's per-layer overrides (transformers saves `per_layer_config` keyed by layer
-    index; older configs give global_head_dim / num_global_key_value_heads)."""
-    plc = cfg.get("per_layer_config") or {}
-    over = dict(plc.get(str(i)) or plc.get(i) or {})  # type: ignore[call-overload]
-    if cfg["layer_types"][i] == "full_attention":
-        if "head_dim" not in over and cfg.get("global_head_dim"):
-            over["head_dim"] = int(cfg["global_head_dim"])
-        if ("num_key_value_heads" not in over and cfg.get("num_global_key_value_heads")
-                and cfg.get("attention_k_eq_v")):
-            over["num_key_value_heads"] = int(cfg["num_global_key_value_heads"])
-    return over
-
-
-def _gemma4_dims(cfg: dict[str, Any]) -> tuple[int, int, list[int]]:
-    """(global head dim, sliding head dim, KV heads per layer)."""
-    hd_swa = int(cfg["head_dim"])
-    hd = hd_swa
-    n_kv = []
-    for i, lt in enumerate(cfg["layer_types"]):
-        over = _gemma4_layer(cfg, i)
-        if lt == "full_attention":
-            hd = int(over.get("head_dim", hd_swa))
-        n_kv.append(int(over.get("num_key_value_heads", cfg.get("num_key_value_heads", 1))))
-    return hd, hd_swa, n_kv
-
-
-def _gemma4_rope_freqs(cfg: dict[str, Any]) -> np.ndarray | None:
-    """The global layers' proportional rope as llama.cpp reads it: NeoX rope over the whole
-    global head dim whose pairs past partial_rotary_factor get divisor 1e30 (angle 0)."""
-    full = (cfg.get("rope_parameters") or {}).get("full_attention") or {}
-    if full.get("rope_type") != "proportional":
-        return None
-    hd = _gemma4_dims(cfg)[0]
-    n_rot = int(float(full.get("partial_rotary_factor", 1.0)) * hd // 2)
-    return np.array([1.0] * n_rot + [1e30] * (hd // 2 - n_rot), dtype=np.float32)
 
 
 def _llama3_rope_freqs(cfg: dict[str, Any], scaling: dict[str, Any]) -> np.ndarray:
@@ -284,7 +254,8 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
         w.add_rope_dimension_count(int(hd * _partial_rotary(cfg)))
     scaling: dict[str, Any] | None
     if arch == "gemma4":
-        _write_gemma4_metadata(w, cfg)
+        convert_hf_gemma4.write_metadata(w, cfg, _rope_theta(cfg, "full_attention", 1_000_000.0),
+                                         _rope_theta(cfg, "sliding_attention", 10_000.0))
         scaling = None
     elif arch == "gemma2":  # as llama.cpp writes it: the layers alternate, no pattern key
         w.add_rope_freq_base(_rope_theta(cfg))
@@ -323,7 +294,7 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
             w.add_sliding_window(int(cfg["sliding_window"]))
     if scaling:
         kind = scaling.get("rope_type", scaling.get("type"))
-        if kind == "llama3" and arch == "llama":
+        if kind == "llama3" and arch in ("llama", "llama4"):
             pass  # written as the rope_freqs tensor (Converter.tensors), no scaling keys
         elif kind == "linear":
             w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -347,9 +318,11 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
 
     if arch == "gpt-oss":
         convert_hf_gptoss.write_metadata(w, cfg)
+    if arch == "llama4":
+        convert_hf_llama4.write_metadata(w, cfg)
     n_expert = _n_experts(cfg)
     if arch == "gemma4":
-        return  # written by _write_gemma4_metadata
+        return  # written by convert_hf_gemma4.write_metadata
     if n_expert:
         w.add_expert_count(int(n_expert))
         w.add_expert_used_count(int(cfg.get("num_experts_per_tok") or cfg.get("moe_k")
@@ -408,43 +381,6 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
                                "is not supported")
     else:
         w.add_feed_forward_length(int(cfg["intermediate_size"]))
-
-
-def _write_gemma4_metadata(w: gguf.GGUFWriter, cfg: dict[str, Any]) -> None:
-    """gemma4's keys as llama.cpp's converter writes them (head dims, rope bases and dims per
-    layer kind, per-layer sliding pattern, head_count_kv per layer when it differs)."""
-    a = "gemma4"
-    n_layer = int(cfg["num_hidden_layers"])
-    if not cfg.get("layer_types"):
-        cfg["layer_types"] = ["sliding_attention" if (i + 1) % 6 else "full_attention"
-                              for i in range(n_layer)]
-    hd, hd_swa, n_kv = _gemma4_dims(cfg)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_uint32(f"{a}.attention.key_length_swa", hd_swa)
-    w.add_uint32(f"{a}.attention.value_length_swa", hd_swa)
-    if len(set(n_kv)) == 1:
-        w.add_head_count_kv(n_kv[0])
-    else:
-        w.add_array(f"{a}.attention.head_count_kv", n_kv)
-    w.add_rope_freq_base(_rope_theta(cfg, "full_attention", 1_000_000.0))
-    w.add_float32(f"{a}.rope.freq_base_swa", _rope_theta(cfg, "sliding_attention", 10_000.0))
-    w.add_rope_dimension_count(hd)
-    w.add_uint32(f"{a}.rope.dimension_count_swa",
-                 int(hd_swa * float(cfg.get("partial_rotary_factor", 1.0))))
-    w.add_sliding_window(int(cfg["sliding_window"]))
-    w.add_array(f"{a}.attention.sliding_window_pattern",
-                [lt == "sliding_attention" for lt in cfg["layer_types"]])
-    w.add_uint32(f"{a}.attention.shared_kv_layers", int(cfg.get("num_kv_shared_layers") or 0))
-    w.add_uint32(f"{a}.embedding_length_per_layer_input",
-                 int(cfg.get("hidden_size_per_layer_input") or 0))
-    if cfg.get("final_logit_softcapping"):
-        w.add_final_logit_softcapping(float(cfg["final_logit_softcapping"]))
-    w.add_feed_forward_length(int(cfg["intermediate_size"]))
-    if cfg.get("enable_moe_block"):
-        w.add_expert_count(int(cfg["num_experts"]))
-        w.add_expert_used_count(int(cfg["top_k_experts"]))
-        w.add_expert_feed_forward_length(int(cfg["moe_intermediate_size"]))
 
 
 def write_tokenizer(w: gguf.GGUFWriter, model_dir: Path, cfg: dict[str, Any], pre: str) -> None:
@@ -519,6 +455,8 @@ class Converter:
         self.pre = pre
         self.n_layer = int(self.cfg["num_hidden_layers"])
         self.tmap = gguf.get_tensor_name_map(GGUF_ARCH[self.arch], self.n_layer)
+        if self.arch == "llama4":
+            convert_hf_llama4.adjust_config(self.cfg)
         self.n_expert = _n_experts(self.cfg)
         self.multimodal = json.loads((self.dir / "config.json").read_text()).get("model_type") \
             != mt
@@ -554,14 +492,15 @@ class Converter:
         n_head_kv = int(cfg.get("num_key_value_heads", n_head))
         experts: dict[tuple[int, str], dict[int, np.ndarray]] = {}
         if self.arch == "gemma4":
-            rf = _gemma4_rope_freqs(cfg)
+            rf = convert_hf_gemma4.rope_freqs(cfg)
             if rf is not None:
                 yield "rope_freqs.weight", rf
         scaling = _rope_scaling(cfg)
         if self.arch in ("phi3", "phimoe") and scaling and scaling.get("long_factor"):
             yield "rope_factors_long.weight", np.asarray(scaling["long_factor"], np.float32)
             yield "rope_factors_short.weight", np.asarray(scaling["short_factor"], np.float32)
-        if self.arch == "llama" and scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
+        if self.arch in ("llama", "llama4") and scaling and \
+                scaling.get("rope_type", scaling.get("type")) == "llama3":
             yield "rope_freqs.weight", _llama3_rope_freqs(cfg, scaling)
         for hf_name, data in iter_safetensors(self.dir):
             if hf_name.endswith("rotary_emb.inv_freq"):
@@ -572,12 +511,13 @@ class Converter:
                     hf_name = "model." + hf_name[len("model.language_model."):]
                 elif not hf_name.startswith("lm_head."):
                     continue
-            oss = convert_hf_gptoss.tensors(hf_name, data) if self.arch == "gpt-oss" else None
+            oss = (convert_hf_gptoss.tensors(hf_name, data) if self.arch == "gpt-oss" else
+                   convert_hf_llama4.tensors(hf_name, data) if self.arch == "llama4" else None)
             if oss is not None:
                 yield from oss
                 continue
             if self.arch == "gemma4":
-                g4 = self._gemma4_tensor(hf_name, data)
+                g4 = convert_hf_gemma4.tensor(hf_name, data)
                 if g4 is not None:
                     yield g4
                     continue
@@ -633,19 +573,6 @@ class Converter:
         if experts:
             missing = ", ".join(f"layer {b} {k}: {sorted(v)}" for (b, k), v in experts.items())
             raise ConvertError(f"{self.dir}: incomplete experts ({missing})")
-
-    _G4_RE = re.compile(r"^model\.layers\.(?P<bid>\d+)\.(?P<w>router\.scale|router\.per_expert_scale|"
-                        r"experts\.gate_up_proj|experts\.down_proj|layer_scalar)$")
-    _G4_NAMES = {"router.scale": "ffn_gate_inp.scale", "router.per_expert_scale": "ffn_down_exps.scale",
-                 "experts.gate_up_proj": "ffn_gate_up_exps.weight",
-                 "experts.down_proj": "ffn_down_exps.weight", "layer_scalar": "layer_output_scale.weight"}
-
-    def _gemma4_tensor(self, hf_name: str, data: np.ndarray) -> tuple[str, np.ndarray] | None:
-        """gemma4 tensors the gguf name map does not name as llama.cpp does (None: map it)."""
-        m = self._G4_RE.match(hf_name)
-        if not m:
-            return None
-        return f"blk.{m['bid']}.{self._G4_NAMES[m['w']]}", data
 
     def convert(self, out_path: Path) -> Path:
         out_path = Path(out_path)

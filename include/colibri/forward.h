@@ -173,7 +173,14 @@ typedef enum cb_desc_kind {
     X(VEC, attn_sinks)      /* [n_head] or NULL */                                             \
     X(VEC, router_b)        /* [n_expert] or NULL */                                           \
     X(VEC, exp_gate_b) X(VEC, exp_up_b) /* [n_expert x n_ff_exp] or NULL */                    \
-    X(VEC, exp_down_b)      /* [n_expert x n_embd] or NULL */
+    X(VEC, exp_down_b)      /* [n_expert x n_embd] or NULL */                                  \
+    /* llama4: chunked attention (a query at p attends to its chunk's positions p/c*c..p), no    \
+     * RoPE on the global layers but the queries times log(floor((p+1)/floor)+1)*scale+1, and   \
+     * q/k heads RMS-normed (no weight) after RoPE */                                          \
+    X(I32, attn_chunk)      /* 0: none */                                                      \
+    X(I32, no_rope)                                                                            \
+    X(F32, attn_temp_scale) X(F32, attn_temp_floor) /* 0: none */                              \
+    X(I32, qk_rms)
 
 /* The model (plus `layers`, the [n_layer] layer table, set by whoever assembles it). */
 #define CB_MODEL_DESC_FIELDS(X)                                                                  \
@@ -196,6 +203,8 @@ typedef enum cb_desc_kind {
     X(F32, expert_scale)    /* weights multiplied by this (1 = none) */                          \
     X(I32, expert_groups)   /* group-limited routing (routing_logic.h): groups, 0 or 1 = none */ \
     X(I32, expert_groups_used) /* the groups that compete */                                     \
+    X(I32, expert_weight_in) /* llama4: the routing weight scales the expert's input, not its    \
+                               output (top-1 only) */                                            \
     X(MAT, tok_embd)        /* [n_vocab x n_embd] */                                             \
     X(VEC, output_norm)     /* [n_embd] */                                                       \
     X(MAT, output)          /* [n_vocab x n_embd] (tok_embd when tied) */                        \

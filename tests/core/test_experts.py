@@ -20,7 +20,7 @@ from colibri.model import Model, min_expert_slots, parse_budget
 
 MOE = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "hunyuan_v1_moe", "dots1", "glm4moe",
        "ernie4_5_moe", "granitemoe", "granitemoeshared", "phimoe", "deepseek_v3", "deepseek_v2",
-       "gpt_oss"]
+       "gpt_oss", "llama4"]
 
 CONFIGS = [
     dict(expert_mode="cache", expert_budget=1, expert_policy="lru"),
