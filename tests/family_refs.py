@@ -24,6 +24,8 @@ REFS_MLA = REFS.with_name("deepseek2.npz")
 FAMILIES_MLA = ["deepseek_v3", "deepseek_v2"]
 REFS_OSS = REFS.with_name("gpt_oss.npz")
 FAMILIES_OSS = ["gpt_oss"]
+REFS_L4 = REFS.with_name("llama4.npz")
+FAMILIES_L4 = ["llama4_8k"]
 TYPES = ("f16", "q8_0", "q4_k_m")
 PROMPTS = [om.prompt(48, seed=11), om.prompt(80, seed=12)]
 TOP_K = 16
