@@ -97,6 +97,10 @@ static void free_layer(layer_t *L) {
     }
 }
 
+/* gpt-oss's experts: biases ([expert][rows], NULL: none) and the clamped SwiGLU, for both paths */
+static cb_act g_act = CB_ACT_SILU;
+static float *g_gate_b, *g_up_b, *g_down_b;
+
 /* The forward's grouping of tokens t0 .. t0+n-1: entries expert after expert (ascending), in
  * batch order within one; used experts, their entry counts and refs. */
 typedef struct {
@@ -146,13 +150,19 @@ static void reference(const layer_t *L, int t0, int n, cb_threadpool_t *pool, fl
         op.n_rows_xy = n;
         CHECK(cb_matmul_ex(&wg, L->h + (size_t)t0 * E, g.n_tok[i], E, gb, FF, &op, pool) == CB_OK);
         CHECK(cb_matmul_ex(&wu, L->h + (size_t)t0 * E, g.n_tok[i], E, ub, FF, &op, pool) == CB_OK);
-        for (int32_t j = 0; j < g.n_tok[i]; j++)
-            CHECK(cb_glu(CB_ACT_SILU, gb + (size_t)ids[j] * FF, ub + (size_t)ids[j] * FF, FF,
-                         gb + (size_t)ids[j] * FF) == CB_OK);
+        const int32_t e = g.used[i];
+        for (int32_t j = 0; j < g.n_tok[i]; j++) {
+            float *gr = gb + (size_t)ids[j] * FF, *ur = ub + (size_t)ids[j] * FF;
+            if (g_gate_b) cb_moe_add_bias(gr, g_gate_b + (size_t)e * FF, 1.0f, FF);
+            if (g_up_b) cb_moe_add_bias(ur, g_up_b + (size_t)e * FF, 1.0f, FF);
+            CHECK(cb_glu(g_act, gr, ur, FF, gr) == CB_OK);
+        }
         cb_matmul_opts_t od = op;
         od.accumulate = 1;
         od.token_scale = g.lw + first;
         CHECK(cb_matmul_ex(&wd, gb, g.n_tok[i], FF, out, E, &od, pool) == CB_OK);
+        for (int32_t j = 0; j < g.n_tok[i] && g_down_b; j++)
+            cb_moe_add_bias(out + (size_t)ids[j] * E, g_down_b + (size_t)e * E, g.lw[first + j], E);
     }
     free(gb);
     free(ub);
@@ -183,9 +193,9 @@ static cb_status fused_w(const layer_t *L, int t0, int n, cb_threadpool_t *pool,
     groups_t g;
     group(L, t0, n, &g);
     memset(out, 0, sizeof(float) * (size_t)n * E);
-    cb_moe_run_t r = {&L->gate, &L->up, &L->down, CB_ACT_SILU, 0, L->h + (size_t)t0 * E, n, K,
+    cb_moe_run_t r = {&L->gate, &L->up, &L->down, g_act, 0, L->h + (size_t)t0 * E, n, K,
                       g.n_used, g.n_tok, g.refs, g.lists, g.lw, g.ent, out, ws, ws_bytes,
-                      NULL, NULL};
+                      NULL, NULL, g.used, g_gate_b, g_up_b, g_down_b};
     cb_expert_ref_t late[NE];
     if (w) {
         w->g = &g;
@@ -292,6 +302,19 @@ int main(void) {
     check_layer(CB_TYPE_Q8_0, CB_TYPE_Q8_0, CB_TYPE_Q8_0, pools);
     check_layer(CB_TYPE_Q4_0, CB_TYPE_Q5_0, CB_TYPE_Q5_K, pools); /* gate and up differ */
     check_layer(CB_TYPE_F32, CB_TYPE_F16, CB_TYPE_MXFP4, pools);
+    /* gpt-oss: biased experts with the clamped SwiGLU (gate and up pushed past +-7 by the
+     * large inputs), MXFP4 and Q8_0 */
+    g_act = CB_ACT_SWIGLU_OAI;
+    g_gate_b = malloc(sizeof(float) * NE * FF);
+    g_up_b = malloc(sizeof(float) * NE * FF);
+    g_down_b = malloc(sizeof(float) * NE * E);
+    for (int i = 0; i < NE * FF; i++) g_gate_b[i] = 4.0f * rndf(), g_up_b[i] = 4.0f * rndf();
+    for (int i = 0; i < NE * E; i++) g_down_b[i] = rndf();
+    check_layer(CB_TYPE_MXFP4, CB_TYPE_MXFP4, CB_TYPE_MXFP4, pools);
+    check_layer(CB_TYPE_Q8_0, CB_TYPE_Q8_0, CB_TYPE_Q8_0, pools);
+    free(g_gate_b);
+    free(g_up_b);
+    free(g_down_b);
     /* sizes: overflow is SIZE_MAX, never a wrapped small number */
     cb_matrix_t g = {CB_TYPE_Q4_K, (int64_t)1 << 40, 256, 144, NULL};
     cb_matrix_t d = {CB_TYPE_Q4_K, 256, (int64_t)1 << 40, 144, NULL};

@@ -135,8 +135,31 @@ static void test_errors(void) {
     CHECK(cb_route_pad(0, 16) == 0 && cb_route_pad(1, 16) == 16 && cb_route_pad(32, 16) == 32);
 }
 
+/* gpt-oss (CB_GATING_SOFTMAX_WEIGHT): the k largest logits, weighted by the softmax over them
+ * alone (whatever renorm says), times scale */
+static void test_softmax_weight(void) {
+    float logits[64], w[CB_ROUTE_MAX_K];
+    int ids[CB_ROUTE_MAX_K], rids[CB_ROUTE_MAX_K];
+    double rw[CB_ROUTE_MAX_K];
+    for (int trial = 0; trial < 200; trial++) {
+        const int n = 2 + trial % 63, k = 1 + trial % (n < 6 ? n : 6), renorm = trial % 2;
+        for (int e = 0; e < n; e++) logits[e] = frand();
+        CHECK(cb_route_token(logits, n, k, CB_GATING_SOFTMAX_WEIGHT, 0, renorm, 1.5f, ids, w) ==
+              CB_ROUTE_OK);
+        /* selection: by logit = by sigmoid (monotonic); weights: exp over the chosen */
+        ref_route(logits, n, k, CB_GATING_SIGMOID, 0, 0, 1.0, rids, rw);
+        double sum = 0.0;
+        for (int i = 0; i < k; i++) sum += exp((double)logits[rids[i]] - logits[rids[0]]);
+        for (int i = 0; i < k; i++) {
+            CHECK(ids[i] == rids[i]);
+            CHECK(close_rel(w[i], 1.5 * exp((double)logits[rids[i]] - logits[rids[0]]) / sum, 2e-5));
+        }
+    }
+}
+
 int main(void) {
     test_random();
+    test_softmax_weight();
     test_ties_and_bias();
     test_errors();
     TEST_MAIN_END("test_routing_logic");
