@@ -100,3 +100,13 @@ def test_each_mechanism_is_seen(l4, what):
             a.attn_temperature_tuning = True
         for i, n in norms.items():
             attn[i].qk_norm = n
+
+
+def test_the_gpu_path_refuses_it_by_name(l4):
+    """Model(device="cuda")'s experts do not weight the input yet: a clear refusal."""
+    from colibri.cuda_moe import CudaExperts
+    from colibri.arch import UnsupportedModel
+
+    d = Model(l4[1]["f32"], threads=2, ctx=64, max_batch=8).desc
+    with pytest.raises(UnsupportedModel, match="does not run on the GPU yet"):
+        CudaExperts(d, runtime=object())
