@@ -179,8 +179,8 @@ def test_mxfp4_experts(oss, tmp_path):
 def test_the_gpu_path_refuses_it_by_name(oss):
     """Model(device="cuda")'s experts do not run biased experts or the clamped SwiGLU yet: a
     clear refusal before any device work (the CPU runs them)."""
-    from colibri.cuda_moe import CudaExperts
     from colibri.arch import UnsupportedModel
+    from colibri.cuda_moe import CudaExperts
 
     d = Model(oss[1]["f32"], threads=2, ctx=64, max_batch=8).desc
     with pytest.raises(UnsupportedModel, match="biased experts and clamped SwiGLU"):

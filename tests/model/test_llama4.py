@@ -104,8 +104,8 @@ def test_each_mechanism_is_seen(l4, what):
 
 def test_the_gpu_path_refuses_it_by_name(l4):
     """Model(device="cuda")'s experts do not weight the input yet: a clear refusal."""
-    from colibri.cuda_moe import CudaExperts
     from colibri.arch import UnsupportedModel
+    from colibri.cuda_moe import CudaExperts
 
     d = Model(l4[1]["f32"], threads=2, ctx=64, max_batch=8).desc
     with pytest.raises(UnsupportedModel, match="does not run on the GPU yet"):
