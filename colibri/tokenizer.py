@@ -8,7 +8,11 @@ tokenizer for the same file:
 - `tokenizer.ggml.model = "llama"`: SentencePiece-style BPE by scores with `<0xNN>` byte fallback
   (Gemma, Llama 2, Mixtral); spaces become U+2581, `add_space_prefix` prepends one.
 - `tokenizer.ggml.model = "gpt2"`: byte-level BPE by merge rank, after the pre-tokenizer named by
-  `tokenizer.ggml.pre` (see `SUPPORTED_PRE`). An unknown value is an error, never a fallback.
+  `tokenizer.ggml.pre` (see `SUPPORTED_PRE`: every name llama.cpp reads but "whitespace"). An
+  unknown value is an error, never a fallback.
+- `tokenizer.ggml.model = "gemma4"` (and the pre names gemma4, granite-embed-multi-311m, sarvam-moe):
+  SentencePiece-style BPE by merge rank over UTF-8 characters, spaces as U+2581, `<0xNN>` byte
+  fallback. Other models (bert, t5, rwkv, plamo2, ...) are refused.
 
 Special tokens: user-defined tokens are always recognised in the text (as llama.cpp and HF do);
 control tokens (`<bos>`, `<start_of_turn>`, ...) only with `parse_special=True`, longest first.
@@ -62,7 +66,7 @@ _PRE_GROUPS: dict[str, tuple[str, ...]] = {
     **{name: (name,) for name in (
         "tekken", "granite-embed-multi-97m", "youtu", "seed-coder", "ufakzeka", "minicpm5", "jais-2", "qwen35",
         "deepseek-coder", "falcon", "spark2_5", "viking", "chameleon", "superbpe", "exaone-moe", "laguna",
-        "afmoe", "kimi-k2", "whitespace")},
+        "afmoe", "kimi-k2")},
 }
 SUPPORTED_PRE: dict[str, str] = {name: impl for impl, names in _PRE_GROUPS.items() for name in names}
 # llama.cpp's per-name flags that change ids: a word that is a token is taken whole (ignore_merges),
@@ -75,7 +79,9 @@ _NO_BOS = {"chatglm-bpe", "glm4", "glm5"}
 # words are not byte-level encoded: spaces become U+2581 first (escape), or not (whitespace)
 _BPE_FLAGS = {"gemma4": _tok.BPE_RAW_UTF8 | _tok.BPE_ESCAPE_SPACES | _tok.BPE_NEWLINE_WORDS,
               "granite-embed-multi-311m": _tok.BPE_RAW_UTF8 | _tok.BPE_ESCAPE_SPACES | _tok.BPE_NEWLINE_WORDS,
-              "sarvam-moe": _tok.BPE_RAW_UTF8 | _tok.BPE_ESCAPE_SPACES, "whitespace": _tok.BPE_RAW_UTF8}
+              "sarvam-moe": _tok.BPE_RAW_UTF8 | _tok.BPE_ESCAPE_SPACES}
+# Not read: "whitespace", the pre of tokenizer.ggml.model "whitespace" (jina-embeddings-v2-base-zh,
+# a tokenizer colibri does not read); under "gpt2" llama.cpp itself aborts on any text with a space.
 _GEMMA4_PRE = {"gemma4", "granite-embed-multi-311m"}  # llama.cpp's pre type GEMMA4: add_bos forced on
 
 # GGUF token types (tokenizer.ggml.token_type) -> llama.cpp token attributes (tokenizer.h's

