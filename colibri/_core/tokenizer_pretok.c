@@ -83,12 +83,13 @@ static size_t m_crlf(const cps *c, size_t pos, size_t end) {
 
 typedef struct { uint32_t a, b; } cprange;
 
-/* x within one of the ranges of a regex llama.cpp runs on code points, where non-ASCII whitespace
- * became \v (so U+3000 is not in "　-。") */
-static int in_cpranges(const cprange *r, size_t n, uint32_t x) {
-    if (x >= 0x80 && (cb_tok_cp_flags_slow(x) & F_WS)) return 0;
-    for (size_t i = 0; i < n; i++)
-        if (x >= r[i].a && x <= r[i].b) return 1;
+/* code point i within one of the ranges of a regex llama.cpp runs on code points, where
+ * non-ASCII whitespace became \v (so U+3000 is not in "　-。") */
+static int in_cpranges(const cprange *r, size_t n, const cps *c, size_t i) {
+    const uint32_t x = c->cp[i];
+    if (x >= 0x80 && (c->fl[i] & F_WS)) return 0;
+    for (size_t k = 0; k < n; k++)
+        if (x >= r[k].a && x <= r[k].b) return 1;
     return 0;
 }
 
@@ -115,18 +116,18 @@ static size_t m_ds_latin(const cps *c, size_t pos, size_t end) {
 #undef T
 }
 static size_t m_ds_punct(const cps *c, size_t pos, size_t end) {
-#define T(i) in_cpranges(ds_punct, 6, c->cp[i])
+#define T(i) in_cpranges(ds_punct, 6, c, i)
     OPT_SPACE_CLASS_RUN(T);
 #undef T
 }
 static size_t m_ds_cjk(const cps *c, size_t pos, size_t end) {
     size_t k = pos;
-    while (k < end && in_cpranges(ds_cjk, 3, c->cp[k])) k++;
+    while (k < end && in_cpranges(ds_cjk, 3, c, k)) k++;
     return k - pos;
 }
 static size_t m_ds3_cjk(const cps *c, size_t pos, size_t end) {
     size_t k = pos;
-    while (k < end && in_cpranges(ds3_cjk, 3, c->cp[k])) k++;
+    while (k < end && in_cpranges(ds3_cjk, 3, c, k)) k++;
     return k - pos;
 }
 /* \s+$ : only the whitespace run that ends the piece (handled specially by the splitter) */
