@@ -263,14 +263,19 @@ def _specials(info: VocabInfo, tokens: Sequence[bytes]) -> _Specials:
     for i, t in enumerate(tokens):
         index[t] = i
     found: set[int] = set()
+    order: dict[int, int] | None = None
     for kind, texts in _FOUND_BY_TEXT.items():
         if ids[kind] >= 0:
             continue
-        # llama.cpp takes the first match in its hash map's order; a vocabulary holding two texts
-        # of one kind is the only case where this choice (the lowest id) can differ from it
         hits = [index[t.encode("utf-8")] for t in texts if t.encode("utf-8") in index]
+        if len(hits) > 1:  # llama.cpp takes the first in its token_to_id map's order
+            if order is None:
+                from colibri.tokenizer_order import map_order
+
+                order = {x: r for r, x in enumerate(map_order(tokens))}
+            hits.sort(key=order.__getitem__)
         if hits:
-            ids[kind] = min(hits)
+            ids[kind] = hits[0]
             found.add(ids[kind])
     eog = {ids[k] for k in ("fim_pad", "fim_rep", "fim_sep") if ids[k] >= 0}
     eog |= {index[t.encode("utf-8")] for t in _CONTROL_LOOKING if t.encode("utf-8") in index}

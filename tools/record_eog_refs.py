@@ -38,12 +38,13 @@ QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_sta
 
 
 def family(name: str, model: str, pre: str, special: list[str], meta: dict[str, str | int],
-           control: bool = True, extra: list[str] | None = None) -> dict[str, Any]:
-    """A vocabulary: 40 filler tokens, then the special texts (control-typed unless control=False),
-    then `extra` normal tokens. meta: tokenizer.ggml.KEY_token_id -> a token text or an id."""
-    filler = [f"w{i}" for i in range(40)]
+           control: bool = True, extra: list[str] | None = None, n_filler: int = 40) -> dict[str, Any]:
+    """A vocabulary: n_filler filler tokens, then the special texts (control-typed unless
+    control=False), then `extra` normal tokens. meta: tokenizer.ggml.KEY_token_id -> a token text
+    or an id."""
+    filler = [f"w{i}" for i in range(n_filler)]
     tokens = filler + special + (extra or [])
-    types = [NORMAL] * 40 + [CONTROL if control else USER_DEFINED] * len(special) + [NORMAL] * len(extra or [])
+    types = [NORMAL] * n_filler + [CONTROL if control else USER_DEFINED] * len(special) + [NORMAL] * len(extra or [])
     ids = {k: (tokens.index(v) if isinstance(v, str) else v) for k, v in meta.items()}
     return {"name": name, "model": model, "pre": pre, "tokens": tokens, "types": types, "ids": ids}
 
@@ -123,6 +124,12 @@ FAMILIES = [
     family("out-of-range", "gpt2", "gpt-2", ["<|endoftext|>", "<|im_end|>", "<|fim_pad|>"],
            {"eos": 100000, "eot": 99999, "fim_pad": 77777}),
     # deprecated FIM keys and an eom named by the metadata on a normal token
+    # two texts of one FIM kind and no metadata: llama.cpp takes the first in its hash map's order
+    # (colibri.tokenizer_order), at vocabulary sizes across several of the map's rehashes
+    *(family(f"fim-twice-{n}-{rev}", "gpt2", "gpt-2", sp[::-1] if rev else sp, {}, n_filler=n)
+      for sp in (["<|fim_pad|>", "<PAD>", "[PAD]", "<|fim_repo|>", "<|repo_name|>", "<REPO>", "<|endoftext|>",
+                  "<|fim_prefix|>", "<PRE>", "<fim-prefix>"],)
+      for n in (3, 10, 40, 100, 300, 1000, 3000, 20000) for rev in (0, 1)),
     family("deprecated-fim", "gpt2", "gpt-2", ["<|endoftext|>", "<PRE>", "<SUF>", "<MID>", "<PAD>", "<REPO>"],
            {"eos": "<|endoftext|>", "prefix": "<PRE>", "suffix": "<SUF>", "middle": "<MID>", "eom": "w3"}),
 ]
