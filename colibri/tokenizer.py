@@ -426,7 +426,7 @@ class Tokenizer:
             add_eos, add_space_prefix = False, False
             ignore_merges = pre in _IGNORE_MERGES
             merges = list(info.merges)
-            if not merges:
+            if not merges and pre != "kimi-k2":  # llama.cpp: Kimi-K2 may come without merges
                 raise ValueError("byte-level BPE vocabulary without tokenizer.ggml.merges")
             if not all(type(mg) is bytes for mg in merges):
                 raise ValueError("tokenizer.ggml.merges must be a list of bytes")

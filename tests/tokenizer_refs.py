@@ -41,7 +41,7 @@ def byte_strings(refs: dict[str, np.ndarray], name: str,
 
 def write_family(f: dict[str, Any], path: Path) -> None:
     """The vocabulary-only GGUF of a family spec of eog_refs.json (tools/record_eog_refs.py):
-    model, pre, tokens, types, ids (tokenizer.ggml.KEY_token_id -> id)."""
+    model, pre, tokens, types, ids (tokenizer.ggml.KEY_token_id -> id); merges: False for none."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), arch="llama")
@@ -51,7 +51,7 @@ def write_family(f: dict[str, Any], path: Path) -> None:
     w.add_token_types(f["types"])
     if f["model"] == "llama":
         w.add_token_scores([0.0] * len(f["tokens"]))
-    else:
+    elif f.get("merges", True):
         w.add_token_merges(["w 0", "w 1"])
     for key, v in f["ids"].items():
         w.add_uint32(f"tokenizer.ggml.{key}_token_id", int(v))

@@ -130,13 +130,21 @@ FAMILIES = [
       for sp in (["<|fim_pad|>", "<PAD>", "[PAD]", "<|fim_repo|>", "<|repo_name|>", "<REPO>", "<|endoftext|>",
                   "<|fim_prefix|>", "<PRE>", "<fim-prefix>"],)
       for n in (3, 10, 40, 100, 300, 1000, 3000, 20000) for rev in (0, 1)),
+    {**family("kimi-k2-no-merges", "gpt2", "kimi-k2", ["[BOS]", "[EOS]", "<|im_end|>"], {"eos": "<|im_end|>"},
+              extra=["a", "b", "ab", "\u0120"]), "merges": False},
     family("deprecated-fim", "gpt2", "gpt-2", ["<|endoftext|>", "<PRE>", "<SUF>", "<MID>", "<PAD>", "<REPO>"],
            {"eos": "<|endoftext|>", "prefix": "<PRE>", "suffix": "<SUF>", "middle": "<MID>", "eom": "w3"}),
 ]
 
 
-def llama_eog(llama_cpp, path: str) -> tuple[list[int], list[int]]:  # type: ignore[no-untyped-def]
-    """(the EOG ids, every token's attribute) by llama.cpp for a GGUF's vocabulary."""
+# texts each family's vocabulary encodes (add_special False, parse_special True): its special tokens
+# and text around them
+PROBES = ["w1w2 w3", "a<|im_end|>b w7", "ab ab\n\nw0", "<|fim_pad|>x<PAD>[PAD]<|endoftext|>", "<eos><turn|></s>"]
+
+
+def llama_eog(llama_cpp, path: str, probe: bool = True) -> tuple[list[int], list[int], list[list[int]]]:  # type: ignore[no-untyped-def]
+    """(the EOG ids, every token's attribute, the ids of PROBES unless not probe) by llama.cpp for a
+    GGUF's vocabulary (SentencePiece families have no byte tokens here: llama.cpp aborts on them)."""
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
     model = llama_cpp.llama_model_load_from_file(path.encode(), params)
@@ -146,9 +154,16 @@ def llama_eog(llama_cpp, path: str) -> tuple[list[int], list[int]]:  # type: ign
         n = int(llama_cpp.llama_vocab_n_tokens(vocab))
         eog = [t for t in range(n) if llama_cpp.llama_vocab_is_eog(vocab, t)]
         attrs = [int(llama_cpp.llama_vocab_get_attr(vocab, t)) for t in range(n)]
+        probes = []
+        for text in PROBES if probe else []:
+            data = text.encode()
+            buf = (llama_cpp.llama_token * 256)()
+            k = llama_cpp.llama_tokenize(vocab, data, len(data), buf, 256, False, True)
+            assert 0 <= k <= 256
+            probes.append(list(buf[:k]))
     finally:
         llama_cpp.llama_model_free(model)
-    return eog, attrs
+    return eog, attrs, probes
 
 
 def main(argv: list[str]) -> int:
@@ -163,17 +178,18 @@ def main(argv: list[str]) -> int:
     from tokenizer_refs import write_family
 
     llama_cpp.llama_backend_init()
-    out: dict[str, Any] = {"llama_cpp_version": llama_cpp.__version__, "families": [], "files": {}}
+    out: dict[str, Any] = {"llama_cpp_version": llama_cpp.__version__, "probes": PROBES, "families": [],
+                           "files": {}}
     with tempfile.TemporaryDirectory() as d:
         for f in FAMILIES:
             path = Path(d) / f"{f['name']}.gguf"
             write_family(f, path)
-            eog, attrs = llama_eog(llama_cpp, str(path))
-            out["families"].append({**f, "eog": eog, "attrs": attrs})
+            eog, attrs, probes = llama_eog(llama_cpp, str(path), probe=f["model"] != "llama")
+            out["families"].append({**f, "eog": eog, "attrs": attrs, "probes": probes})
             print(f"{f['name']}: eog {[f['tokens'][i] for i in eog]}")
     for name, path in (("smollm2", args.smollm2), ("gemma3", args.gemma3)):
         if path:
-            eog, _ = llama_eog(llama_cpp, path)
+            eog, _, _ = llama_eog(llama_cpp, path, probe=False)
             out["files"][name] = {"file": Path(path).name, "size": Path(path).stat().st_size, "eog": eog}
             print(f"{name}: eog {eog}")
     Path(args.out).write_text(json.dumps(out, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")

@@ -38,6 +38,8 @@ def test_eog_ids_match_llama_cpp(name: str, tmp_path: Path) -> None:
         tok = Tokenizer.from_gguf(path)
         assert tok.eog_ids == want
         assert tok.token_attrs.tolist() == f["attrs"], name
+        for text, ids in zip(REFS["probes"], f["probes"], strict=f["model"] != "llama"):
+            assert tok.encode(text, add_special=False, parse_special=True).tolist() == ids, (name, text)
 
 
 def test_families_cover_the_rule() -> None:
