@@ -8,7 +8,11 @@ tokenizer for the same file:
 - `tokenizer.ggml.model = "llama"`: SentencePiece-style BPE by scores with `<0xNN>` byte fallback
   (Gemma, Llama 2, Mixtral); spaces become U+2581, `add_space_prefix` prepends one.
 - `tokenizer.ggml.model = "gpt2"`: byte-level BPE by merge rank, after the pre-tokenizer named by
-  `tokenizer.ggml.pre` (see `SUPPORTED_PRE`). An unknown value is an error, never a fallback.
+  `tokenizer.ggml.pre` (see `SUPPORTED_PRE`: every name llama.cpp reads but "whitespace"). An
+  unknown value is an error, never a fallback.
+- `tokenizer.ggml.model = "gemma4"` (and the pre names gemma4, granite-embed-multi-311m, sarvam-moe):
+  SentencePiece-style BPE by merge rank over UTF-8 characters, spaces as U+2581, `<0xNN>` byte
+  fallback. Other models (bert, t5, rwkv, plamo2, ...) are refused.
 
 Special tokens: user-defined tokens are always recognised in the text (as llama.cpp and HF do);
 control tokens (`<bos>`, `<start_of_turn>`, ...) only with `parse_special=True`, longest first.
@@ -37,22 +41,48 @@ import colibri._core._tokenizer as _tok
 
 __all__ = ["SUPPORTED_PRE", "StreamDecoder", "Tokenizer", "VocabInfo", "eog_ids", "read_gguf_vocab"]
 
-# tokenizer.ggml.pre value -> the pre-tokenizer that implements it (llama.cpp's names).
-SUPPORTED_PRE: dict[str, str] = {
-    "default": "default",
-    "gpt2": "gpt2",
-    "gpt-2": "gpt2",
-    "olmo": "gpt2",
-    "llama3": "llama3",
-    "llama-v3": "llama3",
-    "llama-bpe": "llama3",
-    "qwen2": "qwen2",
-    "deepseek-llm": "deepseek-llm",
-    "deepseek-v3": "deepseek-v3",
-    "gpt-4o": "gpt-4o",
-    "smollm": "smollm",     # SmolLM / SmolLM2: each \p{N} alone, then the gpt2 regex
-    "command-r": "smollm",  # llama.cpp: the same regexes and flags (clean_spaces off)
+# tokenizer.ggml.pre value -> the pre-tokenizer that implements it: every name llama.cpp's
+# llama-vocab.cpp reads (at the llama.cpp vendored by llama-cpp-python 0.3.36), grouped by the regex
+# set llama.cpp gives it ("gpt2" is colibri's own alias of "gpt-2", which llama.cpp refuses).
+_PRE_GROUPS: dict[str, tuple[str, ...]] = {
+    "default": ("default",),
+    "gpt2": ("gpt2", "gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de",
+             "a.x-4.0", "mellum", "modern-bert", "mpt", "olmo", "jais", "trillion", "granite-docling",
+             "exaone4", "jina-v1-en", "jina-v2-code", "roberta-bpe"),
+    "llama3": ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+               "jina-v5-nano", "dbrx", "smaug-bpe", "chatglm-bpe", "glm4", "glm5"),
+    # bailingmoe's regex differs in spelling only (\s*[\r\n] for \s*[\r\n]+: the same matches)
+    "qwen2": ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan",
+              "solar-open", "grok-2", "bailingmoe", "bailingmoe2", "llada-moe"),
+    "deepseek-llm": ("deepseek-llm",),
+    "deepseek-v3": ("deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4"),
+    "gpt-4o": ("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"),
+    # each \p{N} alone, then the gpt2 regex (SmolLM / SmolLM2's Digits + ByteLevel)
+    "smollm": ("smollm", "command-r", "starcoder", "refact", "codeshell", "exaone", "minerva-7b", "mellum2"),
+    "poro": ("poro-chat", "bloom", "gpt3-finnish"),
+    "tiny_aya": ("tiny_aya", "cohere2moe"),
+    # SentencePiece-style BPE (spaces as U+2581, merges on raw UTF-8): newline runs apart
+    "newlines": ("gemma4", "granite-embed-multi-311m", "sarvam-moe"),
+    **{name: (name,) for name in (
+        "tekken", "granite-embed-multi-97m", "youtu", "seed-coder", "ufakzeka", "minicpm5", "jais-2", "qwen35",
+        "deepseek-coder", "falcon", "spark2_5", "viking", "chameleon", "superbpe", "exaone-moe", "laguna",
+        "afmoe", "kimi-k2")},
 }
+SUPPORTED_PRE: dict[str, str] = {name: impl for impl, names in _PRE_GROUPS.items() for name in names}
+# llama.cpp's per-name flags that change ids: a word that is a token is taken whole (ignore_merges),
+# bos is added by default (add_bos), there is no default bos id (no_bos)
+_IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+                  "jina-v5-nano", "glm4", "glm5", "tekken", "youtu", "granite-embed-multi-97m", "minicpm5"}
+_ADD_BOS = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+            "jina-v5-nano", "tekken", "chameleon"}
+_NO_BOS = {"chatglm-bpe", "glm4", "glm5"}
+# words are not byte-level encoded: spaces become U+2581 first (escape), or not (whitespace)
+_BPE_FLAGS = {"gemma4": _tok.BPE_RAW_UTF8 | _tok.BPE_ESCAPE_SPACES | _tok.BPE_NEWLINE_WORDS,
+              "granite-embed-multi-311m": _tok.BPE_RAW_UTF8 | _tok.BPE_ESCAPE_SPACES | _tok.BPE_NEWLINE_WORDS,
+              "sarvam-moe": _tok.BPE_RAW_UTF8 | _tok.BPE_ESCAPE_SPACES}
+# Not read: "whitespace", the pre of tokenizer.ggml.model "whitespace" (jina-embeddings-v2-base-zh,
+# a tokenizer colibri does not read); under "gpt2" llama.cpp itself aborts on any text with a space.
+_GEMMA4_PRE = {"gemma4", "granite-embed-multi-311m"}  # llama.cpp's pre type GEMMA4: add_bos forced on
 
 # GGUF token types (tokenizer.ggml.token_type) -> llama.cpp token attributes (tokenizer.h's
 # CB_TOKEN_ATTR_* bits, read from the header).
@@ -63,25 +93,38 @@ _TYPE_TO_ATTR = {TokenType.NORMAL: ATTR_NORMAL, TokenType.UNKNOWN: ATTR_UNKNOWN,
                  TokenType.CONTROL: ATTR_CONTROL, TokenType.USER_DEFINED: ATTR_USER_DEFINED,
                  TokenType.UNUSED: ATTR_UNUSED, TokenType.BYTE: ATTR_BYTE}
 
-# Texts llama.cpp treats as control tokens whatever their declared type (end-of-generation and
-# fill-in-the-middle markers; llama-vocab.cpp, "control-looking token").
-_CONTROL_LOOKING = {
+# Texts llama.cpp treats as end-of-generation (and so control) tokens whatever their declared type
+# (llama-vocab.cpp's list, "control-looking token"); its end-of-turn texts (special_eot_id) are
+# among them.
+_CONTROL_LOOKING = (
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
     "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
     "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
     "<｜end▁of▁sentence｜>", "[e~[",
+)
+_EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+              "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
+# special ids found by text when the metadata names none (llama.cpp's lists)
+_FOUND_BY_TEXT = {
+    "eot": _EOT_TEXTS,
+    "eom": ("<|eom_id|>",),
+    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+                "<|code_prefix|>", "<|prefix|>"),
+    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+                "<|code_suffix|>", "<|suffix|>"),
+    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+                "<|code_middle|>", "<|middle|>"),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
 }
-_FIM_LOOKING = {
-    "fim_pre": {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
-                "<|code_prefix|>", "<|prefix|>"},
-    "fim_suf": {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
-                "<|code_suffix|>", "<|suffix|>"},
-    "fim_mid": {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
-                "<|code_middle|>", "<|middle|>"},
-    "fim_pad": {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"},
-    "fim_rep": {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"},
-    "fim_sep": {"<|file_sep|>"},
-}
+# tokenizer.ggml.*_token_id keys llama.cpp reads, in its order (the deprecated prefix/suffix/middle
+# keys come last and override fim_pre/fim_suf/fim_mid)
+_SPECIAL_KEYS = (("bos", "bos"), ("eos", "eos"), ("eot", "eot"), ("eom", "eom"), ("unk", "unk"),
+                 ("sep", "sep"), ("pad", "pad"), ("mask", "mask"), ("fim_pre", "fim_pre"),
+                 ("fim_suf", "fim_suf"), ("fim_mid", "fim_mid"), ("fim_pad", "fim_pad"),
+                 ("fim_rep", "fim_rep"), ("fim_sep", "fim_sep"), ("prefix", "fim_pre"),
+                 ("suffix", "fim_suf"), ("middle", "fim_mid"))
 _ALWAYS_USER_DEFINED = {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"}
 
 _ERRORS = ("strict", "replace")
@@ -189,8 +232,64 @@ def read_gguf_vocab(source: Any) -> VocabInfo:
     return info
 
 
-# Texts of end-of-turn tokens that end a generation even when no *_token_id key names them.
-_EOG_TEXTS = (b"<end_of_turn>", b"<|im_end|>", b"<|eot_id|>", b"<|endoftext|>")
+# llama.cpp's default bos and eos ids per tokenizer.ggml.model (used when in range and the metadata
+# names no valid one)
+_DEFAULT_BOS_EOS = {"llama": (1, 2), "gpt2": (11, 11), "hybriddna": (11, 11), "whitespace": (11, 11),
+                    "bert": (101, -1), "t5": (-1, 1), "plamo2": (1, 2)}
+
+
+@dataclass
+class _Specials:
+    """What llama.cpp derives from a vocabulary's special-token metadata and texts (llama-vocab.cpp,
+    load): the special ids (-1: none), the ids found by their text, and the end-of-generation set."""
+
+    ids: dict[str, int]
+    found_by_text: set[int]
+    eog: set[int]
+    end_demoted: int = -1      # "<|end|>" taken out of eog (gpt-oss, solar-open): user-defined
+    s_demoted: int = -1        # "</s>" taken out of eog (gemma4, plamo2): a normal token
+
+
+def _specials(info: VocabInfo, tokens: Sequence[bytes]) -> _Specials:
+    n = len(tokens)
+    bos, eos = _DEFAULT_BOS_EOS.get(info.model, (-1, -1))
+    ids = {"bos": bos if bos < n else -1, "eos": eos if eos < n else -1}
+    for key, kind in _SPECIAL_KEYS:
+        ids.setdefault(kind, -1)
+        v = info.special_ids.get(key)
+        if v is not None and 0 <= v < n:  # out of range: the default stays (as llama.cpp)
+            ids[kind] = v
+    index: dict[bytes, int] = {}
+    for i, t in enumerate(tokens):
+        index[t] = i
+    found: set[int] = set()
+    order: dict[int, int] | None = None
+    for kind, texts in _FOUND_BY_TEXT.items():
+        if ids[kind] >= 0:
+            continue
+        hits = [index[t.encode("utf-8")] for t in texts if t.encode("utf-8") in index]
+        if len(hits) > 1:  # llama.cpp takes the first in its token_to_id map's order
+            if order is None:
+                from colibri.tokenizer_order import map_order
+
+                order = {x: r for r, x in enumerate(map_order(tokens))}
+            hits.sort(key=order.__getitem__)
+        if hits:
+            ids[kind] = hits[0]
+            found.add(ids[kind])
+    eog = {ids[k] for k in ("fim_pad", "fim_rep", "fim_sep") if ids[k] >= 0}
+    eog |= {index[t.encode("utf-8")] for t in _CONTROL_LOOKING if t.encode("utf-8") in index}
+    eog |= {ids[k] for k in ("eos", "eot", "eom") if ids[k] >= 0}
+    sp = _Specials(ids, found, eog)
+    eog_text = {tokens[i]: i for i in eog}
+    call = b"<|call|>" in eog_text or b"<|calls|>" in eog_text
+    if b"<|end|>" in eog_text and call and (b"<|return|>" in eog_text or b"<|flush|>" in eog_text):
+        sp.end_demoted = eog_text[b"<|end|>"]
+        eog.discard(sp.end_demoted)
+    if b"</s>" in eog_text and (b"<|tool_response>" in eog_text or b"<|plamo:eos|>" in eog_text):
+        sp.s_demoted = eog_text[b"</s>"]
+        eog.discard(sp.s_demoted)
+    return sp
 
 
 def _eos_id(info: VocabInfo, n: int) -> int:
@@ -198,22 +297,19 @@ def _eos_id(info: VocabInfo, n: int) -> int:
     vocabulary kind's default (SentencePiece 2, byte-level BPE 11) when in range, as llama.cpp."""
     if info.eos_id is not None and 0 <= info.eos_id < n:
         return info.eos_id
-    default = {"llama": 2, "gpt2": 11}.get(info.model, -1)
+    default = _DEFAULT_BOS_EOS.get(info.model, (-1, -1))[1]
     return default if default < n else -1
 
 
 def eog_ids(info: VocabInfo, n: int) -> frozenset[int]:
     """THE end-of-generation rule, which every caller reads (Tokenizer.eog_ids, Model.eog_ids,
-    generate.stop_token_ids, the engine, the serve grammar): the ids in [0, n) of eos, eot and
-    eom named by the metadata, and of the end-of-turn tokens named by text (_EOG_TEXTS); when
-    none is named, the tokenizer's eos (its default, see _eos_id)."""
-    ids = {v for k, v in info.special_ids.items() if k in ("eos", "eot", "eom") and 0 <= v < n}
-    for text in _EOG_TEXTS:
-        if text in info.tokens[:n]:
-            ids.add(info.tokens.index(text))
-    if not ids and _eos_id(info, n) >= 0:
-        ids.add(_eos_id(info, n))
-    return frozenset(ids)
+    generate.stop_token_ids, the engine, the serve grammar), llama.cpp's (llama_vocab_is_eog) over
+    the first n tokens: the eos, eot and eom ids (metadata, else defaults and texts), the FIM
+    pad, repo and file-separator ids (metadata, else found by text), every token whose text is in
+    llama.cpp's end-of-generation list (_CONTROL_LOOKING); less "<|end|>" when "<|return|>" or
+    "<|flush|>" and "<|call|>" or "<|calls|>" are there (gpt-oss, solar-open), and less "</s>"
+    when "<|tool_response>" or "<|plamo:eos|>" is (gemma4, plamo2)."""
+    return frozenset(_specials(info, info.tokens[:n]).eog)
 
 
 def model_eog_ids(model: Any) -> frozenset[int]:
@@ -238,7 +334,8 @@ def _pack(strings: Sequence[bytes]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[
     return np.frombuffer(b"".join(strings), dtype=np.uint8).copy(), offsets
 
 
-def _token_attrs(info: VocabInfo, tokens: list[bytes], index: dict[bytes, int]) -> npt.NDArray[np.uint32]:
+def _token_attrs(info: VocabInfo, tokens: list[bytes],
+                 index: dict[bytes, int]) -> tuple[npt.NDArray[np.uint32], _Specials]:
     n = len(tokens)
     if info.token_types is None:
         attrs = np.full(n, ATTR_NORMAL, dtype=np.uint32)
@@ -248,32 +345,26 @@ def _token_attrs(info: VocabInfo, tokens: list[bytes], index: dict[bytes, int]) 
             lut[ttype] = attr
         tt = info.token_types[:n]
         attrs = np.where((tt >= 0) & (tt < 8), lut[np.clip(tt, 0, 7)], ATTR_UNDEFINED).astype(np.uint32)
-    # llama.cpp's fixes by token text (see _CONTROL_LOOKING)
-    def find(text: str) -> int | None:
-        return index.get(text.encode("utf-8"))
-
-    looking = set(_CONTROL_LOOKING)
-    if "eom" in info.special_ids:
-        looking.discard("<|eom_id|>")
-    for kind, texts in _FIM_LOOKING.items():
-        if kind not in info.special_ids:
-            looking |= texts
-    for text in looking:
-        found = find(text)
-        if found is not None:
-            attrs[found] |= ATTR_CONTROL
+    # llama.cpp's fixes by token text, in its order
+    sp = _specials(info, tokens)
+    for i in sp.found_by_text:
+        attrs[i] |= ATTR_CONTROL
     for i in np.nonzero(attrs & ATTR_CONTROL)[0].tolist():
         if b"unused" in tokens[i]:
             attrs[i] |= ATTR_UNUSED
+    for text in _CONTROL_LOOKING:
+        found = index.get(text.encode("utf-8"))
+        if found is not None:
+            attrs[found] |= ATTR_CONTROL
     for text in _ALWAYS_USER_DEFINED:
-        found = find(text)
+        found = index.get(text.encode("utf-8"))
         if found is not None:
             attrs[found] = ATTR_USER_DEFINED
-    end = find("<|end|>")
-    if end is not None and (all(find(t) is not None for t in ("<|return|>", "<|call|>")) or
-                            all(find(t) is not None for t in ("<|calls|>", "<|flush|>"))):
-        attrs[end] = ATTR_USER_DEFINED
-    return attrs
+    if sp.end_demoted >= 0:
+        attrs[sp.end_demoted] = ATTR_USER_DEFINED
+    if sp.s_demoted >= 0:
+        attrs[sp.s_demoted] = ATTR_NORMAL
+    return attrs, sp
 
 
 class Tokenizer:
@@ -284,8 +375,8 @@ class Tokenizer:
             raise ValueError(f"errors must be one of {_ERRORS}, not {errors!r}")
         self.errors = errors
         model = info.model
-        if model not in ("llama", "gpt2"):
-            raise ValueError(f"unsupported tokenizer.ggml.model {model!r} (supported: 'llama', 'gpt2')")
+        if model not in ("llama", "gpt2", "gemma4"):
+            raise ValueError(f"unsupported tokenizer.ggml.model {model!r} (supported: 'llama', 'gpt2', 'gemma4')")
         tokens = list(info.tokens)
         n = len(tokens)
         if n < 1 or n >= 2**31 - 1:
@@ -313,26 +404,29 @@ class Tokenizer:
                 raise ValueError(f"tokenizer.ggml.scores has NaN at id {int(np.argmax(np.isnan(scores)))}")
         if info.token_types is not None and len(info.token_types) < n:
             raise ValueError(f"tokenizer.ggml.token_type has {len(info.token_types)} entries for {n} tokens")
-        attrs = _token_attrs(info, tokens, index)
+        attrs, specials = _token_attrs(info, tokens, index)
 
+        bpe_flags = 0
         if model == "llama":
             cmodel, cpre, pre_name = _tok.MODEL_SPM, 0, ""
             bos = 1
             add_bos, add_eos, add_space_prefix, ignore_merges = True, False, True, False
             merges: list[bytes] = []
         else:
-            pre = info.pre or "default"
+            # gemma4: SentencePiece-style BPE whatever the file's pre (as llama.cpp)
+            pre = "gemma4" if model == "gemma4" else info.pre or "default"
             if pre not in SUPPORTED_PRE:
                 raise ValueError(
                     f"unsupported tokenizer.ggml.pre {pre!r}; supported: {', '.join(sorted(SUPPORTED_PRE))}")
             pre_name = SUPPORTED_PRE[pre]
             cmodel, cpre = _tok.MODEL_BPE, _tok.PRE_IDS[pre_name]
-            bos = 11
-            add_bos = pre_name == "llama3"
+            bos = -1 if pre in _NO_BOS or model == "gemma4" else 11
+            bpe_flags = _BPE_FLAGS.get(pre, 0)
+            add_bos = pre in _ADD_BOS
             add_eos, add_space_prefix = False, False
-            ignore_merges = pre_name == "llama3"
+            ignore_merges = pre in _IGNORE_MERGES
             merges = list(info.merges)
-            if not merges:
+            if not merges and pre != "kimi-k2":  # llama.cpp: Kimi-K2 may come without merges
                 raise ValueError("byte-level BPE vocabulary without tokenizer.ggml.merges")
             if not all(type(mg) is bytes for mg in merges):
                 raise ValueError("tokenizer.ggml.merges must be a list of bytes")
@@ -346,6 +440,8 @@ class Tokenizer:
             add_bos = info.add_bos
         if info.add_eos is not None:
             add_eos = info.add_eos
+        if model != "llama" and pre in _GEMMA4_PRE:
+            add_bos = True  # llama.cpp's Gemma 4 workaround
         if info.add_space_prefix is not None and model == "llama":
             add_space_prefix = info.add_space_prefix
         if add_bos and bos < 0:
@@ -356,7 +452,7 @@ class Tokenizer:
         text, offsets = _pack(tokens)
         mtext, moffsets = _pack(merges)
         self._c = _tok.CTokenizer(cmodel, cpre, text, offsets, scores, attrs, mtext, moffsets,
-                                  bos, eos, add_bos, add_eos, add_space_prefix, ignore_merges)
+                                  bos, eos, add_bos, add_eos, add_space_prefix, ignore_merges, bpe_flags)
         self.model = model
         self.pre = pre_name
         self._n = n
@@ -366,7 +462,7 @@ class Tokenizer:
         self.add_eos = add_eos
         self.add_space_prefix = add_space_prefix
         self.token_attrs = attrs
-        self._eog = eog_ids(info, n)
+        self._eog = frozenset(specials.eog)
 
     @classmethod
     def from_gguf(cls, source: Any, errors: str = "strict") -> Tokenizer:

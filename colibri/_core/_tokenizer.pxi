@@ -22,6 +22,9 @@ ATTR_USER_DEFINED = CB_TOKEN_ATTR_USER_DEFINED
 ATTR_BYTE = CB_TOKEN_ATTR_BYTE
 MODEL_SPM = CB_TOKENIZER_SPM
 MODEL_BPE = CB_TOKENIZER_BPE
+BPE_RAW_UTF8 = CB_BPE_RAW_UTF8
+BPE_ESCAPE_SPACES = CB_BPE_ESCAPE_SPACES
+BPE_NEWLINE_WORDS = CB_BPE_NEWLINE_WORDS
 PRE_IDS = {
     "default": CB_PRE_DEFAULT,
     "gpt2": CB_PRE_GPT2,
@@ -31,6 +34,28 @@ PRE_IDS = {
     "deepseek-v3": CB_PRE_DEEPSEEK_V3,
     "gpt-4o": CB_PRE_GPT4O,
     "smollm": CB_PRE_SMOLLM,
+    "tekken": CB_PRE_TEKKEN,
+    "granite-embed-multi-97m": CB_PRE_GRANITE_97M,
+    "youtu": CB_PRE_YOUTU,
+    "tiny_aya": CB_PRE_TINY_AYA,
+    "seed-coder": CB_PRE_SEED_CODER,
+    "ufakzeka": CB_PRE_UFAKZEKA,
+    "minicpm5": CB_PRE_MINICPM5,
+    "jais-2": CB_PRE_JAIS2,
+    "qwen35": CB_PRE_QWEN35,
+    "deepseek-coder": CB_PRE_DEEPSEEK_CODER,
+    "falcon": CB_PRE_FALCON,
+    "spark2_5": CB_PRE_SPARK2_5,
+    "poro": CB_PRE_PORO,
+    "viking": CB_PRE_VIKING,
+    "chameleon": CB_PRE_CHAMELEON,
+    "superbpe": CB_PRE_SUPERBPE,
+    "exaone-moe": CB_PRE_EXAONE_MOE,
+    "laguna": CB_PRE_LAGUNA,
+    "afmoe": CB_PRE_AFMOE,
+    "kimi-k2": CB_PRE_KIMI_K2,
+    "newlines": CB_PRE_NEWLINES,
+    "whitespace": CB_PRE_WHITESPACE,
 }
 
 
@@ -76,7 +101,8 @@ cdef class CTokenizer:
                   const int64_t[::1] offsets not None, const float[::1] scores not None,
                   const uint32_t[::1] attrs not None, const uint8_t[::1] merges not None,
                   const int64_t[::1] merge_offsets not None, int bos_id, int eos_id,
-                  bint add_bos, bint add_eos, bint add_space_prefix, bint ignore_merges):
+                  bint add_bos, bint add_eos, bint add_space_prefix, bint ignore_merges,
+                  int bpe_flags=0):
         self.tok = NULL
         cdef Py_ssize_t n = attrs.shape[0]
         if n < 1 or offsets.shape[0] != n + 1 or scores.shape[0] != n:
@@ -102,6 +128,7 @@ cdef class CTokenizer:
         p.add_eos = add_eos
         p.add_space_prefix = add_space_prefix
         p.ignore_merges = ignore_merges
+        p.bpe_flags = bpe_flags
         with nogil:
             s = cb_tokenizer_new(&p, &self.tok)
         check(s)

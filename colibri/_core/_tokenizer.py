@@ -9,6 +9,9 @@ from colibri._core._native import (
     ATTR_UNKNOWN,
     ATTR_UNUSED,
     ATTR_USER_DEFINED,
+    BPE_ESCAPE_SPACES,
+    BPE_NEWLINE_WORDS,
+    BPE_RAW_UTF8,
     MODEL_BPE,
     MODEL_SPM,
     PRE_IDS,
@@ -20,6 +23,6 @@ from colibri._core._native import (
 
 __all__ = [
     "ATTR_BYTE", "ATTR_CONTROL", "ATTR_NORMAL", "ATTR_UNDEFINED", "ATTR_UNKNOWN", "ATTR_UNUSED",
-    "ATTR_USER_DEFINED", "MODEL_SPM", "MODEL_BPE", "PRE_IDS", "utf8_validate", "utf8_sanitize", "CTokenizer",
+    "ATTR_USER_DEFINED", "BPE_ESCAPE_SPACES", "BPE_NEWLINE_WORDS", "BPE_RAW_UTF8", "MODEL_SPM", "MODEL_BPE", "PRE_IDS", "utf8_validate", "utf8_sanitize", "CTokenizer",
     "CStream",
 ]

@@ -10,6 +10,9 @@ ATTR_USER_DEFINED: int
 ATTR_BYTE: int
 MODEL_SPM: int
 MODEL_BPE: int
+BPE_RAW_UTF8: int
+BPE_ESCAPE_SPACES: int
+BPE_NEWLINE_WORDS: int
 PRE_IDS: dict[str, int]
 
 def utf8_validate(data: bytes) -> None: ...
@@ -37,6 +40,7 @@ class CTokenizer:
         add_eos: bool,
         add_space_prefix: bool,
         ignore_merges: bool,
+        bpe_flags: int = 0,
     ) -> None: ...
     @property
     def n_tokens(self) -> int: ...

@@ -161,7 +161,7 @@ static cb_status build_pieces(cb_tokenizer_t *t, const int16_t *cp_byte) {
             memcpy(dst, s, n);
             o += (int64_t)n;
         } else if (a & CB_TOKEN_ATTR_NORMAL) {
-            if (t->model == CB_TOKENIZER_SPM) {
+            if (t->model == CB_TOKENIZER_SPM || (t->bpe_flags & CB_BPE_ESCAPE_SPACES)) {
                 size_t j = 0;
                 while (j < n) {
                     if (j + 3 <= n && s[j] == 0xE2 && s[j + 1] == 0x96 && s[j + 2] == 0x81) {
@@ -194,7 +194,7 @@ static cb_status build_pieces(cb_tokenizer_t *t, const int16_t *cp_byte) {
                     }
                 }
             }
-        } else if ((a & CB_TOKEN_ATTR_BYTE) && t->model == CB_TOKENIZER_SPM) {
+        } else if ((a & CB_TOKEN_ATTR_BYTE) && t->spm_text) {
             if (n == 6 && s[0] == '<' && s[1] == '0' && s[2] == 'x' && s[5] == '>' &&
                 hexval(s[3]) >= 0 && hexval(s[4]) >= 0) {
                 *dst = (uint8_t)(hexval(s[3]) * 16 + hexval(s[4]));
@@ -214,7 +214,7 @@ static cb_status build_vocab_table(cb_tokenizer_t *t, const int16_t *cp_byte) {
     const int64_t total = t->off[t->n];
     t->key_off = cb_malloc(((size_t)t->n + 1) * sizeof(int64_t));
     if (!t->key_off) return NOMEM("vocabulary keys");
-    if (t->model == CB_TOKENIZER_SPM) {
+    if (t->spm_text) {
         t->key = cb_malloc((size_t)total + 1);
         if (!t->key) return NOMEM("vocabulary keys");
         memcpy(t->key, t->text, (size_t)total);
@@ -274,10 +274,18 @@ static cb_status build_merges(cb_tokenizer_t *t, const cb_tokenizer_params *p, c
         size_t sp = 1;
         while (sp < n && s[sp] != ' ') sp++;
         if (n < 2 || sp >= n) continue;
-        const long l = unmap_bytes(s, sp, cp_byte, t->mkey + o);
-        if (l <= 0) continue;
-        const long r = unmap_bytes(s + sp + 1, n - sp - 1, cp_byte, t->mkey + o + l);
-        if (r <= 0) continue;
+        long l, r;
+        if (t->spm_text) { /* the texts themselves */
+            l = (long)sp;
+            r = (long)(n - sp - 1);
+            memcpy(t->mkey + o, s, sp);
+            memcpy(t->mkey + o + l, s + sp + 1, (size_t)r);
+        } else {
+            l = unmap_bytes(s, sp, cp_byte, t->mkey + o);
+            if (l <= 0) continue;
+            r = unmap_bytes(s + sp + 1, n - sp - 1, cp_byte, t->mkey + o + l);
+        }
+        if (l <= 0 || r <= 0) continue;
         t->moff[m + 1] = o + l + r; /* provisional, for merge_find */
         t->mleft[m] = (uint32_t)l;
         if (merge_find(t, t->mkey + o, (size_t)l, (size_t)(l + r)) >= 0) continue; /* first wins */
@@ -401,6 +409,8 @@ cb_status cb_tokenizer_new(const cb_tokenizer_params *p, cb_tokenizer_t **out) {
     t->add_eos = p->add_eos != 0;
     t->add_space_prefix = p->model == CB_TOKENIZER_SPM && p->add_space_prefix;
     t->ignore_merges = p->ignore_merges != 0;
+    t->bpe_flags = p->model == CB_TOKENIZER_BPE ? (unsigned)p->bpe_flags : 0u;
+    t->spm_text = p->model == CB_TOKENIZER_SPM || (t->bpe_flags & CB_BPE_RAW_UTF8);
     const int64_t total = p->text_offsets[n];
     t->text = cb_malloc((size_t)total + 1);
     t->off = cb_malloc(((size_t)n + 1) * sizeof(int64_t));
@@ -441,11 +451,11 @@ cb_status cb_tokenizer_new(const cb_tokenizer_params *p, cb_tokenizer_t **out) {
 
     for (int b = 0; b < 256; b++) {
         const uint8_t one = (uint8_t)b;
-        if (t->model == CB_TOKENIZER_SPM) {
+        if (t->spm_text) {
             static const char hex[] = "0123456789ABCDEF";
             const uint8_t name[6] = {'<', '0', 'x', (uint8_t)hex[b >> 4], (uint8_t)hex[b & 15], '>'};
             int32_t id = vocab_find(t, name, 6);
-            if (id < 0) id = vocab_find(t, &one, 1);
+            if (id < 0 && t->model == CB_TOKENIZER_SPM) id = vocab_find(t, &one, 1);
             t->byte_tok[b] = id;
         } else {
             t->byte_tok[b] = vocab_find(t, &one, 1);
@@ -622,7 +632,7 @@ cb_status cb_tokenizer_encode(const cb_tokenizer_t *t, const uint8_t *text, size
         }
         const uint8_t *s = text + fr[f].start;
         const size_t n = fr[f].len;
-        if (t->model == CB_TOKENIZER_SPM) {
+        if (t->model == CB_TOKENIZER_SPM || (t->bpe_flags & CB_BPE_ESCAPE_SPACES)) {
             /* escape spaces as U+2581, optionally after a prefix space */
             const size_t need = 3 * (n + 1);
             if (need > esc_cap) {
@@ -645,7 +655,10 @@ cb_status cb_tokenizer_encode(const cb_tokenizer_t *t, const uint8_t *text, size
                     esc[o++] = s[i];
                 }
             }
-            st = cb_tok_spm_tokenize(t, &m, esc, o, &out);
+            if (t->model == CB_TOKENIZER_SPM)
+                st = cb_tok_spm_tokenize(t, &m, esc, o, &out);
+            else
+                st = cb_tok_bpe_fragment(t, &m, &ps, esc, o, &out);
         } else {
             st = cb_tok_bpe_fragment(t, &m, &ps, s, n, &out);
         }

@@ -17,6 +17,9 @@ cdef extern from "colibri/tokenizer.h" nogil:
         CB_TOKEN_ATTR_CONTROL
         CB_TOKEN_ATTR_USER_DEFINED
         CB_TOKEN_ATTR_BYTE
+        CB_BPE_RAW_UTF8
+        CB_BPE_ESCAPE_SPACES
+        CB_BPE_NEWLINE_WORDS
 
     ctypedef enum cb_tokenizer_model:
         CB_TOKENIZER_SPM
@@ -32,6 +35,28 @@ cdef extern from "colibri/tokenizer.h" nogil:
         CB_PRE_DEEPSEEK_V3
         CB_PRE_GPT4O
         CB_PRE_SMOLLM
+        CB_PRE_TEKKEN
+        CB_PRE_GRANITE_97M
+        CB_PRE_YOUTU
+        CB_PRE_TINY_AYA
+        CB_PRE_SEED_CODER
+        CB_PRE_UFAKZEKA
+        CB_PRE_MINICPM5
+        CB_PRE_JAIS2
+        CB_PRE_QWEN35
+        CB_PRE_DEEPSEEK_CODER
+        CB_PRE_FALCON
+        CB_PRE_SPARK2_5
+        CB_PRE_PORO
+        CB_PRE_VIKING
+        CB_PRE_CHAMELEON
+        CB_PRE_SUPERBPE
+        CB_PRE_EXAONE_MOE
+        CB_PRE_LAGUNA
+        CB_PRE_AFMOE
+        CB_PRE_KIMI_K2
+        CB_PRE_NEWLINES
+        CB_PRE_WHITESPACE
         CB_PRE_LAST
 
     ctypedef struct cb_tokenizer_params:
@@ -51,6 +76,7 @@ cdef extern from "colibri/tokenizer.h" nogil:
         int add_eos
         int add_space_prefix
         int ignore_merges
+        int bpe_flags
 
     ctypedef struct cb_tokenizer_t:
         pass

@@ -15,16 +15,34 @@ static int bpe_try_bigram(const cb_tokenizer_t *t, merger *m, const uint8_t *w, 
 
 static cb_status bpe_word(const cb_tokenizer_t *t, merger *m, const uint8_t *w, size_t n, ivec *out) {
     if (n == 0) return CB_OK;
-    if (t->ignore_merges || n == 1) {
+    int whole = t->ignore_merges || n == 1;
+    if (!whole && (t->bpe_flags & CB_BPE_NEWLINE_WORDS)) { /* gemma4: a run of newlines */
+        whole = 1;
+        for (size_t i = 0; i < n && whole; i++) whole = w[i] == '\n';
+    }
+    if (whole) {
         const int32_t id = vocab_find(t, w, n);
         if (id >= 0) return ivec_push(out, id) ? NOMEM("ids") : CB_OK;
     }
     if (syms_reserve(m, n)) return NOMEM("symbols");
     m->nh = 0;
-    for (size_t i = 0; i < n; i++)
-        m->s[i] = (sym){(int32_t)i - 1, i + 1 == n ? -1 : (int32_t)i + 1, (uint32_t)i, 1};
-    m->ns = n;
-    for (size_t i = 1; i < n; i++)
+    /* the first symbols: bytes (byte-level BPE) or UTF-8 characters (raw BPE; a truncated
+     * sequence, which validated text cannot hold, is cut at the word's end as llama.cpp does) */
+    size_t ns = 0;
+    for (size_t i = 0; i < n;) {
+        size_t k = 1;
+        if (t->bpe_flags & CB_BPE_RAW_UTF8) {
+            const uint8_t b = w[i];
+            k = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 1;
+            if (k > n - i) k = n - i;
+        }
+        m->s[ns] = (sym){(int32_t)ns - 1, (int32_t)ns + 1, (uint32_t)i, (uint32_t)k};
+        ns++;
+        i += k;
+    }
+    m->s[ns - 1].next = -1;
+    m->ns = ns;
+    for (size_t i = 1; i < ns; i++)
         if (bpe_try_bigram(t, m, w, (int32_t)i - 1, (int32_t)i)) return NOMEM("bigrams");
     while (m->nh) {
         const bigram b = heap_pop(m);

@@ -104,6 +104,8 @@ struct cb_tokenizer {
     int32_t byte_tok[256];
     int32_t bos, eos;
     int add_bos, add_eos, add_space_prefix, ignore_merges;
+    unsigned bpe_flags;  /* CB_BPE_* */
+    int spm_text;        /* token texts are the lookup keys and render as SPM's (SPM, raw BPE) */
     uint16_t *bmp_flags; /* category flags of U+0000..U+FFFF */
 };
 

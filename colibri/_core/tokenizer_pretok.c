@@ -2,69 +2,7 @@
  * pre-tokenizer is a hand-written matcher over code points and their Unicode category flags
  * (unicode_tables.h); a pre-tokenizer is a list of stages, each splitting every piece of the
  * previous stage into its matches and the gaps between them (HF Split "isolated"). */
-#include "tokenizer_impl.h"
-
-/* ---------------------------------------------------------------------------------------------
- * pre-tokenizer matchers: each returns the length (in code points) of the match starting at pos
- * within [pos, end), 0 when the regex does not match there. */
-
-typedef struct {
-    const uint32_t *cp;
-    const uint16_t *fl;
-} cps;
-
-typedef size_t (*matcher)(const cps *c, size_t pos, size_t end);
-
-#define IS_L(i) (c->fl[i] & F_L)
-#define IS_N(i) (c->fl[i] & F_N)
-#define IS_WS(i) (c->fl[i] & F_WS)
-#define IS_CRLF(i) (c->cp[i] == '\r' || c->cp[i] == '\n')
-
-static size_t run_of(const cps *c, size_t i, size_t end, uint16_t mask) {
-    size_t k = i;
-    while (k < end && (c->fl[k] & mask)) k++;
-    return k - i;
-}
-
-/* not \s, \p{L}, \p{N} */
-static inline int is_other(const cps *c, size_t i) { return !(c->fl[i] & (F_WS | F_L | F_N)); }
-
-static size_t other_run(const cps *c, size_t i, size_t end) {
-    size_t k = i;
-    while (k < end && is_other(c, k)) k++;
-    return k - i;
-}
-
-static inline uint32_t lower_ascii(uint32_t x) { return x >= 'A' && x <= 'Z' ? x + 32 : x; }
-
-/* 's 't 're 've 'm 'll 'd; icase: ASCII case-insensitive */
-static size_t contraction(const cps *c, size_t pos, size_t end, int icase) {
-    if (pos + 1 >= end || c->cp[pos] != '\'') return 0;
-    uint32_t a = c->cp[pos + 1];
-    if (icase) a = lower_ascii(a);
-    if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
-    if (pos + 2 >= end) return 0;
-    uint32_t b = c->cp[pos + 2];
-    if (icase) b = lower_ascii(b);
-    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
-    return 0;
-}
-
-/* \s+(?!\S)|\s+ */
-static size_t ws_tail(const cps *c, size_t pos, size_t end) {
-    const size_t r = run_of(c, pos, end, F_WS);
-    if (r == 0) return 0;
-    if (pos + r == end || r == 1) return r; /* \s+(?!\S) matched whole, or \s+ */
-    return r - 1;                           /* leave the last space to the next word */
-}
-
-/* \s*[\r\n]+ */
-static size_t ws_newlines(const cps *c, size_t pos, size_t end) {
-    const size_t r = run_of(c, pos, end, F_WS);
-    for (size_t k = r; k > 0; k--)
-        if (IS_CRLF(pos + k - 1)) return k;
-    return 0;
-}
+#include "tokenizer_pretok.h"
 
 /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
 static size_t m_gpt2(const cps *c, size_t pos, size_t end) {
@@ -107,55 +45,6 @@ static size_t llama3_like(const cps *c, size_t pos, size_t end, size_t maxdigits
 static size_t m_llama3(const cps *c, size_t pos, size_t end) { return llama3_like(c, pos, end, 3); }
 static size_t m_qwen2(const cps *c, size_t pos, size_t end) { return llama3_like(c, pos, end, 1); }
 
-/* GPT-4o (o200k):
- * [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|...|'d)?
- * |[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|...|'d)?
- * |\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
-#define F_UP (F_LU | F_LT | F_LM | F_LO | F_M)
-#define F_LOW (F_LL | F_LM | F_LO | F_M)
-
-static size_t m_gpt4o(const cps *c, size_t pos, size_t end) {
-    const int x_ok = !IS_CRLF(pos) && !IS_L(pos) && !IS_N(pos);
-    /* alternative 1, with and then without the optional prefix character */
-    for (int x = x_ok ? 1 : 0; x >= 0; x--) {
-        const size_t q = pos + (size_t)x;
-        if (q >= end) continue;
-        const size_t a = run_of(c, q, end, F_UP);
-        for (size_t k = a + 1; k-- > 0;) {
-            if (q + k < end && (c->fl[q + k] & F_LOW)) {
-                size_t e = q + k + run_of(c, q + k, end, F_LOW);
-                e += contraction(c, e, end, 1);
-                return e - pos;
-            }
-        }
-    }
-    /* alternative 2 */
-    for (int x = x_ok ? 1 : 0; x >= 0; x--) {
-        const size_t q = pos + (size_t)x;
-        if (q >= end) continue;
-        const size_t a = run_of(c, q, end, F_UP);
-        if (a == 0) continue;
-        size_t e = q + a;
-        e += run_of(c, e, end, F_LOW);
-        e += contraction(c, e, end, 1);
-        return e - pos;
-    }
-    if (IS_N(pos)) {
-        const size_t k = run_of(c, pos, end, F_N);
-        return k < 3 ? k : 3;
-    }
-    size_t q = pos;
-    if (c->cp[pos] == ' ' && pos + 1 < end && is_other(c, pos + 1)) q = pos + 1;
-    if (is_other(c, q)) {
-        q += other_run(c, q, end);
-        while (q < end && (IS_CRLF(q) || c->cp[q] == '/')) q++;
-        return q - pos;
-    }
-    const size_t k = ws_newlines(c, pos, end);
-    if (k) return k;
-    return ws_tail(c, pos, end);
-}
-
 /* llama.cpp "default", stage 1: [\p{P}\$\+<=>\^~\|]+ */
 static inline int def_punct(const cps *c, size_t i) {
     const uint32_t x = c->cp[i];
@@ -194,9 +83,13 @@ static size_t m_crlf(const cps *c, size_t pos, size_t end) {
 
 typedef struct { uint32_t a, b; } cprange;
 
-static int in_cpranges(const cprange *r, size_t n, uint32_t x) {
-    for (size_t i = 0; i < n; i++)
-        if (x >= r[i].a && x <= r[i].b) return 1;
+/* code point i within one of the ranges of a regex llama.cpp runs on code points, where
+ * non-ASCII whitespace became \v (so U+3000 is not in "　-。") */
+static int in_cpranges(const cprange *r, size_t n, const cps *c, size_t i) {
+    const uint32_t x = c->cp[i];
+    if (x >= 0x80 && (c->fl[i] & F_WS)) return 0;
+    for (size_t k = 0; k < n; k++)
+        if (x >= r[k].a && x <= r[k].b) return 1;
     return 0;
 }
 
@@ -223,18 +116,18 @@ static size_t m_ds_latin(const cps *c, size_t pos, size_t end) {
 #undef T
 }
 static size_t m_ds_punct(const cps *c, size_t pos, size_t end) {
-#define T(i) in_cpranges(ds_punct, 6, c->cp[i])
+#define T(i) in_cpranges(ds_punct, 6, c, i)
     OPT_SPACE_CLASS_RUN(T);
 #undef T
 }
 static size_t m_ds_cjk(const cps *c, size_t pos, size_t end) {
     size_t k = pos;
-    while (k < end && in_cpranges(ds_cjk, 3, c->cp[k])) k++;
+    while (k < end && in_cpranges(ds_cjk, 3, c, k)) k++;
     return k - pos;
 }
 static size_t m_ds3_cjk(const cps *c, size_t pos, size_t end) {
     size_t k = pos;
-    while (k < end && in_cpranges(ds3_cjk, 3, c->cp[k])) k++;
+    while (k < end && in_cpranges(ds3_cjk, 3, c, k)) k++;
     return k - pos;
 }
 /* \s+$ : only the whitespace run that ends the piece (handled specially by the splitter) */
@@ -280,24 +173,48 @@ typedef struct {
 static pre_stages stages_of(cb_pretokenizer pre) {
     pre_stages s;
     memset(&s, 0, sizeof s);
+#define ST(...)                                                         \
+    do {                                                                \
+        const matcher m_[] = {__VA_ARGS__};                             \
+        s.n = sizeof m_ / sizeof m_[0];                                 \
+        memcpy(s.m, m_, sizeof m_);                                     \
+    } while (0)
     switch (pre) {
-    case CB_PRE_DEFAULT:
-        s.n = 4; s.m[0] = m_def_punct; s.m[1] = m_gpt2; s.m[2] = m_nrun; s.m[3] = m_3digits;
+    case CB_PRE_DEFAULT: ST(m_def_punct, m_gpt2, m_nrun, m_3digits); break;
+    case CB_PRE_GPT2: ST(m_gpt2); break;
+    case CB_PRE_LLAMA3: ST(m_llama3); break;
+    case CB_PRE_QWEN2: ST(m_qwen2); break;
+    case CB_PRE_GPT4O: ST(cb_pm_gpt4o); break;
+    case CB_PRE_SMOLLM: ST(m_n1, m_gpt2); break;
+    case CB_PRE_DEEPSEEK_LLM: ST(m_crlf, m_ds_latin, m_ds_punct, m_ws_end, m_ds_cjk, m_nrun); break;
+    case CB_PRE_DEEPSEEK_V3: ST(m_n3, m_ds3_cjk, m_ds3_main); break;
+    case CB_PRE_TEKKEN: ST(cb_pm_tekken); break;
+    case CB_PRE_GRANITE_97M: ST(cb_pm_granite97m); break;
+    case CB_PRE_YOUTU: ST(cb_pm_youtu_cjk, cb_pm_youtu); break;
+    case CB_PRE_TINY_AYA: ST(cb_pm_digit_groups, cb_pm_tiny_aya); break;
+    case CB_PRE_SEED_CODER: ST(cb_pm_seed_coder); break;
+    case CB_PRE_UFAKZEKA: ST(cb_pm_ufakzeka); break;
+    case CB_PRE_MINICPM5: ST(m_n3, cb_pm_minicpm5); break;
+    case CB_PRE_JAIS2: ST(cb_pm_jais2); break;
+    case CB_PRE_QWEN35: ST(cb_pm_qwen35); break;
+    case CB_PRE_DEEPSEEK_CODER: ST(m_crlf, cb_pm_ws_letters, cb_pm_ws_punct, cb_pm_dsc_cjk, m_n1); break;
+    case CB_PRE_FALCON: ST(cb_pm_falcon_punct, m_gpt2, m_3digits); break;
+    case CB_PRE_SPARK2_5: ST(m_n3, m_ds3_cjk, cb_pm_spark_main, m_n1); break;
+    case CB_PRE_PORO: ST(cb_pm_poro); break;
+    case CB_PRE_VIKING: ST(cb_pm_poro, m_n1); break;
+    case CB_PRE_CHAMELEON:
+        ST(cb_pm_sentinel, cb_pm_imgimg, cb_pm_cham_ws, m_n1, cb_pm_cham_punct, m_gpt2);
         break;
-    case CB_PRE_GPT2: s.n = 1; s.m[0] = m_gpt2; break;
-    case CB_PRE_LLAMA3: s.n = 1; s.m[0] = m_llama3; break;
-    case CB_PRE_QWEN2: s.n = 1; s.m[0] = m_qwen2; break;
-    case CB_PRE_GPT4O: s.n = 1; s.m[0] = m_gpt4o; break;
-    case CB_PRE_SMOLLM: s.n = 2; s.m[0] = m_n1; s.m[1] = m_gpt2; break;
-    case CB_PRE_DEEPSEEK_LLM:
-        s.n = 6; s.m[0] = m_crlf; s.m[1] = m_ds_latin; s.m[2] = m_ds_punct; s.m[3] = m_ws_end;
-        s.m[4] = m_ds_cjk; s.m[5] = m_nrun;
-        break;
-    case CB_PRE_DEEPSEEK_V3:
-        s.n = 3; s.m[0] = m_n3; s.m[1] = m_ds3_cjk; s.m[2] = m_ds3_main;
-        break;
+    case CB_PRE_SUPERBPE: ST(m_nrun, cb_pm_superbpe); break;
+    case CB_PRE_EXAONE_MOE: ST(cb_pm_exaone_moe); break;
+    case CB_PRE_LAGUNA: ST(cb_pm_newline_runs, m_qwen2); break;
+    case CB_PRE_AFMOE: ST(cb_pm_digit_groups, cb_pm_afmoe_cjk, m_ds3_main); break;
+    case CB_PRE_KIMI_K2: ST(cb_pm_kimi_k2); break;
+    case CB_PRE_NEWLINES: ST(cb_pm_newline_runs); break;
+    case CB_PRE_WHITESPACE: ST(cb_pm_nonws); break;
     default: break;
     }
+#undef ST
     return s;
 }
 

@@ -73,9 +73,37 @@ typedef enum cb_pretokenizer {
     CB_PRE_DEEPSEEK_LLM = 5, /* deepseek-llm */
     CB_PRE_DEEPSEEK_V3 = 6,  /* deepseek-v3 */
     CB_PRE_GPT4O = 7,        /* gpt-4o */
-    CB_PRE_SMOLLM = 8,       /* smollm, command-r: each \p{N} alone, then gpt2 */
-    CB_PRE_LAST = CB_PRE_SMOLLM, /* the highest value: cb_tokenizer_new refuses any above */
+    CB_PRE_SMOLLM = 8,       /* smollm, command-r, starcoder, ...: each \p{N} alone, then gpt2 */
+    CB_PRE_TEKKEN = 9,
+    CB_PRE_GRANITE_97M = 10, /* granite-embed-multi-97m */
+    CB_PRE_YOUTU = 11,
+    CB_PRE_TINY_AYA = 12,    /* tiny_aya, cohere2moe */
+    CB_PRE_SEED_CODER = 13,
+    CB_PRE_UFAKZEKA = 14,
+    CB_PRE_MINICPM5 = 15,
+    CB_PRE_JAIS2 = 16,
+    CB_PRE_QWEN35 = 17,
+    CB_PRE_DEEPSEEK_CODER = 18,
+    CB_PRE_FALCON = 19,
+    CB_PRE_SPARK2_5 = 20,
+    CB_PRE_PORO = 21,        /* poro-chat, bloom, gpt3-finnish */
+    CB_PRE_VIKING = 22,
+    CB_PRE_CHAMELEON = 23,
+    CB_PRE_SUPERBPE = 24,
+    CB_PRE_EXAONE_MOE = 25,
+    CB_PRE_LAGUNA = 26,
+    CB_PRE_AFMOE = 27,
+    CB_PRE_KIMI_K2 = 28,
+    CB_PRE_NEWLINES = 29,    /* gemma4, sarvam-moe: [^\n]+|[\n]+ (SentencePiece-style BPE) */
+    CB_PRE_WHITESPACE = 30,  /* whitespace: \S+ */
+    CB_PRE_LAST = CB_PRE_WHITESPACE, /* the highest value: cb_tokenizer_new refuses any above */
 } cb_pretokenizer;
+
+/* SentencePiece-style BPE (llama.cpp's gemma4, sarvam-moe): merges by rank over UTF-8 characters
+ * of the text itself, byte fallback to <0xNN> tokens, pieces rendered as SPM's */
+#define CB_BPE_RAW_UTF8 1u      /* words are not byte-level encoded; token texts are the keys */
+#define CB_BPE_ESCAPE_SPACES 2u /* spaces become U+2581 before pre-tokenization */
+#define CB_BPE_NEWLINE_WORDS 4u /* a word of only '\n' that is a token is taken whole (gemma4) */
 
 typedef struct cb_tokenizer_params {
     cb_tokenizer_model model;
@@ -96,6 +124,7 @@ typedef struct cb_tokenizer_params {
     int add_bos, add_eos;   /* added by encode when CB_ENCODE_ADD_SPECIAL is set */
     int add_space_prefix;   /* SPM: prepend a space to text that starts the input or follows a special token */
     int ignore_merges;      /* BPE: a pre-tokenized word that is a whole token is emitted as is (llama3) */
+    int bpe_flags;          /* BPE: CB_BPE_* bits (0: byte-level BPE) */
 } cb_tokenizer_params;
 
 typedef struct cb_tokenizer cb_tokenizer_t;

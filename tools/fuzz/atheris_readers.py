@@ -42,7 +42,7 @@ with atheris.instrument_imports(include=["colibri"]):
     from colibri.container import ContainerFile
     from colibri.errors import ColibriError
     from colibri.gguf import GGUFFile
-    from colibri.tokenizer import Tokenizer, VocabInfo, read_gguf_vocab
+    from colibri.tokenizer import SUPPORTED_PRE, Tokenizer, VocabInfo, read_gguf_vocab
 
 ALLOWED = (ValueError, OSError, MemoryError, ColibriError)
 TARGETS = ("tokenizer", "gguf", "container")
@@ -96,7 +96,7 @@ def fuzz_tokenizer(data: bytes) -> None:
         toks = _tokenizers()
         tok = toks[fdp.ConsumeIntInRange(0, len(toks) - 1)]
     else:  # a vocabulary from the fuzzer
-        model = ["llama", "gpt2"][fdp.ConsumeIntInRange(0, 1)]
+        model = ["llama", "gpt2", "gemma4"][fdp.ConsumeIntInRange(0, 2)]
         n = fdp.ConsumeIntInRange(0, 64)
         tokens = [fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 6)) for _ in range(n)]
         merges = [fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 6)) for _ in range(fdp.ConsumeIntInRange(0, 16))]
@@ -104,8 +104,8 @@ def fuzz_tokenizer(data: bytes) -> None:
                   if fdp.ConsumeBool() else None)
         types = (np.array([fdp.ConsumeIntInRange(-2, 8) for _ in range(n)], np.int32)
                  if fdp.ConsumeBool() else None)
-        pre = ["", "gpt2", "llama3", "qwen2", "deepseek-llm", "deepseek-v3", "gpt-4o", "x"][
-            fdp.ConsumeIntInRange(0, 7)]
+        pres = ["", "x", *sorted(SUPPORTED_PRE)]  # every pre-tokenizer colibri reads
+        pre = pres[fdp.ConsumeIntInRange(0, len(pres) - 1)]
         ids = [fdp.ConsumeIntInRange(-2, n + 2) for _ in range(2)]
         info = VocabInfo(model=model, pre=pre, tokens=tokens, scores=scores, token_types=types,
                          merges=merges, bos_id=ids[0], eos_id=ids[1],
