@@ -190,7 +190,10 @@ def read_gguf_vocab(source: Any) -> VocabInfo:
 
 
 # Texts of end-of-turn tokens that end a generation even when no *_token_id key names them.
-_EOG_TEXTS = (b"<end_of_turn>", b"<|im_end|>", b"<|eot_id|>", b"<|endoftext|>")
+# (and o200k_harmony's, gpt-oss: <|return|> after the answer, <|call|> after a tool call, as
+# llama.cpp's vocabulary ends a generation on both; its <|end|> ends a message, not the turn)
+_EOG_TEXTS = (b"<end_of_turn>", b"<|im_end|>", b"<|eot_id|>", b"<|endoftext|>", b"<|return|>",
+              b"<|call|>")
 
 
 def _eos_id(info: VocabInfo, n: int) -> int:
