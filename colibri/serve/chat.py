@@ -26,7 +26,7 @@ from colibri.serve.handling import (
     _sampling,
     _submit,
 )
-from colibri.serve.harmony import Harmony, described
+from colibri.serve.harmony import Harmony, described, with_thinking
 from colibri.serve.protocol import ChatMessage, ChatRequest, NamedToolChoice
 from colibri.serve.reasoning import Reasoning, ThinkTags, splitter_for
 from colibri.serve.state import APIError, ServerState
@@ -139,6 +139,8 @@ def render_prompt(state: ServerState, req: Any, tools: list[dict[str, Any]],
     if tools:
         ctx["tools"] = described(tools) if Harmony.applies(template) else tools
     msgs = _template_messages(req.messages, "tool" in template)
+    if Harmony.applies(template):
+        msgs = with_thinking(msgs, req.messages)
     try:
         text = render_chat(m, msgs, add_generation_prompt=add_generation_prompt, **ctx)
     except (ColibriError, ValueError, TypeError) as e:

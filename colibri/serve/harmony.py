@@ -179,6 +179,21 @@ def described(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
         t.get("function"), dict) else t for t in tools]
 
 
+def with_thinking(msgs: list[dict[str, Any]], given: list[Any]) -> list[dict[str, Any]]:
+    """The template's messages (msgs, one per request message in given) with each assistant
+    turn's reasoning_content as gpt-oss's template takes it, `thinking` (as llama.cpp's server
+    copies it; with calls the content goes, the template refusing both)."""
+    out = []
+    for d, m in zip(msgs, given, strict=True):
+        thought = getattr(m, "reasoning_content", None)
+        if d.get("role") == "assistant" and isinstance(thought, str) and thought:
+            d = {**d, "thinking": thought}
+            if d.get("tool_calls"):
+                d["content"] = ""
+        out.append(d)
+    return out
+
+
 def parse_harmony(text: str, tools: set[str]) -> tuple[str, str, list[ToolCall]]:
     """(reasoning, answer, calls) of a whole output."""
     h = Harmony("", tools)
@@ -194,4 +209,4 @@ def parse_harmony(text: str, tools: set[str]) -> tuple[str, str, list[ToolCall]]
 
 
 __all__ = ["CALL", "CHANNEL", "CONSTRAIN", "END", "MESSAGE", "RETURN", "START", "TAGS",
-           "Harmony", "described", "parse_harmony"]
+           "Harmony", "described", "parse_harmony", "with_thinking"]

@@ -517,6 +517,34 @@ def test_harmony_call_in_the_commentary_channel() -> None:
         ("reasoning", None), ("function_call", "get_weather")], r["output"]
 
 
+def test_harmony_thinking_given_back_before_a_call() -> None:
+    """An assistant turn's reasoning_content, given back with its call, reaches gpt-oss's
+    template as its `thinking` (as llama.cpp's server maps it): the prompt is transformers'
+    render of the conversation with that field (the analysis kept before the call)."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    fake = Fake(GPT_OSS, ["<|channel|>", "final", "<|message|>", "It is 21."])
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    msgs = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "reasoning_content": "I should call it.",
+             "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": '{"temp": 21}'}]
+    body = fake.post("/v1/chat/completions", {"model": MODEL, "messages": msgs,
+                                              "tools": WEATHER}).json()
+    assert body["choices"][0]["message"]["content"] == "It is 21.", body
+    ref = [msgs[0], {"role": "assistant", "content": "", "thinking": "I should call it.",
+                     "tool_calls": [{**call, "function": {"name": "get_weather",
+                                                          "arguments": {"city": "Paris"}}}]},
+           msgs[2]]
+    tools = [{**WEATHER[0], "function": {"description": "", **WEATHER[0]["function"]}}]
+    want = render_jinja_template(conversations=[ref], chat_template=GPT_OSS, tools=tools,
+                                 add_generation_prompt=True)[0][0]
+    assert fake.prompts[-1] == want
+    assert "<|channel|>analysis<|message|>I should call it.<|end|><|start|>assistant to=" \
+        "functions.get_weather" in want
+
+
 @pytest.fixture(scope="module")
 def thinking_model(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A real tiny model (the random MoE of make-bench-model) whose chat template opens
