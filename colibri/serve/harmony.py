@@ -13,6 +13,8 @@ usually just stops there):
 
 - a header is an optional `<|start|>ROLE`, an optional recipient ` to=R` (before or after the
   channel), `<|channel|>NAME` and an optional content type (` <|constrain|>json`, ` json`);
+  of two channels the last counts (gpt-oss-20b may write a stray `<|channel|>commentary`
+  before `<|channel|>analysis`, as llama.cpp's parser allows);
 - a body to `functions.NAME`, NAME one of the request's tools, is that call's arguments as
   written (its JSON text, streamed; "{}" when empty); a message to another recipient (a
   built-in tool, a function not offered, any call when tools are not read) is dropped, as
@@ -100,7 +102,7 @@ class Harmony(ReasoningSplitter):
         """The message whose header (without <|message|>) is header begins."""
         m = _RECIPIENT.search(header)
         to = m.group(1) if m else ""
-        ch = _CHANNEL.search(header)
+        ch = _CHANNEL.findall(header)  # the last: gpt-oss-20b may write a stray one first
         self.state = "body"
         if to and to != "assistant":
             name = to[len(FUNCTIONS):] if to.startswith(FUNCTIONS) else ""
@@ -110,7 +112,7 @@ class Harmony(ReasoningSplitter):
             self.kind, self.call_args = "call", False
             self.n_calls += 1
             return [ToolCallDelta(self.n_calls - 1, "", "call_" + uuid.uuid4().hex[:24], name)]
-        self.kind = "reasoning" if ch and ch.group(1) == "analysis" else "answer"
+        self.kind = "reasoning" if ch and ch[-1] == "analysis" else "answer"
         return []
 
     def _body(self, text: str) -> list[Out]:

@@ -128,6 +128,10 @@ def test_the_form_the_model_writes():
                 '<|channel|>commentary json<|message|>{"q": 1}<|call|><|start|>assistant'
                 '<|channel|>commentary to=functions.nope json<|message|>{}<|end|>'
                 '<|start|>assistant<|channel|>final<|message|>ok', ("x", "ok", []))
+    # a stray commentary channel before the analysis (llama.cpp's stray_commentary)
+    every_split("<|channel|>commentary to=assistant<|channel|>analysis<|message|>r<|end|>"
+                "<|start|>assistant<|channel|>commentary<|channel|>final<|message|>a",
+                ("r", "a", []))
     every_split("Just text, <b>no</b> format.", ("", "Just text, <b>no</b> format.", []))
     every_split("<|channel|>analysis<|message|>cut", ("cut", "", []))
     every_split("<|channel|>analysis<|message|>t<|end|><|start|>assistant<|chan", ("t", "", []))
