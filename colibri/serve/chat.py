@@ -41,7 +41,7 @@ from colibri.serve.streaming import (
     _stream_error,
     _usage,
 )
-from colibri.serve.tool_grammar import call_grammar, control_tags
+from colibri.serve.tool_grammar import call_grammar, control_tags, harmony_final
 from colibri.serve.tools import (
     ToolError,
     ToolStreamParser,
@@ -207,7 +207,8 @@ async def prepare_chat(state: ServerState, req: ChatRequest, submit: bool = True
         kind, spec = call_grammar(tools, name, template, close, tags)
         constraint = await _constraint_factory(state, kind, spec, param="tools")
     else:
-        constraint = await _response_format(state, req)
+        constraint = await _response_format(state, req, (lambda s: harmony_final(s, tags))
+                                            if Harmony.applies(template) else None)
     parse_tools = use_tools and (req.response_format is None
                                  or req.response_format.type == "text"
                                  or choice == "required" or isinstance(choice, NamedToolChoice))

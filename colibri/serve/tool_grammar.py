@@ -243,9 +243,31 @@ def _harmony(g: _Lark, chosen: list[dict[str, Any]]) -> str:
         args = g.json(tool_parameters(f))
         alts.append(g.rule(f'(({g.lit(CHANNEL)} "commentary" {to}) | ({to} {g.lit(CHANNEL)} '
                            f'"commentary")) {ctype} {g.lit(MESSAGE)} {args}'))
-    think = g.rule(f'{g.lit(CHANNEL)} "analysis" {g.lit(MESSAGE)} /([^<]|<[^|])*/ '
-                   f'{g.lit(END)} {g.lit(START)} "assistant"')
-    return g.text(f"{think}? ({' | '.join(alts)})")
+    return g.text(f"{_harmony_analysis(g)}? ({' | '.join(alts)})")
+
+
+def _harmony_analysis(g: _Lark) -> str:
+    """An analysis message and the next one's start: text without `<|` (no other harmony
+    tag: the reader would end the message there), then `<|end|>` (one lexeme with the text,
+    ended at the first `<|end|>`; or the control token where it is one)."""
+    body = "([^<]|<[^|])*"
+    if END in g.special:
+        text = f"/{body}/ <[{g.special[END]}]>"
+    else:
+        text = f"r{len(g.rules)}"
+        g.rules.append(f"{text}[lazy]: /{body}<\\|end\\|>/")
+    return g.rule(f'{g.lit(CHANNEL)} "analysis" {g.lit(MESSAGE)} {text} {g.lit(START)} '
+                  f'"assistant"')
+
+
+def harmony_final(schema: Any, special: dict[str, int] | None = None) -> tuple[str, Any]:
+    """("lark", grammar) of gpt-oss's answer under a response_format: an optional analysis
+    message, then `<|channel|>final <|constrain|>json<|message|>` and the JSON (as llama.cpp's
+    gpt-oss grammar writes a response format)."""
+    g = _Lark(special)
+    think = _harmony_analysis(g)
+    return "lark", g.text(f'{think}? {g.lit(CHANNEL)} "final" (" " {g.lit(CONSTRAIN)}? "json")? '
+                          f'{g.lit(MESSAGE)} {g.json(schema)}')
 
 
 def call_grammar(tools: list[dict[str, Any]], name: str | None, template: str,
@@ -316,4 +338,4 @@ def _call_grammar(tools: list[dict[str, Any]], name: str | None, template: str,
     return "lark", g.text(f'{g.lit(OPEN)} "\\n" {call} "\\n" {g.lit(CLOSE)}')
 
 
-__all__ = ["PRESERVED", "call_form", "call_grammar", "control_tags"]
+__all__ = ["PRESERVED", "call_form", "call_grammar", "control_tags", "harmony_final"]

@@ -288,9 +288,36 @@ def test_a_call_in_harmony_tokens(harmony_served, choice):
     assert call.name in NAMES and (choice == "required" or call.name == choice), call
     schema = TOOLS[[t["function"]["name"] for t in TOOLS].index(call.name)]["function"]
     jsonschema.validate(json.loads(call.arguments), schema["parameters"])
-    assert not c.message.content
+    assert not c.message.content, "".join(written)
     deltas = [ch.choices[0].delta for ch in chunks if ch.choices]
     args = "".join(tc.function.arguments or "" for d in deltas for tc in d.tool_calls or [])
     names = [tc.function.name for d in deltas for tc in d.tool_calls or [] if tc.function.name]
     assert names == [call.name] and args == call.arguments  # the same seed: the same call
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_a_response_format_in_the_final_channel(harmony_served):
+    """response_format json_schema: the model writes its final channel's message as the
+    JSON (after an analysis it may write first); the answer is that JSON, valid."""
+    ids = harmony_served.ids
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
+                                                     "maximum": 99}},
+              "required": ["n"], "additionalProperties": False}
+
+    async def go() -> Any:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=harmony_served.app),
+                                     base_url="http://colibri", timeout=300) as http:
+            client = openai.AsyncOpenAI(base_url="http://colibri/v1", api_key="none",
+                                        max_retries=0, http_client=http)
+            return await client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "A number"}],
+                response_format={"type": "json_schema", "json_schema": {
+                    "name": "n", "schema": schema}},  # type: ignore[typeddict-item]
+                max_tokens=200, temperature=1.0, seed=5, logprobs=True,
+                logit_bias={**{str(ids[t]): 40.0 for t in HARMONY_TOKENS[:5]},
+                            "2046": -100, "2047": -100})
+
+    c = asyncio.run(go()).choices[0]
+    written = "".join(t.token for t in c.logprobs.content)
+    assert "<|channel|>final" in written and c.finish_reason == "stop", (written, c)
+    jsonschema.validate(json.loads(c.message.content), schema)

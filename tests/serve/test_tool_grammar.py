@@ -202,6 +202,35 @@ def test_what_the_grammar_accepts_parses_back_to_a_valid_call(family):
         jsonschema.validate(json.loads(calls[0].arguments), SCHEMAS[calls[0].name])
 
 
+def test_a_harmony_response_format_reads_back_as_its_answer():
+    """gpt-oss under a response_format: the final channel's JSON after an optional analysis
+    (llama.cpp's gpt-oss response-format rule), read back by the harmony reader as the answer,
+    valid under the schema."""
+    from colibri.serve.harmony import parse_harmony
+    from colibri.serve.tool_grammar import harmony_final
+
+    schema = SCHEMAS["get_weather"]
+    _, spec = harmony_final(schema)
+    rng = random.Random("harmony")
+    # the walk is started past the analysis (random text seldom ends it), then free
+    think = "<|channel|>analysis<|message|>x < y, <a|><|end|><|start|>assistant"
+    for i in range(12):
+        m = llguidance.LLMatcher(TOKENIZER, llguidance.LLMatcher.grammar_from_lark(spec),
+                                 log_level=0)
+        start = (think if i % 2 else "") + "<|channel|>f"
+        assert m.consume_tokens(list(start.encode()))
+        text = start + walk(m, rng)
+        reasoning, answer, calls = parse_harmony(text, NAMES)
+        assert not calls and reasoning == ("x < y, <a|>" if i % 2 else ""), text
+        jsonschema.validate(json.loads(answer), schema)
+    for text in ('<|channel|>final <|constrain|>json<|message|>{"city": "Oslo", "days": 2}',
+                 '<|channel|>analysis<|message|>a < b<|end|><|start|>assistant<|channel|>final'
+                 '<|message|>{"city": "Oslo", "days": 2}'):
+        m = llguidance.LLMatcher(TOKENIZER, llguidance.LLMatcher.grammar_from_lark(spec),
+                                 log_level=0)
+        assert accepts(m, text), text
+
+
 def test_schemas_beyond_a_form_fall_back_to_the_hermes_form():
     free = {"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"x": {"anyOf": [{"type": "string"},
