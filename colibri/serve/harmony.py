@@ -100,11 +100,10 @@ class Harmony(ReasoningSplitter):
 
     def _open(self, header: str) -> list[Out]:
         """The message whose header (without <|message|>) is header begins."""
-        m = _RECIPIENT.search(header)
-        to = m.group(1) if m else ""
+        to = next((r for r in reversed(_RECIPIENT.findall(header)) if r != "assistant"), "")
         ch = _CHANNEL.findall(header)  # the last: gpt-oss-20b may write a stray one first
         self.state = "body"
-        if to and to != "assistant":
+        if to:
             name = to[len(FUNCTIONS):] if to.startswith(FUNCTIONS) else ""
             if name not in self.tools:
                 self.kind = "drop"

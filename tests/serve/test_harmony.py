@@ -132,6 +132,8 @@ def test_the_form_the_model_writes():
     every_split("<|channel|>commentary to=assistant<|channel|>analysis<|message|>r<|end|>"
                 "<|start|>assistant<|channel|>commentary<|channel|>final<|message|>a",
                 ("r", "a", []))
+    every_split("<|channel|>commentary to=assistant<|channel|>commentary to=functions.add json"
+                "<|message|>{}", ("", "", [("add", "{}")]))
     every_split("Just text, <b>no</b> format.", ("", "Just text, <b>no</b> format.", []))
     every_split("<|channel|>analysis<|message|>cut", ("cut", "", []))
     every_split("<|channel|>analysis<|message|>t<|end|><|start|>assistant<|chan", ("t", "", []))
