@@ -26,6 +26,7 @@ from colibri.serve.handling import (
     _sampling,
     _submit,
 )
+from colibri.serve.harmony import Harmony, described, with_thinking
 from colibri.serve.protocol import ChatMessage, ChatRequest, NamedToolChoice
 from colibri.serve.reasoning import Reasoning, ThinkTags, splitter_for
 from colibri.serve.state import APIError, ServerState
@@ -40,7 +41,7 @@ from colibri.serve.streaming import (
     _stream_error,
     _usage,
 )
-from colibri.serve.tool_grammar import call_grammar, control_tags
+from colibri.serve.tool_grammar import call_grammar, control_tags, harmony_final
 from colibri.serve.tools import (
     ToolError,
     ToolStreamParser,
@@ -136,8 +137,10 @@ def render_prompt(state: ServerState, req: Any, tools: list[dict[str, Any]],
         raise APIError(400, str(e), param="messages") from None
     ctx = template_context(req)
     if tools:
-        ctx["tools"] = tools
+        ctx["tools"] = described(tools) if Harmony.applies(template) else tools
     msgs = _template_messages(req.messages, "tool" in template)
+    if Harmony.applies(template):
+        msgs = with_thinking(msgs, req.messages)
     try:
         text = render_chat(m, msgs, add_generation_prompt=add_generation_prompt, **ctx)
     except (ColibriError, ValueError, TypeError) as e:
@@ -204,18 +207,23 @@ async def prepare_chat(state: ServerState, req: ChatRequest, submit: bool = True
         kind, spec = call_grammar(tools, name, template, close, tags)
         constraint = await _constraint_factory(state, kind, spec, param="tools")
     else:
-        constraint = await _response_format(state, req)
+        constraint = await _response_format(state, req, (lambda s: harmony_final(s, tags))
+                                            if Harmony.applies(template) else None)
     parse_tools = use_tools and (req.response_format is None
                                  or req.response_format.type == "text"
                                  or choice == "required" or isinstance(choice, NamedToolChoice))
     top = req.top_logprobs if req.top_logprobs is not None else 0
     reqs = _submit(state, [ids], req.n, kw, constraint, top if req.logprobs else None)
     strings = string_params(tools)
-    choices = [_Choice(index=i, parser=ToolStreamParser(names, strings) if parse_tools else None,
-                       max_calls=1 if req.parallel_tool_calls is False else None,
-                       reasoning=splitter_for(template, text),
-                       tags={tid: tag for tag, tid in tags.items()})
-               for i in range(len(reqs))]
+    read = names if parse_tools else set()
+    choices = []
+    for i in range(len(reqs)):
+        split = splitter_for(template, text, read)
+        parser = ToolStreamParser(names, strings) if parse_tools and not (
+            split is not None and split.reads_calls) else None
+        choices.append(_Choice(index=i, parser=parser, reasoning=split,
+                               max_calls=1 if req.parallel_tool_calls is False else None,
+                               tags={tid: tag for tag, tid in tags.items()}))
     return ChatRun(len(ids), reqs, choices, top)
 
 

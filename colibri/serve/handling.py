@@ -137,12 +137,21 @@ async def _constraint_factory(state: ServerState, kind: str, spec: Any,
     return proto.copy
 
 
-async def _response_format(state: ServerState, req: _Sampling) -> Callable[[], Any] | None:
+async def _response_format(state: ServerState, req: _Sampling,
+                           wrap: Callable[[Any], tuple[str, Any]] | None = None
+                           ) -> Callable[[], Any] | None:
+    """The constraint of req's response_format (None: free text). wrap: the schema to the
+    grammar the model's format writes it in (gpt-oss: its final channel's message)."""
     rf = req.response_format
     if rf is None or rf.type == "text":
         return None
+
+    async def make(schema: Any) -> Callable[[], Any]:
+        kind, spec = wrap(schema) if wrap is not None else ("json_schema", schema)
+        return await _constraint_factory(state, kind, spec)
+
     if rf.type == "json_object":
-        return await _constraint_factory(state, "json_schema", {"type": "object"})
+        return await make({"type": "object"})
     if rf.json_schema is None or rf.json_schema.schema_ is None:
         raise APIError(400, "response_format json_schema needs json_schema.schema",
                        param="response_format.json_schema")
@@ -151,7 +160,7 @@ async def _response_format(state: ServerState, req: _Sampling) -> Callable[[], A
         from colibri.serve.grammar import strict_schema
 
         schema = strict_schema(schema)
-    return await _constraint_factory(state, "json_schema", schema)
+    return await make(schema)
 
 
 def _submit(state: ServerState, prompts: list[list[int]], n: int, kw: dict[str, Any],

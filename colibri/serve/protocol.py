@@ -96,6 +96,7 @@ class ChatMessage(_Strict):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an assistant turn's thinking, given back
 
 
 class ChatRequest(_Sampling):

@@ -5,7 +5,8 @@ and gets back Reasoning pieces and answer text (str), in the order the model wro
 
 A format is a small class with `applies(template)` (whether a chat template speaks it) and a
 constructor taking the rendered prompt; FORMATS lists them, the first that applies is used.
-Implemented: ThinkTags, `<think>...</think>` (Qwen3, QwQ, DeepSeek-R1 and its distills):
+Implemented: harmony.Harmony (gpt-oss's channels, tried first; see harmony.py) and ThinkTags,
+`<think>...</think>` (Qwen3, QwQ, DeepSeek-R1 and its distills):
 
 - the thinking is the text between `<think>` and `</think>`; text before `<think>` is answer
   text (one reasoning block at most: after `</think>` the rest is the answer, a `<think>` in
@@ -38,8 +39,12 @@ Piece = str | Reasoning  # answer text, or thinking
 
 
 class ReasoningSplitter(ABC):
-    """A reasoning format (an interface: ThinkTags is one): one instance per completion, fed
-    its text as it comes."""
+    """A reasoning format (an interface: ThinkTags is one, harmony.Harmony another): one
+    instance per completion, fed its text as it comes."""
+
+    # the format carries the tool calls too (its pieces include tool_parse.ToolCallDelta):
+    # the answer text then needs no tool-call parser
+    reads_calls: ClassVar[bool] = False
 
     @classmethod
     @abstractmethod
@@ -154,9 +159,15 @@ class ThinkTags(ReasoningSplitter):
 FORMATS: list[type[ReasoningSplitter]] = [ThinkTags]
 
 
-def splitter_for(template: str, prompt: str) -> ReasoningSplitter | None:
+def splitter_for(template: str, prompt: str, tools: set[str] | None = None
+                 ) -> ReasoningSplitter | None:
     """A new splitter for one completion of prompt, rendered with template; None when the
-    template speaks no reasoning format (the output is then the answer, as is)."""
+    template speaks no reasoning format (the output is then the answer, as is). tools: the
+    functions whose calls a format that carries them (harmony) reads."""
+    from colibri.serve.harmony import Harmony
+
+    if Harmony.applies(template):
+        return Harmony(prompt, tools)
     for f in FORMATS:
         if f.applies(template):
             return f(prompt)

@@ -17,6 +17,7 @@ from colibri.serve.state import APIError, ServerState
 from colibri.serve.tool_parse import (
     Event,
     ToolCall,
+    ToolCallDelta,
     ToolStreamParser,
     apply_delta,
     merge_events,
@@ -85,8 +86,6 @@ class _Choice:
         events = self.parser.feed(text)
         if last:
             events += self.parser.finish()
-        if self.max_calls is not None:
-            events = [e for e in events if isinstance(e, str) or e.index < self.max_calls]
         return merge_events(events)
 
     def take(self, d: Delta) -> list[Event | Reasoning]:
@@ -107,10 +106,13 @@ class _Choice:
                 pieces += self.reasoning.finish()
             if thinking or self.reasoning.in_reasoning:  # the tags' own tokens included
                 self.reasoning_tokens += len(d.token_ids)
-            for p in pieces:
-                events += [p] if isinstance(p, Reasoning) else self._answer(p, False)
+            for p in pieces:  # a format that carries calls (harmony) gives their pieces
+                events += self._answer(p, False) if isinstance(p, str) else [p]
             if last and self.parser is not None:
                 events += self._answer("", True)
+        if self.max_calls is not None:
+            events = [e for e in events
+                      if not isinstance(e, ToolCallDelta) or e.index < self.max_calls]
         for e in events:
             if isinstance(e, str):
                 self.text.append(e)

@@ -16,6 +16,12 @@ bare JSON form.
   as GLM's template writes it, or before `</tool_call>` only as Ling's does).
 - hermes: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`
 - granite3: `<|tool_call|>[{"name": ..., "arguments": {...}}]`
+- harmony (gpt-oss): after the prompt's `<|start|>assistant`, an optional analysis message
+  (`<|channel|>analysis<|message|>...<|end|><|start|>assistant`: the model may think first,
+  as it was trained to; its text has no `<|`), then `<|channel|>commentary to=functions.NAME
+  <|constrain|>json<|message|>{...}` (as the model writes it) or ` to=functions.NAME
+  <|channel|>commentary json<|message|>{...}` (as its template renders a call); the
+  generation then ends (`<|call|>` is an end-of-generation token).
 - json: the bare call object (Llama 3 and templates with no form of their own).
 Where a tool's schema is beyond what the gemma4 or xml grammar writes ($ref, anyOf, a
 free-form object...), those fall back to the hermes form (the parser reads it everywhere).
@@ -32,6 +38,8 @@ import json
 from typing import Any
 
 from colibri.serve.grammar import JSON_OPTIONS
+from colibri.serve.harmony import CHANNEL, CONSTRAIN, END, MESSAGE, START
+from colibri.serve.harmony import TAGS as HARMONY_TAGS
 from colibri.serve.tool_parse import (
     CLOSE,
     G4_CLOSE,
@@ -65,7 +73,7 @@ CALL_JSON: dict[str, Any] = {**JSON_OPTIONS, "item_separator": ", ", "key_separa
 PRESERVED = (OPEN, CLOSE, G4_OPEN, G4_CLOSE, QUOTE, GRANITE_TAG, PYTHON_TAG, HY_OPEN, HY_CLOSE,
              "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", DS_SECTION,
              DS_SECTION_END, DS_CALL, DS_SEP, DS_CALL_END, KIMI_SECTION, KIMI_SECTION_END,
-             KIMI_CALL, KIMI_SEP, KIMI_CALL_END, "<think>", "</think>")
+             KIMI_CALL, KIMI_SEP, KIMI_CALL_END, "<think>", "</think>", *HARMONY_TAGS)
 
 
 def control_tags(model: Any) -> dict[str, int]:
@@ -92,6 +100,8 @@ class Unsupported(Exception):
 def call_form(template: str) -> str:
     """The form of a call the model whose chat template is template was taught (see the
     module doc)."""
+    if CHANNEL in template and "commentary" in template:
+        return "harmony"
     if DS_CALL in template:
         return "deepseek-v3" if "```json" in template else "deepseek-v3.1"
     if KIMI_CALL in template:
@@ -224,6 +234,42 @@ def _xml_args(g: _Lark, schema: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def _harmony(g: _Lark, chosen: list[dict[str, Any]]) -> str:
+    """gpt-oss's call (see the module doc), after an optional analysis message."""
+    ctype = g.rule(f'(" " {g.lit(CONSTRAIN)}? "json")?')
+    alts = []
+    for f in chosen:
+        to = f'" to=functions." {json.dumps(f["name"], ensure_ascii=False)}'
+        args = g.json(tool_parameters(f))
+        alts.append(g.rule(f'(({g.lit(CHANNEL)} "commentary" {to}) | ({to} {g.lit(CHANNEL)} '
+                           f'"commentary")) {ctype} {g.lit(MESSAGE)} {args}'))
+    return g.text(f"{_harmony_analysis(g)}? ({' | '.join(alts)})")
+
+
+def _harmony_analysis(g: _Lark) -> str:
+    """An analysis message and the next one's start: text without `<|` (no other harmony
+    tag: the reader would end the message there), then `<|end|>` (one lexeme with the text,
+    ended at the first `<|end|>`; or the control token where it is one)."""
+    body = "([^<]|<[^|])*"
+    if END in g.special:
+        text = f"/{body}/ <[{g.special[END]}]>"
+    else:
+        text = f"r{len(g.rules)}"
+        g.rules.append(f"{text}[lazy]: /{body}<\\|end\\|>/")
+    return g.rule(f'{g.lit(CHANNEL)} "analysis" {g.lit(MESSAGE)} {text} {g.lit(START)} '
+                  f'"assistant"')
+
+
+def harmony_final(schema: Any, special: dict[str, int] | None = None) -> tuple[str, Any]:
+    """("lark", grammar) of gpt-oss's answer under a response_format: an optional analysis
+    message, then `<|channel|>final <|constrain|>json<|message|>` and the JSON (as llama.cpp's
+    gpt-oss grammar writes a response format)."""
+    g = _Lark(special)
+    think = _harmony_analysis(g)
+    return "lark", g.text(f'{think}? {g.lit(CHANNEL)} "final" (" " {g.lit(CONSTRAIN)}? "json")? '
+                          f'{g.lit(MESSAGE)} {g.json(schema)}')
+
+
 def call_grammar(tools: list[dict[str, Any]], name: str | None, template: str,
                  close: str = "", special: dict[str, int] | None = None) -> tuple[str, Any]:
     """("json_schema", schema) for the bare JSON form, else ("lark", grammar): one call of
@@ -265,6 +311,8 @@ def _call_grammar(tools: list[dict[str, Any]], name: str | None, template: str,
             return "lark", g.text(f'{g.lit(OPEN)} ({body}) "\\n"? {g.lit(CLOSE)}')
     except Unsupported:
         form, g = "hermes", _Lark(special)
+    if form == "harmony":
+        return "lark", _harmony(g, chosen)
     if form in ("deepseek-v3.1", "deepseek-v3", "kimi-k2"):
         alts = []
         for f in chosen:
@@ -290,4 +338,4 @@ def _call_grammar(tools: list[dict[str, Any]], name: str | None, template: str,
     return "lark", g.text(f'{g.lit(OPEN)} "\\n" {call} "\\n" {g.lit(CLOSE)}')
 
 
-__all__ = ["PRESERVED", "call_form", "call_grammar", "control_tags"]
+__all__ = ["PRESERVED", "call_form", "call_grammar", "control_tags", "harmony_final"]

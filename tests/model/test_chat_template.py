@@ -36,6 +36,11 @@ Where each template comes from:
 - hunyuan-a13b: the chat_template of models/tokenizer_config.json in Tencent's Hunyuan-A13B
   GitHub repository (as a public fork holds it); tools, `<tool_calls>[...]</tool_calls>` calls;
   it stamps the current time, frozen here for both renderers.
+- gpt-oss (issue 47), from the same llama.cpp models/templates/ (openai-gpt-oss-120b.jinja, the
+  harmony format: `<|start|>ROLE<|channel|>CHANNEL<|message|>...<|end|>`, the developer
+  message, tools as a TypeScript namespace, calls `<|start|>assistant to=functions.NAME
+  <|channel|>commentary json<|message|>{...}<|call|>`, the `thinking` of an assistant message
+  as its analysis channel, `reasoning_effort`).
 Not here: dots.llm1's published template (not found in the sources this work could reach)."""
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ SPECIAL = {  # the bos/eos strings each family's tokenizer has
     "kimi-k2-instruct": ("", "<|im_end|>"),
     "glm4.6": ("", "<|endoftext|>"),
     "hunyuan-a13b": ("<|startoftext|>", "<|eos|>"),
+    "gpt-oss": ("<|startoftext|>", "<|return|>"),
 }
 
 SYSTEM = [{"role": "system", "content": "You are terse."},
@@ -134,6 +140,7 @@ CASES = {
     "kimi-k2-instruct": [SYSTEM, MULTI],
     "glm4.6": [SYSTEM, MULTI, TOOLS_CONV, RICH_CONV],
     "hunyuan-a13b": [SYSTEM, MULTI, TOOLS_CONV, RICH_CONV],
+    "gpt-oss": [SYSTEM, MULTI, TOOLS_CONV],  # one call a turn: RICH_CONV's second is dropped
 }
 
 
@@ -189,6 +196,58 @@ def test_render_equals_transformers(family, gen, monkeypatch):
             assert "2026-03-04 05:06:07" in got  # the frozen clock, read by both
         if msgs in (RICH_CONV, STRING_ARGS_CONV):
             assert "search_web" in got and "Oslo" in got
+
+
+# harmony (gpt-oss): a developer message, an assistant turn's thinking (its analysis channel,
+# kept before a call while no later final answer exists), a call, its result, an answer
+HARMONY_CONVS = [
+    [{"role": "developer", "content": "Answer in French."},
+     {"role": "user", "content": "Weather in Paris?"},
+     {"role": "assistant", "content": "", "thinking": "I should call get_weather.",
+      "tool_calls": [{"type": "function", "id": "c1", "function": {
+          "name": "get_weather", "arguments": {"city": "Paris"}}}]},
+     {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 21}"}],
+    [{"role": "user", "content": "Weather in Paris?"},
+     {"role": "assistant", "content": "Let me look.", "tool_calls": [{
+         "type": "function", "function": {"name": "search_web", "arguments": {
+             "q": "caf\u00e9", "n": 3, "tags": ["a"]}}}]},
+     {"role": "tool", "content": "3 results"},
+     {"role": "assistant", "content": "Il fait 21 degr\u00e9s.", "thinking": "Easy."},
+     {"role": "user", "content": "Merci"}],
+    [{"role": "system", "content": "Be brief."},
+     {"role": "user", "content": "2+2?"},
+     {"role": "assistant", "content": "4", "thinking": "Two and two."}],  # training: its CoT
+]
+
+
+@pytest.mark.parametrize("gen", [True, False])
+@pytest.mark.parametrize("effort", [None, "high"])
+def test_gpt_oss_render_equals_transformers(gen, effort, monkeypatch):
+    """The harmony template's own variables and roles: reasoning_effort (default medium),
+    the developer role, assistant thinking, calls and their results, a final answer after a
+    call, the last assistant turn with its thinking (add_generation_prompt=False)."""
+    from transformers.utils import chat_template_utils
+
+    class Frozen(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(2026, 3, 4, 5, 6, 7)
+
+    monkeypatch.setattr(datetime, "datetime", Frozen)
+    monkeypatch.setattr(chat_template_utils, "datetime", Frozen)
+    tok, tpl = _reference("gpt-oss"), _template("gpt-oss")
+    extra = {"reasoning_effort": effort} if effort else {}
+    for i, msgs in enumerate(HARMONY_CONVS):
+        want = tok.apply_chat_template(msgs, chat_template=tpl, tokenize=False,
+                                       add_generation_prompt=gen, tools=RICH_TOOLS, **extra)
+        got = render_template(tpl, msgs, add_generation_prompt=gen, bos_token="<|startoftext|>",
+                              eos_token="<|return|>", tools=RICH_TOOLS, **extra)
+        assert got == want, f"case {i}"
+        assert f"Reasoning: {effort or 'medium'}" in got and "Current date: 2026-03-04" in got
+        assert "namespace functions" in got and ("to=functions." in got) == (i < 2)
+    last = render_template(tpl, HARMONY_CONVS[2], add_generation_prompt=False)
+    assert last.endswith("<|start|>assistant<|channel|>analysis<|message|>Two and two.<|end|>"
+                         "<|start|>assistant<|channel|>final<|message|>4<|return|>")
 
 
 def test_kimi_k2_instruct_refuses_tool_calls_as_transformers_does():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -421,6 +422,127 @@ def test_messages_thinking_block() -> None:
     assert "".join(d.text for d in deltas if d.type == "text_delta") == ANSWER
     starts = [e.content_block.type for e in events if e.type == "content_block_start"]
     assert starts == ["thinking", "text"]
+
+
+# -- gpt-oss's harmony channels (colibri/serve/harmony.py) --------------------------------------
+
+GPT_OSS = (Path(__file__).resolve().parents[1] / "data" / "chat_templates"
+           / "gpt-oss.jinja").read_text()
+# one piece a token, as gpt-oss's vocabulary has them; <|end|> cut across two deltas
+HARMONY = ["<|channel|>", "analysis", "<|message|>", "The user", " greets me.", "<|e", "nd|>",
+           "<|start|>", "assistant", "<|channel|>", "final", "<|message|>", "Hello", " there!"]
+HARMONY_CALL = ["<|channel|>", "analysis", "<|message|>", "Need", " the weather.", "<|end|>",
+                "<|start|>", "assistant", "<|channel|>", "commentary", " to", "=functions",
+                ".get", "_weather", " <|constrain|>", "json", "<|message|>", '{"city"',
+                ': "Paris"}']
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]  # no description
+
+
+def test_harmony_analysis_is_reasoning_final_is_content() -> None:
+    """gpt-oss's template: the analysis channel comes back as reasoning (chat, Responses,
+    Messages), the final channel as the answer, whole and streamed; the template's own
+    reasoning_effort is set through chat_template_kwargs."""
+    fake = Fake(GPT_OSS, HARMONY)
+    body = fake.post("/v1/chat/completions", {
+        "model": MODEL, "messages": USER,
+        "chat_template_kwargs": {"reasoning_effort": "high"}}).json()
+    assert fake.prompts[-1].endswith("<|start|>assistant") and \
+        "Reasoning: high" in fake.prompts[-1]
+    msg = body["choices"][0]["message"]
+    assert (msg["reasoning_content"], msg["content"]) == (THOUGHT, ANSWER), msg
+    # the analysis message's tokens from its <|message|> to its <|end|> (both included)
+    assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] == 5, body["usage"]
+
+    async def go() -> tuple[Any, str, str, Any, Any]:
+        c = fake.openai()
+        done = await c.chat.completions.create(model=MODEL, messages=USER)  # type: ignore[arg-type]
+        thought, answer = "", ""
+        async for ch in await c.chat.completions.create(model=MODEL, messages=USER,  # type: ignore[arg-type]
+                                                        stream=True):
+            d = ch.choices[0].delta
+            thought += getattr(d, "reasoning_content", None) or ""
+            answer += d.content or ""
+        resp = await c.responses.create(model=MODEL, input="hi")
+        msg = await fake.anthropic().messages.create(model=MODEL, max_tokens=64,
+                                                     messages=USER)  # type: ignore[arg-type]
+        return done, thought, answer, resp, msg
+
+    done, thought, answer, resp, m = asyncio.run(go())
+    assert done.choices[0].message.content == ANSWER
+    assert done.choices[0].message.reasoning_content == THOUGHT  # type: ignore[attr-defined]
+    assert (thought, answer) == (THOUGHT, ANSWER)
+    assert [o.type for o in resp.output] == ["reasoning", "message"]
+    assert resp.output[0].content[0].text == THOUGHT and resp.output_text == ANSWER
+    assert [b.type for b in m.content] == ["thinking", "text"]
+    assert (m.content[0].thinking, m.content[1].text) == (THOUGHT, ANSWER)
+
+
+def test_harmony_call_in_the_commentary_channel() -> None:
+    """A call to functions.get_weather in the commentary channel (after the analysis) is an
+    OpenAI tool call, whole and streamed through the official client; a tool without a
+    description renders (the template joins descriptions); tool_choice "none": not read."""
+    fake = Fake(GPT_OSS, HARMONY_CALL)
+    base = {"model": MODEL, "messages": USER, "tools": WEATHER}
+
+    async def go() -> tuple[Any, list[Any]]:
+        c = fake.openai()
+        done = await c.chat.completions.create(**base)  # type: ignore[call-overload]
+        chunks = [x async for x in await c.chat.completions.create(stream=True, **base)]  # type: ignore[call-overload]
+        return done, chunks
+
+    done, chunks = asyncio.run(go())
+    assert "namespace functions" in fake.prompts[-1] and "type get_weather" in fake.prompts[-1]
+    c = done.choices[0]
+    assert c.finish_reason == "tool_calls" and not c.message.content, c
+    assert [(t.function.name, t.function.arguments) for t in c.message.tool_calls] == [
+        ("get_weather", '{"city": "Paris"}')]
+    assert c.message.reasoning_content == "Need the weather."  # type: ignore[attr-defined]
+    deltas = [x.choices[0].delta for x in chunks if x.choices]
+    calls = [t for d in deltas for t in d.tool_calls or []]
+    assert [t.function.name for t in calls if t.function.name] == ["get_weather"]
+    assert "".join(t.function.arguments or "" for t in calls) == '{"city": "Paris"}'
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == \
+        "Need the weather."
+
+    off = fake.post("/v1/chat/completions", {**base, "tool_choice": "none"}).json()
+    msg = off["choices"][0]
+    assert msg["finish_reason"] == "stop" and "tool_calls" not in msg["message"], msg
+    assert msg["message"]["content"] == "" and msg["message"]["reasoning_content"]
+    r = fake.post("/v1/responses", {"model": MODEL, "input": "hi", "tools": [
+        {"type": "function", "name": "get_weather", "parameters": WEATHER[0]["function"][
+            "parameters"]}]}).json()
+    assert [(o["type"], o.get("name")) for o in r["output"]] == [
+        ("reasoning", None), ("function_call", "get_weather")], r["output"]
+
+
+def test_harmony_thinking_given_back_before_a_call() -> None:
+    """An assistant turn's reasoning_content, given back with its call, reaches gpt-oss's
+    template as its `thinking` (as llama.cpp's server maps it): the prompt is transformers'
+    render of the conversation with that field (the analysis kept before the call)."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    fake = Fake(GPT_OSS, ["<|channel|>", "final", "<|message|>", "It is 21."])
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    msgs = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "reasoning_content": "I should call it.",
+             "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": '{"temp": 21}'}]
+    body = fake.post("/v1/chat/completions", {"model": MODEL, "messages": msgs,
+                                              "tools": WEATHER}).json()
+    assert body["choices"][0]["message"]["content"] == "It is 21.", body
+    ref = [msgs[0], {"role": "assistant", "content": "", "thinking": "I should call it.",
+                     "tool_calls": [{**call, "function": {"name": "get_weather",
+                                                          "arguments": {"city": "Paris"}}}]},
+           msgs[2]]
+    tools = [{**WEATHER[0], "function": {"description": "", **WEATHER[0]["function"]}}]
+    want = render_jinja_template(conversations=[ref], chat_template=GPT_OSS, tools=tools,
+                                 add_generation_prompt=True)[0][0]
+    assert fake.prompts[-1] == want
+    assert "<|channel|>analysis<|message|>I should call it.<|end|><|start|>assistant to=" \
+        "functions.get_weather" in want
 
 
 @pytest.fixture(scope="module")

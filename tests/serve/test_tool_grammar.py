@@ -58,11 +58,22 @@ FORMS = {"deepseek3.1": "deepseek-v3.1", "deepseek-r1": "deepseek-v3", "kimi-k2"
          "kimi-k2-instruct": "kimi-k2", "gemma4": "gemma4", "hunyuan-a13b": "hunyuan",
          "glm4.6": "xml", "ling3": "xml", "qwen2.5": "hermes", "granite4.0": "hermes",
          "granite3.3": "granite3", "llama3": "json", "mixtral": "json", "gemma3": "json",
-         "gemma2": "json", "phi3.5": "json", "ernie4.5": "json"}
+         "gemma2": "json", "phi3.5": "json", "ernie4.5": "json", "gpt-oss": "harmony"}
 
 
 def template(family: str) -> str:
     return (TEMPLATES / f"{family}.jinja").read_text()
+
+
+def parse(family: str, text: str) -> tuple[str | None, list[Any]]:
+    """(content, calls) of an output, read as the server reads the family's output (gpt-oss's
+    harmony by its own reader, which takes the calls out of the commentary channel)."""
+    if FORMS[family] == "harmony":
+        from colibri.serve.harmony import parse_harmony
+
+        _, answer, calls = parse_harmony(text, NAMES)
+        return answer or None, calls
+    return parse_tool_calls(text, NAMES, string_params(TOOLS))
 
 
 def test_every_template_has_its_form():
@@ -108,8 +119,9 @@ def rendered(family: str, name: str, args: dict, start: str, end: str,
             {"role": "assistant", "content": content, "tool_calls": [{
                 "type": "function", "id": "call_0", "function": {
                     "name": name, "arguments": json.dumps(args) if as_text else args}}]}]
+    described = [{**t, "function": {"description": "d", **t["function"]}} for t in TOOLS]
     out, _ = render_jinja_template(conversations=[msgs], chat_template=template(family),
-                                   tools=TOOLS, bos_token="<s>", eos_token="</s>")
+                                   tools=described, bos_token="<s>", eos_token="</s>")
     text = out[0][out[0].rindex("¶go¶"):]
     text = text[text.index(start):]
     return text[: text.rindex(end) + len(end)]
@@ -130,21 +142,31 @@ SPANS = {"deepseek3.1": ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end
          "glm4.6": ("<tool_call>", "</tool_call>", {}),
          "ling3": ("<tool_call>", "</tool_call>", {}),
          "qwen2.5": ("<tool_call>", "</tool_call>", {}),
-         "granite4.0": ("<tool_call>", "</tool_call>", {})}
+         "granite4.0": ("<tool_call>", "</tool_call>", {}),
+         # after the prompt's <|start|>assistant; <|call|> ends the generation (not written)
+         "gpt-oss": (" to=functions.", "<|call|>", {})}
+
+
+def span(family: str, name: str, args: dict) -> str:
+    """The template's call, as the model writes it after the prompt (SPANS)."""
+    start, end, kw = SPANS[family]
+    text = rendered(family, name, args, start, end, **kw)
+    if family == "deepseek-r1":  # its template closes the section only after a 2nd call
+        text += "<｜tool▁calls▁end｜>"
+    if family == "gpt-oss":
+        text = text.removesuffix("<|call|>")
+    return text
 
 
 @pytest.mark.parametrize("family", sorted(SPANS))
 def test_the_templates_own_call_is_what_the_grammar_writes(family):
-    start, end, kw = SPANS[family]
     for name, args in CALLS:
-        text = rendered(family, name, args, start, end, **kw)
-        if family == "deepseek-r1":  # its template closes the section only after a 2nd call
-            text += "<｜tool▁calls▁end｜>"
+        text = span(family, name, args)
         assert accepts(matcher(TOOLS, None, family), text), (family, text)
         assert accepts(matcher(TOOLS, name, family), text), (family, text)
         other = "add" if name == "get_weather" else "get_weather"
         assert not accepts(matcher(TOOLS, other, family), text), (family, text)
-        content, calls = parse_tool_calls(text, NAMES, string_params(TOOLS))
+        content, calls = parse(family, text)
         assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [
             (name, args)], (family, text)
 
@@ -174,10 +196,39 @@ def test_what_the_grammar_accepts_parses_back_to_a_valid_call(family):
     for i in range(12):
         name = None if i % 3 else rng.choice(sorted(NAMES))
         text = walk(matcher(TOOLS, name, family), rng)
-        content, calls = parse_tool_calls(text, NAMES, string_params(TOOLS))
+        content, calls = parse(family, text)
         assert content is None and len(calls) == 1, (family, text)
         assert calls[0].name == name or (name is None and calls[0].name in NAMES), text
         jsonschema.validate(json.loads(calls[0].arguments), SCHEMAS[calls[0].name])
+
+
+def test_a_harmony_response_format_reads_back_as_its_answer():
+    """gpt-oss under a response_format: the final channel's JSON after an optional analysis
+    (llama.cpp's gpt-oss response-format rule), read back by the harmony reader as the answer,
+    valid under the schema."""
+    from colibri.serve.harmony import parse_harmony
+    from colibri.serve.tool_grammar import harmony_final
+
+    schema = SCHEMAS["get_weather"]
+    _, spec = harmony_final(schema)
+    rng = random.Random("harmony")
+    # the walk is started past the analysis (random text seldom ends it), then free
+    think = "<|channel|>analysis<|message|>x < y, <a|><|end|><|start|>assistant"
+    for i in range(12):
+        m = llguidance.LLMatcher(TOKENIZER, llguidance.LLMatcher.grammar_from_lark(spec),
+                                 log_level=0)
+        start = (think if i % 2 else "") + "<|channel|>f"
+        assert m.consume_tokens(list(start.encode()))
+        text = start + walk(m, rng)
+        reasoning, answer, calls = parse_harmony(text, NAMES)
+        assert not calls and reasoning == ("x < y, <a|>" if i % 2 else ""), text
+        jsonschema.validate(json.loads(answer), schema)
+    for text in ('<|channel|>final <|constrain|>json<|message|>{"city": "Oslo", "days": 2}',
+                 '<|channel|>analysis<|message|>a < b<|end|><|start|>assistant<|channel|>final'
+                 '<|message|>{"city": "Oslo", "days": 2}'):
+        m = llguidance.LLMatcher(TOKENIZER, llguidance.LLMatcher.grammar_from_lark(spec),
+                                 log_level=0)
+        assert accepts(m, text), text
 
 
 def test_schemas_beyond_a_form_fall_back_to_the_hermes_form():
@@ -209,6 +260,8 @@ def served(tiny_path: str) -> Any:
 
 @pytest.mark.parametrize("family", ["deepseek3.1", "deepseek-r1", "kimi-k2", "gemma4",
                                     "hunyuan-a13b", "glm4.6", "granite3.3", "qwen2.5"])
+# (gpt-oss: tests/serve/test_harmony.py, on a vocabulary with harmony's tokens: its grammar lets
+# the model think first, and a random model pushed to no <|end|> thinks to max_tokens)
 def test_a_served_model_calls_in_its_family_form(served, family):
     served.state.model.gguf.metadata["tokenizer.chat_template"] = template(family)
 
@@ -327,11 +380,8 @@ def test_the_templates_call_with_its_tags_as_control_tokens_is_accepted(family):
 
     tok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(Vocab()),
                                  n_vocab=len(Vocab.tokens), eos_token=[256])
-    start, end, kw = SPANS[family]
     for name, args in CALLS:
-        text = rendered(family, name, args, start, end, **kw)
-        if family == "deepseek-r1":
-            text += "<｜tool▁calls▁end｜>"
+        text = span(family, name, args)
         ids: list[int] = []
         for piece in re.split("(" + "|".join(map(re.escape, tags)) + ")", text):
             ids += [special[piece]] if piece in special else list(piece.encode())
