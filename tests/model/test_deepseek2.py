@@ -12,13 +12,16 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from oracle_models import build, hf_greedy, hf_logits, prompt
+from oracle_checks import (
+    batch_and_steps,
+    batched_equal_alone,
+    greedy_f32_and_q8_0,
+    open_model,
+    rel_err,
+)
+from oracle_models import build, hf_logits, prompt
 
 from colibri.model import Model
-
-
-def rel_err(a: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.abs(a - ref).max() / np.abs(ref).max())
 
 
 @pytest.fixture(scope="module", params=["deepseek_v3", "deepseek_v2"])
@@ -51,46 +54,20 @@ def test_file_as_llama_cpp_writes_it(ds):
 
 def test_logits_match_transformers_in_one_batch_and_token_by_token(ds):
     name, hf, paths = ds
-    model = Model(paths["f32"], threads=2, ctx=256, max_batch=64)
     ids = prompt(40, seed=1)  # past the original context (16) YaRN stretches
-    ref = hf_logits(hf, ids)
-    batch = model.logits(ids)
-    assert rel_err(batch, ref) < 1e-4, name
-    seq = model.new_sequence()
-    steps = np.concatenate([model.eval([seq], tokens=[t]) for t in ids])
-    model.free_sequence(seq)
-    assert rel_err(steps, batch) < 1e-5, name
+    ref = batch_and_steps(open_model(paths["f32"]), hf, ids)
     # f16 cache: the latent rows rounded, still within llama.cpp's usual distance
     h = Model(paths["f32"], threads=2, ctx=256, max_batch=64, kv_dtype="f16")
     assert rel_err(h.logits(ids), ref) < 5e-3
 
 
 def test_greedy_and_q8_0(ds):
-    name, hf, paths = ds
-    ids = prompt(12, seed=2)
-    want = hf_greedy(hf, ids, 24)
-    for path, need in ((paths["f32"], 24), (paths["q8_0"], 22)):
-        m = Model(path, threads=2, ctx=256, max_batch=64)
-        seq = m.new_sequence()
-        lg = m.eval([seq], tokens=ids)
-        got = []
-        for _ in range(24):
-            got.append(int(np.argmax(lg[-1])))
-            lg = m.eval([seq], tokens=[got[-1]])
-        assert sum(a == b for a, b in zip(got, want, strict=True)) >= need, (name, path)
+    greedy_f32_and_q8_0(ds[1], ds[2])
 
 
 def test_sequences_batched_equal_each_alone(ds):
     """Several sequences in one batch, each at its own positions, through the latent cache."""
-    _, _, paths = ds
-    m = Model(paths["f32"], threads=2, ctx=256, max_batch=64)
-    prompts = [prompt(n, seed=20 + n) for n in (5, 17, 11)]
-    alone = [m.logits(p) for p in prompts]
-    seqs = [m.new_sequence() for _ in prompts]
-    order = [(i, t) for t in range(17) for i, p in enumerate(prompts) if t < len(p)]
-    out = m.eval([seqs[i] for i, _ in order], tokens=[prompts[i][t] for i, t in order])
-    for row, (i, t) in enumerate(order):
-        assert np.array_equal(out[row], alone[i][t]), (i, t)  # batch-invariant: bit for bit
+    batched_equal_alone(open_model(ds[2]["f32"]), seed=20)
 
 
 def test_the_cache_keeps_the_latent(ds):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch  # noqa: F401  the oracle: torch + transformers (test extras)
 import transformers  # noqa: F401
+from oracle_checks import batch_and_steps  # noqa: E402
 from oracle_models import FAMILIES, build, hf_greedy, hf_logits, prompt  # noqa: E402
 
 from colibri.model import Model  # noqa: E402
@@ -109,18 +110,6 @@ def test_llama3_rope_freqs_match(tmp_path):
     assert ((freqs > 1) & (freqs < 8)).any()
 
 
-def _batch_and_steps(model, hf, ids):
-    """The model's logits of ids in one batch (checked against transformers') and token by
-    token through the KV cache (checked against the batch); returns the batch's."""
-    batch = model.logits(ids)
-    assert rel_err(batch, hf_logits(hf, ids)) < 1e-4
-    seq = model.new_sequence()
-    steps = np.concatenate([model.eval([seq], tokens=[t]) for t in ids])
-    model.free_sequence(seq)
-    assert rel_err(steps, batch) < 1e-5
-    return batch
-
-
 def test_gemma4_per_layer_embeddings_and_kv_sharing(tmp_path):
     """Gemma 4 E2B/E4B's per-layer embeddings (PLE): per_layer_token_embd, the model projection
     and its norm, each layer's gate, projection and post norm, as llama.cpp's converter names
@@ -142,7 +131,7 @@ def test_gemma4_per_layer_embeddings_and_kv_sharing(tmp_path):
     assert d.kv_values_per_token() == sum(2 * L.n_head_kv * L.head_dim for L in own)
     ids = prompt(30, seed=1)
     ref = hf_logits(hf, ids)
-    batch = _batch_and_steps(model, hf, ids)
+    batch = batch_and_steps(model, hf, ids)
     start = prompt(12, seed=2)
     want = hf_greedy(hf, start, 16)
     seq = model.new_sequence()
@@ -173,7 +162,7 @@ def test_gemma4_text_part_of_multimodal_k_eq_v(tmp_path):
     assert not any("vision" in n or "per_layer" in n for n in names)
     model = Model(paths["f32"], threads=2, ctx=256, max_batch=64)
     assert [L.n_head_kv for L in model.desc.layers] == [2] * 5 + [1]
-    _batch_and_steps(model, hf, prompt(30, seed=1))
+    batch_and_steps(model, hf, prompt(30, seed=1))
 
 
 def test_phi3_longrope_short_and_long_factors(tmp_path):

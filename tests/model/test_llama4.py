@@ -8,15 +8,17 @@ matter: with it changed in transformers, the logits leave colibri's."""
 from __future__ import annotations
 
 import gguf
-import numpy as np
 import pytest
-from oracle_models import build, hf_greedy, hf_logits, prompt
+from oracle_checks import (
+    batch_and_steps,
+    batched_equal_alone,
+    greedy_f32_and_q8_0,
+    open_model,
+    rel_err,
+)
+from oracle_models import build, hf_logits, prompt
 
 from colibri.model import Model
-
-
-def rel_err(a: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.abs(a - ref).max() / np.abs(ref).max())
 
 
 @pytest.fixture(scope="module")
@@ -42,36 +44,12 @@ def test_file_and_description(l4):
 def test_logits_in_one_batch_token_by_token_greedy_and_q8_0(l4):
     hf, paths = l4
     m = Model(paths["f32"], threads=2, ctx=256, max_batch=64)
-    ids = prompt(40, seed=1)
-    batch = m.logits(ids)
-    assert rel_err(batch, hf_logits(hf, ids)) < 1e-4
-    seq = m.new_sequence()
-    steps = np.concatenate([m.eval([seq], tokens=[t]) for t in ids])
-    m.free_sequence(seq)
-    assert rel_err(steps, batch) < 1e-5
-    start = prompt(12, seed=2)
-    want = hf_greedy(hf, start, 24)
-    for path, need in ((paths["f32"], 24), (paths["q8_0"], 22)):
-        mm = Model(path, threads=2, ctx=256, max_batch=64)
-        s = mm.new_sequence()
-        lg = mm.eval([s], tokens=start)
-        got = []
-        for _ in range(24):
-            got.append(int(np.argmax(lg[-1])))
-            lg = mm.eval([s], tokens=[got[-1]])
-        assert sum(a == b for a, b in zip(got, want, strict=True)) >= need, path
+    batch_and_steps(m, hf, prompt(40, seed=1))
+    greedy_f32_and_q8_0(hf, paths)
 
 
 def test_sequences_batched_equal_each_alone(l4):
-    _, paths = l4
-    m = Model(paths["f32"], threads=2, ctx=256, max_batch=64)
-    prompts = [prompt(n, seed=40 + n) for n in (5, 17, 11)]
-    alone = [m.logits(p) for p in prompts]
-    seqs = [m.new_sequence() for _ in prompts]
-    order = [(i, t) for t in range(17) for i, p in enumerate(prompts) if t < len(p)]
-    out = m.eval([seqs[i] for i, _ in order], tokens=[prompts[i][t] for i, t in order])
-    for row, (i, t) in enumerate(order):
-        assert np.array_equal(out[row], alone[i][t]), (i, t)
+    batched_equal_alone(open_model(l4[1]["f32"]), seed=40)
 
 
 @pytest.mark.parametrize("what", ["chunks", "temperature", "qk norm"])
