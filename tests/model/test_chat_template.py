@@ -36,6 +36,10 @@ Where each template comes from:
 - hunyuan-a13b: the chat_template of models/tokenizer_config.json in Tencent's Hunyuan-A13B
   GitHub repository (as a public fork holds it); tools, `<tool_calls>[...]</tool_calls>` calls;
   it stamps the current time, frozen here for both renderers.
+- llama4: Llama-4-Scout / Maverick-17B Instruct's template, the chat_template of transformers'
+  models/llama4/processing_llama4.py (its convert_llama4_weights_to_hf.py writes the same into
+  the Instruct tokenizer); tools, calls as `<|python_start|>CONTENT<|python_end|>` then
+  `{"name": ..., "parameters": {...}}` objects; more cases in test_chat_template_llama4.py.
 Not here: dots.llm1's published template (not found in the sources this work could reach)."""
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ SPECIAL = {  # the bos/eos strings each family's tokenizer has
     "kimi-k2-instruct": ("", "<|im_end|>"),
     "glm4.6": ("", "<|endoftext|>"),
     "hunyuan-a13b": ("<|startoftext|>", "<|eos|>"),
+    "llama4": ("<|begin_of_text|>", "<|eot|>"),
 }
 
 SYSTEM = [{"role": "system", "content": "You are terse."},
@@ -134,6 +139,7 @@ CASES = {
     "kimi-k2-instruct": [SYSTEM, MULTI],
     "glm4.6": [SYSTEM, MULTI, TOOLS_CONV, RICH_CONV],
     "hunyuan-a13b": [SYSTEM, MULTI, TOOLS_CONV, RICH_CONV],
+    "llama4": [SYSTEM, MULTI, TOOLS_CONV, RICH_CONV],
 }
 
 

@@ -58,7 +58,7 @@ FORMS = {"deepseek3.1": "deepseek-v3.1", "deepseek-r1": "deepseek-v3", "kimi-k2"
          "kimi-k2-instruct": "kimi-k2", "gemma4": "gemma4", "hunyuan-a13b": "hunyuan",
          "glm4.6": "xml", "ling3": "xml", "qwen2.5": "hermes", "granite4.0": "hermes",
          "granite3.3": "granite3", "llama3": "json", "mixtral": "json", "gemma3": "json",
-         "gemma2": "json", "phi3.5": "json", "ernie4.5": "json"}
+         "gemma2": "json", "phi3.5": "json", "ernie4.5": "json", "llama4": "llama4"}
 
 
 def template(family: str) -> str:
@@ -130,7 +130,8 @@ SPANS = {"deepseek3.1": ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end
          "glm4.6": ("<tool_call>", "</tool_call>", {}),
          "ling3": ("<tool_call>", "</tool_call>", {}),
          "qwen2.5": ("<tool_call>", "</tool_call>", {}),
-         "granite4.0": ("<tool_call>", "</tool_call>", {})}
+         "granite4.0": ("<tool_call>", "</tool_call>", {}),
+         "llama4": ("<|python_start|>", "}", {})}
 
 
 @pytest.mark.parametrize("family", sorted(SPANS))
@@ -208,7 +209,8 @@ def served(tiny_path: str) -> Any:
 
 
 @pytest.mark.parametrize("family", ["deepseek3.1", "deepseek-r1", "kimi-k2", "gemma4",
-                                    "hunyuan-a13b", "glm4.6", "granite3.3", "qwen2.5"])
+                                    "hunyuan-a13b", "glm4.6", "granite3.3", "qwen2.5",
+                                    "llama4"])
 def test_a_served_model_calls_in_its_family_form(served, family):
     served.state.model.gguf.metadata["tokenizer.chat_template"] = template(family)
 
