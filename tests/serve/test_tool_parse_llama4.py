@@ -180,3 +180,86 @@ def test_llama4_served_calls_whole_and_streamed(served):
     assert len(ids) == 1 and name == "add" and streamed == call.function.arguments
     assert chunks[-1].choices == [] or chunks[-1].choices[0].finish_reason == "tool_calls"
     assert any(ch.choices and ch.choices[0].finish_reason == "tool_calls" for ch in chunks)
+
+
+@pytest.fixture(scope="module")
+def control_served(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The tiny model with <|python_start|> and <|python_end|> as control tokens (as Llama 4's
+    converted vocabulary marks them), served in-process with Llama 4's template."""
+    import gguf
+
+    from colibri.model import Model
+    from colibri.serve.app import create_app
+    from colibri.serve.state import ServerState
+    from colibri.tools import make_bench_model as mbm
+    from tests.serve.test_tool_parse import TEMPLATES
+
+    first, tags = 256 + 26 * 26, [PY_START, PY_END]  # after the byte and letter-pair tokens
+    real_vocab, real_types = mbm._vocab, gguf.GGUFWriter.add_token_types
+
+    def vocab(n: int) -> tuple[list[str], list[str]]:
+        tokens, merges = real_vocab(n)
+        tokens[first:first + len(tags)] = tags
+        return tokens, merges
+
+    def types(self: Any, ts: Any) -> None:
+        ts = list(ts)
+        ts[first:first + len(tags)] = [gguf.TokenType.CONTROL] * len(tags)
+        real_types(self, ts)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mbm, "_vocab", vocab)
+        mp.setattr(gguf.GGUFWriter, "add_token_types", types)
+        path = str(mbm.write(str(tmp_path_factory.mktemp("l4") / "tiny.gguf"), n_layers=2,
+                             shape="tiny"))
+    state = ServerState(lambda: Model(path, threads=1, ctx=4096, verbose=False), MODEL,
+                        max_seqs=2, prefault=False)
+    state.load()
+    assert state.ready, state.load_error
+    state.model.gguf.metadata["tokenizer.chat_template"] = (
+        TEMPLATES / "llama4.jinja").read_text()
+    yield SimpleNamespace(app=create_app(state), state=state,
+                          ids={t: first + k for k, t in enumerate(tags)})
+    state.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_llama4_tags_written_as_control_tokens(control_served, stream):
+    """The grammar lets the model write the tags as their control tokens (pushed to, here);
+    the engine's text leaves them out, the server puts them back for the parser: the call is
+    read and no tag reaches the content, whole or streamed."""
+    from colibri.serve.tool_grammar import control_tags
+
+    assert control_tags(control_served.state.model) == control_served.ids
+    bias = {str(i): 40.0 for i in control_served.ids.values()}
+
+    async def go() -> Any:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=control_served.app),
+                                     base_url="http://colibri", timeout=300) as http:
+            client = openai.AsyncOpenAI(base_url="http://colibri/v1", api_key="none",
+                                        max_retries=0, http_client=http)
+            r = await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Add 1 and 2"}],
+                tools=[ADD], tool_choice="required", max_tokens=200, temperature=1.0, seed=4,
+                logprobs=True, stream=stream,
+                logit_bias={**bias, "2046": -100, "2047": -100})  # type: ignore[arg-type]
+            return [c async for c in r] if stream else r
+
+    r = asyncio.run(go())
+    if stream:
+        choices = [c.choices[0] for c in r if c.choices]
+        written = [t.token for c in choices if c.logprobs for t in c.logprobs.content]
+        content = "".join(c.delta.content or "" for c in choices)
+        deltas = [d for c in choices for d in c.delta.tool_calls or []]
+        name = next(d.function.name for d in deltas if d.id)
+        args = "".join(d.function.arguments or "" for d in deltas)
+        finish = choices[-1].finish_reason
+    else:
+        c = r.choices[0]
+        written = [t.token for t in c.logprobs.content]
+        content, finish = c.message.content or "", c.finish_reason
+        call = c.message.tool_calls[0].function
+        name, args = call.name, call.arguments
+    assert written[:2] == [PY_START, PY_END], written  # the control tokens themselves
+    assert finish == "tool_calls" and name == "add" and content == ""
+    assert set(json.loads(args)) == {"a", "b"}
