@@ -117,6 +117,33 @@ def test_llama4_what_is_not_a_call_stays_content_without_the_tags():
     assert parse_tool_calls(text, NAMES)[0] == " done"
 
 
+@SETTINGS
+@given(calls_st, st.sampled_from(["", "On it."]))
+def test_llama4_calls_read_back_render_as_written(calls, content):
+    """The calls read from what the template wrote, sent back as OpenAI's API carries them
+    (arguments as text, content null where there is none) with a tool result, render through
+    the server's messages as transformers renders the original turn: the next prompt holds the
+    model's own call as it was written."""
+    from colibri import render_template
+    from colibri.serve.chat import _template_messages
+    from colibri.serve.protocol import ChatMessage
+    from tests.model.test_chat_template import _reference
+    from tests.serve.test_tool_parse import TEMPLATES
+
+    got_content, got = parse_tool_calls(llama4(calls, content), NAMES)
+    api = [{"role": "user", "content": "go"},
+           {"role": "assistant", "content": got_content, "tool_calls": [c.openai() for c in got]},
+           {"role": "tool", "tool_call_id": got[0].id, "content": "done"}]
+    msgs = _template_messages([ChatMessage.model_validate(m) for m in api], True)
+    tpl = (TEMPLATES / "llama4.jinja").read_text()
+    ours = render_template(tpl, msgs, bos_token="<|begin_of_text|>", eos_token=EOT)
+    original = [api[0], {"role": "assistant", "content": content, "tool_calls": [
+        {"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]},
+        {"role": "tool", "content": "done"}]
+    assert ours == _reference("llama4").apply_chat_template(
+        original, chat_template=tpl, tokenize=False, add_generation_prompt=True)
+
+
 # ---- served ----
 
 MODEL = "tiny"
