@@ -22,6 +22,7 @@ bare JSON form.
   <|constrain|>json<|message|>{...}` (as the model writes it) or ` to=functions.NAME
   <|channel|>commentary json<|message|>{...}` (as its template renders a call); the
   generation then ends (`<|call|>` is an end-of-generation token).
+- llama4: `<|python_start|><|python_end|>{"name": ..., "parameters": {...}}` (tool_llama4)
 - json: the bare call object (Llama 3 and templates with no form of their own).
 Where a tool's schema is beyond what the gemma4 or xml grammar writes ($ref, anyOf, a
 free-form object...), those fall back to the hermes form (the parser reads it everywhere).
@@ -40,6 +41,7 @@ from typing import Any
 from colibri.serve.grammar import JSON_OPTIONS
 from colibri.serve.harmony import CHANNEL, CONSTRAIN, END, MESSAGE, START
 from colibri.serve.harmony import TAGS as HARMONY_TAGS
+from colibri.serve.tool_llama4 import PY_END, PY_START, call_rule
 from colibri.serve.tool_parse import (
     CLOSE,
     G4_CLOSE,
@@ -73,7 +75,8 @@ CALL_JSON: dict[str, Any] = {**JSON_OPTIONS, "item_separator": ", ", "key_separa
 PRESERVED = (OPEN, CLOSE, G4_OPEN, G4_CLOSE, QUOTE, GRANITE_TAG, PYTHON_TAG, HY_OPEN, HY_CLOSE,
              "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", DS_SECTION,
              DS_SECTION_END, DS_CALL, DS_SEP, DS_CALL_END, KIMI_SECTION, KIMI_SECTION_END,
-             KIMI_CALL, KIMI_SEP, KIMI_CALL_END, "<think>", "</think>", *HARMONY_TAGS)
+             KIMI_CALL, KIMI_SEP, KIMI_CALL_END, "<think>", "</think>", *HARMONY_TAGS, PY_START,
+             PY_END)
 
 
 def control_tags(model: Any) -> dict[str, int]:
@@ -114,6 +117,8 @@ def call_form(template: str) -> str:
         return "xml" if "<arg_key>" in template else "hermes"
     if GRANITE_TAG in template:
         return "granite3"
+    if PY_START in template:
+        return "llama4"
     return "json"
 
 
@@ -330,6 +335,8 @@ def _call_grammar(tools: list[dict[str, Any]], name: str | None, template: str,
                                   f"{g.lit(KIMI_CALL_END)} {g.lit(KIMI_SECTION_END)}")
         return "lark", g.text(f"{g.lit(DS_SECTION)} {g.lit(DS_CALL)} ({body}) "
                               f"{g.lit(DS_CALL_END)} {g.lit(DS_SECTION_END)}")
+    if form == "llama4":
+        return "lark", g.text(call_rule(g, chosen))
     call = g.json(schema)
     if form == "hunyuan":
         return "lark", g.text(f'{g.lit(HY_OPEN)} "[" {call} "]" {g.lit(HY_CLOSE)}')

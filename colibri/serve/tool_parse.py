@@ -16,9 +16,9 @@ Forms understood:
   see tool_formats).
 - Gemma 4: `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>` (see tool_formats).
 - DeepSeek V3.1 / V3 / R1 and Kimi K2, calls between special tags (see tool_tags).
-Every form is recognised in every output (the forms' tags do not collide), so the parser needs
-no knowledge of the model; the grammar of tool_choice (tool_grammar.call_grammar) writes a form it
-reads.
+- Llama 4: `<|python_start|>text<|python_end|>` then JSON calls, the tags dropped (tool_llama4).
+Every form is recognised in every output (the forms' tags do not collide): the parser needs no
+knowledge of the model; tool_choice's grammar (tool_grammar.call_grammar) writes a form it reads.
 
 A call's object is scanned a character at a time (`_CallObject`). It becomes a call when its
 "name" string is complete (the `,` or `}` after it seen) and names one of the request's tools;
@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from colibri.serve.tool_formats import Gemma4Call, NotACall, XmlCall
+from colibri.serve.tool_llama4 import PY_TAGS
 from colibri.serve.tool_tags import CLOSERS, OPENERS, TagCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -49,7 +50,7 @@ GRANITE_TAG = "<|tool_call|>"                     # Granite 3.x: a JSON list fol
 HY_OPEN, HY_CLOSE = "<tool_calls>", "</tool_calls>"   # Hunyuan: a JSON list inside
 G4_OPEN, G4_CLOSE = "<|tool_call>", "<tool_call|>"    # Gemma 4
 PREFIX_TAGS = (PYTHON_TAG, GRANITE_TAG)            # tags before the JSON form
-OPEN_TAGS = (OPEN, HY_OPEN, G4_OPEN, *OPENERS)    # tags that open calls amid text
+OPEN_TAGS = (OPEN, HY_OPEN, G4_OPEN, *OPENERS, *PY_TAGS)  # tags that open calls amid text
 AFTER_CALL = (G4_CLOSE, *CLOSERS)                  # tags after a call's body, dropped
 ARG_KEYS = ("arguments", "parameters")
 _WS = " \t\r\n"
@@ -547,6 +548,8 @@ class ToolStreamParser:
             elif tag in OPENERS:
                 self.obj = TagCall(tag, self.names, self._on_start, self._on_args)
                 self.state = "body"
+            elif tag in PY_TAGS:  # Llama 4 (tool_llama4): dropped, a JSON call may follow
+                self.held, self.state, self.in_list, self.json_calls = "", "start", False, 0
             else:  # Hunyuan's list of JSON calls
                 self.wrap, self.in_list, self.json_calls = HY_CLOSE, False, 0
                 self.state = "json_pre"

@@ -13,10 +13,11 @@ Forms understood (see tool_parse):
 - GLM-style XML (Ling / Bailing): `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>
   </tool_call>`.
 - Gemma 4: `<|tool_call>call:NAME{key:<|"|>text<|"|>,...}<tool_call|>`.
+- Llama 4: `<|python_start|>text<|python_end|>` then Llama 3's objects (see tool_llama4).
 
 The grammar of tool_choice "required" or a named tool (tool_grammar.call_grammar) writes
 the form the model's template teaches: DeepSeek's, Kimi K2's, Gemma 4's, Hunyuan's, GLM's XML,
-Hermes, Granite 3's, or the bare JSON object (Llama 3 and templates with no form of their own).
+Hermes, Granite 3's, Llama 4's, or the bare JSON object (Llama 3 and templates with no form of their own).
 
 A JSON-looking output that does not name one of the request's tools stays plain content.
 """

@@ -41,6 +41,10 @@ Where each template comes from:
   message, tools as a TypeScript namespace, calls `<|start|>assistant to=functions.NAME
   <|channel|>commentary json<|message|>{...}<|call|>`, the `thinking` of an assistant message
   as its analysis channel, `reasoning_effort`).
+- llama4: Llama-4-Scout / Maverick-17B Instruct's template, the chat_template of transformers'
+  models/llama4/processing_llama4.py (its convert_llama4_weights_to_hf.py writes the same into
+  the Instruct tokenizer); tools, calls as `<|python_start|>CONTENT<|python_end|>` then
+  `{"name": ..., "parameters": {...}}` objects; more cases in test_chat_template_llama4.py.
 Not here: dots.llm1's published template (not found in the sources this work could reach)."""
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ SPECIAL = {  # the bos/eos strings each family's tokenizer has
     "glm4.6": ("", "<|endoftext|>"),
     "hunyuan-a13b": ("<|startoftext|>", "<|eos|>"),
     "gpt-oss": ("<|startoftext|>", "<|return|>"),
+    "llama4": ("<|begin_of_text|>", "<|eot|>"),
 }
 
 SYSTEM = [{"role": "system", "content": "You are terse."},
@@ -141,6 +146,7 @@ CASES = {
     "glm4.6": [SYSTEM, MULTI, TOOLS_CONV, RICH_CONV],
     "hunyuan-a13b": [SYSTEM, MULTI, TOOLS_CONV, RICH_CONV],
     "gpt-oss": [SYSTEM, MULTI, TOOLS_CONV],  # one call a turn: RICH_CONV's second is dropped
+    "llama4": [SYSTEM, MULTI, TOOLS_CONV, RICH_CONV],
 }
 
 

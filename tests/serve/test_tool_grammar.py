@@ -58,7 +58,8 @@ FORMS = {"deepseek3.1": "deepseek-v3.1", "deepseek-r1": "deepseek-v3", "kimi-k2"
          "kimi-k2-instruct": "kimi-k2", "gemma4": "gemma4", "hunyuan-a13b": "hunyuan",
          "glm4.6": "xml", "ling3": "xml", "qwen2.5": "hermes", "granite4.0": "hermes",
          "granite3.3": "granite3", "llama3": "json", "mixtral": "json", "gemma3": "json",
-         "gemma2": "json", "phi3.5": "json", "ernie4.5": "json", "gpt-oss": "harmony"}
+         "gemma2": "json", "phi3.5": "json", "ernie4.5": "json", "gpt-oss": "harmony",
+         "llama4": "llama4"}
 
 
 def template(family: str) -> str:
@@ -144,7 +145,8 @@ SPANS = {"deepseek3.1": ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end
          "qwen2.5": ("<tool_call>", "</tool_call>", {}),
          "granite4.0": ("<tool_call>", "</tool_call>", {}),
          # after the prompt's <|start|>assistant; <|call|> ends the generation (not written)
-         "gpt-oss": (" to=functions.", "<|call|>", {})}
+         "gpt-oss": (" to=functions.", "<|call|>", {}),
+         "llama4": ("<|python_start|>", "}", {})}
 
 
 def span(family: str, name: str, args: dict) -> str:
@@ -259,7 +261,8 @@ def served(tiny_path: str) -> Any:
 
 
 @pytest.mark.parametrize("family", ["deepseek3.1", "deepseek-r1", "kimi-k2", "gemma4",
-                                    "hunyuan-a13b", "glm4.6", "granite3.3", "qwen2.5"])
+                                    "hunyuan-a13b", "glm4.6", "granite3.3", "qwen2.5",
+                                    "llama4"])
 # (gpt-oss: tests/serve/test_harmony.py, on a vocabulary with harmony's tokens: its grammar lets
 # the model think first, and a random model pushed to no <|end|> thinks to max_tokens)
 def test_a_served_model_calls_in_its_family_form(served, family):
