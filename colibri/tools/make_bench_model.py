@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Write a benchmark GGUF with random weights in the shape of Qwen3-30B-A3B (or a tiny MoE).
+"""Write a benchmark GGUF with random weights in the shape of Qwen3-30B-A3B, ERNIE-4.5-21B-A3B,
+GLM-4.5-Air or DeepSeek-V3 (or a tiny MoE).
 
     python -m colibri.tools.make_bench_model OUT.gguf [--layers 12] [--type q4_k_m|q5_k_m|q8_0|q4_0]
-                                             [--routing spread|raw] [--shape qwen3-30b-a3b|tiny]
-                                             [--force]
+                                             [--routing spread|raw] [--force]
+                                             [--shape qwen3-30b-a3b|tiny|ernie-4.5-21b-a3b|
+                                                      glm-4.5-air|deepseek-v3|tiny-ernie4_5-moe|
+                                                      tiny-glm4moe|tiny-deepseek2]
 
 (also `colibri make-bench-model OUT.gguf ...` and, from a checkout, tools/make_bench_model.py)
 
@@ -19,7 +22,16 @@ layers), and a disk without room for it is refused before anything is written.
 top-4, vocabulary 2048: ~1 MB a layer), written and calibrated in seconds: the model of the
 README's expert-budget example and of quick tests.
 
-Shape (per layer): hidden 2048, 32 query heads and 4 KV heads of 128, q/k RMSNorm, 128 experts
+Other shapes (colibri/tools/bench_shapes.py, which lists each one's sizes and keys):
+`ernie-4.5-21b-a3b` (ernie4_5-moe), `glm-4.5-air` (glm4moe) and `deepseek-v3` (deepseek2), each
+with the real model's layer shapes, GGUF keys and tensor names as llama.cpp's converter writes
+them, leading dense layers scaled down with --layers (1 for ERNIE and GLM, round(3 * layers /
+61) for DeepSeek-V3, at least 1, at most layers - 1), and `tiny-*` versions for tests.
+ERNIE-4.5 12 layers q4_k_m is 5.5 GiB, GLM-4.5-Air 4 layers 5.7 GiB, DeepSeek-V3 3 layers
+q2_k 7.8 GiB (a DeepSeek-V3 MoE layer is 7 GiB at q4_k_m). colibri does not run deepseek2 yet:
+its file is for llama.cpp, with `raw` routing (the default there; `spread` is refused).
+
+Shape (per layer, qwen3-30b-a3b): hidden 2048, 32 query heads and 4 KV heads of 128, q/k RMSNorm, 128 experts
 with FFN 768, top-8 renormalised softmax routing (qwen3moe), vocabulary 151936. Weights are
 random but valid blocks of the chosen types, written tensor by tensor (a pool of random blocks
 is generated once and cut at random offsets), so a 12-layer model of several GB is written in
@@ -69,16 +81,12 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from colibri.tokenizer import bytes_to_unicode
+from colibri.tools import bench_shapes
+from colibri.tools.bench_shapes import SHAPES
 
 log = logging.getLogger("colibri")
 
 ARCH = "qwen3moe"
-SHAPES = {
-    "qwen3-30b-a3b": dict(n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_expert=128,
-                          n_used=8, n_ff_exp=768, n_ff=6144, n_vocab=151936, n_ctx=40960),
-    "tiny": dict(n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_expert=32, n_used=4,
-                 n_ff_exp=256, n_ff=1024, n_vocab=2048, n_ctx=4096),
-}
 SHAPE = SHAPES["qwen3-30b-a3b"]
 # progress(done, total, what)
 Progress = Callable[[int, int, str], None]
@@ -96,6 +104,12 @@ def random_blocks(qtype: QT, n_blocks: int, rng: np.random.Generator) -> np.ndar
     if qtype in (QT.Q8_0, QT.Q4_0):
         d = rng.uniform(0.5, 1.5, n_blocks) * (0.02 / (64 if qtype == QT.Q8_0 else 4))
         b[:, 0:2] = _f16(d)
+    elif qtype in (QT.Q5_0, QT.Q5_1):
+        # 5-bit q (mean 15.5): Q5_0 is d*(q-16); Q5_1 d*q + m with m = -15.5 d centres it
+        d = rng.uniform(0.5, 1.5, n_blocks) * 0.02 / 8
+        b[:, 0:2] = _f16(d)
+        if qtype == QT.Q5_1:
+            b[:, 2:4] = _f16(-15.5 * d)
     elif qtype == QT.Q4_K:
         # v = d*sc*q - dmin*m with 6-bit sc, m (mean ~32) and 4-bit q (mean 7.5): dmin = 7.5 d
         # centres the weights on zero, as a real Q4_K tensor is; a larger dmin would give every
@@ -192,7 +206,7 @@ class Pool:
 
 
 # bytes of a block holding its fp16 scale(s): every value of the block is linear in them
-_SCALE_FIELDS = {QT.Q8_0: (0, 2), QT.Q4_0: (0, 2), QT.Q4_K: (0, 4), QT.Q5_K: (0, 4),
+_SCALE_FIELDS = {QT.Q8_0: (0, 2), QT.Q4_0: (0, 2), QT.Q5_0: (0, 2), QT.Q5_1: (0, 4), QT.Q4_K: (0, 4), QT.Q5_K: (0, 4),
                  QT.Q6_K: (208, 210), QT.Q2_K: (80, 84), QT.Q3_K: (108, 110),
                  QT.TQ1_0: (52, 54), QT.TQ2_0: (64, 66),
                  **{t: (0, 2) for t in (QT.IQ1_S, QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ3_XXS,
@@ -204,51 +218,44 @@ LOWBIT_KINDS["q3_k_m"] = (QT.Q3_K, QT.Q4_K, QT.Q4_K, QT.Q6_K)
 KINDS = ["q4_k_m", "q5_k_m", "q8_0", "q4_0", *LOWBIT_KINDS]
 # with `spread` routing: attention's output projection, scaled down (see the module docstring)
 ATTN_OUT_SCALE = 0.1
+# architectures colibri does not run yet: written for llama.cpp, with raw routing only
+NOT_RUN = {"deepseek2"}
+
+
+def default_routing(shape: str) -> str:
+    """spread where colibri runs the shape's architecture (it calibrates with colibri's
+    forward), raw where it does not yet (deepseek2)."""
+    return "raw" if SHAPES[shape]["arch"] in NOT_RUN else "spread"
+
+
+def types(kind: str) -> tuple[QT, QT, QT, QT]:
+    """(main, attn_v, ffn_down, output) types of a --type kind."""
+    if kind == "q8_0":
+        return QT.Q8_0, QT.Q8_0, QT.Q8_0, QT.Q8_0
+    if kind == "q4_0":
+        return QT.Q4_0, QT.Q4_0, QT.Q4_0, QT.Q4_0
+    if kind == "q4_k_m":
+        return QT.Q4_K, QT.Q6_K, QT.Q6_K, QT.Q6_K
+    if kind == "q5_k_m":
+        return QT.Q5_K, QT.Q6_K, QT.Q6_K, QT.Q6_K
+    if kind in LOWBIT_KINDS:
+        return LOWBIT_KINDS[kind]
+    raise ValueError(f"unknown type {kind!r}: {', '.join(KINDS)}")
 
 
 def plan(n_layers: int, kind: str, shape: str = "qwen3-30b-a3b"
          ) -> list[tuple[str, tuple[int, ...], QT | None]]:
-    """(name, numpy shape, type or None for float32) of every tensor, in file order."""
-    s = SHAPES[shape]
-    E, H, KV, D, X, F, V = (s["n_embd"], s["n_head"], s["n_head_kv"], s["head_dim"],
-                            s["n_expert"], s["n_ff_exp"], s["n_vocab"])
-    if kind == "q8_0":
-        main = attn_v = down = out = QT.Q8_0
-    elif kind == "q4_0":
-        main = attn_v = down = out = QT.Q4_0
-    elif kind == "q4_k_m":
-        main, attn_v, down, out = QT.Q4_K, QT.Q6_K, QT.Q6_K, QT.Q6_K
-    elif kind == "q5_k_m":
-        main, attn_v, down, out = QT.Q5_K, QT.Q6_K, QT.Q6_K, QT.Q6_K
-    elif kind in LOWBIT_KINDS:
-        main, attn_v, down, out = LOWBIT_KINDS[kind]
-    else:
-        raise ValueError(f"unknown type {kind!r}: {', '.join(KINDS)}")
-    t: list[tuple[str, tuple[int, ...], QT | None]] = [("token_embd.weight", (V, E), main)]
-    for i in range(n_layers):
-        b = f"blk.{i}."
-        t += [
-            (b + "attn_norm.weight", (E,), None),
-            (b + "attn_q.weight", (H * D, E), main),
-            (b + "attn_k.weight", (KV * D, E), main),
-            (b + "attn_v.weight", (KV * D, E), attn_v),
-            (b + "attn_output.weight", (E, H * D), main),
-            (b + "attn_q_norm.weight", (D,), None),
-            (b + "attn_k_norm.weight", (D,), None),
-            (b + "ffn_norm.weight", (E,), None),
-            (b + "ffn_gate_inp.weight", (X, E), None),
-            (b + "ffn_gate_exps.weight", (X, F, E), main),
-            (b + "ffn_up_exps.weight", (X, F, E), main),
-            (b + "ffn_down_exps.weight", (X, E, F), down),
-        ]
-    t += [("output_norm.weight", (E,), None), ("output.weight", (V, E), out)]
-    return t
+    """(name, numpy shape, type or None for float32) of every tensor, in file order
+    (colibri.tools.bench_shapes.plan)."""
+    return bench_shapes.plan(n_layers, types(kind), shape)
 
 
 def _float_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     if name.endswith("norm.weight"):
         return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
-    return (0.02 * rng.standard_normal(shape)).astype(np.float32)  # routers
+    if name.endswith("exp_probs_b.bias"):  # the selection bias: small against the scores' spread
+        return (0.001 * rng.standard_normal(shape)).astype(np.float32)
+    return (0.02 * rng.standard_normal(shape)).astype(np.float32)  # routers, attention biases
 
 
 def _vocab(n_vocab: int) -> tuple[list[str], list[str]]:
@@ -316,7 +323,7 @@ def _size(n: int) -> str:
 
 
 def write(path: str | os.PathLike[str], n_layers: int = 12, kind: str = "q4_k_m", seed: int = 0,
-          progress: Progress | None = None, routing: str = "spread",
+          progress: Progress | None = None, routing: str | None = None,
           shape: str = "qwen3-30b-a3b", force: bool = False) -> str:
     """Write the model to path and return the path. The output rules of every colibri writer
     (colibri.output_file): an existing file or symbolic link is replaced only with force=True
@@ -329,10 +336,14 @@ def write(path: str | os.PathLike[str], n_layers: int = 12, kind: str = "q4_k_m"
     from colibri._tempfiles import chmod_as_new_file, clean_stale_temporaries, mkstemp_for
     from colibri.output_file import publish
 
-    if routing not in ("spread", "raw"):
-        raise ValueError(f"unknown routing {routing!r}: spread or raw")
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}: {', '.join(SHAPES)}")
+    routing = default_routing(shape) if routing is None else routing
+    if routing not in ("spread", "raw"):
+        raise ValueError(f"unknown routing {routing!r}: spread or raw")
+    if routing == "spread" and SHAPES[shape]["arch"] in NOT_RUN:
+        raise ValueError(f"--routing spread calibrates with colibri's forward, which does not "
+                         f"run {SHAPES[shape]['arch']} yet: use --routing raw")
     path = os.fspath(path)
     preflight(path, n_layers, kind, shape, force)
     rng = np.random.default_rng(seed)
@@ -354,29 +365,32 @@ def write(path: str | os.PathLike[str], n_layers: int = 12, kind: str = "q4_k_m"
 
 
 def _write(tmp: str, n_layers: int, kind: str, rng: np.random.Generator,
-           progress: Progress | None, routing: str, shape: str, s: dict[str, int],
+           progress: Progress | None, routing: str, shape: str, s: dict[str, Any],
            seed: int) -> None:
-    w = gguf.GGUFWriter(tmp, ARCH)
+    w = gguf.GGUFWriter(tmp, s["arch"])
     w.add_name(f"colibri-bench-{shape}-shape-{n_layers}L-{kind}")
     ftype = getattr(gguf.LlamaFileType, "MOSTLY_" + kind.upper(), None)
     w.add_file_type({"q8_0": 7, "q4_0": 2, "q4_k_m": 15, "q5_k_m": 17}.get(
         kind, int(ftype) if ftype is not None else 0))
-    w.add_context_length(s["n_ctx"])
-    w.add_embedding_length(s["n_embd"])
-    w.add_block_count(n_layers)
-    w.add_feed_forward_length(s["n_ff"])
-    w.add_head_count(s["n_head"])
-    w.add_head_count_kv(s["n_head_kv"])
-    w.add_key_length(s["head_dim"])
-    w.add_value_length(s["head_dim"])
-    w.add_rope_freq_base(1_000_000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_expert_count(s["n_expert"])
-    w.add_expert_used_count(s["n_used"])
-    w.add_expert_feed_forward_length(s["n_ff_exp"])
+    if s["arch"] == ARCH:  # the keys as they always were: the qwen3moe files stay byte-equal
+        w.add_context_length(s["n_ctx"])
+        w.add_embedding_length(s["n_embd"])
+        w.add_block_count(n_layers)
+        w.add_feed_forward_length(s["n_ff"])
+        w.add_head_count(s["n_head"])
+        w.add_head_count_kv(s["n_head_kv"])
+        w.add_key_length(s["head_dim"])
+        w.add_value_length(s["head_dim"])
+        w.add_rope_freq_base(1_000_000.0)
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_expert_count(s["n_expert"])
+        w.add_expert_used_count(s["n_used"])
+        w.add_expert_feed_forward_length(s["n_ff_exp"])
+    else:
+        bench_shapes.write_keys(w, s, n_layers)
     tokens, merges = _vocab(s["n_vocab"])
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
+    w.add_tokenizer_pre(s["pre"])
     w.add_token_list(tokens)
     w.add_token_types([1] * (len(tokens) - 2) + [3, 3])
     w.add_token_merges(merges)
@@ -395,7 +409,7 @@ def _write(tmp: str, n_layers: int, kind: str, rng: np.random.Generator,
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    pool = Pool(rng, mb=16 if shape == "qwen3-30b-a3b" else 1)
+    pool = Pool(rng, mb=1 if shape.startswith("tiny") else 16)
     total = len(tensors)
     for k, (name, tshape, qt) in enumerate(tensors):
         scale = ATTN_OUT_SCALE if routing == "spread" and name.endswith("attn_output.weight") else 1.0
@@ -426,18 +440,44 @@ def _router_from(h: np.ndarray, n_expert: int, rng: np.random.Generator,
     return (logit_std * mix @ whiten).astype(np.float32)
 
 
+def _route(desc: Any, L: Any, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(top-k expert ids, their weights) per token as the model's routing does it: scores
+    (softmax or sigmoid), the top k of score + selection bias, weights from the scores,
+    renormalised or not, times the routed scale (no expert groups: bench_shapes' colibri-run
+    shapes have none)."""
+    from colibri.arch import GATING_SIGMOID
+
+    k = L.n_expert_used
+    z = logits.astype(np.float64)
+    if desc.gating == GATING_SIGMOID:
+        p = 1.0 / (1.0 + np.exp(-z))
+    else:
+        p = np.exp(z - z.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+    sel = p if L.router_bias is None else p + np.asarray(L.router_bias, np.float64)
+    top = np.argsort(-sel, axis=1)[:, :k]
+    w = np.take_along_axis(p, top, axis=1)
+    if desc.expert_renorm:
+        w /= w.sum(axis=1, keepdims=True)
+    return top, (w * desc.expert_scale).astype(np.float32)
+
+
 def cpu_moe(m: Any, layer: int, h: np.ndarray, logits: np.ndarray, out: np.ndarray) -> None:
-    """The routed experts of a qwen3moe layer with colibri's kernels, for the forward's MoE hook:
-    softmax over the top k logits, out = sum of weight * down(silu(gate(h)) * up(h))."""
+    """The routed experts of a layer with colibri's kernels, for the forward's MoE hook:
+    out = sum of weight * down(silu(gate(h)) * up(h)) over the routed experts (qwen3moe:
+    softmax over the top k logits; the other shapes: _route)."""
     import colibri._core._quant as _q
 
     L = m.desc.layers[layer]
     X = L.experts
     k, F, D = L.n_expert_used, L.n_ff_exp, m.desc.n_embd
-    top = np.argsort(-logits, axis=1)[:, :k]
-    sel = np.take_along_axis(logits, top, axis=1)
-    w = np.exp(sel - sel.max(axis=1, keepdims=True))
-    w /= w.sum(axis=1, keepdims=True)
+    if m.desc.arch == ARCH:  # as it always was: the qwen3moe files stay byte-equal
+        top = np.argsort(-logits, axis=1)[:, :k]
+        sel = np.take_along_axis(logits, top, axis=1)
+        w = np.exp(sel - sel.max(axis=1, keepdims=True))
+        w /= w.sum(axis=1, keepdims=True)
+    else:
+        top, w = _route(m.desc, L, logits)
     for e in np.unique(top):
         rows, slot = np.nonzero(top == e)
         x = np.ascontiguousarray(h[rows])
@@ -454,16 +494,18 @@ def cpu_moe(m: Any, layer: int, h: np.ndarray, logits: np.ndarray, out: np.ndarr
 
 
 def spread_routers(path: str, n_tokens: int = 512, seed: int = 0,
-                   progress: Progress | None = None, n_vocab: int = SHAPE["n_vocab"]) -> None:
-    """Recalibrate every router of the model at `path` in place (the `spread` routing)."""
+                   progress: Progress | None = None,
+                   n_vocab: int = SHAPES["qwen3-30b-a3b"]["n_vocab"]) -> None:
+    """Recalibrate every router of the model at `path` in place (the `spread` routing), the
+    MoE layers in order (a dense layer has none)."""
     from colibri.model import Model
 
     rng = np.random.default_rng(seed + 1)
     reader = gguf.GGUFReader(path, "r+")
-    routers = {t.name: t for t in reader.tensors if t.name.endswith("ffn_gate_inp.weight")}
-    n_layers = len(routers)
+    routers = {int(t.name.split(".")[1]): t for t in reader.tensors
+               if t.name.endswith("ffn_gate_inp.weight")}
     tokens = [int(t) for t in rng.integers(0, n_vocab, n_tokens)]
-    for li in range(n_layers):
+    for done, li in enumerate(sorted(routers)):
         m = Model(path, threads=os.cpu_count() or 1, ctx=n_tokens + 8, max_batch=n_tokens,
                   tokenizer=False, expert_mode="mapped", verbose=False)
         seen: list[np.ndarray] = []
@@ -481,11 +523,11 @@ def spread_routers(path: str, n_tokens: int = 512, seed: int = 0,
         m.eval([m.new_sequence()], tokens=tokens, logits=[False] * (n_tokens - 1) + [True])
         n_expert = m.desc.layers[li].n_expert
         m.close()
-        t = routers[f"blk.{li}.ffn_gate_inp.weight"]
+        t = routers[li]
         t.data[...] = _router_from(np.concatenate(seen), n_expert, rng).reshape(t.data.shape)
         reader.data.flush()
         if progress:
-            progress(li + 1, n_layers, "routers calibrated")
+            progress(done + 1, len(routers), "routers calibrated")
     del reader
 
 
@@ -511,10 +553,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
     p.add_argument("--shape", default="qwen3-30b-a3b", choices=list(SHAPES),
                    help="qwen3-30b-a3b: the real model's layer shapes (default; ~5 GiB for 12 "
-                        "layers); tiny: the same architecture at a small size, written in seconds")
-    p.add_argument("--routing", default="spread", choices=["spread", "raw"],
+                        "layers); tiny: the same architecture at a small size, written in "
+                        "seconds; ernie-4.5-21b-a3b (ernie4_5-moe), glm-4.5-air (glm4moe), "
+                        "deepseek-v3 (deepseek2): those models' shapes; tiny-ernie4_5-moe, "
+                        "tiny-glm4moe, tiny-deepseek2: their architectures at a small size")
+    p.add_argument("--routing", default=None, choices=["spread", "raw"],
                    help="spread: routers calibrated so routing covers the experts evenly, as a "
-                        "trained MoE's does (default); raw: the random routers")
+                        "trained MoE's does (the default, where colibri runs the architecture); "
+                        "raw: the random routers (the default, and the only one, for deepseek2)")
     p.add_argument("-f", "--force", action="store_true",
                    help="replace an existing output file or symbolic link (the link itself, "
                         "never its target); devices, FIFOs and directories are always refused")
