@@ -218,13 +218,14 @@ LOWBIT_KINDS["q3_k_m"] = (QT.Q3_K, QT.Q4_K, QT.Q4_K, QT.Q6_K)
 KINDS = ["q4_k_m", "q5_k_m", "q8_0", "q4_0", *LOWBIT_KINDS]
 # with `spread` routing: attention's output projection, scaled down (see the module docstring)
 ATTN_OUT_SCALE = 0.1
-# architectures colibri does not run yet: written for llama.cpp, with raw routing only
+# architectures whose routing the calibration does not emulate (deepseek2's group-limited
+# selection): raw routing only (both engines still run the same file)
 NOT_RUN = {"deepseek2"}
 
 
 def default_routing(shape: str) -> str:
-    """spread where colibri runs the shape's architecture (it calibrates with colibri's
-    forward), raw where it does not yet (deepseek2)."""
+    """spread where the calibration emulates the shape's routing, raw where it does not
+    (deepseek2's expert groups)."""
     return "raw" if SHAPES[shape]["arch"] in NOT_RUN else "spread"
 
 
@@ -342,8 +343,8 @@ def write(path: str | os.PathLike[str], n_layers: int = 12, kind: str = "q4_k_m"
     if routing not in ("spread", "raw"):
         raise ValueError(f"unknown routing {routing!r}: spread or raw")
     if routing == "spread" and SHAPES[shape]["arch"] in NOT_RUN:
-        raise ValueError(f"--routing spread calibrates with colibri's forward, which does not "
-                         f"run {SHAPES[shape]['arch']} yet: use --routing raw")
+        raise ValueError(f"--routing spread does not emulate {SHAPES[shape]['arch']}'s "
+                         f"group-limited routing yet: use --routing raw")
     path = os.fspath(path)
     preflight(path, n_layers, kind, shape, force)
     rng = np.random.default_rng(seed)

@@ -174,7 +174,7 @@ def test_deepseek2_file_has_what_llama_cpp_requires(files):
     assert "blk.1.exp_probs_b.bias" in got and "blk.1.attn_kv_b.weight" not in got
 
 
-def test_deepseek2_cannot_be_calibrated_by_colibri(tmp_path):
+def test_deepseek2_is_written_with_raw_routing(tmp_path):
     from colibri.tools.make_bench_model import default_routing, write
 
     assert default_routing("deepseek-v3") == "raw" and default_routing("glm-4.5-air") == "spread"
@@ -182,12 +182,16 @@ def test_deepseek2_cannot_be_calibrated_by_colibri(tmp_path):
         write(str(tmp_path / "d.gguf"), 2, "q8_0", shape="tiny-deepseek2", routing="spread")
 
 
-def test_llama_cpp_loads_and_runs_each_shape(files):
-    """Where llama-cpp-python is installed (the bench peer): every tiny file loads and decodes."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    for path in files.values():
-        ll = llama_cpp.Llama(path, n_ctx=64, n_threads=2, verbose=False)
-        ll.eval([5, 6, 7])
-        assert np.isfinite(np.ctypeslib.as_array(ll._ctx.get_logits_ith(-1),
-                                                 shape=(ll.n_vocab(),))).all()
-        ll.close()
+def test_deepseek2_file_runs_in_colibri(files):
+    """The deepseek2 bench file (MLA, YaRN, groups) in colibri: its MLA layers and latent cache
+    as the shape says, and a forward with finite logits."""
+    s = SHAPES["tiny-deepseek2"]
+    with colibri.Model(files["tiny-deepseek2"], threads=2, ctx=256, max_batch=64,
+                       verbose=False) as m:
+        d = m.desc
+        assert d.arch == "deepseek2" and d.expert_groups == s["n_group"]
+        assert all(L.mla_kv_lora == s["kv_lora"] for L in d.layers)
+        assert d.kv_values_per_token() == LAYERS * (s["kv_lora"] + s["qk_rope"])
+        seq = m.new_sequence()
+        tokens = [int(t) for t in np.random.default_rng(2).integers(0, m.n_vocab, 32)]
+        assert np.isfinite(m.eval([seq], tokens=tokens, logits=[True] * 32)).all()
