@@ -23,6 +23,12 @@ reads them. Nothing here writes data: plan() lists the tensors, write_keys() the
   4096, mscale_all_dim 1 as yarn_log_multiplier 0.1), 256 experts of FFN 2048, top-8 sigmoid
   with a selection bias in 8 groups (4 used), renormalised, scale 2.5, one shared expert, the
   first layers dense (FFN 18432), vocabulary 129280; no NextN layer (the converter skips it).
+- gpt-oss-20b (gpt-oss): hidden 2880, 64 query / 8 KV heads of 64 with biases and attention
+  sinks, sliding-window (128, even layers) and full layers alternating, YaRN (factor 32 over
+  4096, base 150000), 32 experts of FFN 2880 with biases, top-4 softmax over the chosen
+  logits, clamped SwiGLU; vocabulary 201088. The experts are MXFP4 whatever --type says (as
+  the published files are: llama-quantize keeps them); --type sets the other matrices, whose
+  2880-wide rows take llama.cpp's fallback from the 256-block types (Q4_K -> Q5_0).
 
 With fewer layers than the real model (--layers), the leading dense layers scale down with
 the depth: round(real dense * layers / real layers), at least 1 and at most layers - 1 (one
@@ -79,6 +85,15 @@ SHAPES["tiny-deepseek2"] = dict(SHAPES["deepseek-v3"], n_embd=256, n_head=4, q_l
                                 kv_lora=256, qk_nope=64, qk_rope=32, v_head=64, n_expert=32,
                                 n_used=4, n_ff_exp=256, n_ff=512, n_group=4, group_used=2,
                                 n_vocab=2048, n_ctx=4096, yarn_orig_ctx=256)
+
+SHAPES["gpt-oss-20b"] = dict(arch="gpt-oss", n_embd=2880, n_head=64, n_head_kv=8, head_dim=64,
+                             n_expert=32, n_used=4, n_ff_exp=2880, n_ff=2880, n_vocab=201088,
+                             n_ctx=131072, rope_base=150000.0, eps=1e-5, swa=128,
+                             yarn_factor=32.0, yarn_orig_ctx=4096, yarn_beta_fast=32.0,
+                             yarn_beta_slow=1.0, real_layers=24, pre="gpt-4o")
+SHAPES["tiny-gpt-oss"] = dict(SHAPES["gpt-oss-20b"], n_embd=256, n_head=4, n_head_kv=2,
+                              head_dim=64, n_expert=16, n_used=4, n_ff_exp=256, n_ff=256,
+                              n_vocab=2048, n_ctx=4096, swa=16, yarn_orig_ctx=256)
 
 Plan = list[tuple[str, tuple[int, ...], "QT | None"]]
 
@@ -141,16 +156,19 @@ def plan(n_layers: int, types: tuple[QT, QT, QT, QT], shape: str) -> Plan:
                   q(b + "attn_output.weight", (E, H * VH), main)]
         else:
             H, KV, D = s["n_head"], s["n_head_kv"], s["head_dim"]
-            bias = arch == "glm4moe"
+            bias = arch in ("glm4moe", "gpt-oss")
             for name, rows, qt in (("attn_q", H * D, main), ("attn_k", KV * D, main),
                                    ("attn_v", KV * D, attn_v)):
                 t.append(q(b + name + ".weight", (rows, E), qt))
                 if bias:
                     t.append((b + name + ".bias", (rows,), None))
             t.append(q(b + "attn_output.weight", (E, H * D), main))
+            if arch == "gpt-oss":
+                t += [(b + "attn_output.bias", (E,), None), (b + "attn_sinks.weight", (H,), None)]
             if arch == "qwen3moe":
                 t += [(b + "attn_q_norm.weight", (D,), None), (b + "attn_k_norm.weight", (D,), None)]
-        t.append((b + ("post_attention_norm.weight" if arch == "glm4moe" else "ffn_norm.weight"),
+        t.append((b + ("post_attention_norm.weight" if arch in ("glm4moe", "gpt-oss")
+                       else "ffn_norm.weight"),
                   (E,), None))
         if i < dense:
             F = s["n_ff"]
@@ -159,6 +177,15 @@ def plan(n_layers: int, types: tuple[QT, QT, QT, QT], shape: str) -> Plan:
             continue
         F = s["n_ff_exp"]
         t.append((b + "ffn_gate_inp.weight", (X, E), None))
+        if arch == "gpt-oss":
+            t += [(b + "ffn_gate_inp.bias", (X,), None)]
+            t += [q(b + "ffn_gate_exps.weight", (X, F, E), QT.MXFP4),
+                  (b + "ffn_gate_exps.bias", (X, F), None),
+                  q(b + "ffn_up_exps.weight", (X, F, E), QT.MXFP4),
+                  (b + "ffn_up_exps.bias", (X, F), None),
+                  q(b + "ffn_down_exps.weight", (X, E, F), QT.MXFP4),
+                  (b + "ffn_down_exps.bias", (X, E), None)]
+            continue
         if arch != "qwen3moe":
             t.append((b + "exp_probs_b.bias", (X,), None))
         t += [q(b + "ffn_gate_exps.weight", (X, F, E), main),
@@ -211,6 +238,12 @@ def write_keys(w: gguf.GGUFWriter, s: dict[str, Any], n_layers: int) -> None:
         w.add_key_length(s["head_dim"])
         w.add_value_length(s["head_dim"])
         w.add_rope_dimension_count(s.get("n_rot", s["head_dim"]))
+    if arch == "gpt-oss":
+        w.add_sliding_window(s["swa"])
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(s["yarn_factor"])
+        w.add_rope_scaling_orig_ctx_len(s["yarn_orig_ctx"])
+        return
     if arch == "ernie4_5-moe":
         w.add_interleave_moe_layer_step(1)
         w.add_expert_shared_count(s["n_shared"])

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Write a benchmark GGUF with random weights in the shape of Qwen3-30B-A3B, ERNIE-4.5-21B-A3B,
-GLM-4.5-Air or DeepSeek-V3 (or a tiny MoE).
+GLM-4.5-Air, DeepSeek-V3 or gpt-oss-20b (or a tiny MoE).
 
     python -m colibri.tools.make_bench_model OUT.gguf [--layers 12] [--type q4_k_m|q5_k_m|q8_0|q4_0]
                                              [--routing spread|raw] [--force]
                                              [--shape qwen3-30b-a3b|tiny|ernie-4.5-21b-a3b|
-                                                      glm-4.5-air|deepseek-v3|tiny-ernie4_5-moe|
-                                                      tiny-glm4moe|tiny-deepseek2]
+                                                      glm-4.5-air|deepseek-v3|gpt-oss-20b|
+                                                      tiny-ernie4_5-moe|tiny-glm4moe|
+                                                      tiny-deepseek2|tiny-gpt-oss]
 
 (also `colibri make-bench-model OUT.gguf ...` and, from a checkout, tools/make_bench_model.py)
 
@@ -23,13 +24,15 @@ top-4, vocabulary 2048: ~1 MB a layer), written and calibrated in seconds: the m
 README's expert-budget example and of quick tests.
 
 Other shapes (colibri/tools/bench_shapes.py, which lists each one's sizes and keys):
-`ernie-4.5-21b-a3b` (ernie4_5-moe), `glm-4.5-air` (glm4moe) and `deepseek-v3` (deepseek2), each
+`ernie-4.5-21b-a3b` (ernie4_5-moe), `glm-4.5-air` (glm4moe), `deepseek-v3` (deepseek2) and
+`gpt-oss-20b` (gpt-oss, MXFP4 experts), each
 with the real model's layer shapes, GGUF keys and tensor names as llama.cpp's converter writes
 them, leading dense layers scaled down with --layers (1 for ERNIE and GLM, round(3 * layers /
 61) for DeepSeek-V3, at least 1, at most layers - 1), and `tiny-*` versions for tests.
 ERNIE-4.5 12 layers q4_k_m is 5.5 GiB, GLM-4.5-Air 4 layers 5.7 GiB, DeepSeek-V3 3 layers
-q2_k 7.8 GiB (a DeepSeek-V3 MoE layer is 7 GiB at q4_k_m). colibri does not run deepseek2 yet:
-its file is for llama.cpp, with `raw` routing (the default there; `spread` is refused).
+q2_k 7.8 GiB (a DeepSeek-V3 MoE layer is 7 GiB at q4_k_m), gpt-oss-20b 12 layers q8_0 6.2 GiB.
+DeepSeek-V3 and gpt-oss files have `raw` routing (the default there; `spread`, which calibrates
+with plain SwiGLU experts and ungrouped selection, is refused).
 
 Shape (per layer, qwen3-30b-a3b): hidden 2048, 32 query heads and 4 KV heads of 128, q/k RMSNorm, 128 experts
 with FFN 768, top-8 renormalised softmax routing (qwen3moe), vocabulary 151936. Weights are
@@ -125,6 +128,10 @@ def random_blocks(qtype: QT, n_blocks: int, rng: np.random.Generator) -> np.ndar
     elif qtype == QT.Q6_K:
         b[:, 192:208] = rng.integers(-32, 32, size=(n_blocks, 16), dtype=np.int8).view(np.uint8)
         b[:, 208:210] = _f16(rng.uniform(0.5, 1.5, n_blocks) * 0.02 / 32 / 16)
+    elif qtype == QT.MXFP4:
+        # e8m0 exponent byte, then 32 4-bit e2m1 codes (doubled values 0..12, mean |q| ~4.1
+        # in halves): 2^(e-128) * 4.1 ~ 0.02 at e = 120 +- 1
+        b[:, 0] = rng.integers(119, 122, size=n_blocks, dtype=np.uint8)
     elif qtype in _LOWBIT_D:
         # the low-bit types: random indices, signs and sub-block scales; d sized so that the
         # values are about 0.02 (Q2_K: dmin = 1.5 d centres 2-bit q of mean 1.5)
@@ -220,12 +227,12 @@ KINDS = ["q4_k_m", "q5_k_m", "q8_0", "q4_0", *LOWBIT_KINDS]
 ATTN_OUT_SCALE = 0.1
 # architectures whose routing the calibration does not emulate (deepseek2's group-limited
 # selection): raw routing only (both engines still run the same file)
-NOT_RUN = {"deepseek2"}
+NOT_RUN = {"deepseek2", "gpt-oss"}
 
 
 def default_routing(shape: str) -> str:
     """spread where the calibration emulates the shape's routing, raw where it does not
-    (deepseek2's expert groups)."""
+    (deepseek2's expert groups, gpt-oss's biased, clamped experts)."""
     return "raw" if SHAPES[shape]["arch"] in NOT_RUN else "spread"
 
 
@@ -344,7 +351,7 @@ def write(path: str | os.PathLike[str], n_layers: int = 12, kind: str = "q4_k_m"
         raise ValueError(f"unknown routing {routing!r}: spread or raw")
     if routing == "spread" and SHAPES[shape]["arch"] in NOT_RUN:
         raise ValueError(f"--routing spread does not emulate {SHAPES[shape]['arch']}'s "
-                         f"group-limited routing yet: use --routing raw")
+                         f"routing yet: use --routing raw")
     path = os.fspath(path)
     preflight(path, n_layers, kind, shape, force)
     rng = np.random.default_rng(seed)

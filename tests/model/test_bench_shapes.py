@@ -1,5 +1,5 @@
 """The architecture-true bench shapes of make_bench_model (colibri/tools/bench_shapes.py):
-ERNIE-4.5-21B-A3B (ernie4_5-moe), GLM-4.5-Air (glm4moe) and DeepSeek-V3 (deepseek2). The tiny
+ERNIE-4.5-21B-A3B (ernie4_5-moe), GLM-4.5-Air (glm4moe), DeepSeek-V3 (deepseek2) and gpt-oss-20b. The tiny
 versions of the first two load in colibri with the architecture's metadata (dense first layer,
 shared experts, selection bias, gating, partial rotary, the NextN layer skipped) and run, their
 calibrated routers using most experts; the deepseek2 file has every key and tensor llama.cpp's
@@ -29,7 +29,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
 
     out = tmp_path_factory.mktemp("shapes")
     yield {s: str(write(str(out / f"{s}.gguf"), LAYERS, "q4_k_m", shape=s))
-           for s in ("tiny-ernie4_5-moe", "tiny-glm4moe", "tiny-deepseek2")}
+           for s in ("tiny-ernie4_5-moe", "tiny-glm4moe", "tiny-deepseek2", "tiny-gpt-oss")}
 
 
 def test_dense_lead_scales_with_the_depth():
@@ -63,9 +63,15 @@ def test_full_shapes_plans_and_type_fallbacks():
     assert "output.weight" not in p and p["token_embd.weight"] == ((103424, 2560), QT.Q6_K)
     assert p["blk.1.ffn_up_shexp.weight"] == ((3072, 2560), QT.Q4_K)
     assert p["blk.1.ffn_gate_exps.weight"] == ((64, 1536, 2560), QT.Q4_K)
+    p = {n: (s, t) for n, s, t in plan(2, "q4_k_m", "gpt-oss-20b")}
+    assert p["blk.0.attn_q.weight"] == ((64 * 64, 2880), QT.Q5_0)  # 2880 = 11.25 Q4_K blocks
+    assert p["blk.1.ffn_down_exps.weight"] == ((32, 2880, 2880), QT.MXFP4)
+    assert p["blk.1.ffn_down_exps.bias"] == ((32, 2880), None)
+    assert p["blk.1.attn_sinks.weight"] == ((64,), None)
     # sizes: the ones docs/benchmarks.md quotes
     assert 5.4 < file_size(12, "q4_k_m", "ernie-4.5-21b-a3b") / 2**30 < 5.7
     assert 5.5 < file_size(4, "q4_k_m", "glm-4.5-air") / 2**30 < 5.8
+    assert 6.1 < file_size(12, "q8_0", "gpt-oss-20b") / 2**30 < 6.3
 
 
 @pytest.mark.parametrize("shape", ["tiny-ernie4_5-moe", "tiny-glm4moe"])
@@ -192,6 +198,33 @@ def test_deepseek2_file_runs_in_colibri(files):
         assert d.arch == "deepseek2" and d.expert_groups == s["n_group"]
         assert all(L.mla_kv_lora == s["kv_lora"] for L in d.layers)
         assert d.kv_values_per_token() == LAYERS * (s["kv_lora"] + s["qk_rope"])
+        seq = m.new_sequence()
+        tokens = [int(t) for t in np.random.default_rng(2).integers(0, m.n_vocab, 32)]
+        assert np.isfinite(m.eval([seq], tokens=tokens, logits=[True] * 32)).all()
+
+
+def test_gpt_oss_file_has_its_mechanisms_and_runs(files):
+    """The gpt-oss bench file: every tensor one gguf-py names for GPT_OSS, MXFP4 experts with
+    biases, sinks, alternating sliding-window layers and YaRN as colibri reads them."""
+    s = SHAPES["tiny-gpt-oss"]
+    r = gguf.GGUFReader(files["tiny-gpt-oss"])
+    got = {t.name: t.tensor_type for t in r.tensors}
+    names = {gguf.TENSOR_NAMES[t].format(bid=i) + suffix
+             for t in gguf.MODEL_TENSORS[gguf.MODEL_ARCH.GPT_OSS] for i in range(LAYERS)
+             for suffix in (".weight", ".bias")}
+    assert set(got) <= names, set(got) - names
+    assert {got[f"blk.1.ffn_{p}_exps.weight"] for p in ("gate", "up", "down")} == {QT.MXFP4}
+    assert got["blk.0.attn_q.weight"] == QT.Q4_K and got["blk.0.attn_output.weight"] == QT.Q4_K
+    assert r.fields["gpt-oss.attention.sliding_window"].contents() == s["swa"]
+    with colibri.Model(files["tiny-gpt-oss"], threads=2, ctx=256, max_batch=64,
+                       verbose=False) as m:
+        d = m.desc
+        assert d.arch == "gpt-oss" and [L.sliding_window for L in d.layers] == [s["swa"], 0, s["swa"]]
+        for L in d.layers:
+            assert L.attn_sinks is not None and L.exp_down_b is not None and L.bq is not None
+            assert (L.n_expert, L.n_expert_used, L.n_ff_exp) == (s["n_expert"], s["n_used"],
+                                                                s["n_ff_exp"])
+            assert L.rope_ext_factor > 0  # YaRN on every layer
         seq = m.new_sequence()
         tokens = [int(t) for t in np.random.default_rng(2).integers(0, m.n_vocab, 32)]
         assert np.isfinite(m.eval([seq], tokens=tokens, logits=[True] * 32)).all()
