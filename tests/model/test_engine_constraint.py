@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from engine_util import greedy_alone
 
 import colibri
 from colibri.engine import Engine
-from colibri.generate import stop_token_ids
 
 
 @pytest.fixture(scope="module")
@@ -50,27 +50,10 @@ class Forced:
         return self.i == len(self.seq)
 
 
-def greedy(m: colibri.Model, ids: list[int], n: int) -> list[int]:
-    stops = stop_token_ids(m)
-    s = m.new_sequence()
-    try:
-        lg = m.eval([s], ids, logits=[False] * (len(ids) - 1) + [True])[-1]
-        out: list[int] = []
-        for _ in range(n):
-            t = int(np.argmax(lg))
-            if t in stops:
-                break
-            out.append(t)
-            lg = m.eval([s], [t])[-1]
-        return out
-    finally:
-        m.free_sequence(s)
-
-
 def test_constraint_mask_is_honoured_and_ends_the_request(tiny):
     p = "the roman empire had many roads"
     ids = tiny.tokenize(p)
-    ref = greedy(tiny, ids, 12)
+    ref = greedy_alone(tiny, ids, 12)
     # tokens greedy decoding would not pick: the mask, not the model, chose them
     forced = [t for t in range(300, 400) if t not in ref][:6]
     with Engine(tiny) as eng:

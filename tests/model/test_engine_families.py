@@ -7,34 +7,15 @@ tiny MoE and Gemma."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from engine_util import greedy_alone
 from oracle_models import build
 from oracle_models import prompt as ids_prompt
 
 import colibri
 from colibri.engine import Engine
-from colibri.generate import stop_token_ids
 
 FAMILIES = ["deepseek_v3", "gpt_oss", "llama4", "glm4moe", "granitemoe", "ernie4_5_moe"]
-
-
-def single_run(m: colibri.Model, ids: list[int], n: int) -> list[int]:
-    """Model.generate's greedy path on one sequence, up to an end-of-generation id."""
-    stops = stop_token_ids(m)
-    s = m.new_sequence()
-    try:
-        lg = m.eval([s], ids, logits=[False] * (len(ids) - 1) + [True])[-1]
-        out: list[int] = []
-        for _ in range(n):
-            t = int(np.argmax(lg))
-            if t in stops:
-                break
-            out.append(t)
-            lg = m.eval([s], [t])[-1]
-        return out
-    finally:
-        m.free_sequence(s)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -47,4 +28,4 @@ def test_family_concurrent_greedy_equals_single_runs(family, tmp_path):
             results = [[t for d in r for t in d.token_ids] for r in reqs]
             assert eng.stats()["tokens_per_step"] > 2  # really batched
         for p, ids in zip(prompts, results, strict=True):
-            assert ids == single_run(m, p, 12), family
+            assert ids == greedy_alone(m, p, 12), family

@@ -18,10 +18,11 @@ import llguidance  # noqa: F401
 import numpy as np
 import openai  # noqa: E402
 import pytest
+from engine_util import greedy_alone
 from serve_util import metric, start  # noqa: E402
 
 import colibri  # noqa: E402
-from colibri.generate import render_chat, stop_token_ids  # noqa: E402
+from colibri.generate import render_chat  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -64,23 +65,6 @@ def model():
         yield m
 
 
-def greedy(m: colibri.Model, ids: list[int], n: int) -> list[int]:
-    stops = stop_token_ids(m)
-    s = m.new_sequence()
-    try:
-        lg = m.eval([s], ids, logits=[False] * (len(ids) - 1) + [True])[-1]
-        out: list[int] = []
-        for _ in range(n):
-            t = int(np.argmax(lg))
-            if t in stops:
-                break
-            out.append(t)
-            lg = m.eval([s], [t])[-1]
-        return out
-    finally:
-        m.free_sequence(s)
-
-
 def chat_ids(m: colibri.Model, messages: list[dict]) -> list[int]:
     return m.tokenize(render_chat(m, messages), add_special=False, parse_special=True)
 
@@ -107,7 +91,7 @@ def test_health_models_and_loading(server, client):
 def test_completion_greedy_equals_the_model(client, model):
     p = PROMPTS[0]
     r = client.completions.create(model=MODEL, prompt=p, max_tokens=10, temperature=0)
-    ref = greedy(model, model.tokenize(p), 10)
+    ref = greedy_alone(model, model.tokenize(p), 10)
     assert r.choices[0].text == model.detokenize(ref)
     assert r.choices[0].finish_reason == ("length" if len(ref) == 10 else "stop")
     assert r.usage.prompt_tokens == len(model.tokenize(p))
@@ -121,7 +105,7 @@ def test_completion_greedy_equals_the_model(client, model):
 def test_chat_and_its_stream_equal_the_model(client, model):
     msgs = [{"role": "system", "content": "You are terse."},
             {"role": "user", "content": "Name a color."}]
-    ref = model.detokenize(greedy(model, chat_ids(model, msgs), 12))
+    ref = model.detokenize(greedy_alone(model, chat_ids(model, msgs), 12))
     r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, temperature=0)
     assert r.choices[0].message.content == ref and r.choices[0].message.role == "assistant"
     assert r.usage.prompt_tokens == len(chat_ids(model, msgs))
@@ -145,7 +129,7 @@ def test_chat_and_its_stream_equal_the_model(client, model):
 def test_logprobs(client, model):
     p = PROMPTS[2]
     ids = model.tokenize(p)
-    ref = greedy(model, ids, 6)
+    ref = greedy_alone(model, ids, 6)
     r = client.completions.create(model=MODEL, prompt=p, max_tokens=6, temperature=0, logprobs=3)
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(ref) == len(lp.token_logprobs) == len(lp.top_logprobs)
