@@ -400,17 +400,30 @@ cdef class KVCache:
             st = cb_kvcache_seq_reserve(self._kv, s, n)
         check(st)
 
-    def copy_prefix(self, src, dst, n_tokens):
+    def copy_prefix(self, src, dst, n_tokens, state=None):
         """Copy the K and V (every layer) of src's first n_tokens tokens into dst, reserving dst
         for them, and set dst's length to n_tokens. ValueError when src or dst is not live,
         src == dst or n_tokens > length(src); MemoryError (dst unchanged) when the cache
-        cannot hold them. Like reserve, it may move every sequence's block."""
+        cannot hold them. Like reserve, it may move every sequence's block. With a recurrent
+        state (state_bytes): dst's state is src's when n_tokens is src's length, else state
+        (a get_state() snapshot of src after n_tokens) must be given."""
         self._open()
         cdef uint32_t s = _seq_id(src), d = _seq_id(dst)
         cdef size_t n = _nonneg(n_tokens, "n_tokens")
         cdef cb_status st
+        cdef const unsigned char[::1] v
+        cdef const void *p = NULL
+        if state is not None:
+            v = bytes(state)
+            if v.shape[0] != <Py_ssize_t>self.state_bytes or self.state_bytes == 0:
+                raise ValueError(f"state of {v.shape[0]} bytes for a cache with state_bytes "
+                                 f"{self.state_bytes}")
+            p = &v[0]
         with nogil:
-            st = cb_kvcache_copy_prefix(self._kv, s, d, n)
+            if p != NULL:
+                st = cb_kvcache_copy_prefix_state(self._kv, s, d, n, p)
+            else:
+                st = cb_kvcache_copy_prefix(self._kv, s, d, n)
         check(st)
 
     def get_state(self, seq):

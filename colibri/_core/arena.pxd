@@ -94,6 +94,8 @@ cdef extern from "colibri/arena.h" nogil:
     cb_status cb_kvcache_seq_state(cb_kvcache_t *kv, uint32_t seq, void **state)
     cb_status cb_kvcache_state_get(cb_kvcache_t *kv, uint32_t seq, void *buf)
     cb_status cb_kvcache_state_set(cb_kvcache_t *kv, uint32_t seq, const void *buf)
+    cb_status cb_kvcache_copy_prefix_state(cb_kvcache_t *kv, uint32_t src, uint32_t dst,
+                                           size_t n_tokens, const void *state) nogil
     cb_status cb_kvcache_row_ptr(cb_kvcache_t *kv, uint32_t seq, size_t pos, uint32_t layer,
                                  uint32_t kv_index, uint32_t kv_head, void **ptr)
     cb_status cb_kvcache_read(cb_kvcache_t *kv, uint32_t seq, uint32_t layer, uint32_t kv_index,

@@ -345,7 +345,21 @@ cb_status cb_kvcache_seq_reserve(cb_kvcache_t *kv, uint32_t seq, size_t n_tokens
     KV_RETURN(kv, reserve_locked(kv, seq, n_tokens));
 }
 
+static cb_status copy_prefix(cb_kvcache_t *kv, uint32_t src, uint32_t dst, size_t n_tokens,
+                             const void *state);
+
 cb_status cb_kvcache_copy_prefix(cb_kvcache_t *kv, uint32_t src, uint32_t dst, size_t n_tokens) {
+    return copy_prefix(kv, src, dst, n_tokens, NULL);
+}
+
+cb_status cb_kvcache_copy_prefix_state(cb_kvcache_t *kv, uint32_t src, uint32_t dst,
+                                       size_t n_tokens, const void *state) {
+    if (!state) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: copy_prefix_state: state must not be NULL");
+    return copy_prefix(kv, src, dst, n_tokens, state);
+}
+
+static cb_status copy_prefix(cb_kvcache_t *kv, uint32_t src, uint32_t dst, size_t n_tokens,
+                             const void *state) {
     KV_LOCK(kv);
     SEQ_OR_FAIL(kv, src);
     SEQ_OR_FAIL(kv, dst);
@@ -353,7 +367,9 @@ cb_status cb_kvcache_copy_prefix(cb_kvcache_t *kv, uint32_t src, uint32_t dst, s
         KV_RETURN(kv, cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: copy_prefix: source and destination are the same sequence %u", src));
     if (n_tokens > kv->seqs[src].len)
         KV_RETURN(kv, cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: copy_prefix: %zu tokens asked of sequence %u, which holds %zu", n_tokens, src, kv->seqs[src].len));
-    if (kv->seqs[src].state && n_tokens != 0 && n_tokens != kv->seqs[src].len)
+    if (state && !kv->seqs[src].state)
+        KV_RETURN(kv, cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: copy_prefix_state: the cache holds no recurrent state (state_bytes 0)"));
+    if (kv->seqs[src].state && !state && n_tokens != 0 && n_tokens != kv->seqs[src].len)
         KV_RETURN(kv, cb_fail(CB_STATUS_UNSUPPORTED, "kvcache: copy_prefix: sequence %u's recurrent state is the one after its %zu tokens, not after %zu (restore a snapshot with cb_kvcache_state_set)", src, kv->seqs[src].len, n_tokens));
     if (n_tokens > 0) {
         /* the reserve may compact, moving both blocks: offsets are read after it */
@@ -377,7 +393,8 @@ cb_status cb_kvcache_copy_prefix(cb_kvcache_t *kv, uint32_t src, uint32_t dst, s
     }
     kv->seqs[dst].len = n_tokens;
     if (kv->seqs[dst].state) {
-        if (n_tokens) memcpy(kv->seqs[dst].state, kv->seqs[src].state, kv->p.state_bytes);
+        if (state) memcpy(kv->seqs[dst].state, state, kv->p.state_bytes);
+        else if (n_tokens) memcpy(kv->seqs[dst].state, kv->seqs[src].state, kv->p.state_bytes);
         else memset(kv->seqs[dst].state, 0, kv->p.state_bytes);
     }
     KV_RETURN(kv, CB_OK);
@@ -446,7 +463,7 @@ static cb_status state_copy(cb_kvcache_t *kv, uint32_t seq, void *out, const voi
     void *st = kv->seqs[seq].state;
     if (!st) KV_RETURN(kv, cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: the cache holds no recurrent state (state_bytes 0)"));
     if (out) memcpy(out, st, kv->p.state_bytes);
-    else memcpy(st, in, kv->p.state_bytes);
+    else if (in) memcpy(st, in, kv->p.state_bytes);
     KV_RETURN(kv, CB_OK);
 }
 

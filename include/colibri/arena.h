@@ -287,6 +287,10 @@ cb_status cb_kvcache_seq_offset(cb_kvcache_t *kv, uint32_t seq, size_t *offset, 
  * prefix is resumed from a snapshot (get / set). *state is borrowed until the sequence is freed
  * (64-byte aligned). get/set copy the whole state out of / into buf (state_bytes bytes). */
 size_t cb_kvcache_state_bytes(const cb_kvcache_t *kv);
+/* copy_prefix whose destination state is a copy of state (state_bytes bytes: a snapshot of
+ * src's state after n_tokens tokens, taken by cb_kvcache_state_get then) for any n_tokens. */
+cb_status cb_kvcache_copy_prefix_state(cb_kvcache_t *kv, uint32_t src, uint32_t dst,
+                                       size_t n_tokens, const void *state);
 cb_status cb_kvcache_seq_state(cb_kvcache_t *kv, uint32_t seq, void **state);
 cb_status cb_kvcache_state_get(cb_kvcache_t *kv, uint32_t seq, void *buf);
 cb_status cb_kvcache_state_set(cb_kvcache_t *kv, uint32_t seq, const void *buf);

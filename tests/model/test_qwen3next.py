@@ -122,3 +122,14 @@ def test_each_mechanism_is_seen(q3n, what):
         with torch.no_grad():
             for n, p in params.items():
                 p.copy_(saved[n])
+
+
+def test_the_gpu_path_refuses_it_by_name(q3n):
+    """Model(device="cuda") does not run the linear attention's model yet: a clear refusal
+    naming it."""
+    from colibri.arch import UnsupportedModel
+    from colibri.cuda_moe import CudaExperts
+
+    d = open_model(q3n[1]["f32"]).desc
+    with pytest.raises(UnsupportedModel, match="qwen3next.*does not run on the GPU yet"):
+        CudaExperts(d, runtime=object())
