@@ -133,3 +133,22 @@ def test_the_gpu_path_refuses_it_by_name(q3n):
     d = open_model(q3n[1]["f32"]).desc
     with pytest.raises(UnsupportedModel, match="qwen3next.*does not run on the GPU yet"):
         CudaExperts(d, runtime=object())
+
+
+def test_plan_counts_the_recurrent_state(q3n):
+    """colibri plan: the KV figure is the context times the full attention layers' K/V only,
+    the recurrent state of a sequence its own line, both in the projected peak."""
+    from colibri.plan import make_plan
+
+    hf, paths = q3n
+    c = hf.config
+    p = make_plan(str(paths["f32"]), ctx=100, max_batch=4, kv_dtype="f16", available=2**34)
+    assert p.kv_bytes == 100 * 2 * 2 * c.num_key_value_heads * c.head_dim * 2  # 2 full layers
+    conv = 2 * c.linear_num_key_heads * c.linear_key_head_dim \
+        + c.linear_num_value_heads * c.linear_value_head_dim
+    per_layer = (c.linear_conv_kernel_dim - 1) * conv + c.linear_num_value_heads \
+        * c.linear_key_head_dim * c.linear_value_head_dim
+    assert p.state_bytes == 4 * 2 * per_layer
+    assert p.peak_bytes == p.dense_bytes + p.kv_bytes + p.state_bytes + p.budget_bytes \
+        + p.scratch_bytes
+    assert any(line.startswith("recurrent state") for line in p.lines())
