@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from colibri._core import _forward, _ops
+from colibri.arch_gdn import gdn_dims, gdn_layer
 from colibri.arch_mla import log_mul, mla_attn_scale, mla_dims, mla_layer, yarn
 from colibri.arch_read import (
     F32,
@@ -98,6 +99,9 @@ class Family:
     chunked_pattern: int = 0
     qk_rms: bool = False      # q/k heads RMS-normed (no weight) after RoPE on rope layers
     weight_in: bool = False   # the routing weight scales the expert's input (top-1)
+    # gated DeltaNet linear attention layers (arch_gdn) between gated full attention ones
+    # (attn_q: each head's query and its sigmoid gate)
+    gdn: bool = False
 
 
 FAMILIES: dict[str, Family] = {
@@ -155,6 +159,10 @@ FAMILIES: dict[str, Family] = {
     # q/k norms, every 4th layer global without RoPE; llama's rope pairs, not permuted
     "llama4": Family(rope_mode=ROPE_NORMAL, moe=True, shared_expert=True, gating=GATING_SIGMOID,
                      renorm=False, no_swa=True, chunked_pattern=4, qk_rms=True, weight_in=True),
+    # qwen3next (Qwen3-Next): gated DeltaNet layers, every full_attention_interval-th layer
+    # gated full attention with q/k norms and partial rotary; qwen2moe's MoE with a gated
+    # shared expert, renormalised softmax top-k
+    "qwen3next": Family(qk_norm=QK_HEAD, moe=True, renorm=True, shared_expert=True, gdn=True),
     "gemma3": Family(
         act=ACT_GELU_TANH, qk_norm=QK_HEAD, embd_scale=True, post_norms=True, swa_pattern=6,
         swa_rope_base=10000.0,
@@ -217,7 +225,15 @@ class ModelDesc(_forward.CModelDesc):
         """K and V values one token keeps in the cache, over all layers."""
         return sum(L.mla_kv_lora + (L.rope_n_dims or self.rope_n_dims) if L.mla_kv_lora
                    else 2 * (L.n_head_kv or self.n_head_kv) * (L.head_dim or self.head_dim)
-                   for L in self.layers if not L.kv_from)  # a sharing layer keeps none
+                   for L in self.layers if not L.kv_from  # a sharing layer keeps none
+                   and not L.gdn_v_heads)  # nor a linear attention layer (a state instead)
+
+    def state_bytes(self) -> int:
+        """Recurrent state bytes of one sequence (linear attention layers: forward.h)."""
+        return 4 * sum((L.gdn_conv - 1) * (2 * L.gdn_k_heads * L.gdn_head_k
+                                           + L.gdn_v_heads * L.gdn_head_v)
+                       + L.gdn_v_heads * L.gdn_head_k * L.gdn_head_v
+                       for L in self.layers if L.gdn_v_heads)
 
     def kv_bytes_per_token(self, kv_dtype: str = "f32") -> int:
         return self.kv_values_per_token() * (4 if kv_dtype == "f32" else 2)
@@ -227,12 +243,14 @@ class ModelDesc(_forward.CModelDesc):
         layer has the same shape, else one flat row per token that the forward splits by layer
         (gemma4's sliding and global layers differ)."""
         if self._kv_uniform():
-            return self.n_layer, self.n_head_kv, self.head_dim
+            return (sum(not L.gdn_v_heads for L in self.layers) or 1), self.n_head_kv, \
+                self.head_dim
         return 1, 1, self.kv_values_per_token() // 2
 
     def _kv_uniform(self) -> bool:
         return all(L.n_head_kv in (0, self.n_head_kv) and L.head_dim in (0, self.head_dim)
-                   and not L.kv_from and not L.mla_kv_lora for L in self.layers)
+                   and not L.kv_from and not L.mla_kv_lora for L in self.layers
+                   if not L.gdn_v_heads)
 
     def kv_page_tokens(self) -> int:
         """Tokens per page of the KV cache's layout (include/colibri/arena.h): 256, so that
@@ -319,6 +337,7 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
     n_head = r.int_key("attention.head_count", required=True, lo=1)
     per_layer: list[_LayerAttn] | None = None  # the family's per-layer attention, if it has one
     mla = mla_dims(r, n_head) if fam.mla else None
+    gdn = gdn_dims(r, n_layer) if fam.gdn else None
     if mla is not None:  # one latent K/V row per token (arch_mla)
         n_head_kv, head_dim, n_rot = 1, mla.head_dim, mla.rope
     elif fam.layer_attn is not None:
@@ -449,13 +468,17 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
         wk: Mat | None
         wv: Mat | None
         mla_f = mla_layer(r, i, n_embd, n_head, mla) if mla is not None else {}
-        if mla_f:  # queries and keys from the latent (the fields below); no attn_k / attn_v
+        if gdn is not None and gdn.recurrent[i]:  # linear attention (arch_gdn): no q/k/v
+            mla_f = gdn_layer(r, i, n_embd, gdn)
+            none0 = Mat(F32, 0, 0, 0, None)
+            wq, wk, wv = none0, none0, none0
+        elif mla_f:  # queries and keys from the latent (the fields below); no attn_k / attn_v
             none0 = Mat(F32, 0, 0, 0, None)
             wq, wk, wv = mla_f.pop("wq", none0), none0, none0
         elif r.has(b + "attn_qkv.weight"):  # phi3: q, k and v rows in one tensor
             wq, wk, wv = r.mat_rows(b + "attn_qkv.weight", [nq, nkv, nkv], n_embd)
         else:  # a layer sharing another's K/V (kv_from) has no K/V projections
-            wq = r.mat(b + "attn_q.weight", nq, n_embd)
+            wq = r.mat(b + "attn_q.weight", 2 * nq if fam.gdn else nq, n_embd)
             wk = r.mat(b + "attn_k.weight", nkv, n_embd, required=not kv_from)
             # gemma4 attention_k_eq_v: no attn_v, V is the K projection
             wv = r.mat(b + "attn_v.weight", nkv, n_embd, required=not (fam.v_from_k or kv_from))
@@ -475,7 +498,10 @@ def describe(gf: GGUFFile, dequantize: bool = False, dense_weights: str = "mappe
             L.attn_chunk, L.qk_rms = chunk, qk_rms
         elif nope_step:
             L.no_rope, (L.attn_temp_floor, L.attn_temp_scale) = 1, temp
-        if qk_norm in (QK_HEAD, QK_HEAD_POST):
+        L.attn_q_gate = fam.gdn and not L.gdn_v_heads
+        if L.gdn_v_heads:
+            pass
+        elif qk_norm in (QK_HEAD, QK_HEAD_POST):
             L.q_norm = r.vec(b + "attn_q_norm.weight", hd_i)
             L.k_norm = r.vec(b + "attn_k_norm.weight", hd_i, required=not kv_from)
         elif qk_norm == QK_FULL:

@@ -85,6 +85,10 @@ class CudaExperts:
                  store: Any = None, budget: str | float | int | None = None) -> None:
         if weights not in ref.WEIGHT_FORMATS:
             raise ValueError(f"cuda_weights must be one of {ref.WEIGHT_FORMATS}, got {weights!r}")
+        if any(L.gdn_v_heads for L in desc.layers):  # not checked on a GPU yet
+            raise UnsupportedModel(f"device='cuda': {desc.arch}'s model (gated DeltaNet linear "
+                                   "attention with a recurrent state) does not run on the GPU "
+                                   "yet; run it on the CPU")
         biased = any(L.exp_gate_b is not None or L.router_b is not None for L in desc.layers)
         if desc.gating not in (GATING_SOFTMAX, GATING_SIGMOID) or desc.expert_groups > 1 \
                 or biased or desc.act not in (ACT_SILU, ACT_GELU_TANH) or desc.expert_weight_in:

@@ -251,9 +251,10 @@ class Model:
 
             self.tokenizer = Tokenizer.from_gguf(self.gguf)  # its parsed metadata, not a reread
         stride = d.kv_bytes_per_token(kv_dtype)
-        _check_memory(self.path, d.dense_bytes() + max(self.ctx, 1) * stride)
+        _check_memory(self.path, d.dense_bytes() + max(self.ctx, 1) * stride + d.state_bytes())
         self.arena = KVArena(max(self.ctx, 1) * stride + (1 << 20))
-        self.kv = KVCache(self.arena, *d.kv_dims(), kv_dtype, page_tokens=d.kv_page_tokens())
+        self.kv = KVCache(self.arena, *d.kv_dims(), kv_dtype, page_tokens=d.kv_page_tokens(),
+                          state_bytes=d.state_bytes())
         if d.is_moe:
             self.experts = self._make_store(expert_mode, expert_budget, expert_policy, pin,
                                             mlock_experts, prefetch)

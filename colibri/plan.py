@@ -38,6 +38,7 @@ class Plan:
     min_budget_bytes: int
     per_expert_bytes: int = 0
     usage: Any = None  # the expert usage record (colibri.usage), when there is one
+    state_bytes: int = 0  # recurrent state of one sequence (linear attention layers)
 
     def usage_hit_share(self) -> float | None:
         """The share of the recorded routings that the hottest experts fitting the budget
@@ -50,7 +51,8 @@ class Plan:
 
     @property
     def peak_bytes(self) -> int:
-        return self.dense_bytes + self.kv_bytes + self.budget_bytes + self.scratch_bytes
+        return (self.dense_bytes + self.kv_bytes + self.state_bytes + self.budget_bytes
+                + self.scratch_bytes)
 
     def lines(self) -> list[str]:
         share = self.budget_bytes / self.expert_bytes if self.expert_bytes else 1.0
@@ -59,8 +61,10 @@ class Plan:
             f"dense weights   {_size(self.dense_bytes)} (resident)",
             f"routed experts  {_size(self.expert_bytes)}",
             f"KV cache        {_size(self.kv_bytes)}",
-            f"available now   {_size(self.available_bytes)}",
         ]
+        if self.state_bytes:
+            out.append(f"recurrent state {_size(self.state_bytes)} per sequence (linear attention)")
+        out.append(f"available now   {_size(self.available_bytes)}")
         if self.expert_bytes:
             out += [
                 f"expert mode     {self.mode}",
@@ -74,7 +78,7 @@ class Plan:
                 out.append(f"usage record    {int(self.usage.sum())} routings; the hottest experts "
                            f"that fit the budget carried {hs * 100:.1f}% of them (the hit rate "
                            "of a cache holding those)")
-        out.append(f"projected peak  {_size(self.peak_bytes)} (dense + KV + experts "
+        out.append(f"projected peak  {_size(self.peak_bytes)} (dense + KV + state + experts "
                    f"+ ~{self.scratch_bytes / 2**20:.0f} MiB scratch)")
         if self.available_bytes and self.peak_bytes > self.available_bytes:
             out.append("warning: the projected peak exceeds the memory available now")
@@ -114,6 +118,7 @@ def plan_for(path: str, d: ModelDesc, ctx: int, max_batch: int, kv_dtype: str,
              available: int) -> Plan:
     dense, experts = d.dense_bytes(), d.expert_bytes()
     kv = max(ctx, 1) * d.kv_bytes_per_token(kv_dtype)
+    state = d.state_bytes()
     ff = max([L.n_ff_exp for L in d.layers] + [L.ffn_gate.rows for L in d.layers
                                                  if L.ffn_gate is not None] + [1])
     scratch = max_batch * 4 * (4 * d.n_embd + 3 * ff + d.n_vocab) + (64 << 20)
@@ -127,9 +132,12 @@ def plan_for(path: str, d: ModelDesc, ctx: int, max_batch: int, kv_dtype: str,
     scratch += max([max_batch * 4 * d.n_head * (2 * (L.mla_kv_lora + L.rope_n_dims)
                                                 + 3 * max(L.head_dim, L.mla_v_dim))
                     for L in d.layers if L.mla_kv_lora] + [0])
+    # gated DeltaNet (forward_gdn.c): four rows of its conv channels a token
+    scratch += max([max_batch * 16 * (2 * L.gdn_k_heads * L.gdn_head_k + L.gdn_v_heads * L.gdn_head_v)
+                    for L in d.layers if L.gdn_v_heads] + [0])
     per_expert = experts // max(1, sum(L.n_expert for L in d.layers))
     min_budget = min_expert_slots(d, max_batch) * per_expert if experts else 0
-    room = int(available * HEADROOM) - dense - kv - scratch if available else experts
+    room = int(available * HEADROOM) - dense - kv - state - scratch if available else experts
     if not experts:
         mode, budget = "mapped", 0
     elif room >= experts:
@@ -137,5 +145,5 @@ def plan_for(path: str, d: ModelDesc, ctx: int, max_batch: int, kv_dtype: str,
     else:
         mode, budget = "cache", max(min_budget, room)
     return Plan(path, dense, experts, kv, scratch, available, mode, budget, min_budget,
-                per_expert)
+                per_expert, state_bytes=state)
 

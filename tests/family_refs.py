@@ -26,6 +26,8 @@ REFS_OSS = REFS.with_name("gpt_oss.npz")
 FAMILIES_OSS = ["gpt_oss"]
 REFS_L4 = REFS.with_name("llama4.npz")
 FAMILIES_L4 = ["llama4_8k"]
+REFS_Q3N = REFS.with_name("qwen3next.npz")
+FAMILIES_Q3N = ["qwen3next"]
 TYPES = ("f16", "q8_0", "q4_k_m")
 PROMPTS = [om.prompt(48, seed=11), om.prompt(80, seed=12)]
 TOP_K = 16
@@ -73,7 +75,10 @@ def tensor_digest(path: Path) -> str:
 
     h = hashlib.sha256()
     for t in gguf.GGUFReader(path).tensors:
-        h.update(f"{t.name}|{int(t.tensor_type)}|{tuple(int(x) for x in t.shape)}|".encode())
+        shape = [int(x) for x in t.shape]
+        while len(shape) > 1 and shape[-1] == 1:  # as ggml writes it (ggml_n_dims): llama.cpp's
+            shape.pop()  # quantizer stores qwen3next's [64, 1] shared-expert gate as [64]
+        h.update(f"{t.name}|{int(t.tensor_type)}|{tuple(shape)}|".encode())
         h.update(np.ascontiguousarray(t.data).view(np.uint8).tobytes())
     return h.hexdigest()
 

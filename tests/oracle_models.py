@@ -211,6 +211,19 @@ def family_configs():
                                                 factor=8.0, low_freq_factor=1.0,
                                                 high_freq_factor=4.0,
                                                 original_max_position_embeddings=16))),
+        # qwen3next: gated DeltaNet layers (2 key heads, 4 value heads of 16, conv 4) and gated
+        # full attention (partial rotary: 8 of 32 dims) alternating, zero-centred norms, 10
+        # experts top-3 (softmax, renormalised) with a sigmoid-gated shared expert
+        "qwen3next": (T.Qwen3NextConfig, T.Qwen3NextForCausalLM,
+                      dict(intermediate_size=96, moe_intermediate_size=32,
+                           shared_expert_intermediate_size=48, num_experts=10,
+                           num_experts_per_tok=3, head_dim=32, num_hidden_layers=4,
+                           layer_types=["linear_attention", "full_attention"] * 2,
+                           linear_conv_kernel_dim=4, linear_key_head_dim=16,
+                           linear_value_head_dim=16, linear_num_key_heads=2,
+                           linear_num_value_heads=4, norm_topk_prob=True,
+                           rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                partial_rotary_factor=0.25))),
         # llama with Llama 3.1 rope scaling (converted to a rope_freqs tensor): head_dim 16,
         # original context 64, so short, medium and long wavelengths all occur in 40 tokens
         "llama3_rope": (T.LlamaConfig, T.LlamaForCausalLM,
@@ -225,12 +238,12 @@ FAMILIES = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olm
             "gemma4", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe",
             "granitemoe", "granitemoeshared", "hunyuan_v1_moe", "phimoe"]
 EXTRA = ["llama3_rope", "gemma4_mm", "phi3_longrope", "gemma4_ple", "deepseek_v3", "deepseek_v2", "gpt_oss",
-         "llama4", "llama4_8k"]  # built on demand by their own tests
+         "llama4", "llama4_8k", "qwen3next"]  # built on demand by their own tests
 # each model's seed: its place here (a family added at the end leaves the others' weights)
 SEED_ORDER = ["llama", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe", "gemma3",
               "gemma4", "llama3_rope", "gemma4_mm", "gemma2", "phi3", "dots1", "glm4moe", "ernie4_5_moe",
               "granitemoe", "granitemoeshared", "hunyuan_v1_moe", "phimoe", "phi3_longrope", "gemma4_ple",
-              "deepseek_v3", "deepseek_v2", "gpt_oss", "llama4", "llama4_8k"]
+              "deepseek_v3", "deepseek_v2", "gpt_oss", "llama4", "llama4_8k", "qwen3next"]
 
 
 def add_bigram_path(model, seed: int, strength: float = 0.5) -> None:

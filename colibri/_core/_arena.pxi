@@ -298,7 +298,11 @@ cdef class KVCache:
     """Per-sequence K/V storage in a KVArena: one arena block per sequence.
 
     KVCache(arena, n_layers, n_kv_heads, head_dim, dtype="f16", *, max_sequences=1024,
-            chunk_tokens=16, doubling=False, page_tokens=256)
+            chunk_tokens=16, doubling=False, page_tokens=256, state_bytes=0)
+
+    state_bytes > 0: each sequence also owns that many bytes of recurrent state (linear
+    attention: arena.h), zeroed when made; get_state()/set_state() copy it out and in (a prefix
+    snapshot); lengths cannot be truncated but to 0 (which zeroes it).
 
     Layout (include/colibri/arena.h): token_stride = n_layers * 2 * n_kv_heads * head_dim *
     itemsize bytes a token; a sequence's block is pages of page_tokens tokens (the last may hold
@@ -320,11 +324,13 @@ cdef class KVCache:
     cdef readonly object dtype
     cdef readonly size_t token_stride
     cdef readonly size_t page_tokens
+    cdef readonly size_t state_bytes
     cdef size_t _elt
     cdef bint _closed
 
     def __cinit__(self, KVArena arena not None, n_layers, n_kv_heads, head_dim, dtype="f16", *,
-                  max_sequences=1024, chunk_tokens=16, doubling=False, page_tokens=256):
+                  max_sequences=1024, chunk_tokens=16, doubling=False, page_tokens=256,
+                  state_bytes=0):
         self._kv = NULL
         self._closed = True
         self.arena = arena
@@ -344,6 +350,10 @@ cdef class KVCache:
         if pt <= 0 or pt > (1 << 20):
             raise ValueError(f"page_tokens must be in [1, 2**20], got {pt}")
         p.page_tokens = <uint32_t>pt
+        sb = operator.index(state_bytes)
+        if sb < 0 or sb > (1 << 40):
+            raise ValueError(f"state_bytes must be in [0, 2**40], got {sb}")
+        p.state_bytes = <size_t>sb
         if arena.closed:
             check(cb_fail(CB_STATUS_CLOSED, "KVCache: the arena is closed"))
         cdef cb_kvcache_t *kv = NULL
@@ -357,6 +367,7 @@ cdef class KVCache:
         self._elt = dt.itemsize
         self.token_stride = cb_kvcache_token_stride(kv)
         self.page_tokens = cb_kvcache_page_tokens(kv)
+        self.state_bytes = cb_kvcache_state_bytes(kv)
 
     def __dealloc__(self):
         if self._kv != NULL:
@@ -389,18 +400,48 @@ cdef class KVCache:
             st = cb_kvcache_seq_reserve(self._kv, s, n)
         check(st)
 
-    def copy_prefix(self, src, dst, n_tokens):
+    def copy_prefix(self, src, dst, n_tokens, state=None):
         """Copy the K and V (every layer) of src's first n_tokens tokens into dst, reserving dst
         for them, and set dst's length to n_tokens. ValueError when src or dst is not live,
         src == dst or n_tokens > length(src); MemoryError (dst unchanged) when the cache
-        cannot hold them. Like reserve, it may move every sequence's block."""
+        cannot hold them. Like reserve, it may move every sequence's block. With a recurrent
+        state (state_bytes): dst's state is src's when n_tokens is src's length, else state
+        (a get_state() snapshot of src after n_tokens) must be given."""
         self._open()
         cdef uint32_t s = _seq_id(src), d = _seq_id(dst)
         cdef size_t n = _nonneg(n_tokens, "n_tokens")
         cdef cb_status st
+        cdef const unsigned char[::1] v
+        cdef const void *p = NULL
+        if state is not None:
+            v = bytes(state)
+            if v.shape[0] != <Py_ssize_t>self.state_bytes or self.state_bytes == 0:
+                raise ValueError(f"state of {v.shape[0]} bytes for a cache with state_bytes "
+                                 f"{self.state_bytes}")
+            p = &v[0]
         with nogil:
-            st = cb_kvcache_copy_prefix(self._kv, s, d, n)
+            if p != NULL:
+                st = cb_kvcache_copy_prefix_state(self._kv, s, d, n, p)
+            else:
+                st = cb_kvcache_copy_prefix(self._kv, s, d, n)
         check(st)
+
+    def get_state(self, seq):
+        """A copy of the sequence's recurrent state (bytes; state_bytes of them)."""
+        self._open()
+        buf = bytearray(self.state_bytes)
+        cdef unsigned char[::1] v = buf
+        check(cb_kvcache_state_get(self._kv, _seq_id(seq), &v[0] if self.state_bytes else NULL))
+        return bytes(buf)
+
+    def set_state(self, seq, state):
+        """Overwrite the sequence's recurrent state with a copy from get_state()."""
+        self._open()
+        cdef const unsigned char[::1] v = bytes(state)
+        if v.shape[0] != <Py_ssize_t>self.state_bytes or self.state_bytes == 0:
+            raise ValueError(f"state of {v.shape[0]} bytes for a cache with state_bytes "
+                             f"{self.state_bytes}")
+        check(cb_kvcache_state_set(self._kv, _seq_id(seq), &v[0]))
 
     def free_sequence(self, seq):
         """Free the sequence's block and id."""

@@ -73,6 +73,7 @@ cdef extern from "colibri/arena.h" nogil:
         uint32_t chunk_tokens
         int doubling
         uint32_t page_tokens
+        size_t state_bytes
 
     cb_kvcache_params cb_kvcache_default_params()
     cb_status cb_kvcache_new(cb_arena_t *arena, const cb_kvcache_params *params, cb_kvcache_t **out)
@@ -89,6 +90,12 @@ cdef extern from "colibri/arena.h" nogil:
     size_t cb_kvcache_token_stride(const cb_kvcache_t *kv)
     size_t cb_kvcache_list(cb_kvcache_t *kv, uint32_t *ids, size_t max_ids)
     size_t cb_kvcache_page_tokens(const cb_kvcache_t *kv)
+    size_t cb_kvcache_state_bytes(const cb_kvcache_t *kv)
+    cb_status cb_kvcache_seq_state(cb_kvcache_t *kv, uint32_t seq, void **state)
+    cb_status cb_kvcache_state_get(cb_kvcache_t *kv, uint32_t seq, void *buf)
+    cb_status cb_kvcache_state_set(cb_kvcache_t *kv, uint32_t seq, const void *buf)
+    cb_status cb_kvcache_copy_prefix_state(cb_kvcache_t *kv, uint32_t src, uint32_t dst,
+                                           size_t n_tokens, const void *state) nogil
     cb_status cb_kvcache_row_ptr(cb_kvcache_t *kv, uint32_t seq, size_t pos, uint32_t layer,
                                  uint32_t kv_index, uint32_t kv_head, void **ptr)
     cb_status cb_kvcache_read(cb_kvcache_t *kv, uint32_t seq, uint32_t layer, uint32_t kv_index,

@@ -68,7 +68,7 @@ static cb_status check_mat(const cb_matrix_t *w, int64_t rows, int64_t cols, con
 
 static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *max_expert,
                           int32_t *max_used, int64_t *max_nq, int64_t *max_nkv,
-                          size_t *kv_elems, int64_t *max_mla) {
+                          size_t *kv_elems, int64_t *max_mla, size_t *state, int64_t *max_gdn) {
     if (m->n_embd <= 0 || m->n_layer <= 0 || m->n_head <= 0 || m->n_head_kv <= 0 ||
         m->head_dim <= 0 || m->n_vocab <= 0 || m->n_head % m->n_head_kv != 0)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT,
@@ -96,8 +96,8 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
     *max_ff = 1;
     *max_expert = 0;
     *max_used = 0;
-    *max_nq = *max_nkv = *max_mla = 0;
-    *kv_elems = 0;
+    *max_nq = *max_nkv = *max_mla = *max_gdn = 0;
+    *kv_elems = *state = 0;
     for (int l = 0; l < m->n_layer; l++) {
         const cb_layer_desc_t *L = &m->layers[l];
         const int32_t hd = layer_hd(m, L), n_kv = layer_nkv(m, L), n_rot = layer_nrot(m, L);
@@ -109,7 +109,14 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
                            m->n_head, n_rot);
         int64_t nq = (int64_t)m->n_head * hd, nkv = (int64_t)n_kv * hd;
         const int own = L->kv_from == 0; /* else it attends to layer kv_from - 1's K/V */
-        if (L->mla_kv_lora) { /* forward_mla.c: its own tensors and cache row */
+        if (L->gdn_v_heads) { /* forward_gdn.c: a recurrent state, no K/V */
+            size_t st;
+            int64_t scr;
+            CHECK_OK(cb_gdn_validate(m, L, l, &st, &scr));
+            *state += st;
+            if (scr > *max_gdn) *max_gdn = scr;
+            nq = nkv = 0;
+        } else if (L->mla_kv_lora) { /* forward_mla.c: its own tensors and cache row */
             size_t row;
             int64_t scr;
             CHECK_OK(cb_mla_validate(m, L, l, &nq, &row, &scr));
@@ -135,7 +142,7 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
             (!mat_present(&L->pl_inp_gate) || !mat_present(&L->pl_proj) || !L->pl_post_norm))
             return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: layer %d: missing per-layer "
                                                        "embedding weights", l);
-        if (m->qk_norm != CB_QK_NORM_NONE && (!L->q_norm || (own && !L->k_norm)))
+        if (m->qk_norm != CB_QK_NORM_NONE && !L->gdn_v_heads && (!L->q_norm || (own && !L->k_norm)))
             return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: layer %d: missing q/k norm", l);
         if (L->sliding_window < 0 || !(L->rope_base > 0) || !(L->rope_freq_scale > 0) ||
             L->attn_chunk < 0 || (L->attn_temp_scale > 0.0f && !(L->attn_temp_floor >= 1.0f)) ||
@@ -146,8 +153,8 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
                            "temperature floor %g, or input-weighted experts with top-%d routing "
                            "or a dense FFN beside", l, L->sliding_window, L->attn_chunk,
                            L->rope_base, L->rope_freq_scale, L->attn_temp_floor, L->n_expert_used);
-        if (!L->mla_kv_lora) {
-            CHECK_OK(check_mat(&L->wq, nq, E, "attn_q", l));
+        if (!L->mla_kv_lora && !L->gdn_v_heads) {
+            CHECK_OK(check_mat(&L->wq, L->attn_q_gate ? 2 * nq : nq, E, "attn_q", l));
             if (own) CHECK_OK(check_mat(&L->wk, nkv, E, "attn_k", l));
             if (own && !L->v_from_k) CHECK_OK(check_mat(&L->wv, nkv, E, "attn_v", l));
             CHECK_OK(check_mat(&L->wo, E, nq, "attn_output", l));
@@ -228,7 +235,9 @@ void cb_forward_free(cb_forward_t *f) {
                     f->lrows, f->rid,   f->lists, f->cnt,     f->start,  f->used,
                     f->fill,  f->pos64, f->seqs, f->seq_len0, f->seq_n,  f->seq_cap,
                     f->seq_base, f->refs, f->ent, f->moe_ws, f->rope_cs, f->rope_sn,
-                    f->pli,   f->plt,   f->mla_q, f->mla_t,   f->mla_o};
+                    f->pli,   f->plt,   f->mla_q, f->mla_t,   f->mla_o, f->qg, f->qgate,
+                    f->gdn_x, f->gdn_z, f->gdn_ba, f->gdn_o, f->gdn_tmp, f->gdn_off,
+                    f->seq_state};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     if (f->scores)
         for (int t = 0; t < f->n_threads; t++) free(f->scores[t]);
@@ -254,10 +263,19 @@ cb_status cb_forward_new(const cb_model_desc_t *m, cb_kvcache_t *kv, cb_experts_
     int64_t max_nq = 0, max_nkv = 0;
     size_t per_elt = 0; /* K/V values of one token over all layers */
     int64_t max_mla = 0; /* MLA scratch per token */
-    CHECK_OK(validate(m, &max_ff, &max_expert, &max_used, &max_nq, &max_nkv, &per_elt, &max_mla));
+    size_t state_floats = 0; /* recurrent state per sequence */
+    int64_t max_gdn = 0;     /* linear attention channels */
+    CHECK_OK(validate(m, &max_ff, &max_expert, &max_used, &max_nq, &max_nkv, &per_elt, &max_mla,
+                      &state_floats, &max_gdn));
+    if (cb_kvcache_state_bytes(kv) != state_floats * sizeof(float))
+        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
+                       "forward: the KV cache holds %zu bytes of recurrent state per sequence, "
+                       "this model needs %zu", cb_kvcache_state_bytes(kv),
+                       state_floats * sizeof(float));
     if (max_expert > 0 && !experts)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: a MoE model needs an expert store");
     size_t stride = cb_kvcache_token_stride(kv);
+    if (per_elt == 0) per_elt = 1; /* no K/V at all: the cache's one dummy value */
     if (stride != per_elt * 4 && stride != per_elt * 2)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT,
                        "forward: the KV cache's token stride %zu bytes does not fit this model "
@@ -296,6 +314,23 @@ cb_status cb_forward_new(const cb_model_desc_t *m, cb_kvcache_t *kv, cb_experts_
         f->mla_o = zalloc(B * (size_t)max_mla, sizeof(float), &fail);
     }
     f->kv_off = zalloc((size_t)m->n_layer, sizeof(size_t), &fail);
+    f->state_floats = state_floats;
+    f->gdn_off = zalloc((size_t)m->n_layer, sizeof(size_t), &fail);
+    f->seq_state = zalloc(B, sizeof(float *), &fail);
+    for (int l = 0; l < m->n_layer; l++)
+        if (m->layers[l].attn_q_gate) {
+            f->qg = zalloc(B * 2 * nq, sizeof(float), &fail);
+            f->qgate = zalloc(B * nq, sizeof(float), &fail);
+            break;
+        }
+    if (max_gdn > 0) {
+        const size_t G = (size_t)max_gdn;
+        f->gdn_x = zalloc(B * G, sizeof(float), &fail);
+        f->gdn_z = zalloc(B * G, sizeof(float), &fail);
+        f->gdn_ba = zalloc(B * G, sizeof(float), &fail);
+        f->gdn_o = zalloc(B * G, sizeof(float), &fail);
+        f->gdn_tmp = zalloc(G, sizeof(float), &fail);
+    }
     f->g = zalloc(B * (size_t)max_ff, sizeof(float), &fail);
     f->u = zalloc(B * (size_t)max_ff, sizeof(float), &fail);
     f->rlog = zalloc(B * NE, sizeof(float), &fail);
@@ -346,8 +381,16 @@ cb_status cb_forward_new(const cb_model_desc_t *m, cb_kvcache_t *kv, cb_experts_
         return cb_fail(CB_STATUS_OUT_OF_MEMORY, "forward: no memory for the experts' workspace "
                        "of a %d-token batch", (int)max_batch);
     }
-    size_t off = 0;
+    size_t off = 0, soff = 0;
     for (int l = 0; l < m->n_layer; l++) {
+        const cb_layer_desc_t *G = &m->layers[l];
+        if (G->gdn_v_heads) { /* its state's place; no K/V */
+            f->gdn_off[l] = soff;
+            soff += (size_t)((G->gdn_conv - 1) * (2 * (int64_t)G->gdn_k_heads * G->gdn_head_k +
+                             (int64_t)G->gdn_v_heads * G->gdn_head_v) +
+                             (int64_t)G->gdn_v_heads * G->gdn_head_k * G->gdn_head_v);
+            continue;
+        }
         if (m->layers[l].kv_from) { /* validated: an earlier layer with K/V of its own */
             f->kv_off[l] = f->kv_off[m->layers[l].kv_from - 1];
             continue;
@@ -623,7 +666,17 @@ static cb_status qkv(cb_forward_t *f, const cb_batch_t *b, int l, const cb_rope_
     const int64_t nq = (int64_t)m->n_head * hd, nkv = n_kv * hd;
     /* a layer sharing an earlier layer's K/V (kv_from) computes only its queries: nk = 0 */
     const int64_t nk = L->kv_from ? 0 : n_kv;
-    CHECK_OK(fmm(f, &L->wq, f->h, n, E, f->q, nq));
+    if (L->attn_q_gate) { /* each head's query, then its gate */
+        CHECK_OK(fmm(f, &L->wq, f->h, n, E, f->qg, 2 * nq));
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t h = 0; h < m->n_head; h++) {
+                const float *src = f->qg + t * 2 * nq + h * 2 * hd;
+                memcpy(f->q + t * nq + h * hd, src, (size_t)hd * sizeof(float));
+                memcpy(f->qgate + t * nq + h * hd, src + hd, (size_t)hd * sizeof(float));
+            }
+    } else {
+        CHECK_OK(fmm(f, &L->wq, f->h, n, E, f->q, nq));
+    }
     if (nk) {
         CHECK_OK(fmm(f, &L->wk, f->h, n, E, f->k, nkv));
         if (L->v_from_k)
@@ -670,6 +723,8 @@ static cb_status qkv(cb_forward_t *f, const cb_batch_t *b, int l, const cb_rope_
     return CB_OK;
 }
 
+static cb_status residual(cb_forward_t *f, const cb_layer_desc_t *L, int64_t n);
+
 static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
     const cb_model_desc_t *m = f->m;
     const cb_layer_desc_t *L = &m->layers[l];
@@ -678,6 +733,10 @@ static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
     const int64_t hd = mla ? L->mla_kv_lora + layer_nrot(m, L) : layer_hd(m, L);
     const int64_t hv = mla ? L->mla_kv_lora : hd, n_kv = mla ? 1 : layer_nkv(m, L);
     CHECK_OK(pre_norm(m, f->x, n, L->attn_norm, L->attn_norm_b, f->h));
+    if (L->gdn_v_heads) {
+        CHECK_OK(cb_gdn_forward(f, b, l));
+        return residual(f, L, n);
+    }
     cb_rope_params_t rp;
     CHECK_OK(rope_prepare(f, L, n, mla ? layer_nrot(m, L) : hd, &rp));
     CHECK_OK(mla ? cb_mla_qkv(f, b, l) : qkv(f, b, l, &rp));
@@ -693,8 +752,18 @@ static cb_status attention(cb_forward_t *f, const cb_batch_t *b, int l) {
         CHECK_OK(cb_mla_out(f, l, n));
         CHECK_OK(fmm(f, &L->wo, f->mla_o, n, (int64_t)m->n_head * L->mla_v_dim, f->o, E));
     } else {
+        if (L->attn_q_gate)
+            for (int64_t i = 0; i < n * m->n_head * hd; i++)
+                f->att[i] *= 1.0f / (1.0f + expf(-f->qgate[i]));
         CHECK_OK(fmm(f, &L->wo, f->att, n, (int64_t)m->n_head * hd, f->o, E));
     }
+    return residual(f, L, n);
+}
+
+/* x += the block's output f->o (its bias, post-norm and residual scale first) */
+static cb_status residual(cb_forward_t *f, const cb_layer_desc_t *L, int64_t n) {
+    const cb_model_desc_t *m = f->m;
+    const int64_t E = m->n_embd;
     for (int64_t t = 0; t < n; t++) {
         float *o = f->o + t * E;
         if (L->bo) cb_add(o, L->bo, E, o);
@@ -861,6 +930,10 @@ static cb_status prepare(cb_forward_t *f, const cb_batch_t *b, int32_t *n_seqs_o
         void *p0;
         CHECK_OK(cb_kvcache_seq_block(f->kv, b->seq[t], &p0, &f->seq_cap[t]));
         f->seq_base[t] = p0;
+        if (f->state_floats) {
+            CHECK_OK(cb_kvcache_seq_state(f->kv, b->seq[t], &p0));
+            f->seq_state[t] = p0;
+        }
     }
     *n_seqs_out = ns;
     return CB_OK;

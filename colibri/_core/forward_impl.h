@@ -30,6 +30,11 @@ struct cb_forward {
     float *x, *h, *q, *k, *v, *att, *o, *o2, *g, *u, *rlog, *rw, *shg, *lrows;
     float *pli, *plt;     /* per-layer inputs [max_batch x n_layer*P] and their scratch */
     float *mla_q, *mla_t, *mla_o; /* MLA scratch (forward_mla.c) */
+    float *qg, *qgate;    /* gated queries: wq's [n x 2 nq] and the gates [n x nq] */
+    float *gdn_x, *gdn_z, *gdn_ba, *gdn_o, *gdn_tmp; /* gated DeltaNet scratch (forward_gdn.c) */
+    size_t *gdn_off;      /* [n_layer] float offset of each linear layer's state */
+    size_t state_floats;  /* recurrent state floats per sequence (0: none) */
+    float **seq_state;    /* per token: its sequence's recurrent state */
     int32_t *rid, *lists, *cnt, *start, *used, *fill, *ent;
     int64_t *pos64;
     uint32_t *seqs;       /* distinct sequences of the batch */
@@ -106,5 +111,14 @@ cb_status cb_mla_qkv(cb_forward_t *f, const cb_batch_t *b, int l);
 /* the heads' latent outputs f->att [n x n_head x kv_lora] to values [n x n_head x v_dim] in
  * f->mla_o */
 cb_status cb_mla_out(cb_forward_t *f, int l, int64_t n);
+
+/* Gated DeltaNet (forward_gdn.c; forward.h, gdn_v_heads): checks a linear layer's tensors;
+ * *state: its state floats per sequence, *scratch: the per-token floats of each of its four
+ * scratch rows (conv channels at most) */
+cb_status cb_gdn_validate(const cb_model_desc_t *m, const cb_layer_desc_t *L, int l,
+                          size_t *state, int64_t *scratch);
+/* the layer's output [n x n_embd] into f->o from the normed input f->h, each token's state
+ * advanced in batch order */
+cb_status cb_gdn_forward(cb_forward_t *f, const cb_batch_t *b, int l);
 
 #endif

@@ -27,6 +27,7 @@ typedef struct kv_seq {
     size_t cap;    /* tokens that fit */
     size_t len;    /* tokens written */
     size_t need;   /* the most tokens a reserve asked for (cap - need is chunk rounding) */
+    void *state;   /* state_bytes of recurrent state (arena.h), NULL without */
     uint8_t live, has_block;
 } kv_seq;
 
@@ -110,6 +111,7 @@ static void kv_close_locked(cb_kvcache_t *kv) {
     if (kv->closed) return;
     for (uint32_t i = 0; i < kv->p.max_sequences; i++) {
         if (kv->seqs[i].live && kv->seqs[i].has_block) cb_arena_free_block(kv->arena, kv->seqs[i].offset);
+        free(kv->seqs[i].state);
         memset(&kv->seqs[i], 0, sizeof kv->seqs[i]);
     }
     kv->n_free = 0;
@@ -193,9 +195,17 @@ cb_status cb_kvcache_seq_new(cb_kvcache_t *kv, uint32_t *seq) {
     KV_LOCK(kv);
     if (kv->n_free == 0)
         KV_RETURN(kv, cb_fail(CB_STATUS_OUT_OF_MEMORY, "kvcache: all %u sequence ids are live (raise max_sequences)", kv->p.max_sequences));
+    void *st = NULL;
+    if (kv->p.state_bytes > 0) {
+        size_t sb = (kv->p.state_bytes + 63) / 64 * 64;
+        if (cb_posix_memalign(&st, 64, sb) != 0)
+            KV_RETURN(kv, cb_fail(CB_STATUS_OUT_OF_MEMORY, "kvcache: no memory for a sequence's recurrent state of %zu bytes", kv->p.state_bytes));
+        memset(st, 0, sb);
+    }
     uint32_t id = kv->free_ids[--kv->n_free];
     memset(&kv->seqs[id], 0, sizeof kv->seqs[id]);
     kv->seqs[id].live = 1;
+    kv->seqs[id].state = st;
     *seq = id;
     KV_RETURN(kv, CB_OK);
 }
@@ -335,7 +345,21 @@ cb_status cb_kvcache_seq_reserve(cb_kvcache_t *kv, uint32_t seq, size_t n_tokens
     KV_RETURN(kv, reserve_locked(kv, seq, n_tokens));
 }
 
+static cb_status copy_prefix(cb_kvcache_t *kv, uint32_t src, uint32_t dst, size_t n_tokens,
+                             const void *state);
+
 cb_status cb_kvcache_copy_prefix(cb_kvcache_t *kv, uint32_t src, uint32_t dst, size_t n_tokens) {
+    return copy_prefix(kv, src, dst, n_tokens, NULL);
+}
+
+cb_status cb_kvcache_copy_prefix_state(cb_kvcache_t *kv, uint32_t src, uint32_t dst,
+                                       size_t n_tokens, const void *state) {
+    if (!state) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: copy_prefix_state: state must not be NULL");
+    return copy_prefix(kv, src, dst, n_tokens, state);
+}
+
+static cb_status copy_prefix(cb_kvcache_t *kv, uint32_t src, uint32_t dst, size_t n_tokens,
+                             const void *state) {
     KV_LOCK(kv);
     SEQ_OR_FAIL(kv, src);
     SEQ_OR_FAIL(kv, dst);
@@ -343,6 +367,10 @@ cb_status cb_kvcache_copy_prefix(cb_kvcache_t *kv, uint32_t src, uint32_t dst, s
         KV_RETURN(kv, cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: copy_prefix: source and destination are the same sequence %u", src));
     if (n_tokens > kv->seqs[src].len)
         KV_RETURN(kv, cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: copy_prefix: %zu tokens asked of sequence %u, which holds %zu", n_tokens, src, kv->seqs[src].len));
+    if (state && !kv->seqs[src].state)
+        KV_RETURN(kv, cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: copy_prefix_state: the cache holds no recurrent state (state_bytes 0)"));
+    if (kv->seqs[src].state && !state && n_tokens != 0 && n_tokens != kv->seqs[src].len)
+        KV_RETURN(kv, cb_fail(CB_STATUS_UNSUPPORTED, "kvcache: copy_prefix: sequence %u's recurrent state is the one after its %zu tokens, not after %zu (restore a snapshot with cb_kvcache_state_set)", src, kv->seqs[src].len, n_tokens));
     if (n_tokens > 0) {
         /* the reserve may compact, moving both blocks: offsets are read after it */
         cb_status st = reserve_locked(kv, dst, n_tokens);
@@ -364,6 +392,11 @@ cb_status cb_kvcache_copy_prefix(cb_kvcache_t *kv, uint32_t src, uint32_t dst, s
         }
     }
     kv->seqs[dst].len = n_tokens;
+    if (kv->seqs[dst].state) {
+        if (state) memcpy(kv->seqs[dst].state, state, kv->p.state_bytes);
+        else if (n_tokens) memcpy(kv->seqs[dst].state, kv->seqs[src].state, kv->p.state_bytes);
+        else memset(kv->seqs[dst].state, 0, kv->p.state_bytes);
+    }
     KV_RETURN(kv, CB_OK);
 }
 
@@ -375,6 +408,7 @@ cb_status cb_kvcache_seq_free(cb_kvcache_t *kv, uint32_t seq) {
         cb_status st = cb_arena_free_block(kv->arena, s->offset);
         if (st != CB_OK && st != CB_STATUS_CLOSED) KV_RETURN(kv, st);
     }
+    free(s->state);
     memset(s, 0, sizeof *s);
     kv->free_ids[kv->n_free++] = seq;
     KV_RETURN(kv, CB_OK);
@@ -401,8 +435,44 @@ cb_status cb_kvcache_seq_set_len(cb_kvcache_t *kv, uint32_t seq, size_t n) {
     SEQ_OR_FAIL(kv, seq);
     if (n > kv->seqs[seq].cap)
         KV_RETURN(kv, cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: sequence %u: length %zu exceeds its capacity %zu tokens (reserve first)", seq, n, kv->seqs[seq].cap));
-    kv->seqs[seq].len = n;
+    kv_seq *s = &kv->seqs[seq];
+    if (s->state && n < s->len) {
+        if (n != 0)
+            KV_RETURN(kv, cb_fail(CB_STATUS_UNSUPPORTED, "kvcache: sequence %u: a recurrent state cannot be truncated from %zu to %zu tokens (only to 0)", seq, s->len, n));
+        memset(s->state, 0, kv->p.state_bytes);
+    }
+    s->len = n;
     KV_RETURN(kv, CB_OK);
+}
+
+size_t cb_kvcache_state_bytes(const cb_kvcache_t *kv) { return kv ? kv->p.state_bytes : 0; }
+
+cb_status cb_kvcache_seq_state(cb_kvcache_t *kv, uint32_t seq, void **state) {
+    if (!state) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: state must not be NULL");
+    KV_LOCK(kv);
+    SEQ_OR_FAIL(kv, seq);
+    *state = kv->seqs[seq].state;
+    if (!*state) KV_RETURN(kv, cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: the cache holds no recurrent state (state_bytes 0)"));
+    KV_RETURN(kv, CB_OK);
+}
+
+static cb_status state_copy(cb_kvcache_t *kv, uint32_t seq, void *out, const void *in) {
+    if (!out && !in) return cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: buf must not be NULL");
+    KV_LOCK(kv);
+    SEQ_OR_FAIL(kv, seq);
+    void *st = kv->seqs[seq].state;
+    if (!st) KV_RETURN(kv, cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: the cache holds no recurrent state (state_bytes 0)"));
+    if (out) memcpy(out, st, kv->p.state_bytes);
+    else if (in) memcpy(st, in, kv->p.state_bytes);
+    KV_RETURN(kv, CB_OK);
+}
+
+cb_status cb_kvcache_state_get(cb_kvcache_t *kv, uint32_t seq, void *buf) {
+    return state_copy(kv, seq, buf, NULL);
+}
+
+cb_status cb_kvcache_state_set(cb_kvcache_t *kv, uint32_t seq, const void *buf) {
+    return buf ? state_copy(kv, seq, NULL, buf) : cb_fail(CB_STATUS_INVALID_ARGUMENT, "kvcache: buf must not be NULL");
 }
 
 cb_status cb_kvcache_seq_offset(cb_kvcache_t *kv, uint32_t seq, size_t *offset, int *has_block) {

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from colibri.engine.prefix import _Cached
+from colibri.engine.prefix import PREFIX_BLOCK, _Cached
 from colibri.engine.request import Delta, Request, _Seq, _Stream
 from colibri.engine.scheduler import DEFAULT_PREFILL_CHUNK, _Scheduler, _StepTime
 from colibri.errors import ColibriError
@@ -101,6 +101,8 @@ class Engine(_Scheduler):
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         self._eog = stop_token_ids(model)
         self._stride = int(model.kv.token_stride)
+        # recurrent-state models: prefill chunks end on prefix blocks (state snapshots)
+        self._align = PREFIX_BLOCK if model.kv.state_bytes else 1
         self._ids = itertools.count()
         self._cv = threading.Condition()
         self._incoming: list[_Seq] = []   # guarded by _cv

@@ -44,6 +44,7 @@ class _Output(_PrefixCache):
                 log.exception("engine: freeing a sequence failed")
             s.seq = None
         s.n_kv = 0
+        s.snaps = {}
         if s in self._running:
             self._running.remove(s)
 

@@ -21,6 +21,7 @@ log = logging.getLogger("colibri")
 
 PREFIX_BLOCK = 16      # tokens per hashed block of the prefix index
 PREFIX_CACHE_MAX = 256  # most finished sequences kept as prefix cache
+STATE_SNAPS_MAX = 8     # recurrent-state snapshots kept per sequence (the latest)
 
 
 def _block_hashes(tokens: Sequence[int], n_blocks: int, start: int = 0,
@@ -54,6 +55,7 @@ class _Cached:
     tokens: list[int]
     n_kv: int
     hashes: list[int] = field(default_factory=list)
+    snaps: dict[int, bytes] = field(default_factory=dict)  # see _Seq.snaps
 
     def kv_tokens(self) -> list[int]:
         return self.tokens
@@ -93,7 +95,20 @@ class _PrefixCache:
         if best is None:
             return None, 0
         n = _common_prefix(toks, best.kv_tokens(), min(limit, best.n_kv))  # hashes may collide
+        if self.model.kv.state_bytes and n != best.n_kv:
+            # a recurrent state exists only where it was kept: the owner's end, or a snapshot
+            n = max((k for k in best.snaps if k <= n), default=0)
         return (best, n) if n >= PREFIX_BLOCK else (None, 0)
+
+    def _snapshot(self, s: _Seq) -> None:
+        """Keep s's recurrent state after its prompt's first n_kv tokens (a block boundary)
+        for the prefix cache (recurrent-state models; the latest STATE_SNAPS_MAX)."""
+        if not (self.prefix_cache and self.model.kv.state_bytes) or s.seq is None \
+                or s.n_kv % PREFIX_BLOCK or s.n_kv > len(s.prompt):
+            return
+        s.snaps[s.n_kv] = self.model.kv.get_state(s.seq)
+        while len(s.snaps) > STATE_SNAPS_MAX:
+            del s.snaps[min(s.snaps)]
 
     def _shares_pending(self, s: _Seq) -> bool:
         """Whether a running request still prefilling will hold at least a block more of s's
@@ -139,7 +154,8 @@ class _PrefixCache:
     def _to_cache(self, s: _Seq) -> None:
         """Move finished s's sequence into the cache (s.seq becomes None)."""
         assert s.seq is not None
-        c = _Cached(seq=s.seq, tokens=s.tokens()[: s.n_kv], n_kv=s.n_kv)
+        c = _Cached(seq=s.seq, tokens=s.tokens()[: s.n_kv], n_kv=s.n_kv, snaps=s.snaps)
+        s.snaps = {}
         self._index_add(c, _block_hashes(c.tokens, c.n_kv // PREFIX_BLOCK))
         self._cache[c.seq] = c
         s.seq = None

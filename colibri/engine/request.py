@@ -297,6 +297,9 @@ class _Seq:
     t_last: float = 0.0
     hashes: list[int] = field(default_factory=list)  # prefix-index blocks registered
     copied: int = 0               # tokens of KV copied from the prefix cache at admission
+    # recurrent-state models: the state after n tokens of the prompt, taken at the prefill
+    # chunks' ends (block boundaries), for the prefix cache (engine.prefix.STATE_SNAPS_MAX)
+    snaps: dict[int, bytes] = field(default_factory=dict)
 
     def kv_tokens(self) -> list[int]:
         return self.tokens()

@@ -103,6 +103,7 @@ class _Scheduler(_Output):
     adaptive_chunk: bool
     prefill_chunk: int
     _stride: int
+    _align: int
     _incoming: list[_Seq]
     _closing: bool
     _n_steps: int
@@ -192,8 +193,10 @@ class _Scheduler(_Output):
         self._running.sort(key=lambda x: x.order)
         while src is not None and n_copy > 0:
             assert src.seq is not None  # a running source holds its sequence
-            try:
-                self.model.kv.copy_prefix(src.seq, s.seq, n_copy)
+            try:  # a recurrent state: the source's own at its end, else its snapshot
+                self.model.kv.copy_prefix(src.seq, s.seq, n_copy, None if n_copy == src.n_kv
+                                          or not self.model.kv.state_bytes
+                                          else src.snaps[n_copy])
             except MemoryError:
                 if self._evict_one(keep):
                     continue
@@ -247,7 +250,7 @@ class _Scheduler(_Output):
                 break
             if s.seq is None or s.decoding() or s.order in plan:
                 continue
-            n = self._take(s, chunk, limit, room)
+            n = self._take(s, chunk, limit, room, self._align)
             if self._reserve(s, n, plan):
                 plan[s.order] = n
                 chunk = max(0, chunk - n)
@@ -265,7 +268,7 @@ class _Scheduler(_Output):
                 break
             self._waiting.remove(s)
             self._reserve_ahead(s, s.n_tokens() + KV_GROW_AHEAD)
-            n = self._take(s, chunk, limit, room)
+            n = self._take(s, chunk, limit, room, self._align)
             if not self._reserve(s, n, plan):  # the youngest, and it does not fit: not yet
                 if s.copied:  # its copied prefix is freed with it: no hit
                     with self._cv:
@@ -318,6 +321,7 @@ class _Scheduler(_Output):
         for s in batch:
             s.n_kv += plan[s.order]
             self._index_running(s)
+            self._snapshot(s)
             if s.n_kv < s.n_tokens():
                 continue  # more prompt to go
             try:
@@ -328,14 +332,23 @@ class _Scheduler(_Output):
             row += 1
 
     @staticmethod
-    def _take(s: _Seq, chunk: int, limit: int, room: int) -> int:
+    def _take(s: _Seq, chunk: int, limit: int, room: int, align: int = 1) -> int:
         """Prompt tokens of s to read this step: at most chunk (what is left of the step's
         limit), or all the rest when that exceeds chunk by at most an eighth of limit and the
-        step has room (no small last chunk a step later)."""
+        step has room (no small last chunk a step later). align > 1 (recurrent-state models:
+        a snapshot for the prefix cache is taken where a chunk ends): no chunk runs past the
+        last multiple of align before the last token (a later request sharing the prompt
+        resumes there), and one short of the rest ends on a multiple where one lies in it."""
         rest = s.n_tokens() - s.n_kv
-        if rest <= chunk:
-            return rest
-        return rest if rest - chunk <= limit // 8 and rest <= room else chunk
+        n = rest if rest <= chunk or (rest - chunk <= limit // 8 and rest <= room) else chunk
+        if align == 1:
+            return n
+        end, last = s.n_kv + n, (s.n_tokens() - 1) // align * align
+        if s.n_kv < last < end:
+            return last - s.n_kv
+        if n < rest and end % align and end - end % align > s.n_kv:
+            return end - end % align - s.n_kv
+        return n
 
     def _reserve_ahead(self, s: _Seq, n_tokens: int) -> bool:
         """Reserve room for n_tokens tokens in s's block ahead of need, while KV_GROW_FREE of

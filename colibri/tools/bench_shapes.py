@@ -29,6 +29,12 @@ reads them. Nothing here writes data: plan() lists the tensors, write_keys() the
   logits, clamped SwiGLU; vocabulary 201088. The experts are MXFP4 whatever --type says (as
   the published files are: llama-quantize keeps them); --type sets the other matrices, whose
   2880-wide rows take llama.cpp's fallback from the 256-block types (Q4_K -> Q5_0).
+- qwen3-next-80b-a3b (qwen3next, Qwen3-Next-80B-A3B): hidden 2048; every 4th layer gated full
+  attention (16 query heads, each with its gate rows, 2 KV heads of 256, q/k RMSNorm, 64 of
+  256 dims rotated, base 1e7), the others gated DeltaNet (attn_qkv of 16 key heads and 32
+  value heads of 128, attn_gate, ssm_ba, a conv of 4 taps in float32, ssm_a negative, ssm_dt,
+  ssm_norm, ssm_out); post_attention_norm; 512 experts of FFN 512, top-10 renormalised softmax,
+  one shared expert of 512 with its sigmoid gate (ffn_gate_inp_shexp); vocabulary 151936.
 
 With fewer layers than the real model (--layers), the leading dense layers scale down with
 the depth: round(real dense * layers / real layers), at least 1 and at most layers - 1 (one
@@ -74,6 +80,11 @@ SHAPES: dict[str, dict[str, Any]] = {
                         yarn_beta_slow=1.0, yarn_log_mul=0.1, eps=1e-6, real_layers=61,
                         dense_lead=3, pre="deepseek-v3"),
 }
+SHAPES["qwen3-next-80b-a3b"] = dict(
+    arch="qwen3next", n_embd=2048, n_head=16, n_head_kv=2, head_dim=256, n_rot=64,
+    n_expert=512, n_used=10, n_ff_exp=512, n_ff=5632, n_shared=1, n_ff_shexp=512,
+    n_vocab=151936, n_ctx=262144, rope_base=10_000_000.0, eps=1e-6, ssm_conv=4,
+    ssm_k_heads=16, ssm_v_heads=32, ssm_head=128, full_attn_every=4, pre="qwen2")
 SHAPES["tiny-ernie4_5-moe"] = dict(SHAPES["ernie-4.5-21b-a3b"], n_embd=256, n_head=4, n_head_kv=2,
                                    head_dim=64, n_expert=16, n_used=4, n_ff_exp=256, n_ff=512,
                                    n_ff_shexp=512, n_vocab=2048, n_ctx=4096)
@@ -81,6 +92,10 @@ SHAPES["tiny-ernie4_5-moe"] = dict(SHAPES["ernie-4.5-21b-a3b"], n_embd=256, n_he
 SHAPES["tiny-glm4moe"] = dict(SHAPES["glm-4.5-air"], n_embd=256, n_head=4, n_head_kv=2,
                               head_dim=64, n_rot=32, n_expert=32, n_used=4, n_ff_exp=160,
                               n_ff=352, n_vocab=2048, n_ctx=4096)
+SHAPES["tiny-qwen3next"] = dict(SHAPES["qwen3-next-80b-a3b"], n_embd=256, n_head=4, head_dim=64,
+                                n_rot=16, n_expert=32, n_used=4, n_ff_exp=256, n_ff=512,
+                                n_ff_shexp=256, n_vocab=2048, n_ctx=4096, ssm_k_heads=2,
+                                ssm_v_heads=4, ssm_head=64)
 SHAPES["tiny-deepseek2"] = dict(SHAPES["deepseek-v3"], n_embd=256, n_head=4, q_lora=256,
                                 kv_lora=256, qk_nope=64, qk_rope=32, v_head=64, n_expert=32,
                                 n_used=4, n_ff_exp=256, n_ff=512, n_group=4, group_used=2,
@@ -144,7 +159,15 @@ def plan(n_layers: int, types: tuple[QT, QT, QT, QT], shape: str) -> Plan:
     for i in range(n_layers):
         b = f"blk.{i}."
         t.append((b + "attn_norm.weight", (E,), None))
-        if arch == "deepseek2":
+        if arch == "qwen3next" and (i + 1) % s["full_attn_every"]:  # gated DeltaNet
+            NK, NV, D = s["ssm_k_heads"], s["ssm_v_heads"], s["ssm_head"]
+            C = (2 * NK + NV) * D
+            t += [q(b + "attn_qkv.weight", (C, E), main), q(b + "attn_gate.weight", (NV * D, E), main),
+                  q(b + "ssm_ba.weight", (2 * NV, E), main),
+                  (b + "ssm_conv1d.weight", (C, s["ssm_conv"]), None),
+                  (b + "ssm_a", (NV,), None), (b + "ssm_dt.bias", (NV,), None),
+                  (b + "ssm_norm.weight", (D,), None), q(b + "ssm_out.weight", (E, NV * D), main)]
+        elif arch == "deepseek2":
             H, QL, KL, R = s["n_head"], s["q_lora"], s["kv_lora"], s["qk_rope"]
             NP, VH = s["qk_nope"], s["v_head"]
             t += [q(b + "attn_q_a.weight", (QL, E), main), (b + "attn_q_a_norm.weight", (QL,), None),
@@ -157,7 +180,8 @@ def plan(n_layers: int, types: tuple[QT, QT, QT, QT], shape: str) -> Plan:
         else:
             H, KV, D = s["n_head"], s["n_head_kv"], s["head_dim"]
             bias = arch in ("glm4moe", "gpt-oss")
-            for name, rows, qt in (("attn_q", H * D, main), ("attn_k", KV * D, main),
+            gq = 2 if arch == "qwen3next" else 1  # each head's query and gate rows
+            for name, rows, qt in (("attn_q", gq * H * D, main), ("attn_k", KV * D, main),
                                    ("attn_v", KV * D, attn_v)):
                 t.append(q(b + name + ".weight", (rows, E), qt))
                 if bias:
@@ -165,11 +189,10 @@ def plan(n_layers: int, types: tuple[QT, QT, QT, QT], shape: str) -> Plan:
             t.append(q(b + "attn_output.weight", (E, H * D), main))
             if arch == "gpt-oss":
                 t += [(b + "attn_output.bias", (E,), None), (b + "attn_sinks.weight", (H,), None)]
-            if arch == "qwen3moe":
+            if arch in ("qwen3moe", "qwen3next"):
                 t += [(b + "attn_q_norm.weight", (D,), None), (b + "attn_k_norm.weight", (D,), None)]
-        t.append((b + ("post_attention_norm.weight" if arch in ("glm4moe", "gpt-oss")
-                       else "ffn_norm.weight"),
-                  (E,), None))
+        t.append((b + ("post_attention_norm.weight" if arch in ("glm4moe", "gpt-oss", "qwen3next")
+                       else "ffn_norm.weight"), (E,), None))
         if i < dense:
             F = s["n_ff"]
             t += [q(b + "ffn_gate.weight", (F, E), main), q(b + "ffn_up.weight", (F, E), main),
@@ -186,7 +209,7 @@ def plan(n_layers: int, types: tuple[QT, QT, QT, QT], shape: str) -> Plan:
                   q(b + "ffn_down_exps.weight", (X, E, F), QT.MXFP4),
                   (b + "ffn_down_exps.bias", (X, E), None)]
             continue
-        if arch != "qwen3moe":
+        if arch not in ("qwen3moe", "qwen3next"):
             t.append((b + "exp_probs_b.bias", (X,), None))
         t += [q(b + "ffn_gate_exps.weight", (X, F, E), main),
               q(b + "ffn_up_exps.weight", (X, F, E), main),
@@ -196,6 +219,8 @@ def plan(n_layers: int, types: tuple[QT, QT, QT, QT], shape: str) -> Plan:
             t += [q(b + "ffn_gate_shexp.weight", (S, E), main),
                   q(b + "ffn_up_shexp.weight", (S, E), main),
                   q(b + "ffn_down_shexp.weight", (E, S), down)]
+            if arch == "qwen3next":
+                t.append((b + "ffn_gate_inp_shexp.weight", (1, E), None))
     t.append(("output_norm.weight", (E,), None))
     if not tied:
         t.append(q("output.weight", (V, E), out))
@@ -216,7 +241,8 @@ def write_keys(w: gguf.GGUFWriter, s: dict[str, Any], n_layers: int) -> None:
     w.add_expert_count(s["n_expert"])
     w.add_expert_used_count(s["n_used"])
     w.add_expert_feed_forward_length(s["n_ff_exp"])
-    w.add_leading_dense_block_count(n_dense(s, n_layers))
+    if arch != "qwen3next":
+        w.add_leading_dense_block_count(n_dense(s, n_layers))
     w.add_vocab_size(s["n_vocab"])
     if arch == "deepseek2":
         w.add_head_count_kv(1)  # MLA as MQA over the latent
@@ -243,6 +269,17 @@ def write_keys(w: gguf.GGUFWriter, s: dict[str, Any], n_layers: int) -> None:
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(s["yarn_factor"])
         w.add_rope_scaling_orig_ctx_len(s["yarn_orig_ctx"])
+        return
+    if arch == "qwen3next":  # as llama.cpp's converter (conversion/qwen.py Qwen3NextModel)
+        w.add_expert_shared_feed_forward_length(s["n_ff_shexp"])
+        w.add_uint32(f"{arch}.ssm.conv_kernel", s["ssm_conv"])
+        w.add_uint32(f"{arch}.ssm.state_size", s["ssm_head"])
+        w.add_uint32(f"{arch}.ssm.group_count", s["ssm_k_heads"])
+        w.add_uint32(f"{arch}.ssm.time_step_rank", s["ssm_v_heads"])
+        w.add_uint32(f"{arch}.ssm.inner_size", s["ssm_v_heads"] * s["ssm_head"])
+        w.add_array(f"{arch}.attention.recurrent_layers",
+                    [(i + 1) % s["full_attn_every"] != 0 for i in range(n_layers)])
+        w.add_uint32(f"{arch}.full_attention_interval", s["full_attn_every"])
         return
     if arch == "ernie4_5-moe":
         w.add_interleave_moe_layer_step(1)

@@ -7,7 +7,7 @@
 Supported `model_type`s: llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, olmoe, phi3, phimoe, dots1,
 glm4_moe, ernie4_5_moe, granitemoe, granitemoeshared, hunyuan_v1_moe, gemma2, gemma3_text,
 deepseek_v2, deepseek_v3 (convert_hf_deepseek), gpt_oss (convert_hf_gptoss), llama4_text
-(convert_hf_llama4), gemma4_text (and gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
+(convert_hf_llama4), qwen3_next (convert_hf_qwen3next), gemma4_text (and gemma3 / gemma4 whose text_config is one: the text part only). Tensor names come from the `gguf` package's
 TensorNameMap, and the layout follows llama.cpp's convert_hf_to_gguf.py so that colibri and
 llama.cpp read the files the same way:
 
@@ -50,6 +50,7 @@ from colibri.tools import (
     convert_hf_gemma4,
     convert_hf_gptoss,
     convert_hf_llama4,
+    convert_hf_qwen3next,
 )
 
 try:
@@ -81,6 +82,7 @@ ARCHES = {
     "deepseek_v3": "deepseek2",
     "gpt_oss": "gpt-oss",
     "llama4_text": "llama4",
+    "qwen3_next": "qwen3next",
 }
 GGUF_ARCH = {
     "llama": gguf.MODEL_ARCH.LLAMA,
@@ -103,6 +105,7 @@ GGUF_ARCH = {
     "deepseek2": gguf.MODEL_ARCH.DEEPSEEK2,
     "gpt-oss": gguf.MODEL_ARCH.GPT_OSS,
     "llama4": gguf.MODEL_ARCH.LLAMA4,
+    "qwen3next": gguf.MODEL_ARCH.QWEN3NEXT,
 }
 OUTTYPES = {
     "f32": gguf.GGMLQuantizationType.F32,
@@ -320,6 +323,8 @@ def write_metadata(w: gguf.GGUFWriter, arch: str, cfg: dict[str, Any], outtype: 
         convert_hf_gptoss.write_metadata(w, cfg)
     if arch == "llama4":
         convert_hf_llama4.write_metadata(w, cfg)
+    if arch == "qwen3next":
+        convert_hf_qwen3next.write_metadata(w, cfg)
     n_expert = _n_experts(cfg)
     if arch == "gemma4":
         return  # written by convert_hf_gemma4.write_metadata
@@ -467,7 +472,8 @@ class Converter:
                                "their own (vocab_size_per_layer_input) are not supported")
 
     def _qtype(self, name: str, data: np.ndarray) -> gguf.GGMLQuantizationType:
-        if data.ndim == 1 or ".ffn_gate_inp" in name or name.endswith(("_norm.weight", ".bias")):
+        if data.ndim == 1 or ".ffn_gate_inp" in name or ".ssm_conv1d" in name or \
+                name.endswith(("_norm.weight", ".bias")):
             return gguf.GGMLQuantizationType.F32
         q = OUTTYPES[self.outtype]
         if q == gguf.GGMLQuantizationType.Q8_0 and data.shape[-1] % 32 != 0:
@@ -512,7 +518,9 @@ class Converter:
                 elif not hf_name.startswith("lm_head."):
                     continue
             oss = (convert_hf_gptoss.tensors(hf_name, data) if self.arch == "gpt-oss" else
-                   convert_hf_llama4.tensors(hf_name, data) if self.arch == "llama4" else None)
+                   convert_hf_llama4.tensors(hf_name, data) if self.arch == "llama4" else
+                   convert_hf_qwen3next.tensors(hf_name, data, cfg) if self.arch == "qwen3next"
+                   else None)
             if oss is not None:
                 yield from oss
                 continue
@@ -566,6 +574,8 @@ class Converter:
                     data = permute_qk(data, n_head_kv)
             if self.arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
                 data = data + 1.0
+            if self.arch == "qwen3next":
+                data = convert_hf_qwen3next.norm_adjust(hf_name, data)
             if name.endswith("attn_kv_b.weight"):  # deepseek2: the absorbed form's halves
                 yield from convert_hf_deepseek.split_kv_b(name, data, cfg)
                 continue

@@ -263,6 +263,10 @@ def _float_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator) -
         return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
     if name.endswith("exp_probs_b.bias"):  # the selection bias: small against the scores' spread
         return (0.001 * rng.standard_normal(shape)).astype(np.float32)
+    if name.endswith(".ssm_a"):  # -exp(A_log): a decay below 1
+        return -(0.5 + rng.random(shape)).astype(np.float32)
+    if name.endswith("ssm_conv1d.weight"):
+        return (0.3 * rng.standard_normal(shape)).astype(np.float32)
     return (0.02 * rng.standard_normal(shape)).astype(np.float32)  # routers, attention biases
 
 

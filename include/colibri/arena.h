@@ -221,6 +221,7 @@ typedef struct cb_kvcache_params {
     uint32_t chunk_tokens;  /* reserve granularity in tokens, default 16 */
     int doubling;           /* non-zero: a reserve at least doubles the capacity; default 0 */
     uint32_t page_tokens;   /* tokens per page (the layout above), default CB_KV_PAGE_TOKENS */
+    size_t state_bytes;     /* fixed per-sequence recurrent state (cb_kvcache_seq_state), 0: none */
 } cb_kvcache_params;
 
 #define CB_KV_PAGE_TOKENS 256
@@ -277,6 +278,22 @@ cb_status cb_kvcache_seq_set_len(cb_kvcache_t *kv, uint32_t seq, size_t n);
 
 /* Byte offset of the sequence's block in the arena (0 and *has_block = 0 before any reserve). */
 cb_status cb_kvcache_seq_offset(cb_kvcache_t *kv, uint32_t seq, size_t *offset, int *has_block);
+
+/* Recurrent state (params.state_bytes > 0: linear-attention layers, qwen3next). Every live
+ * sequence owns state_bytes bytes beside its K/V block, zeroed by cb_kvcache_seq_new; it is the
+ * state after the sequence's len tokens, so it follows the length only where that is exact: a
+ * length set to 0 zeroes it, a length set below len fails with UNSUPPORTED (no truncation), a
+ * copy_prefix copies it only for n_tokens == src's length (0: zeroed), else UNSUPPORTED; a
+ * prefix is resumed from a snapshot (get / set). *state is borrowed until the sequence is freed
+ * (64-byte aligned). get/set copy the whole state out of / into buf (state_bytes bytes). */
+size_t cb_kvcache_state_bytes(const cb_kvcache_t *kv);
+/* copy_prefix whose destination state is a copy of state (state_bytes bytes: a snapshot of
+ * src's state after n_tokens tokens, taken by cb_kvcache_state_get then) for any n_tokens. */
+cb_status cb_kvcache_copy_prefix_state(cb_kvcache_t *kv, uint32_t src, uint32_t dst,
+                                       size_t n_tokens, const void *state);
+cb_status cb_kvcache_seq_state(cb_kvcache_t *kv, uint32_t seq, void **state);
+cb_status cb_kvcache_state_get(cb_kvcache_t *kv, uint32_t seq, void *buf);
+cb_status cb_kvcache_state_set(cb_kvcache_t *kv, uint32_t seq, const void *buf);
 
 /* Bytes per token (see the layout above). */
 size_t cb_kvcache_token_stride(const cb_kvcache_t *kv);

@@ -180,7 +180,27 @@ typedef enum cb_desc_kind {
     X(I32, attn_chunk)      /* 0: none */                                                      \
     X(I32, no_rope)                                                                            \
     X(F32, attn_temp_scale) X(F32, attn_temp_floor) /* 0: none */                              \
-    X(I32, qk_rms)
+    X(I32, qk_rms)                                                                             \
+    /* qwen3next: attn_q_gate: wq is [n_head*2*head_dim x n_embd], each head's query then its   \
+     * gate; the attention output of the head times sigmoid(gate) before wo.                   \
+     * Gated DeltaNet linear attention (gdn_v_heads > 0; forward_gdn.c): no q/k/v tensors and   \
+     * no K/V in the cache but a recurrent state per sequence (the cache's state_bytes):        \
+     * x = conv(gdn_qkv h) (causal depthwise, gdn_conv taps, SiLU) = q | k (gdn_k_heads heads   \
+     * of gdn_head_k) | v (gdn_v_heads of gdn_head_v); q, k L2-normed, q / sqrt(head_k); value \
+     * head j reads q/k head j / (v_heads / k_heads); b | a per k head group from gdn_ba h;    \
+     * decay exp(gdn_a * softplus(a + gdn_dt)), beta sigmoid(b); the delta rule on the head's  \
+     * [head_k x head_v] state S: S *= decay, S += k (beta (v - S^T k))^T, o = S^T q; then      \
+     * rmsnorm(o) * gdn_norm * silu(gdn_z h) per head, and wo [n_embd x v_heads*head_v].        \
+     * State per layer: the last gdn_conv-1 conv inputs, then the v_heads S matrices (floats). */ \
+    X(I32, attn_q_gate)                                                                        \
+    X(I32, gdn_k_heads) X(I32, gdn_v_heads) X(I32, gdn_head_k) X(I32, gdn_head_v)              \
+    X(I32, gdn_conv)                                                                           \
+    X(MAT, gdn_qkv)         /* [2*k_heads*head_k + v_heads*head_v x n_embd] */                 \
+    X(MAT, gdn_z)           /* [v_heads*head_v x n_embd] */                                    \
+    X(MAT, gdn_ba)          /* [2*v_heads x n_embd] */                                         \
+    X(VEC, gdn_conv_w)      /* [conv channels x gdn_conv] */                                   \
+    X(VEC, gdn_a) X(VEC, gdn_dt) /* [v_heads]: -exp(A_log), the dt bias */                     \
+    X(VEC, gdn_norm)        /* [head_v] */
 
 /* The model (plus `layers`, the [n_layer] layer table, set by whoever assembles it). */
 #define CB_MODEL_DESC_FIELDS(X)                                                                  \

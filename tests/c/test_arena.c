@@ -650,6 +650,63 @@ static void copy_prefix(void) {
     }
 }
 
+/* The recurrent state (state_bytes): zeroed at seq_new, copied in and out, kept through a
+ * growing length, zeroed by a length of 0, never truncated otherwise; copy_prefix copies it at
+ * the source's end, takes a snapshot otherwise, and refuses a prefix without one. */
+static void recurrent_state(void) {
+    cb_arena_params p = cb_arena_default_params();
+    p.capacity = 1 << 20;
+    p.hugepages = CB_HUGEPAGES_OFF;
+    cb_arena_t *a = NULL;
+    CHECK(cb_arena_new(&p, &a) == CB_OK);
+    cb_kvcache_params kp = cb_kvcache_default_params();
+    kp.n_layers = 1;
+    kp.n_kv_heads = 1;
+    kp.head_dim = 4;
+    kp.state_bytes = 40;
+    cb_kvcache_t *kv = NULL;
+    CHECK(cb_kvcache_new(a, &kp, &kv) == CB_OK);
+    CHECK(cb_kvcache_state_bytes(kv) == 40);
+    uint32_t s0, s1;
+    CHECK(cb_kvcache_seq_new(kv, &s0) == CB_OK && cb_kvcache_seq_new(kv, &s1) == CB_OK);
+    float *st = NULL, buf[10], snap[10];
+    CHECK(cb_kvcache_seq_state(kv, s0, (void **)&st) == CB_OK && st && ((uintptr_t)st % 64) == 0);
+    for (int i = 0; i < 10; i++) CHECK(st[i] == 0.0f);
+    for (int i = 0; i < 10; i++) st[i] = (float)i + 1.0f;
+    CHECK(cb_kvcache_seq_reserve(kv, s0, 20) == CB_OK && cb_kvcache_seq_set_len(kv, s0, 8) == CB_OK);
+    CHECK(cb_kvcache_state_get(kv, s0, snap) == CB_OK && snap[9] == 10.0f);
+    CHECK(cb_kvcache_seq_set_len(kv, s0, 12) == CB_OK && st[3] == 4.0f); /* growth keeps it */
+    st[0] = 100.0f;
+    CHECK(cb_kvcache_seq_set_len(kv, s0, 5) == CB_STATUS_UNSUPPORTED);
+    size_t len = 0;
+    CHECK(cb_kvcache_seq_len(kv, s0, &len) == CB_OK && len == 12);
+    CHECK(cb_kvcache_copy_prefix(kv, s0, s1, 8) == CB_STATUS_UNSUPPORTED); /* no state there */
+    CHECK(cb_kvcache_copy_prefix_state(kv, s0, s1, 8, snap) == CB_OK);
+    CHECK(cb_kvcache_state_get(kv, s1, buf) == CB_OK && buf[0] == 1.0f && buf[9] == 10.0f);
+    CHECK(cb_kvcache_seq_len(kv, s1, &len) == CB_OK && len == 8);
+    CHECK(cb_kvcache_copy_prefix(kv, s0, s1, 12) == CB_OK); /* the end: the state itself */
+    CHECK(cb_kvcache_state_get(kv, s1, buf) == CB_OK && buf[0] == 100.0f);
+    CHECK(cb_kvcache_copy_prefix(kv, s0, s1, 0) == CB_OK);
+    CHECK(cb_kvcache_state_get(kv, s1, buf) == CB_OK && buf[0] == 0.0f && buf[9] == 0.0f);
+    buf[4] = 7.0f;
+    CHECK(cb_kvcache_state_set(kv, s1, buf) == CB_OK && cb_kvcache_state_get(kv, s1, snap) == CB_OK && snap[4] == 7.0f);
+    CHECK(cb_kvcache_seq_set_len(kv, s0, 0) == CB_OK && st[0] == 0.0f && st[9] == 0.0f);
+    CHECK(cb_kvcache_state_get(kv, 7, buf) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_kvcache_state_set(kv, s1, NULL) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_kvcache_copy_prefix_state(kv, s0, s1, 0, NULL) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_kvcache_seq_free(kv, s0) == CB_OK && cb_kvcache_seq_new(kv, &s0) == CB_OK);
+    CHECK(cb_kvcache_seq_state(kv, s0, (void **)&st) == CB_OK && st[0] == 0.0f);
+    cb_kvcache_free(kv);
+    /* without state_bytes: none to get */
+    kp.state_bytes = 0;
+    CHECK(cb_kvcache_new(a, &kp, &kv) == CB_OK && cb_kvcache_seq_new(kv, &s0) == CB_OK);
+    CHECK(cb_kvcache_seq_state(kv, s0, (void **)&st) == CB_STATUS_INVALID_ARGUMENT);
+    CHECK(cb_kvcache_copy_prefix_state(kv, s0, s0, 0, buf) == CB_STATUS_INVALID_ARGUMENT);
+    cb_kvcache_free(kv);
+    cb_arena_free(a);
+    cb_clear_error();
+}
+
 int main(void) {
     random_ops(1 << 20, 4096, 1, 3000);
     random_ops(1 << 20, 4096, 0, 3000);
@@ -660,6 +717,7 @@ int main(void) {
     compaction();
     kvcache_full();
     copy_prefix();
+    recurrent_state();
     threads();
     TEST_MAIN_END("test_arena");
 }

@@ -94,6 +94,7 @@ static uint64_t work_kv(void) {
     kp.head_dim = 8;
     kp.max_sequences = 8;
     kp.chunk_tokens = 4;
+    kp.state_bytes = 100; /* a recurrent state per sequence: allocated at seq_new */
     STEP_NEW(cb_kvcache_new(a, &kp, &kv), kv);
     uint32_t seq[3];
     for (int i = 0; i < 3; i++) STEP(cb_kvcache_seq_new(kv, &seq[i]));

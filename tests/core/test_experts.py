@@ -20,7 +20,7 @@ from colibri.model import Model, min_expert_slots, parse_budget
 
 MOE = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "hunyuan_v1_moe", "dots1", "glm4moe",
        "ernie4_5_moe", "granitemoe", "granitemoeshared", "phimoe", "deepseek_v3", "deepseek_v2",
-       "gpt_oss", "llama4"]
+       "gpt_oss", "llama4", "qwen3next"]
 
 CONFIGS = [
     dict(expert_mode="cache", expert_budget=1, expert_policy="lru"),
@@ -352,7 +352,7 @@ def test_plan_sizes_and_budget(moe):
     big = make_plan(path, ctx=64, max_batch=2, available=2**34)
     assert big.expert_bytes == exps and big.dense_bytes == total - exps
     assert big.mode == "mapped" and big.budget_bytes == exps
-    need = big.dense_bytes + big.kv_bytes + big.scratch_bytes
+    need = big.dense_bytes + big.kv_bytes + big.state_bytes + big.scratch_bytes
     tight = make_plan(path, ctx=64, max_batch=2, available=int((need + exps // 2) / 0.85))
     assert tight.mode == "cache" and tight.min_budget_bytes <= tight.budget_bytes < exps
     tiny = make_plan(path, ctx=64, max_batch=2, available=need)

@@ -384,3 +384,34 @@ def test_copy_prefix_checks_its_arguments_and_fits_or_leaves_dst_unchanged():
     kv.close()
     with pytest.raises(ColibriError):
         kv.copy_prefix(src, dst, 1)
+
+
+def test_recurrent_state_per_sequence() -> None:
+    """state_bytes: a zeroed state per sequence, copied out and in, restored by copy_prefix
+    from a snapshot, never truncated but to 0; wrong sizes are ValueErrors."""
+    a, kv = make(state_bytes=12)
+    assert kv.state_bytes == 12
+    s, d = kv.new_sequence(), kv.new_sequence()
+    assert kv.get_state(s) == bytes(12)
+    kv.set_state(s, bytes(range(12)))
+    kv.reserve(s, 8)
+    kv.set_length(s, 8)
+    snap = kv.get_state(s)
+    kv.set_state(s, bytes([7] * 12))
+    with pytest.raises(ColibriError, match="cannot be truncated"):
+        kv.set_length(s, 3)
+    with pytest.raises(ColibriError, match="recurrent state"):
+        kv.copy_prefix(s, d, 5)
+    kv.copy_prefix(s, d, 5, snap)
+    assert kv.get_state(d) == bytes(range(12)) and kv.length(d) == 5
+    kv.copy_prefix(s, d, 8)  # the source's end: its state
+    assert kv.get_state(d) == bytes([7] * 12)
+    with pytest.raises(ValueError, match="state of 3 bytes"):
+        kv.set_state(d, b"abc")
+    with pytest.raises(ValueError, match="state_bytes must be"):
+        KVCache(a, 1, 1, 4, state_bytes=-1)
+    kv.set_length(s, 0)
+    assert kv.get_state(s) == bytes(12)
+    _, plain = make()
+    with pytest.raises(ValueError, match="state_bytes 0"):
+        plain.set_state(plain.new_sequence(), b"")

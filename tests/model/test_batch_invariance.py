@@ -8,7 +8,8 @@ The logits of sequence A must be bit-identical (np.array_equal) whether A's toke
 on every quantized type the models use: Gemma 3 270M Q4_K_M (Q4_K, Q6_K, Q5_0, Q8_0), the tiny
 random MoE (Q4_K/Q6_K) and its Q8_0 / Q4_0 / Q5_K_M variants and low-bit ones (Q3_K_M, and Q2_K,
 IQ2_XXS, IQ3_XXS, IQ4_XS, IQ4_NL, IQ1_S, TQ2_0 for every matrix), and the tiny oracle models of
-granitemoe, ernie4_5_moe, phimoe, glm4moe, deepseek_v3 (MLA), gpt_oss and llama4 in F32 and Q8_0. The matmul
+granitemoe, ernie4_5_moe, phimoe, glm4moe, deepseek_v3 (MLA), gpt_oss, llama4 and qwen3next (linear
+attention: its recurrent state advanced chunk by chunk) in F32 and Q8_0. The matmul
 kernels choose their path by token count (direct tiles up to a few tokens, packed rows above), so this holds only if every
 path sums a row's products in the same order (ARCHITECTURE "Batch invariance").
 """
@@ -152,7 +153,7 @@ def test_gemma_logits_batch_invariant(gemma: colibri.Model) -> None:
 # routing (top 2 of 10). In f32 and in Q8_0 (8-bit activations: the quantized tiles).
 @pytest.fixture(scope="module", params=[(f, t) for f in ("granitemoe", "ernie4_5_moe", "phimoe",
                                                          "glm4moe", "deepseek_v3", "gpt_oss",
-                                                         "llama4")
+                                                         "llama4", "qwen3next")
                                         for t in ("f32", "q8_0")],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def family(request: pytest.FixtureRequest,

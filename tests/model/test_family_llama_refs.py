@@ -2,7 +2,8 @@
 tools/record_family_refs.py (llama-cpp-python 0.3.36) in tests/data/llama_refs/families.npz
 (deepseek_v3, issue 46's MLA, in deepseek2.npz: measured top-1 100%, greedy 16/16, mean KL
 7.5e-10 / 4.1e-7 / 6.9e-7 in f16 / Q8_0 / Q4_K_M; gpt_oss in gpt_oss.npz: 100%, 16/16, 1.4e-8 /
-1.2e-6 / 1.6e-6; llama4_8k in llama4.npz: 100%, 16/16, 1.2e-8 / 1.7e-5 / 8.9e-6) and checked here
+1.2e-6 / 1.6e-6; llama4_8k in llama4.npz: 100%, 16/16, 1.2e-8 / 1.7e-5 / 8.9e-6; qwen3next in
+qwen3next.npz: 100%, 16/16, 2.3e-9 / 3.4e-6 / 3.1e-6) and checked here
 without llama.cpp: gemma2, phimoe, dots1, glm4moe, ernie4_5_moe, granitemoe,
 granitemoeshared, hunyuan_v1_moe, gemma4 and gemma4_ple, each in f16, Q8_0 (colibri's
 converter) and Q4_K_M (llama-quantize), two prompts of 48 and 80 tokens.
@@ -53,7 +54,8 @@ RECORDINGS = {fr.REFS: ([f for f in fr.FAMILIES if f not in REFUSED], REFUSED,
               fr.REFS_MLA: ([f for f in fr.FAMILIES_MLA if f not in REFUSED_MLA], REFUSED_MLA,
                             "llama_model_quantize returned 1"),
               fr.REFS_OSS: (fr.FAMILIES_OSS, [], ""),
-              fr.REFS_L4: (fr.FAMILIES_L4, [], "")}
+              fr.REFS_L4: (fr.FAMILIES_L4, [], ""),
+              fr.REFS_Q3N: (fr.FAMILIES_Q3N, [], "")}
 KL_LIMIT = {"f16": 1e-5, "q8_0": 3e-3, "q4_k_m": 3e-3}
 _loaded: dict = {}
 
