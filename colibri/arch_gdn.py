@@ -52,11 +52,12 @@ def gdn_dims(r: _Reader, n_layer: int) -> GdnDims:
                                f"multiple of key heads, value head dim at most 1024)")
     flags = r.key("attention.recurrent_layers")
     if flags is not None:
-        if not isinstance(flags, Sequence | np.ndarray) or len(flags) != n_layer or \
+        # (one per block: the NextN / MTP blocks after the n_layer run ones included)
+        if not isinstance(flags, Sequence | np.ndarray) or len(flags) < n_layer or \
                 not all(isinstance(f, bool | np.bool_) for f in flags):
             raise UnsupportedModel(f"{p}: {r.arch}.attention.recurrent_layers must be "
-                                   f"{n_layer} bools")
-        recurrent = tuple(bool(f) for f in flags)
+                                   f"at least {n_layer} bools")
+        recurrent = tuple(bool(f) for f in flags[:n_layer])
     else:
         step = r.int_key("full_attention_interval", 4, lo=1, hi=1 << 16)
         recurrent = tuple((i + 1) % step != 0 for i in range(n_layer))

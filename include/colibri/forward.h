@@ -310,7 +310,8 @@ void cb_forward_set_deterministic(cb_forward_t *f, int deterministic);
  * want logits. On error nothing of the cache's lengths has changed. The hidden state is
  * checked for NaN/Inf after every layer's attention and FFN/MoE block, and the logits at the
  * end: CB_STATUS_NOT_FINITE names the first layer and part whose output went non-finite (or
- * the output layer), the sign of corrupt weights. */
+ * the output layer), the sign of corrupt weights. A recurrent state (gdn layers) advances
+ * during the run: after an error the batch's sequences with one must restart (length 0). */
 cb_status cb_forward_run(cb_forward_t *f, const cb_batch_t *batch, float *logits_out);
 
 #ifdef __cplusplus
