@@ -1,0 +1,53 @@
+"""The areas of the mutation run (tools/mutation/run.py): each a set of sources and the fast
+tests that cover them. A Python area is mutated by mutmut, a C area by tools/mutation/cmut.py
+(operator and boundary swaps, a seeded sample). The test lists are the fast subsets that cover
+the area (a mutant run takes seconds); the full suite still runs in CI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class PyArea:
+    name: str
+    files: tuple[str, ...]  # mutmut's only_mutate globs, relative to the checkout
+    tests: tuple[str, ...]  # pytest paths / node ids
+
+
+@dataclass(frozen=True)
+class CArea:
+    name: str
+    files: tuple[str, ...]  # C sources mutated (relative to the checkout)
+    ctests: tuple[str, ...]  # tests/c binaries (test_*.c names without .c) built and run
+    functions: tuple[str, ...] = field(default=())  # only these functions ((): every one)
+
+
+PY_AREAS: dict[str, PyArea] = {a.name: a for a in (
+    PyArea("sampling", ("colibri/sampling.py",),
+           ("tests/model/test_sampling.py", "tests/model/test_generate.py")),
+    PyArea("inputs", ("colibri/inputs.py",),
+           ("tests/cli/test_inputs.py",)),
+    PyArea("config", ("colibri/config.py",),
+           ("tests/cli/test_front_door.py", "tests/cli/test_config.py")),
+    PyArea("engine", ("colibri/engine/*",),
+           ("tests/model/test_engine_units.py", "tests/model/test_engine_cancel.py",
+            "tests/model/test_engine_cached_tokens.py",
+            "tests/model/test_engine_statemachine.py")),
+)}
+
+C_AREAS: dict[str, CArea] = {a.name: a for a in (
+    CArea("arena", ("colibri/_core/arena.c",), ("test_arena", "test_oom")),
+    CArea("kvcache", ("colibri/_core/kvcache.c",), ("test_arena", "test_oom")),
+    CArea("experts", ("colibri/_core/experts.c",), ("test_experts", "test_experts_faults")),
+    CArea("experts_policy", ("colibri/_core/experts_policy.c",), ("test_experts",)),
+    CArea("utf8", ("colibri/_core/utf8.c",), ("test_utf8",)),
+)}
+
+# The bounded slice tools/test.sh runs (tools/mutation/run.py --slice): a fixed seeded sample
+# that takes a few minutes on a 2-core machine, and the score it must keep (recorded from a
+# run; a test removed or weakened so that a sampled mutant survives fails the check).
+SLICE_PY = ("sampling",)
+SLICE_C = ("arena",)
+SLICE_C_SAMPLE = 12
+SLICE_SEED = 49

@@ -1,0 +1,190 @@
+"""Mutation testing of colibri: one command over the areas of tools/mutation/areas.py.
+
+    python tools/mutation/run.py --area sampling --area arena --report docs/MUTATION.md
+    python tools/mutation/run.py --slice      # tools/test.sh: a fixed sample, fails below its
+                                              # recorded score (tools/mutation/slice_score.txt)
+
+Python areas run under mutmut (3.x) in a copy of the tree (/tmp/colibri-mutation/<area>, the
+built extension copied with it, so the tests import the mutated package); C areas under
+tools/mutation/cmut.py (a seeded sample of --sample mutants per file). Score = killed /
+(all - listed equivalent), timeouts counting as killed; mutants no test reaches count as
+survivors; C mutants that do not compile are stillborn (reported, not counted).
+tools/mutation/equivalent.txt lists the equivalent mutants, one a line: the mutant id, then why
+it cannot change behaviour. Every run is niced (nice -n 15): it shares the machine."""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+
+import areas as A  # noqa: E402
+import cmut  # noqa: E402
+import report  # noqa: E402
+
+SCRATCH = Path(os.environ.get("COLIBRI_MUTATION_DIR", "/tmp/colibri-mutation"))
+
+
+def _mutmut_toml(area: A.PyArea) -> str:
+    q = lambda xs: "[" + ", ".join(json.dumps(x) for x in xs) + "]"  # noqa: E731
+    return ("\n[tool.mutmut]\n"
+            'source_paths = ["colibri"]\n'
+            f"only_mutate = {q(area.files)}\n"
+            f"pytest_add_cli_args_test_selection = {q(area.tests)}\n"
+            'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]\n')
+
+
+def _py_tree(area: A.PyArea) -> Path:
+    """A copy of the checkout's package, tests and pyproject.toml (with the area's mutmut
+    section) in SCRATCH/<area>."""
+    d = SCRATCH / area.name
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis", "bin")
+    shutil.copytree(ROOT / "colibri", d / "colibri", ignore=skip)
+    shutil.copytree(ROOT / "tests", d / "tests", ignore=skip)
+    toml = (ROOT / "pyproject.toml").read_text()
+    toml = re.sub(r"\n\[tool\.mutmut\].*?(?=\n\[|\Z)", "", toml, flags=re.S)
+    (d / "pyproject.toml").write_text(toml + _mutmut_toml(area))
+    if not list((d / "colibri/_core").glob("_native*.so")):
+        raise SystemExit("tools/mutation: build the extension first "
+                         "(python setup.py build_ext --inplace)")
+    return d
+
+
+_GEN = ("import mutmut.__main__ as M\n"
+        "from mutmut.configuration import config\n"
+        "M.set_mutant_under_test('mutant_generation')\n"
+        "M.makedirs('mutants', exist_ok=True)\n"
+        "M.copy_src_dir(); M.copy_also_copy_files(); M.setup_source_paths()\n"
+        "M.create_mutants(1)\n")
+
+
+def _mutmut(d: Path, args: list[str], log) -> None:
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    cmd = ["nice", "-n", "15", sys.executable, "-m", "mutmut", *args]
+    r = subprocess.run(cmd, cwd=d, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        log((r.stdout + r.stderr)[-3000:])
+        raise SystemExit(f"tools/mutation: mutmut {args[:1]} failed in {d}")
+
+
+def _metas(d: Path) -> dict[str, int | None]:
+    out: dict[str, int | None] = {}
+    for meta in (d / "mutants").rglob("*.meta"):
+        out.update(json.loads(meta.read_text())["exit_code_by_key"])
+    return out
+
+
+def run_py(area: A.PyArea, sample: int, seed: int, log) -> dict:
+    from mutmut.stats import status_by_exit_code
+
+    t0 = time.monotonic()
+    d = _py_tree(area)
+    names: list[str] = []
+    if sample:
+        r = subprocess.run(["nice", "-n", "15", sys.executable, "-c", _GEN], cwd=d,
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"tools/mutation: mutant generation failed:\n{r.stderr[-2000:]}")
+        every = sorted(_metas(d))
+        if sample < len(every):
+            names = sorted(random.Random(seed).sample(every, sample))
+    _mutmut(d, ["run", "--max-children", "1", *names], log)
+    results = []
+    for name, code in sorted(_metas(d).items()):
+        if names and name not in names:
+            continue
+        status = status_by_exit_code[code]
+        status = {"killed": "killed", "timeout": "timeout", "survived": "survived",
+                  "no tests": "no tests", "segfault": "killed"}.get(status, status)
+        diff = ""
+        if status not in ("killed", "timeout"):
+            s = subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=d,
+                               capture_output=True, text=True)
+            diff = "\n".join(ln for ln in s.stdout.splitlines()
+                             if ln[:1] in "+-" and ln[:3] not in ("+++", "---"))
+        results.append({"id": name, "status": status, "diff": diff})
+    return {"area": area.name, "kind": "python", "files": list(area.files),
+            "tests": list(area.tests), "sample": sample, "seed": seed,
+            "results": results, "seconds": round(time.monotonic() - t0, 1)}
+
+
+def run_c(area: A.CArea, sample: int, seed: int, log) -> dict:
+    res, n_sites, secs = cmut.run_area(ROOT, SCRATCH / f"c-{area.name}", area.files,
+                                       area.ctests, sample, seed, log)
+    return {"area": area.name, "kind": "c", "files": list(area.files),
+            "tests": [f"tests/c/{t}.c" for t in area.ctests], "sample": sample, "seed": seed,
+            "sites": n_sites,
+            "results": [{"id": r.mutant.id, "status": r.status, "detail": r.detail,
+                         "diff": f"- {r.mutant.text}\n+ {r.mutant.mutated}"}
+                        for r in res],
+            "seconds": round(secs, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--area", action="append", default=[],
+                    help="an area of tools/mutation/areas.py (repeatable; glob; default all)")
+    ap.add_argument("--sample", type=int, default=None,
+                    help="mutants per area (Python) or per file (C), seeded; 0: all "
+                         "(default: all Python, 200 C)")
+    ap.add_argument("--seed", type=int, default=49)
+    ap.add_argument("--results", type=Path, default=SCRATCH / "results",
+                    help="where each area's results (JSON) are written")
+    ap.add_argument("--report", type=Path, help="markdown report to (re)write")
+    ap.add_argument("--slice", action="store_true",
+                    help="the bounded slice of tools/test.sh: fails below its recorded score")
+    a = ap.parse_args(argv)
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    every = [*A.PY_AREAS, *A.C_AREAS]
+    if a.slice:
+        chosen = [*A.SLICE_PY, *A.SLICE_C]
+    else:
+        chosen = [n for n in every if not a.area or any(fnmatch.fnmatch(n, p) for p in a.area)]
+        if not chosen:
+            raise SystemExit(f"tools/mutation: no area matches {a.area}; areas: {every}")
+    equivalents = report.load_equivalents(HERE / "equivalent.txt")
+    a.results.mkdir(parents=True, exist_ok=True)
+    summaries = []
+    for name in chosen:
+        log(f"== mutation: {name}")
+        if name in A.PY_AREAS:
+            r = run_py(A.PY_AREAS[name], a.sample or 0, a.seed, log)
+        else:
+            n = A.SLICE_C_SAMPLE if a.slice else (200 if a.sample is None else a.sample)
+            r = run_c(A.C_AREAS[name], n, A.SLICE_SEED if a.slice else a.seed, log)
+        (a.results / f"{name}.json").write_text(json.dumps(r, indent=1))
+        s = report.summary(r, equivalents)
+        summaries.append(s)
+        log(report.line(s))
+    if a.report:
+        report.write(a.report, a.results, equivalents)
+    if a.slice:
+        floor = float((HERE / "slice_score.txt").read_text().split()[0])
+        killed = sum(s["killed"] for s in summaries)
+        counted = sum(s["counted"] for s in summaries)
+        score = 100.0 * killed / max(counted, 1)
+        log(f"mutation slice: {killed}/{counted} = {score:.1f}% (recorded {floor:.1f}%)")
+        if score + 1e-9 < floor:
+            log("tools/mutation: the slice's score fell below its recorded value: a test "
+                "no longer kills a mutant it killed (see the survivors above)")
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
