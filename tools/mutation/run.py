@@ -34,6 +34,8 @@ import areas as A  # noqa: E402
 import cmut  # noqa: E402
 import report  # noqa: E402
 
+# what the tests read besides the package and tests/ (README examples, docs, tools' entry points)
+EXTRA = ("README.md", "MANIFEST.in", "setup.py", "docs", "tools", "include", "cuda")
 SCRATCH = Path(os.environ.get("COLIBRI_MUTATION_DIR", "/tmp/colibri-mutation"))
 
 
@@ -43,7 +45,9 @@ def _mutmut_toml(area: A.PyArea) -> str:
             'source_paths = ["colibri"]\n'
             f"only_mutate = {q(area.files)}\n"
             f"pytest_add_cli_args_test_selection = {q(area.tests)}\n"
-            'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]\n')
+            f"also_copy = {q(EXTRA)}\n"
+            "pytest_add_cli_args = "
+            f"{q(['-p', 'no:cacheprovider', '-q', '-x'] + [f'--deselect={t}' for t in area.deselect])}\n")
 
 
 def _py_tree(area: A.PyArea) -> Path:
@@ -56,6 +60,11 @@ def _py_tree(area: A.PyArea) -> Path:
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis", "bin")
     shutil.copytree(ROOT / "colibri", d / "colibri", ignore=skip)
     shutil.copytree(ROOT / "tests", d / "tests", ignore=skip)
+    for x in EXTRA:
+        if (ROOT / x).is_dir():
+            shutil.copytree(ROOT / x, d / x, ignore=skip)
+        else:
+            shutil.copy2(ROOT / x, d / x)
     toml = (ROOT / "pyproject.toml").read_text()
     toml = re.sub(r"\n\[tool\.mutmut\].*?(?=\n\[|\Z)", "", toml, flags=re.S)
     (d / "pyproject.toml").write_text(toml + _mutmut_toml(area))
