@@ -152,8 +152,12 @@ def prepare(checkout: Path, scratch: Path) -> Path:
                                                   "*.pyi", "__pycache__", "*.cpp"))
     shutil.copytree(checkout / "cuda", scratch / "cuda",
                     ignore=shutil.ignore_patterns("*.cu", "*.o", "*.cubin", "*.ptx"))
+    # the sanitized objects of an earlier `make -C tests/c` (tools/test.sh builds them first)
+    # come along with their times: only the mutated file is compiled again
     shutil.copytree(checkout / "tests/c", scratch / "tests/c",
-                    ignore=shutil.ignore_patterns("bin"))
+                    ignore=shutil.ignore_patterns("test_*", "warn.o"))
+    for f in (checkout / "tests/c").glob("test_*.c"):
+        shutil.copy2(f, scratch / "tests/c" / f.name)
     return scratch
 
 
@@ -183,6 +187,8 @@ def run_area(checkout: Path, scratch: Path, files: tuple[str, ...], ctests: tupl
     mutation sites and the run time in seconds."""
     t0 = time.monotonic()
     prepare(checkout, scratch)
+    for rel in files:  # never trust an object of a mutated file: compiled again from source
+        (scratch / "tests/c/bin/obj" / (Path(rel).stem + ".o")).unlink(missing_ok=True)
     b = _build(scratch, ctests)
     if b.returncode != 0:
         raise RuntimeError(f"the unmutated C tests do not build:\n{b.stdout}{b.stderr}")
@@ -210,4 +216,7 @@ def run_area(checkout: Path, scratch: Path, files: tuple[str, ...], ctests: tupl
             results.append(r)
             log(f"  [{i + 1}] {r.status:9} {m.id}  {m.text[:70]}")
         path.write_text(orig)
+    b = _build(scratch, ctests)  # the objects left behind are the unmutated ones
+    if b.returncode != 0:
+        raise RuntimeError(f"the unmutated C tests no longer build:\n{b.stdout}{b.stderr}")
     return results, n_sites, time.monotonic() - t0
