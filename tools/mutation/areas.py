@@ -14,6 +14,7 @@ class PyArea:
     files: tuple[str, ...]  # mutmut's only_mutate globs, relative to the checkout
     tests: tuple[str, ...]  # pytest paths / node ids
     deselect: tuple[str, ...] = ()  # tests that need what a copy of the tree lacks (git)
+    wall_s: float = 240.0  # a mutant's tests running longer (wall clock) are a timeout
 
 
 @dataclass(frozen=True)
@@ -28,15 +29,17 @@ _GIT = ("tests/cli/test_front_door.py::test_the_distribution_name_is_ours_everyw
 
 PY_AREAS: dict[str, PyArea] = {a.name: a for a in (
     PyArea("sampling", ("colibri/sampling.py",),
-           ("tests/model/test_generate.py",)),
+           ("tests/model/test_sampling.py", "tests/model/test_generate.py")),
     PyArea("inputs", ("colibri/inputs.py",),
-           ("tests/cli/test_front_door.py", "tests/model/test_generate.py"), _GIT),
+           ("tests/cli/test_inputs.py", "tests/cli/test_front_door.py",
+            "tests/model/test_generate.py"), _GIT),
     PyArea("config", ("colibri/config.py",),
-           ("tests/cli/test_front_door.py", "tests/model/test_dense_weights.py"), _GIT),
+           ("tests/cli/test_config.py", "tests/cli/test_front_door.py",
+            "tests/model/test_dense_weights.py"), _GIT),
     PyArea("engine", ("colibri/engine/*",),
-           ("tests/model/test_engine.py", "tests/model/test_engine_cancel.py",
-            "tests/model/test_engine_cached_tokens.py",
-            "tests/model/test_engine_statemachine.py")),
+           ("tests/model/test_engine_output.py", "tests/model/test_engine.py",
+            "tests/model/test_engine_cancel.py", "tests/model/test_engine_cached_tokens.py",
+            "tests/model/test_engine_statemachine.py", "tests/model/test_engine_constraint.py")),
 )}
 
 C_AREAS: dict[str, CArea] = {a.name: a for a in (

@@ -15,6 +15,7 @@ it cannot change behaviour. Every run is niced (nice -n 15): it shares the machi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fnmatch
 import json
 import os
@@ -23,6 +24,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -82,13 +84,48 @@ _GEN = ("import mutmut.__main__ as M\n"
         "M.create_mutants(1)\n")
 
 
-def _mutmut(d: Path, args: list[str], log) -> None:
+def _mutmut(d: Path, args: list[str], log, wall_s: float) -> set[str]:
+    """Runs mutmut in d; returns the mutants stopped by the wall-clock guard. mutmut's own
+    timeout is a CPU-time limit, which a test blocked on a lock, a pipe or an event never
+    reaches: a mutant process (titled "mutmut: NAME") running past wall_s is killed and
+    counted as a timeout."""
+    import psutil
+
     env = dict(os.environ, PYTHONHASHSEED="0")
     cmd = ["nice", "-n", "15", sys.executable, "-m", "mutmut", *args]
-    r = subprocess.run(cmd, cwd=d, env=env, capture_output=True, text=True)
+    stopped: set[str] = set()
+    with subprocess.Popen(cmd, cwd=d, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as p:
+        done = threading.Event()
+
+        def guard() -> None:
+            me = psutil.Process(p.pid)
+            while not done.wait(2.0):
+                try:
+                    kids = me.children(recursive=True)
+                except psutil.NoSuchProcess:
+                    return
+                for k in kids:
+                    try:
+                        title = " ".join(k.cmdline())
+                        if title.startswith("mutmut: ") and \
+                                time.time() - k.create_time() > wall_s:
+                            stopped.add(title.split()[1])
+                            k.kill()
+                    except psutil.Error:
+                        pass
+
+        t = threading.Thread(target=guard, daemon=True)
+        t.start()
+        out = p.stdout.read() if p.stdout else ""
+        p.wait()
+        done.set()
+        t.join()
+    r = subprocess.CompletedProcess(cmd, p.returncode, out, "")
     if r.returncode != 0:
         log((r.stdout + r.stderr)[-3000:])
         raise SystemExit(f"tools/mutation: mutmut {args[:1]} failed in {d}")
+    return stopped
 
 
 def _metas(d: Path) -> dict[str, int | None]:
@@ -112,12 +149,12 @@ def run_py(area: A.PyArea, sample: int, seed: int, log) -> dict:
         every = sorted(_metas(d))
         if sample < len(every):
             names = sorted(random.Random(seed).sample(every, sample))
-    _mutmut(d, ["run", "--max-children", "1", *names], log)
+    hung = _mutmut(d, ["run", "--max-children", "1", *names], log, area.wall_s)
     results = []
     for name, code in sorted(_metas(d).items()):
         if names and name not in names:
             continue
-        status = status_by_exit_code[code]
+        status = "timeout" if name in hung else status_by_exit_code[code]
         status = {"killed": "killed", "timeout": "timeout", "survived": "survived",
                   "no tests": "no tests", "segfault": "killed"}.get(status, status)
         diff = ""
@@ -152,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="mutants per area (Python) or per file (C), seeded; 0: all "
                          "(default: all Python, 200 C)")
     ap.add_argument("--seed", type=int, default=49)
+    ap.add_argument("--tests", nargs="+", help="pytest paths instead of the area's (Python "
+                    "areas: e.g. to measure the suite as it was before new tests)")
     ap.add_argument("--results", type=Path, default=SCRATCH / "results",
                     help="where each area's results (JSON) are written")
     ap.add_argument("--report", type=Path, help="markdown report to (re)write")
@@ -172,7 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in chosen:
         log(f"== mutation: {name}")
         if name in A.PY_AREAS:
-            r = run_py(A.PY_AREAS[name], a.sample or 0, a.seed, log)
+            area = A.PY_AREAS[name]
+            if a.tests:
+                area = dataclasses.replace(area, tests=tuple(a.tests))
+            r = run_py(area, a.sample or 0, a.seed, log)
         else:
             n = A.SLICE_C_SAMPLE if a.slice else (200 if a.sample is None else a.sample)
             r = run_c(A.C_AREAS[name], n, A.SLICE_SEED if a.slice else a.seed, log)
