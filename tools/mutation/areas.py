@@ -1,5 +1,5 @@
 """The areas of the mutation run (tools/mutation/run.py): each a set of sources and the fast
-tests that cover them. A Python area is mutated by mutmut, a C area by tools/mutation/cmut.py
+tests that cover them. A Python area is mutated by mutmut, a C area by colibri/tools/cmutate.py
 (operator and boundary swaps, a seeded sample). The test lists are the fast subsets that cover
 the area (a mutant run takes seconds); the full suite still runs in CI."""
 

@@ -6,7 +6,7 @@
 
 Python areas run under mutmut (3.x) in a copy of the tree (/tmp/colibri-mutation/<area>, the
 built extension copied with it, so the tests import the mutated package); C areas under
-tools/mutation/cmut.py (a seeded sample of --sample mutants per file). Score = killed /
+colibri/tools/cmutate.py (a seeded sample of --sample mutants per file). Score = killed /
 (all - listed equivalent), timeouts counting as killed; mutants no test reaches count as
 survivors; C mutants that do not compile are stillborn (reported, not counted).
 tools/mutation/equivalent.txt lists the equivalent mutants, one a line: the mutant id, then why
@@ -33,8 +33,10 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
 import areas as A  # noqa: E402
-import cmut  # noqa: E402
-import report  # noqa: E402
+
+sys.path.insert(0, str(ROOT))  # the checkout's colibri (the mutation code lives in the package)
+from colibri.tools import cmutate as cmut  # noqa: E402
+from colibri.tools import mutation_report as report  # noqa: E402
 
 # what the tests read besides the package and tests/ (README examples, docs, tools' entry points)
 EXTRA = ("README.md", "MANIFEST.in", "setup.py", "docs", "tools", "include", "cuda")
