@@ -1,7 +1,6 @@
 """A small mutation driver for the C core (tools/mutation/run.py): operator and boundary swaps
-applied to the source, a
-fixed seeded sample per area, each mutant rebuilt into the area's C unit tests (tests/c, with
-ASan/UBSan, -Werror) and run.
+applied to the source, a fixed seeded sample per area, each mutant rebuilt into the area's C
+unit tests (tests/c, with ASan/UBSan, -Werror) and run.
 
 Mutations (outside comments, strings, character constants and preprocessor lines):
 `<`/`<=`/`>`/`>=` boundary swaps, `==`<->`!=`, `&&`<->`||`, binary `+`<->`-`, `+=`<->`-=`,
