@@ -47,6 +47,9 @@ def _mutmut_toml(area: A.PyArea) -> str:
     q = lambda xs: "[" + ", ".join(json.dumps(x) for x in xs) + "]"  # noqa: E731
     return ("\n[tool.mutmut]\n"
             'source_paths = ["colibri"]\n'
+            # fork from a process that ran no test: the suite leaves threads behind (engines,
+            # torch's pools) and a child forked from it can block on a lock held by one
+            'process_isolation = "forkserver"\n'
             f"only_mutate = {q(area.files)}\n"
             f"pytest_add_cli_args_test_selection = {q(area.tests)}\n"
             f"also_copy = {q(EXTRA)}\n"
