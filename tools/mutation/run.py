@@ -217,12 +217,20 @@ def main(argv: list[str] | None = None) -> int:
         log(f"== mutation: {name}")
         if name in A.PY_AREAS:
             area = A.PY_AREAS[name]
-            if a.tests:
+            n = a.sample or 0
+            if a.slice:
+                tests, n = A.SLICE_PY[name]
+                area = dataclasses.replace(area, tests=tests)
+            elif a.tests:
                 area = dataclasses.replace(area, tests=tuple(a.tests))
-            r = run_py(area, a.sample or 0, a.seed, log)
+            r = run_py(area, n, A.SLICE_SEED if a.slice else a.seed, log)
         else:
-            n = A.SLICE_C_SAMPLE if a.slice else (200 if a.sample is None else a.sample)
-            r = run_c(A.C_AREAS[name], n, A.SLICE_SEED if a.slice else a.seed, log)
+            c_area = A.C_AREAS[name]
+            n = 200 if a.sample is None else a.sample
+            if a.slice:
+                ctests, n = A.SLICE_C[name]
+                c_area = dataclasses.replace(c_area, ctests=ctests)
+            r = run_c(c_area, n, A.SLICE_SEED if a.slice else a.seed, log)
         (a.results / f"{name}.json").write_text(json.dumps(r, indent=1))
         s = report.summary(r, equivalents)
         summaries.append(s)
