@@ -650,7 +650,30 @@ static void copy_prefix(void) {
     }
 }
 
+/* Exact mode packs a run against its neighbours (arena.h): after a 1-unit block at 0 the free
+ * blocks are units 1 (order 0), 2-3, 4-7, 8-15; a 3-unit run starts at the free unit 1,
+ * followed by the free units 2-3, not at the first free 4-unit block (unit 4), where the
+ * power-of-two mode puts its 4-unit block. */
+static void exact_packing(void) {
+    for (int exact = 1; exact >= 0; exact--) {
+        cb_arena_params p = cb_arena_default_params();
+        p.capacity = 16 * 4096;
+        p.exact = exact;
+        cb_arena_t *a = NULL;
+        size_t o1, o3, req, blk;
+        CHECK(cb_arena_new(&p, &a) == CB_OK);
+        CHECK(cb_arena_alloc(a, 4096, &o1) == CB_OK && o1 == 0);
+        CHECK(cb_arena_alloc(a, 3 * 4096 - 5, &o3) == CB_OK);
+        CHECK(o3 == (exact ? 4096u : 4u * 4096));
+        CHECK(cb_arena_block_info(a, o3, &req, &blk) == CB_OK && req == 3 * 4096 - 5 &&
+              blk == (exact ? 3u : 4u) * 4096);
+        CHECK(cb_arena_check(a) == CB_OK);
+        cb_arena_free(a);
+    }
+}
+
 int main(void) {
+    exact_packing();
     random_ops(1 << 20, 4096, 1, 3000);
     random_ops(1 << 20, 4096, 0, 3000);
     random_ops(13 * 4096 * 5 + 100, 4096, 1, 3000);
