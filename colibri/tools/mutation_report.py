@@ -31,14 +31,17 @@ def summary(r: dict, equivalents: dict[str, str]) -> dict:
     count = lambda *st: sum(1 for x in res if x["status"] in st)  # noqa: E731
     equiv = [x for x in res if x["id"] in equivalents]
     stillborn = count("stillborn")
+    not_run = count("not run")  # a run stopped before it reached them
     killed = count("killed", "timeout")
-    survivors = [x for x in res if x["status"] not in ("killed", "timeout", "stillborn")
+    survivors = [x for x in res if x["status"] not in ("killed", "timeout", "stillborn",
+                                                         "not run")
                  and x["id"] not in equivalents]
-    counted = len(res) - stillborn - len(equiv)
+    counted = len(res) - stillborn - not_run - len(equiv)
     return {"area": r["area"], "kind": r["kind"], "all": len(res), "killed": killed,
             "timeout": count("timeout"), "survived": len(survivors),
             "no_tests": sum(1 for x in survivors if x["status"] == "no tests"),
-            "equivalent": len(equiv), "stillborn": stillborn, "counted": counted,
+            "equivalent": len(equiv), "stillborn": stillborn, "not_run": not_run,
+            "counted": counted,
             "score": 100.0 * killed / counted if counted else 100.0,
             "seconds": r["seconds"], "survivors": survivors, "sites": r.get("sites"),
             "sample": r["sample"], "seed": r["seed"], "files": r["files"], "tests": r["tests"]}
@@ -48,20 +51,20 @@ def line(s: dict) -> str:
     return (f"{s['area']}: {s['killed']}/{s['counted']} killed = {s['score']:.1f}% "
             f"({s['all']} mutants, {s['timeout']} timeouts, {s['survived']} survived "
             f"[{s['no_tests']} reached by no test], {s['equivalent']} equivalent, "
-            f"{s['stillborn']} stillborn; {s['seconds']:.0f} s)")
+            f"{s['stillborn']} stillborn, {s['not_run']} not run; {s['seconds']:.0f} s)")
 
 
 def render(results_dir: Path, equivalents: dict[str, str]) -> str:
     runs = [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
     sums = [summary(r, equivalents) for r in runs]
     out = [BEGIN, "", "| area | kind | mutants | killed (timeouts) | survived (no test) | "
-           "equivalent | stillborn | score | run time |", "| --- | --- | ---: | ---: | ---: | "
-           "---: | ---: | ---: | ---: |"]
+           "equivalent | stillborn | not run | score | run time |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for s in sums:
         n = f"{s['all']}" + (f" of {s['sites']} (seed {s['seed']})" if s["sites"] else "")
         out.append(f"| {s['area']} | {s['kind']} | {n} | {s['killed']} ({s['timeout']}) | "
                    f"{s['survived']} ({s['no_tests']}) | {s['equivalent']} | {s['stillborn']} "
-                   f"| **{s['score']:.1f}%** | {s['seconds']:.0f} s |")
+                   f"| {s['not_run']} | **{s['score']:.1f}%** | {s['seconds']:.0f} s |")
     out.append("")
     for s in sums:
         out.append(f"### {s['area']}: survivors")

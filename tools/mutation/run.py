@@ -140,30 +140,36 @@ def _metas(d: Path) -> dict[str, int | None]:
     return out
 
 
-def run_py(area: A.PyArea, sample: int, seed: int, log) -> dict:
+def run_py(area: A.PyArea, sample: int, seed: int, log, collect: bool = False) -> dict:
+    """mutmut over the area in SCRATCH/<area> (collect: only read what a run there, finished
+    or not, has recorded so far; mutants it has not reached are reported as not run)."""
     from mutmut.stats import status_by_exit_code
 
     t0 = time.monotonic()
-    d = _py_tree(area)
+    d = SCRATCH / area.name if collect else _py_tree(area)
     names: list[str] = []
+    hung: set[str] = set()
     if sample:
-        r = subprocess.run(["nice", "-n", "15", sys.executable, "-c", _GEN], cwd=d,
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            raise SystemExit(f"tools/mutation: mutant generation failed:\n{r.stderr[-2000:]}")
+        if not collect:
+            r = subprocess.run(["nice", "-n", "15", sys.executable, "-c", _GEN], cwd=d,
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                raise SystemExit(f"tools/mutation: mutant generation failed:\n{r.stderr[-2000:]}")
         every = sorted(_metas(d))
         if sample < len(every):
             names = sorted(random.Random(seed).sample(every, sample))
-    hung = _mutmut(d, ["run", "--max-children", "1", *names], log, area.wall_s)
+    if not collect:
+        hung = _mutmut(d, ["run", "--max-children", "1", *names], log, area.wall_s)
     results = []
     for name, code in sorted(_metas(d).items()):
         if names and name not in names:
             continue
         status = "timeout" if name in hung else status_by_exit_code[code]
         status = {"killed": "killed", "timeout": "timeout", "survived": "survived",
-                  "no tests": "no tests", "segfault": "killed"}.get(status, status)
+                  "no tests": "no tests", "segfault": "killed",
+                  "not checked": "not run"}.get(status, status)
         diff = ""
-        if status not in ("killed", "timeout"):
+        if status not in ("killed", "timeout", "not run"):
             s = subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=d,
                                capture_output=True, text=True)
             diff = "\n".join(ln for ln in s.stdout.splitlines()
@@ -199,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", type=Path, default=SCRATCH / "results",
                     help="where each area's results (JSON) are written")
     ap.add_argument("--report", type=Path, help="markdown report to (re)write")
+    ap.add_argument("--collect", action="store_true",
+                    help="Python areas: report what the run in the scratch folder has recorded "
+                         "so far (finished or not; with the same --sample/--seed/--tests)")
     ap.add_argument("--slice", action="store_true",
                     help="the bounded slice of tools/test.sh: fails below its recorded score")
     a = ap.parse_args(argv)
@@ -223,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                 area = dataclasses.replace(area, tests=tests)
             elif a.tests:
                 area = dataclasses.replace(area, tests=tuple(a.tests))
-            r = run_py(area, n, A.SLICE_SEED if a.slice else a.seed, log)
+            r = run_py(area, n, A.SLICE_SEED if a.slice else a.seed, log, a.collect)
         else:
             c_area = A.C_AREAS[name]
             n = 200 if a.sample is None else a.sample
