@@ -236,3 +236,26 @@ def test_stop_strings_split_at_every_character(text, stop, extra):
 def test_no_stop_strings_release_everything_at_once():
     m = _StopMatcher(["", ""])
     assert m.push("abc") == ("abc", False) and m.flush() == ""
+
+
+@pytest.mark.parametrize("logits,word", [
+    ([], "empty"), ([0.0, math.nan, 1.0], "NaN"), ([-math.inf, math.inf, math.nan], "NaN"),
+    ([0.0, math.inf], "+inf"), ([-math.inf, -math.inf], "all -inf"), ([-math.inf], "all -inf")])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_non_finite_logits_are_refused_with_the_exact_reason(logits, word, temperature):
+    want = (f"the model produced {word} logits (non-finite weights or metadata in the model "
+            "file?): cannot sample a token")
+    with pytest.raises(ValueError) as e:
+        Sampler(SamplingParams(temperature=temperature)).sample(np.array(logits, np.float32))
+    assert str(e.value) == want
+
+
+def test_a_draw_at_the_top_of_the_cdf_takes_the_last_candidate():
+    class Top:  # a uniform draw of exactly 1.0 (rounding can bring u * total there)
+        def random(self) -> float:
+            return 1.0
+
+    x = np.array([0.0, 1.0, 2.0, -1.0], np.float32)
+    s = Sampler(SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0))
+    s.rng = Top()  # type: ignore[assignment]
+    assert s.sample(x) == 0  # the candidates are 2, 1, 0 (most likely first)
