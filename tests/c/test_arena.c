@@ -672,8 +672,39 @@ static void exact_packing(void) {
     }
 }
 
+/* The THP mode the arena reads is the bracketed word of the sysfs file (read here on its own):
+ * shared memory under AUTO gets THP advised unless the mode is "never" or "deny" (or the file
+ * is unreadable), and the note quotes the mode. */
+static void shm_thp_mode(void) {
+    char line[256] = "", mode[64] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "r");
+    if (f) {
+        if (fgets(line, sizeof line, f)) {
+            char *l = strchr(line, '['), *r = l ? strchr(l, ']') : NULL;
+            if (l && r && r - l - 1 < (long)sizeof mode) snprintf(mode, sizeof mode, "%.*s", (int)(r - l - 1), l + 1);
+        }
+        fclose(f);
+    }
+    cb_arena_params p = cb_arena_default_params();
+    p.capacity = 1 << 21;
+    p.backing = CB_BACKING_SHM;
+    cb_arena_t *a = NULL;
+    if (cb_arena_new(&p, &a) != CB_OK) return; /* no /dev/shm here: nothing to compare */
+    cb_arena_stats_t s;
+    cb_arena_stats(a, &s);
+    if (mode[0] == '\0' || strcmp(mode, "never") == 0 || strcmp(mode, "deny") == 0) {
+        char want[80];
+        snprintf(want, sizeof want, "are '%s'", mode[0] ? mode : "unavailable");
+        CHECK(strcmp(s.backing, "shm") == 0 && strstr(s.backing_note, want) != NULL);
+    } else {
+        CHECK(strcmp(s.backing, "shm+thp") == 0 || strstr(s.backing_note, "madvise") != NULL);
+    }
+    cb_arena_free(a);
+}
+
 int main(void) {
     exact_packing();
+    shm_thp_mode();
     random_ops(1 << 20, 4096, 1, 3000);
     random_ops(1 << 20, 4096, 0, 3000);
     random_ops(13 * 4096 * 5 + 100, 4096, 1, 3000);
