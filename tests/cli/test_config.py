@@ -121,7 +121,7 @@ def test_from_env_reads_os_environ_by_default(monkeypatch):
 
 def test_settings_show_values_defaults_errors_and_hide_secrets():
     env = {"COLIBRI_MAX_BATCH": "64", "COLIBRI_KV_CACHE_SIZE": "x", "COLIBRI_API_KEY": "s3cret",
-           "COLIBRI_EXPERT_MODE": ""}
+           "COLIBRI_EXPERT_MODE": "", "COLIBRI_DENSE_WEIGHTS": ""}
     rows = {v.name: (raw, shown) for v, raw, shown in C.settings(env)}
     assert list(rows) == list(C.VARIABLES)
     assert rows["COLIBRI_MAX_BATCH"] == ("64", "64")
@@ -129,7 +129,8 @@ def test_settings_show_values_defaults_errors_and_hide_secrets():
         "x", "error: COLIBRI_KV_CACHE_SIZE='x': expected a positive integer")
     assert rows["COLIBRI_API_KEY"] == ("<hidden>", "set (hidden)")
     assert rows["COLIBRI_EXPERT_MODE"] == ("", C.VARIABLES["COLIBRI_EXPERT_MODE"].default_help)
-    assert rows["COLIBRI_DENSE_WEIGHTS"] == (None, "copy")
+    assert rows["COLIBRI_DENSE_WEIGHTS"] == ("", "copy")  # empty: the default, described
+    assert rows["COLIBRI_EXPERT_DIRECT_IO"] == (None, "auto")
     assert rows["COLIBRI_EXPERT_BUDGET"] == (None, "no budget: every expert mapped")
     assert rows["COLIBRI_EXPERT_USAGE"] == (None, "True")
     assert rows["COLIBRI_USAGE_DIR"][1] == "~/.cache/colibri/usage"
