@@ -259,3 +259,21 @@ def test_a_draw_at_the_top_of_the_cdf_takes_the_last_candidate():
     s = Sampler(SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0))
     s.rng = Top()  # type: ignore[assignment]
     assert s.sample(x) == 0  # the candidates are 2, 1, 0 (most likely first)
+
+
+@pytest.mark.parametrize("temperature,want", [(1.0, [0.25, 0.75]), (2.0, [1 / (1 + 3 ** 0.5),
+                                                                         3 ** 0.5 / (1 + 3 ** 0.5)]),
+                                              (0.5, [0.1, 0.9])])
+def test_the_whole_vocabulary_is_the_temperature_softmax(temperature, want):
+    # no filter: every token, in token order, p proportional to exp(logit / T)
+    x = np.array([0.0, math.log(3.0)], np.float32)
+    s = Sampler(SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0))
+    ids, w = s.distribution(x)
+    assert ids.tolist() == [0, 1]
+    np.testing.assert_allclose(w, want, rtol=1e-6)
+    x4 = np.array([5.0, -60.0, 5.0, 4.0], np.float32)
+    ids, w = Sampler(SamplingParams(temperature=1.0, top_k=9, top_p=1.0,
+                                    min_p=0.0)).distribution(x4)
+    e = np.exp(np.array([0.0, -65.0, 0.0, -1.0]))
+    assert ids.tolist() == [0, 1, 2, 3]
+    np.testing.assert_allclose(w, e / e.sum(), rtol=1e-6)
