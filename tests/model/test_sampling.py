@@ -277,3 +277,21 @@ def test_the_whole_vocabulary_is_the_temperature_softmax(temperature, want):
     e = np.exp(np.array([0.0, -65.0, 0.0, -1.0]))
     assert ids.tolist() == [0, 1, 2, 3]
     np.testing.assert_allclose(w, e / e.sum(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "min_p", "repeat_penalty",
+                                   "frequency_penalty", "presence_penalty"])
+def test_a_real_field_of_another_type_is_refused_by_its_exact_name(field):
+    with pytest.raises(ValueError) as e:
+        SamplingParams(**{field: "0.5"}).validate()
+    assert str(e.value) == f"{field} must be a number, got '0.5'"
+    with pytest.raises(ValueError) as e:
+        SamplingParams(**{field: math.inf}).validate()
+    assert str(e.value) == f"{field} must be finite, got inf"
+
+
+@pytest.mark.parametrize("field", ["top_k", "repeat_last_n", "seed"])
+def test_an_integer_field_of_another_type_is_refused_by_its_exact_name(field):
+    with pytest.raises(ValueError) as e:
+        SamplingParams(**{field: 2.0}).validate()
+    assert str(e.value) == f"{field} must be an integer, got 2.0"
