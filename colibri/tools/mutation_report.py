@@ -29,10 +29,14 @@ def load_equivalents(path: Path) -> dict[str, str]:
 def summary(r: dict, equivalents: dict[str, str]) -> dict:
     res = r["results"]
     count = lambda *st: sum(1 for x in res if x["status"] in st)  # noqa: E731
-    equiv = [x for x in res if x["id"] in equivalents]
+    # a listed equivalent counts only where it survived (one a test killed was no equivalent)
+    equiv = [x for x in res if x["id"] in equivalents
+             and x["status"] not in ("killed", "timeout", "stillborn", "not run")]
     stillborn = count("stillborn")
     not_run = count("not run")  # a run stopped before it reached them
     killed = count("killed", "timeout")
+    listed_killed = [x["id"] for x in res if x["id"] in equivalents
+                     and x["status"] in ("killed", "timeout")]
     survivors = [x for x in res if x["status"] not in ("killed", "timeout", "stillborn",
                                                          "not run")
                  and x["id"] not in equivalents]
@@ -40,7 +44,8 @@ def summary(r: dict, equivalents: dict[str, str]) -> dict:
     return {"area": r["area"], "kind": r["kind"], "all": len(res), "killed": killed,
             "timeout": count("timeout"), "survived": len(survivors),
             "no_tests": sum(1 for x in survivors if x["status"] == "no tests"),
-            "equivalent": len(equiv), "stillborn": stillborn, "not_run": not_run,
+            "equivalent": len(equiv), "listed_but_killed": listed_killed,
+            "stillborn": stillborn, "not_run": not_run,
             "counted": counted,
             "score": 100.0 * killed / counted if counted else 100.0,
             "seconds": r["seconds"], "survivors": survivors, "sites": r.get("sites"),

@@ -60,6 +60,12 @@ def test_score_counts_timeouts_killed_and_sets_equivalents_and_stillborn_apart()
     assert (s["killed"], s["timeout"], s["survived"], s["no_tests"], s["equivalent"],
             s["stillborn"], s["counted"]) == (2, 1, 2, 1, 1, 1, 4)
     assert s["score"] == 50.0 and [x["id"] for x in s["survivors"]] == ["s", "n"]
+    # a listed equivalent that a test killed, or that the run did not reach, is not subtracted
+    run["results"] += [{"id": "x", "status": "killed", "diff": ""},
+                       {"id": "y", "status": "not run", "diff": ""}]
+    s = mutation_report.summary(run, {"e": "same", "x": "wrong", "y": "same"})
+    assert (s["killed"], s["equivalent"], s["not_run"], s["counted"]) == (3, 1, 1, 5)
+    assert s["listed_but_killed"] == ["x"]
 
 
 def test_equivalents_need_a_reason(tmp_path):
