@@ -3,7 +3,8 @@
 # ruff and mypy, the C unit tests under ASan/UBSan (and a -Wall -Wextra -Werror build; SIMDe,
 # Debian's libsimde-dev, is installed first where missing: it emulates the AVX-512 kernels),
 # nvcc compilation of every cuda/*.cu for sm_80 and sm_90, the sdist + wheel built and installed
-# in a fresh venv (tools/check_wheel.sh), and pytest (which runs every README example).
+# in a fresh venv (tools/check_wheel.sh), pytest (which runs every README example), and a bounded
+# slice of the mutation run (tools/mutation/run.py --slice; the full run stays a tool).
 # Usage: bash tools/test.sh [pytest args...]
 #
 # The tests run in a virtual environment of their own, .venv in the checkout (git ignores it;
@@ -53,6 +54,9 @@ PYTHON="$PY" bash tools/check_wheel.sh
 
 echo "== pytest"
 "$PY" -m pytest -q "$@"
+
+echo "== mutation slice (tools/mutation/run.py --slice: a fixed sample, fails below its recorded score)"
+"$PY" tools/mutation/run.py --slice
 
 if [ -z "${PYTHON:-}" ]; then
     echo "== install for the README's examples (python3: $(command -v python3))"

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "colibri/arena.h"
 #include "testutil.h"
@@ -417,6 +418,8 @@ static void compaction(void) {
     size_t rev[2] = {offs[1], offs[0]}, bad_off[2] = {offs[0], offs[0] + 64};
     CHECK(cb_arena_compact(a, rev, 2, 0) == CB_STATUS_INVALID_ARGUMENT);
     CHECK(cb_arena_compact(a, bad_off, 2, 0) == CB_STATUS_INVALID_ARGUMENT);
+    size_t bad_first[2] = {offs[0] + 64, offs[1]}; /* the first offset is checked too */
+    CHECK(cb_arena_compact(a, bad_first, 2, 0) == CB_STATUS_INVALID_ARGUMENT);
     CHECK(rev[0] == offs[1] && bad_off[0] == offs[0]);
     int bad = 0;
     for (int i = 0; i < 4; i++) bad += !intact(base, &keep[i]);
@@ -705,9 +708,63 @@ static void recurrent_state(void) {
     cb_kvcache_free(kv);
     cb_arena_free(a);
     cb_clear_error();
+
+/* Exact mode packs a run against its neighbours (arena.h): after a 1-unit block at 0 the free
+ * blocks are units 1 (order 0), 2-3, 4-7, 8-15; a 3-unit run starts at the free unit 1,
+ * followed by the free units 2-3, not at the first free 4-unit block (unit 4), where the
+ * power-of-two mode puts its 4-unit block. */
+static void exact_packing(void) {
+    for (int exact = 1; exact >= 0; exact--) {
+        cb_arena_params p = cb_arena_default_params();
+        p.capacity = 16 * 4096;
+        p.exact = exact;
+        cb_arena_t *a = NULL;
+        size_t o1, o3, req, blk;
+        CHECK(cb_arena_new(&p, &a) == CB_OK);
+        CHECK(cb_arena_alloc(a, 4096, &o1) == CB_OK && o1 == 0);
+        CHECK(cb_arena_alloc(a, 3 * 4096 - 5, &o3) == CB_OK);
+        CHECK(o3 == (exact ? 4096u : 4u * 4096));
+        CHECK(cb_arena_block_info(a, o3, &req, &blk) == CB_OK && req == 3 * 4096 - 5 &&
+              blk == (exact ? 3u : 4u) * 4096);
+        CHECK(cb_arena_check(a) == CB_OK);
+        cb_arena_free(a);
+    }
+}
+
+/* The THP mode the arena reads is the bracketed word of the sysfs file (read here on its own):
+ * shared memory under AUTO gets THP advised unless the mode is "never" or "deny" (or the file
+ * is unreadable), and the note quotes the mode. */
+static void shm_thp_mode(void) {
+    char line[256] = "", mode[64] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "r");
+    if (f) {
+        if (fgets(line, sizeof line, f)) {
+            char *l = strchr(line, '['), *r = l ? strchr(l, ']') : NULL;
+            if (l && r && r - l - 1 < (long)sizeof mode) snprintf(mode, sizeof mode, "%.*s", (int)(r - l - 1), l + 1);
+        }
+        fclose(f);
+    }
+    cb_arena_params p = cb_arena_default_params();
+    p.capacity = 1 << 21;
+    p.backing = CB_BACKING_SHM;
+    cb_arena_t *a = NULL;
+    if (access("/dev/shm", W_OK) != 0) return; /* no /dev/shm here: nothing to compare */
+    CHECK(cb_arena_new(&p, &a) == CB_OK);
+    cb_arena_stats_t s;
+    cb_arena_stats(a, &s);
+    if (mode[0] == '\0' || strcmp(mode, "never") == 0 || strcmp(mode, "deny") == 0) {
+        char want[80];
+        snprintf(want, sizeof want, "are '%s'", mode[0] ? mode : "unavailable");
+        CHECK(strcmp(s.backing, "shm") == 0 && strstr(s.backing_note, want) != NULL);
+    } else {
+        CHECK(strcmp(s.backing, "shm+thp") == 0 || strstr(s.backing_note, "madvise") != NULL);
+    }
+    cb_arena_free(a);
 }
 
 int main(void) {
+    exact_packing();
+    shm_thp_mode();
     random_ops(1 << 20, 4096, 1, 3000);
     random_ops(1 << 20, 4096, 0, 3000);
     random_ops(13 * 4096 * 5 + 100, 4096, 1, 3000);
