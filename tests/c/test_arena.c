@@ -708,6 +708,7 @@ static void recurrent_state(void) {
     cb_kvcache_free(kv);
     cb_arena_free(a);
     cb_clear_error();
+}
 
 /* Exact mode packs a run against its neighbours (arena.h): after a 1-unit block at 0 the free
  * blocks are units 1 (order 0), 2-3, 4-7, 8-15; a 3-unit run starts at the free unit 1,
