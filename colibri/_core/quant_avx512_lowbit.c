@@ -32,7 +32,6 @@ typedef struct {
     __m512i w[4], sc[4];
     uint64_t neg[4];
     __m256i mins; /* Q2_K: its 16 mins as words */
-    float d, dmin;
 } l5_block;
 
 /* words of 128-bit lane k all equal to a_k */
@@ -72,8 +71,6 @@ INL void d5_q2_k(const uint8_t *b, l5_block *k) {
     const __m128i s = _mm_loadu_si128((const __m128i *)(const void *)b), m4 = _mm_set1_epi8(0x0F);
     scales16(_mm256_cvtepu8_epi16(_mm_and_si128(s, m4)), k);
     k->mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), m4));
-    k->d = CB_F16(b + 80);
-    k->dmin = CB_F16(b + 82);
 }
 
 INL void d5_q3_k(const uint8_t *b, l5_block *k) {
@@ -97,7 +94,6 @@ INL void d5_q3_k(const uint8_t *b, l5_block *k) {
                                      _mm_set1_epi8(3));
     const __m128i sc = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
     scales16(_mm256_cvtepi8_epi16(sc), k);
-    k->d = CB_F16(b + 108);
 }
 
 INL void d5_tq2_0(const uint8_t *b, l5_block *k) {
@@ -109,7 +105,6 @@ INL void d5_tq2_0(const uint8_t *b, l5_block *k) {
         k->neg[v] = (uint64_t)z;
         k->sc[v] = _mm512_set1_epi16(1);
     }
-    k->d = CB_F16(b + 64);
 }
 
 /* signed values: magnitudes and the mask of the negative ones */
@@ -134,7 +129,6 @@ INL void d5_iq4_xs(const uint8_t *b, l5_block *k) {
     const __m128i sc = _mm_sub_epi16(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi16(32));
     static const int pos[8] = {0, 1, 2, 3, 4, 5, 6, 7};
     scales8(_mm512_castsi128_si512(sc), pos, k);
-    k->d = CB_F16(b);
 }
 
 /* IQ2_XXS / IQ3_XXS: the 8 aux words (4 x 7 sign bits, the scale in bits 28..31) -> the 256 sign
@@ -182,7 +176,6 @@ INL void d5_iq2_xxs(const uint8_t *b, l5_block *k) {
         const __m128i ix = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(const void *)(b + 2 + 16 * v)), pick);
         k->w[v] = grid64(cb_iq2xxs_grid, _mm256_cvtepu8_epi32(ix));
     }
-    k->d = CB_F16(b);
 }
 
 INL void d5_iq3_xxs(const uint8_t *b, l5_block *k) {
@@ -198,7 +191,6 @@ INL void d5_iq3_xxs(const uint8_t *b, l5_block *k) {
         k->w[v] = _mm512_i32gather_epi32(ix, (const void *)cb_iq3xxs_grid, 4);
 #endif
     }
-    k->d = CB_F16(b);
 }
 
 INL void d5_iq1_s(const uint8_t *b, l5_block *k) {
@@ -215,7 +207,6 @@ INL void d5_iq1_s(const uint8_t *b, l5_block *k) {
         k->sc[v] = join_si(_mm256_set1_epi16((short)(2 * ((h0 >> 12) & 7) + 1)),
                            _mm256_set1_epi16((short)(2 * ((h1 >> 12) & 7) + 1)));
     }
-    k->d = CB_F16(b);
 }
 
 INL size_t l5_bytes(int kind) {
@@ -292,32 +283,44 @@ INL float l5_dscale(int kind) {
     }
 }
 
-/* NR rows x NT tokens (NR * NT <= 16), out[r*NT + t] */
+/* the offset of a block's f16 d */
+INL size_t l5_doff(int kind) {
+    switch (kind) {
+    case L5_Q2_K: return 80;
+    case L5_Q3_K: return 108;
+    case L5_TQ2_0: return 64;
+    default: return 0;
+    }
+}
+
+/* NR rows x NT tokens (NR * NT <= 16, NR <= 8), out[r*NT + t] */
 INL void tile5(int kind, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws, const uint8_t *x,
                size_t xs, float *out) {
-    const size_t bb = l5_bytes(kind);
+    const size_t bb = l5_bytes(kind), doff = l5_doff(kind);
     const int N = NR * NT <= 8 ? 8 : 16;
+    int ri[16], ti[16];
+    for (int p = 0; p < 16; p++) {
+        ri[p] = p / NT < NR ? p / NT : 0;
+        ti[p] = p % NT;
+    }
+    const __m512i row_idx = loadu512(ri), tok_idx = loadu512(ti);
     __m512 facc = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         __m512i v[16];
-        __m512 dw = _mm512_setzero_ps(), dm = _mm512_setzero_ps(), dx = _mm512_setzero_ps();
+        uint16_t dh[8] = {0}, mh[8] = {0};
+        float xd[4] = {0};
         for (int p = NR * NT; p < N; p++) v[p] = _mm512_setzero_si512();
-        for (int t = 0; t < NT; t++) {
-            const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
-            __mmask16 mt = 0;
-            for (int r = 0; r < NR; r++) mt = (__mmask16)(mt | (1u << (r * NT + t)));
-            dx = _mm512_mask_mov_ps(dx, mt, _mm512_set1_ps(a->d));
-        }
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * ws + (size_t)b * bb;
-            cb_prefetch_l1(blk + 6 * bb);
+            prefetch_span(blk + (size_t)NR * CB_DEC_PF512 * ws, bb); /* the tiles ahead, into L2 */
             l5_block k;
+            k.mins = _mm256_setzero_si256(); /* read for Q2_K only */
             l5_decode(kind, blk, &k);
-            const __mmask16 mr = (__mmask16)(((1u << NT) - 1) << (r * NT));
-            dw = _mm512_mask_mov_ps(dw, mr, _mm512_set1_ps(k.d));
-            if (kind == L5_Q2_K) dm = _mm512_mask_mov_ps(dm, mr, _mm512_set1_ps(k.dmin));
+            dh[r] = cb_rd16(blk + doff);
+            if (kind == L5_Q2_K) mh[r] = cb_rd16(blk + 82);
             for (int t = 0; t < NT; t++) {
                 const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
+                if (r == 0) xd[t] = a->d;
                 const __m512i s = l5_dot(kind, &k, a->qs);
                 if (kind == L5_Q2_K) {
                     const __m256i m = _mm256_madd_epi16(k.mins, loadu256(a->bsums));
@@ -327,9 +330,16 @@ INL void tile5(int kind, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws
                 }
             }
         }
+        /* the scales as the scalar kernel converts them (f16 -> f32 is exact), spread to lanes */
+        const __m512 dr = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)dh)));
+        const __m512 dw = NT == 1 ? dr : _mm512_permutexvar_ps(row_idx, dr);
+        const __m512 dx = NT == 1 ? _mm512_set1_ps(xd[0])
+                                  : _mm512_permutexvar_ps(tok_idx, _mm512_castps128_ps512(_mm_loadu_ps(xd)));
         __m512 dd = _mm512_mul_ps(dw, dx);
         if (l5_dscale(kind) != 1.0f) dd = _mm512_mul_ps(dd, _mm512_set1_ps(l5_dscale(kind)));
         if (kind == L5_Q2_K) {
+            const __m512 mr = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)mh)));
+            const __m512 dm = NT == 1 ? mr : _mm512_permutexvar_ps(row_idx, mr);
             __m512i is, ms;
             reduce_split(v, N, &is, &ms);
             facc = _mm512_add_ps(facc, _mm512_mul_ps(dd, _mm512_cvtepi32_ps(is)));
