@@ -2,7 +2,7 @@
  * kernels, on any x86-64 CPU: the source is compiled again here with CB_AVX512_EMULATE, on
  * SIMDe's portable AVX-512 (cb_avx512emu_lowbit_tile; the native copy, cb_avx512_lowbit_tile,
  * is checked the same way when the CPU has AVX-512). Every tile shape the matmul driver asks
- * for (one token 1..8 rows, 2..4 tokens 1..4 rows), random blocks with sane scales (every grid
+ * for (one token 1..8 rows, 2..4 tokens 1..4 rows), without and with VNNI, random blocks with sane scales (every grid
  * index, sign and sub-block scale) and the adversarial ones (all-max scales, all signs set), rows
  * at odd strides: the outputs must equal the scalar dot products bit for bit (the design's
  * promise: batch invariance and equal results at every SIMD level rest on it). */
@@ -93,15 +93,17 @@ static int check_tiles(const char *what, cb_tile_fn tile, int type) {
 
 int main(void) {
     for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++) {
-        cb_tile_fn emu = cb_avx512emu_lowbit_tile(TYPES[i]);
-        CHECK(emu != NULL);
-        CHECK(check_tiles("emulated", emu, TYPES[i]) == 0);
-        if (cb_cpu_detect() >= CB_SIMD_AVX512) {
-            cb_tile_fn nat = cb_avx512_lowbit_tile(TYPES[i]);
-            CHECK(nat != NULL);
-            CHECK(check_tiles("native", nat, TYPES[i]) == 0);
+        for (int vnni = 0; vnni < 2; vnni++) {
+            cb_tile_fn emu = cb_avx512emu_lowbit_tile(TYPES[i], vnni);
+            CHECK(emu != NULL);
+            CHECK(check_tiles(vnni ? "emulated vnni" : "emulated", emu, TYPES[i]) == 0);
+            if (cb_cpu_detect() >= (vnni ? CB_SIMD_AVX512_VNNI : CB_SIMD_AVX512)) {
+                cb_tile_fn nat = cb_avx512_lowbit_tile(TYPES[i], vnni);
+                CHECK(nat != NULL);
+                CHECK(check_tiles(vnni ? "native vnni" : "native", nat, TYPES[i]) == 0);
+            }
         }
     }
-    CHECK(cb_avx512emu_lowbit_tile(CB_TYPE_Q4_K) == NULL);
+    CHECK(cb_avx512emu_lowbit_tile(CB_TYPE_Q4_K, 1) == NULL);
     TEST_MAIN_END("test_quant_avx512_lowbit");
 }
