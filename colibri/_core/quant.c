@@ -788,6 +788,8 @@ void cb_mm_plan(cb_mm_ctx *c, const cb_matrix_t *w, int fast, int rp) {
     if (c->avx512)
         c->tile = fast ? cb_avx512_tile(w->type)
                        : cb_avx512_tile_invariant(w->type, level >= CB_SIMD_AVX512_VNNI);
+    if (!c->tile && c->avx512) /* exact: both modes */
+        c->tile = cb_avx512_lowbit_tile(w->type, level >= CB_SIMD_AVX512_VNNI);
     if (!c->tile && level >= CB_SIMD_AVX2)
         c->tile = fast ? cb_avx2_tile_fast(w->type) : cb_avx2_tile(w->type);
     c->rk = cb_rp_kernel(w->type, level);

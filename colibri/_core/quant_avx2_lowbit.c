@@ -67,18 +67,31 @@ INL __m256i ksigns4(uint32_t aux) {
 
 /* ------------------------------------------------------------ decoders */
 
+/* 16 sub-block scales as words S -> k->sc[v] = [S[2v] x 8 | S[2v+1] x 8] */
+INL void scales16(__m256i S, lb_block *k) {
+    const __m256i lo = _mm256_permute4x64_epi64(S, 0x44), hi = _mm256_permute4x64_epi64(S, 0xEE);
+    for (int v = 0; v < 8; v++) {
+        const int j = 2 * (v & 3);
+        const __m256i ctl = _mm256_setr_epi8((char)(2 * j), (char)(2 * j + 1), (char)(2 * j), (char)(2 * j + 1),
+            (char)(2 * j), (char)(2 * j + 1), (char)(2 * j), (char)(2 * j + 1), (char)(2 * j), (char)(2 * j + 1),
+            (char)(2 * j), (char)(2 * j + 1), (char)(2 * j), (char)(2 * j + 1), (char)(2 * j), (char)(2 * j + 1),
+            (char)(2 * j + 2), (char)(2 * j + 3), (char)(2 * j + 2), (char)(2 * j + 3), (char)(2 * j + 2),
+            (char)(2 * j + 3), (char)(2 * j + 2), (char)(2 * j + 3), (char)(2 * j + 2), (char)(2 * j + 3),
+            (char)(2 * j + 2), (char)(2 * j + 3), (char)(2 * j + 2), (char)(2 * j + 3), (char)(2 * j + 2),
+            (char)(2 * j + 3));
+        k->sc[v] = _mm256_shuffle_epi8(v < 4 ? lo : hi, ctl);
+    }
+}
+
 INL void dec_q2_k(const uint8_t *b, lb_block *k) {
     const __m256i m3 = _mm256_set1_epi8(3);
     for (int h = 0; h < 2; h++) {
         const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(b + 16 + 32 * h));
-        for (int s = 0; s < 4; s++) {
-            int v = 4 * h + s;
-            k->w[v] = _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), m3);
-            k->sc[v] = lanes16(b[2 * v] & 0x0F, b[2 * v + 1] & 0x0F);
-        }
+        for (int s = 0; s < 4; s++) k->w[4 * h + s] = _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), m3);
     }
-    const __m128i sc = _mm_loadu_si128((const __m128i *)(const void *)b);
-    k->mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0x0F)));
+    const __m128i sc = _mm_loadu_si128((const __m128i *)(const void *)b), m4 = _mm_set1_epi8(0x0F);
+    scales16(_mm256_cvtepu8_epi16(_mm_and_si128(sc, m4)), k);
+    k->mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), m4));
     k->d = f16(b + 80);
     k->dmin = f16(b + 82);
 }
@@ -86,12 +99,16 @@ INL void dec_q2_k(const uint8_t *b, lb_block *k) {
 INL void dec_q3_k(const uint8_t *b, lb_block *k) {
     const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
     const __m256i hm = _mm256_loadu_si256((const __m256i *)(const void *)b);
+    /* the 6-bit scales: low nibbles of bytes 0..7 (j < 8), then their high nibbles; high 2
+     * bits from bytes 8..11 >> 2*(j/4) */
     const uint8_t *s = b + 96;
-    int16_t sc[16];
-    for (int j = 0; j < 16; j++) {
-        int lo = (s[j & 7] >> (4 * (j >> 3))) & 0x0F, hi = (s[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
-        sc[j] = (int16_t)((lo | hi << 4) - 32);
-    }
+    uint64_t s8;
+    memcpy(&s8, s, 8);
+    const __m128i v8 = _mm_cvtsi64_si128((long long)s8), m4 = _mm_set1_epi8(0x0F);
+    const __m128i slo = _mm_unpacklo_epi64(_mm_and_si128(v8, m4), _mm_and_si128(_mm_srli_epi16(v8, 4), m4));
+    const __m128i shi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)cb_rd32(s + 8)), _mm_setr_epi32(0, 2, 4, 6)),
+                                      _mm_set1_epi8(3));
+    const __m256i S = _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_or_si128(slo, _mm_slli_epi16(shi, 4)), _mm_set1_epi8(32)));
     for (int h = 0; h < 2; h++) {
         const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(b + 32 + 32 * h));
         for (int t = 0; t < 4; t++) {
@@ -99,10 +116,10 @@ INL void dec_q3_k(const uint8_t *b, lb_block *k) {
             const __m256i bit = _mm256_set1_epi8((char)(1 << v));
             __m256i hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), four);
             k->w[v] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * t), m3), hi);
-            k->sc[v] = lanes16(sc[2 * v], sc[2 * v + 1]);
         }
     }
-    k->mins = _mm256_loadu_si256((const __m256i *)(const void *)sc);
+    scales16(S, k);
+    k->mins = S;
     k->d = f16(b + 108);
 }
 
@@ -143,11 +160,17 @@ INL __m256i iq4_values(const uint8_t *qs) {
 }
 
 INL void dec_iq4_xs(const uint8_t *b, lb_block *k) {
-    uint16_t sh = cb_rd16(b + 2);
+    /* the 8 6-bit scales as dwords, both words of a dword the scale */
+    const __m128i x = _mm_cvtsi32_si128((int)cb_rd32(b + 4)), m4 = _mm_set1_epi8(0x0F);
+    const __m256i lo = _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4)));
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(cb_rd16(b + 2)),
+                                                          _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                        _mm256_set1_epi32(3));
+    const __m256i s32 = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+    const __m256i sc = _mm256_or_si256(_mm256_and_si256(s32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(s32, 16));
     for (int ib = 0; ib < 8; ib++) {
-        int lo = (b[4 + ib / 2] >> (4 * (ib & 1))) & 0x0F, hi = (sh >> (2 * ib)) & 3;
         k->w[ib] = iq4_values(b + 8 + 16 * ib);
-        k->sc[ib] = _mm256_set1_epi16((short)((lo | hi << 4) - 32));
+        k->sc[ib] = _mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(ib));
     }
     k->d = f16(b);
 }
@@ -300,9 +323,10 @@ INL int lb_aux(int kind) { /* a second sum against the activation's bsums (k->mi
     return kind == LB_Q2_K || kind == LB_Q3_K || kind == LB_TQ1_0 || kind == LB_TQ2_0;
 }
 
-/* sum over the block of scale * w * x (Q3_K: w + 4, TQ: the digit q + 1; the caller corrects
- * through *aux = the sum of k->mins[j] * bsums[j]: Q2_K's mins, Q3_K's scales, TQ's ones) */
-INL int lb_isum(int kind, const lb_block *k, const cb_q8k_t *a, int *aux) {
+/* the 8 int32 lanes of scale * w * x over the block (Q3_K: w + 4, TQ: the digit q + 1, corrected
+ * here through the activation's bsums: minus 4 or 1 times the sum of k->mins[j] * bsums[j]);
+ * Q2_K: *aux = the lanes of its mins times bsums, for the second float step */
+INL __m256i lb_isum_v(int kind, const lb_block *k, const cb_q8k_t *a, __m256i *aux) {
     __m256i acc = _mm256_setzero_si256();
     for (int v = 0; v < 8; v++) {
         const __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(a->qs + 32 * v));
@@ -318,69 +342,132 @@ INL int lb_isum(int kind, const lb_block *k, const cb_q8k_t *a, int *aux) {
     }
     if (lb_aux(kind)) {
         const __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)a->bsums);
-        *aux = hsum_epi32(_mm256_madd_epi16(k->mins, bs));
+        const __m256i m = _mm256_madd_epi16(k->mins, bs);
+        if (kind == LB_Q2_K)
+            *aux = m;
+        else
+            acc = _mm256_sub_epi32(acc, kind == LB_Q3_K ? _mm256_slli_epi32(m, 2) : m);
     }
-    return hsum_epi32(acc);
+    return acc;
+}
+
+INL void lb_decode(int kind, const uint8_t *blk, lb_block *k) {
+    switch (kind) {
+    case LB_Q2_K: dec_q2_k(blk, k); break;
+    case LB_Q3_K: dec_q3_k(blk, k); break;
+    case LB_IQ2_XXS: dec_iq2_xxs(blk, k); break;
+    case LB_IQ3_XXS: dec_iq3_xxs(blk, k); break;
+    case LB_IQ4_XS: dec_iq4_xs(blk, k); break;
+    case LB_IQ2_XS: dec_iq2_xs(blk, k); break;
+    case LB_IQ2_S: dec_iq2_s(blk, k); break;
+    case LB_IQ3_S: dec_iq3_s(blk, k); break;
+    case LB_IQ1_S: dec_iq1_s(blk, k); break;
+    case LB_IQ1_M: dec_iq1_m(blk, k); break;
+    case LB_TQ1_0: dec_tq1_0(blk, k); break;
+    case LB_TQ2_0: dec_tq2_0(blk, k); break;
+    default: dec_q8_k(blk, k); break;
+    }
+}
+
+INL float lb_dscale(int kind) {
+    switch (kind) {
+    case LB_IQ2_XXS:
+    case LB_IQ2_XS:
+    case LB_IQ2_S:
+    case LB_IQ1_S:
+    case LB_IQ1_M: return 0.125f;
+    case LB_IQ3_XXS: return 0.25f;
+    default: return 1.0f;
+    }
 }
 
 /* ------------------------------------------------------------ tiles */
 
-INL void tile_lb(int kind, int64_t nb, const uint8_t *w, size_t ws, int nr, const uint8_t *x,
-                 size_t xs, int nt, float *out) {
+/* NR rows x NT tokens, NR * NT <= 8: the pairs' block sums in one reduction (reduce_lanes), then
+ * the scalar kernel's float operations on lane r*NT + t: acc + (d*dx)*(float)isum (IQ2/IQ1:
+ * ((d*dx)*0.125), IQ3_XXS 0.25; Q2_K then - (dmin*dx)*(float)msum), out[r*out_nt + t]. */
+INL void tile_lb(int kind, int NR, int NT, int64_t nb, const uint8_t *w, size_t ws,
+                 const uint8_t *x, size_t xs, float *out, int out_nt) {
     static const size_t bytes[] = {84, 110, 66, 98, 136, 74, 82, 110, 50, 56, 54, 66, 292};
     const size_t bb = bytes[kind];
-    for (int r = 0; r < nr; r++) {
-        float acc[CB_TILE_R1];
-        for (int t = 0; t < nt; t++) acc[t] = 0.0f;
-        const uint8_t *wr = w + (size_t)r * ws;
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = wr + (size_t)b * bb;
-            if (b + 2 < nb) _mm_prefetch((const char *)(blk + 2 * bb), _MM_HINT_T0);
+    int ri[8], ti[8];
+    for (int p = 0; p < 8; p++) {
+        ri[p] = p / NT < NR ? p / NT : 0;
+        ti[p] = p % NT;
+    }
+    const __m256i row_idx = _mm256_loadu_si256((const __m256i *)(const void *)ri);
+    const __m256i tok_idx = _mm256_loadu_si256((const __m256i *)(const void *)ti);
+    __m256 facc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i v[8], m[8];
+        float dr[8] = {0}, mr[8] = {0}, xd[8] = {0};
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *blk = w + (size_t)r * ws + (size_t)b * bb;
+            prefetch_span(blk + (size_t)NR * CB_DEC_PF * ws, bb); /* the tiles ahead, into L2 */
             lb_block k;
-            switch (kind) {
-            case LB_Q2_K: dec_q2_k(blk, &k); break;
-            case LB_Q3_K: dec_q3_k(blk, &k); break;
-            case LB_IQ2_XXS: dec_iq2_xxs(blk, &k); break;
-            case LB_IQ3_XXS: dec_iq3_xxs(blk, &k); break;
-            case LB_IQ4_XS: dec_iq4_xs(blk, &k); break;
-            case LB_IQ2_XS: dec_iq2_xs(blk, &k); break;
-            case LB_IQ2_S: dec_iq2_s(blk, &k); break;
-            case LB_IQ3_S: dec_iq3_s(blk, &k); break;
-            case LB_IQ1_S: dec_iq1_s(blk, &k); break;
-            case LB_IQ1_M: dec_iq1_m(blk, &k); break;
-            case LB_TQ1_0: dec_tq1_0(blk, &k); break;
-            case LB_TQ2_0: dec_tq2_0(blk, &k); break;
-            default: dec_q8_k(blk, &k); break;
-            }
-            for (int t = 0; t < nt; t++) {
+            k.mins = _mm256_setzero_si256();
+            k.dmin = 0.0f;
+            lb_decode(kind, blk, &k);
+            dr[r] = k.d;
+            mr[r] = k.dmin;
+            for (int t = 0; t < NT; t++) {
                 const cb_q8k_t *a = (const cb_q8k_t *)(const void *)(x + (size_t)t * xs) + b;
-                int aux = 0, isum = lb_isum(kind, &k, a, &aux);
-                switch (kind) { /* the scalar kernels' float operations, in their order */
-                case LB_Q2_K:
-                    acc[t] += (k.d * a->d) * (float)isum;
-                    acc[t] -= (k.dmin * a->d) * (float)aux;
-                    break;
-                case LB_Q3_K: acc[t] += (k.d * a->d) * (float)(isum - 4 * aux); break;
-                case LB_TQ1_0:
-                case LB_TQ2_0: acc[t] += (k.d * a->d) * (float)(isum - aux); break;
-                case LB_IQ2_XXS:
-                case LB_IQ2_XS:
-                case LB_IQ2_S:
-                case LB_IQ1_S:
-                case LB_IQ1_M: acc[t] += (k.d * a->d * 0.125f) * (float)isum; break;
-                case LB_IQ3_XXS: acc[t] += (k.d * a->d * 0.25f) * (float)isum; break;
-                default: acc[t] += (k.d * a->d) * (float)isum; break; /* IQ4_XS, IQ3_S, Q8_K */
-                }
+                if (r == 0) xd[t] = a->d;
+                m[r * NT + t] = _mm256_setzero_si256();
+                v[r * NT + t] = lb_isum_v(kind, &k, a, &m[r * NT + t]);
             }
         }
-        for (int t = 0; t < nt; t++) out[r * nt + t] = acc[t];
+        const __m256 dw = _mm256_permutevar8x32_ps(_mm256_loadu_ps(dr), row_idx);
+        const __m256 dx = _mm256_permutevar8x32_ps(_mm256_loadu_ps(xd), tok_idx);
+        __m256 dd = _mm256_mul_ps(dw, dx);
+        if (lb_dscale(kind) != 1.0f) dd = _mm256_mul_ps(dd, _mm256_set1_ps(lb_dscale(kind)));
+        facc = _mm256_add_ps(facc, _mm256_mul_ps(dd, _mm256_cvtepi32_ps(reduce_lanes(v, NR * NT))));
+        if (kind == LB_Q2_K) {
+            const __m256 dm = _mm256_mul_ps(_mm256_permutevar8x32_ps(_mm256_loadu_ps(mr), row_idx), dx);
+            facc = _mm256_sub_ps(facc, _mm256_mul_ps(dm, _mm256_cvtepi32_ps(reduce_lanes(m, NR * NT))));
+        }
+    }
+    store_lanes(facc, NR, NT, out, out_nt, 0);
+}
+
+/* the driver's shapes: one token up to 8 rows at once; 2 tokens 4 rows, 3-4 tokens 2 rows */
+INL void tile_lb_any(int kind, int64_t nb, const uint8_t *w, size_t ws, int nr, const uint8_t *x,
+                     size_t xs, int nt, float *out) {
+    const int g = nt == 1 ? 8 : nt == 2 ? 4 : 2;
+    for (int r = 0; r < nr; r += g) {
+        const int n = nr - r < g ? nr - r : g;
+        const uint8_t *wr = w + (size_t)r * ws;
+        float *o = out + (size_t)r * nt;
+        switch (nt) {
+        case 1:
+            switch (n) {
+            case 8: tile_lb(kind, 8, 1, nb, wr, ws, x, xs, o, 1); break;
+            case 4: tile_lb(kind, 4, 1, nb, wr, ws, x, xs, o, 1); break;
+            default:
+                for (int i = 0; i < n; i++) tile_lb(kind, 1, 1, nb, wr + (size_t)i * ws, ws, x, xs, o + i, 1);
+                break;
+            }
+            break;
+        case 2:
+            if (n == 4) tile_lb(kind, 4, 2, nb, wr, ws, x, xs, o, 2);
+            else for (int i = 0; i < n; i++) tile_lb(kind, 1, 2, nb, wr + (size_t)i * ws, ws, x, xs, o + 2 * i, 2);
+            break;
+        case 3:
+            if (n == 2) tile_lb(kind, 2, 3, nb, wr, ws, x, xs, o, 3);
+            else tile_lb(kind, 1, 3, nb, wr, ws, x, xs, o, 3);
+            break;
+        default:
+            if (n == 2) tile_lb(kind, 2, 4, nb, wr, ws, x, xs, o, 4);
+            else tile_lb(kind, 1, 4, nb, wr, ws, x, xs, o, 4);
+            break;
+        }
     }
 }
 
 #define LB_TILE(name, kind)                                                                   \
     static void name(int64_t nb, const uint8_t *w, size_t ws, int nr, const uint8_t *x,       \
                      size_t xs, int nt, float *out) {                                         \
-        tile_lb(kind, nb, w, ws, nr, x, xs, nt, out);                                         \
+        tile_lb_any(kind, nb, w, ws, nr, x, xs, nt, out);                                     \
     }
 LB_TILE(tile_q2_k, LB_Q2_K)
 LB_TILE(tile_q3_k, LB_Q3_K)

@@ -102,6 +102,9 @@ cb_tile_fn cb_avx512_tile(int type);
  * K-quants', and with vnni (cb_cpu_level() == CB_SIMD_AVX512_VNNI) the 32-block types' (not
  * I4_G128); NULL for the other types. */
 cb_tile_fn cb_avx512_tile_invariant(int type, int vnni);
+/* The low-bit types' AVX-512 tiles (quant_avx512_lowbit.c; NULL for a type without one), with
+ * vnni the AVX512-VNNI ones: the scalar kernels' results bit for bit, for both of the above. */
+cb_tile_fn cb_avx512_lowbit_tile(int type, int vnni);
 void cb_avx512_quantize_q8a(const float *x, int64_t n, void *dst);
 void cb_avx512_quantize_q8k(const float *x, int64_t n, void *dst);
 void cb_avx512_rp_quantize(int type, const float *x, int64_t cols, uint8_t *dst);

@@ -4,13 +4,17 @@
  *
  *   vs_ggml_matvec TYPE ROWS COLS NMATS ITERS THREADS R16 [TOKENS]
  *
- * TYPE a GGUF type id (6 Q5_0, 8 Q8_0, 12 Q4_K, 14 Q6_K); NMATS distinct matrices of ROWS x COLS
+ * TYPE a GGUF type id (6 Q5_0, 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K; the low-bit types 10 Q2_K,
+ * 11 Q3_K, 15 Q8_K, 16-23 IQ2_XXS IQ2_XS IQ3_XXS IQ1_S IQ4_NL IQ3_S IQ2_S IQ4_XS, 29 IQ1_M,
+ * 34 TQ1_0, 35 TQ2_0); NMATS distinct matrices of ROWS x COLS
  * with random quants and small f16 scales, on huge pages, read in turn (NMATS x the matrix well
  * above L3: every read is from DRAM, as a model's experts and head are); R16 1 = colibri reads
  * its R16 layout (packed first), 0 = the file layout. ggml reads a different matrix than colibri
  * in each iteration (half the set away), one thread, a row at a time; colibri uses THREADS.
  * Prints the median and best time of each, GB/s of weight bytes, and the largest difference of
- * their outputs (both quantize the activations their own way). VS_GGML_MAX_SIMD=N caps colibri's
+ * their outputs (both quantize the activations their own way). TOKENS > 1: colibri's cb_matmul
+ * of TOKENS activation rows against ggml's vec_dot of every (row, token) pair, a row meeting
+ * its tokens while in cache (as ggml's mul_mat does without a repacked layout). VS_GGML_MAX_SIMD=N caps colibri's
  * SIMD level (cb_simd_level: 1 AVX2). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -71,7 +75,21 @@ int main(int argc, char **argv) {
     case 12: bs = 256, bb = 144, doff = 0; break;
     case 13: bs = 256, bb = 176, doff = 0; break;
     case 14: bs = 256, bb = 210, doff = 208; break;
-    default: fprintf(stderr, "type %d: one of 6, 8, 12, 13, 14\n", type); return 2;
+    case 10: bs = 256, bb = 84, doff = 80; break;
+    case 11: bs = 256, bb = 110, doff = 108; break;
+    case 15: bs = 256, bb = 292, doff = -1; break; /* f32 d at 0 */
+    case 16: bs = 256, bb = 66, doff = 0; break;
+    case 17: bs = 256, bb = 74, doff = 0; break;
+    case 18: bs = 256, bb = 98, doff = 0; break;
+    case 19: bs = 256, bb = 50, doff = 0; break;
+    case 20: bs = 32, bb = 18, doff = 0; break;
+    case 21: bs = 256, bb = 110, doff = 0; break;
+    case 22: bs = 256, bb = 82, doff = 0; break;
+    case 23: bs = 256, bb = 136, doff = 0; break;
+    case 29: bs = 256, bb = 56, doff = -2; break; /* f16 d in the top nibbles of 4 u16 at 48 */
+    case 34: bs = 256, bb = 54, doff = 52; break;
+    case 35: bs = 256, bb = 66, doff = 64; break;
+    default: fprintf(stderr, "type %d: not a type of this bench\n", type); return 2;
     }
     if (rows <= 0 || cols <= 0 || cols % bs || nm <= 0 || it <= 0 || th <= 0 || nt <= 0) {
         fprintf(stderr, "bad shape or counts\n");
@@ -81,7 +99,7 @@ int main(int argc, char **argv) {
     uint8_t *w = huge(mb * (size_t)nm);
     float *x = malloc(sizeof(float) * (size_t)(cols * nt)), *y = malloc(sizeof(float) * (size_t)(rows * nt));
     float *y2 = malloc(sizeof(float) * (size_t)rows);
-    void *xq = malloc((size_t)cols * 2);
+    void *xq = calloc((size_t)(cols * nt), 2);
     double *tc = malloc(sizeof(double) * (size_t)it), *tg = malloc(sizeof(double) * (size_t)it);
     cb_matrix_t *m = calloc((size_t)nm, sizeof *m);
     if (!w || !x || !y || !y2 || !xq || !tc || !tg || !m) { fprintf(stderr, "out of memory\n"); return 1; }
@@ -89,8 +107,22 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < mb * (size_t)nm; i++) w[i] = (uint8_t)rand();
     for (size_t b = 0; b < mb * (size_t)nm / (size_t)bb; b++) {
         const uint16_t h = (uint16_t)(0x2000 + (rand() & 0x3ff)); /* ~0.008: finite sums */
-        memcpy(w + b * (size_t)bb + doff, &h, 2);
-        if (type == 12 || type == 13) memcpy(w + b * (size_t)bb + 2, &h, 2); /* Q4_K's, Q5_K's dmin */
+        uint8_t *blk = w + b * (size_t)bb;
+        if (doff >= 0) {
+            memcpy(blk + doff, &h, 2);
+        } else if (doff == -1) {
+            const float d = 0.008f;
+            memcpy(blk, &d, 4);
+        } else {
+            for (int k = 0; k < 4; k++) {
+                uint16_t s;
+                memcpy(&s, blk + 48 + 2 * k, 2);
+                s = (uint16_t)((s & 0x0FFFu) | ((h >> (4 * k)) & 15u) << 12);
+                memcpy(blk + 48 + 2 * k, &s, 2);
+            }
+        }
+        if (type == 12 || type == 13) memcpy(blk + 2, &h, 2); /* Q4_K's, Q5_K's dmin */
+        if (type == 10) memcpy(blk + 82, &h, 2);            /* Q2_K's dmin */
     }
     for (long c = 0; c < cols * nt; c++) x[c] = (float)rand() / (float)RAND_MAX - 0.5f;
     if (getenv("VS_GGML_MAX_SIMD")) cb_cpu_set_max_level((cb_simd_level)atoi(getenv("VS_GGML_MAX_SIMD")));
@@ -114,14 +146,18 @@ int main(int argc, char **argv) {
     if (!init || !traits) { fprintf(stderr, "not a ggml CPU library\n"); return 2; }
     init();
     const traits_t *tr = traits(type), *tq = traits(tr->vec_dot_type);
-    tq->from_float(x, xq, cols);
+    if (!tr->vec_dot || !tq->from_float) { fprintf(stderr, "ggml has no vec_dot for type %d\n", type); return 3; }
+    const size_t xqs = (size_t)cols * 2; /* bytes of one quantized activation row (an upper bound) */
+    for (int t = 0; t < nt; t++) tq->from_float(x + (size_t)t * (size_t)cols, (uint8_t *)xq + (size_t)t * xqs, cols);
     for (int k = 0; k < it; k++) {
         double t0 = now();
         if (cb_matmul(&m[k % nm], x, nt, cols, y, rows, pool) != CB_OK) return 1;
         tc[k] = now() - t0;
         const uint8_t *wg = w + (size_t)((k + nm / 2) % nm) * mb;
         t0 = now();
-        for (long r = 0; r < rows; r++) tr->vec_dot((int)cols, &y2[r], 0, wg + (size_t)r * rb, 0, xq, 0, 1);
+        for (long r = 0; r < rows; r++)
+            for (int t = 0; t < nt; t++)
+                tr->vec_dot((int)cols, &y2[r], 0, wg + (size_t)r * rb, 0, (uint8_t *)xq + (size_t)t * xqs, 0, 1);
         tg[k] = now() - t0;
     }
     cb_matmul(&m[0], x, 1, cols, y, rows, pool);
@@ -130,9 +166,12 @@ int main(int argc, char **argv) {
     for (long r = 0; r < rows; r++) diff = diff > fabsf(y[r] - y2[r]) ? diff : fabsf(y[r] - y2[r]);
     qsort(tc, (size_t)it, sizeof(double), cmpd);
     qsort(tg, (size_t)it, sizeof(double), cmpd);
-    printf("%s colibri %.1f us (%.1f GB/s) best %.1f | ggml %.1f us (%.1f GB/s) best %.1f | max diff %.3g\n",
+    double nmax = 0;
+    for (long r = 0; r < rows; r++) nmax = nmax > fabsf(y2[r]) ? nmax : fabsf(y2[r]);
+    printf("%s colibri %.1f us (%.1f GB/s) best %.1f | ggml %.1f us (%.1f GB/s) best %.1f | ggml/colibri %.2f | max diff %.3g (rel %.2g)\n",
            cb_simd_level_str(cb_cpu_level()), tc[it / 2] * 1e6, (double)mb / tc[it / 2] / 1e9, tc[0] * 1e6,
-           tg[it / 2] * 1e6, (double)mb / tg[it / 2] / 1e9, tg[0] * 1e6, diff);
+           tg[it / 2] * 1e6, (double)mb / tg[it / 2] / 1e9, tg[0] * 1e6, tg[it / 2] / tc[it / 2], diff,
+           nmax > 0 ? diff / nmax : 0.0);
     cb_threadpool_free(pool);
     return 0;
 }

@@ -5,13 +5,15 @@ sources (-O3 -march=native, plus --cflags; --far-hint 3 builds the far prefetche
 A/B of docs/benchmarks.md "Prefetch hints").
 
     python tools/bench/vs_ggml_matvec.py [--far-hint N] [--cflags=...] [--threads 1] [--rounds 2] [--avx2]
-                                         [--in-cache]
+                                         [--in-cache] [--lowbit [--types Q2_K,...] [--tokens 1,16]]
 
 The shapes are the MoE bench model's (tools/make_bench_model.py): an expert's gate/up (Q4_K and
 Q8_0 768x2048) and down (Q6_K 2048x768), 200 distinct matrices each, and its 159744x2048 Q6_K
 head in the R16 layout colibri reads it in; Gemma's Q5_0 layer shape and Q8_0 head in R16.
 --in-cache times one matrix of each expert shape over and over instead (in L2: the compute rate),
-in the file's layout and in R16. Rounds alternate the cases; each line is one run's median over
+in the file's layout and in R16. --lowbit times the low-bit types (issue #45) on DeepSeek-V3's
+expert gate/up shape (2048 x 7168), 1 and 16 tokens, with each side's weight GB/s and its share of
+the one-thread streaming read bandwidth (tools/bench/membw.c: the memory roofline). Rounds alternate the cases; each line is one run's median over
 its iterations (and its best).
 """
 
@@ -36,6 +38,8 @@ CASES = [  # type, rows, cols, matrices, iterations, r16, what
 ]
 # --in-cache: one matrix over and over (it stays in L2): what the tiles compute, the file's layout
 # (the experts') against R16 (the dense matrices')
+LOWBIT = {"Q2_K": 10, "Q3_K": 11, "IQ4_XS": 23, "IQ2_XXS": 16, "IQ3_XXS": 18, "TQ2_0": 35,
+          "IQ1_S": 19, "IQ1_M": 29, "IQ2_XS": 17, "IQ2_S": 22, "IQ3_S": 21, "IQ4_NL": 20, "TQ1_0": 34}
 CACHE_CASES = [(t, rows, cols, 1, 4000, r16, f"{name} {rows}x{cols} {'R16' if r16 else 'direct'}, in L2")
                for t, rows, cols, name in ((12, 768, 2048, "Q4_K"), (14, 2048, 768, "Q6_K"),
                                            (8, 768, 2048, "Q8_0"))
@@ -72,6 +76,11 @@ def main(argv: list[str] | None = None) -> int:
                          "uses R16 only with AVX-512 VNNI)")
     ap.add_argument("--in-cache", action="store_true",
                     help="one matrix per expert shape, direct and R16, over and over (in L2)")
+    ap.add_argument("--lowbit", action="store_true", help="the low-bit types (see above)")
+    ap.add_argument("--types", default=",".join(LOWBIT), help="--lowbit: which types")
+    ap.add_argument("--tokens", default="1,16", help="--lowbit: token counts")
+    ap.add_argument("--shape", default="2048x7168", help="--lowbit: ROWSxCOLS")
+    ap.add_argument("--membw", type=float, help="--lowbit: the roofline in GB/s (default: measured)")
     a = ap.parse_args(argv)
     try:
         import llama_cpp
@@ -84,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cflags = a.cflags.split() + ([f"-DCB_PF_FAR_HINT={a.far_hint}"] if a.far_hint is not None else [])
         exe = build(Path(tmp), cflags)
+        if a.lowbit:
+            return lowbit(a, exe, env)
         for r in range(a.rounds):
             for t, rows, cols, nm, it, r16, what in (CACHE_CASES if a.in_cache else CASES):
                 if r16 and a.avx2:  # colibri re-lays matrices in R16 only with AVX-512 VNNI
@@ -94,6 +105,47 @@ def main(argv: list[str] | None = None) -> int:
                                       str(a.threads), str(r16)], env=env, check=True,
                                      capture_output=True, text=True).stdout.strip()
                 print(f"round {r + 1} {what:36s} {out}", flush=True)
+    return 0
+
+
+def lowbit(a: argparse.Namespace, exe: Path, env: dict[str, str]) -> int:
+    """The low-bit table: per type and token count, rounds alternating the cases, then the
+    medians of the rounds' medians."""
+    import re
+    import statistics
+
+    from colibri.tools.membw import membw
+
+    rows, cols = (int(v) for v in a.shape.split("x"))
+    bws: list[float] = []
+    res: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {}
+    pat = re.compile(r"colibri ([\d.]+) us \(([\d.]+) GB/s\).*ggml ([\d.]+) us \(([\d.]+) GB/s\)")
+    for r in range(a.rounds):
+        # the roofline: the best one-thread streaming read of the rounds (a loaded machine reads
+        # less in some probes; the best is the closest to what the memory delivers)
+        bws.append(a.membw or membw(1, 512))
+        print(f"round {r + 1}: one-thread streaming read {bws[-1]:.1f} GB/s; load {os.getloadavg()}", flush=True)
+        for name in a.types.split(","):
+            for nt in (int(v) for v in a.tokens.split(",")):
+                it = max(6, 600 // (nt * 4))
+                p = subprocess.run([str(exe), str(LOWBIT[name]), str(rows), str(cols), "24", str(it),
+                                    str(a.threads), "0", str(nt)], env=env, capture_output=True, text=True)
+                if p.returncode:
+                    print(f"round {r + 1} {name} x{nt}: {p.stderr.strip()}", flush=True)
+                    continue
+                m = pat.search(p.stdout)
+                assert m, p.stdout
+                res.setdefault((name, nt), []).append(tuple(float(v) for v in m.groups()))  # type: ignore[arg-type]
+                print(f"round {r + 1} {name:8s} x{nt:<2d} {p.stdout.strip()}", flush=True)
+    bw = max(bws)
+    print(f"\nmedians of {a.rounds} rounds, {rows}x{cols}, threads {a.threads}, roofline {bw:.1f} GB/s "
+          f"(one-thread membw, best of the rounds)")
+    print("| type | tokens | colibri us | GB/s | roofline | ggml us | GB/s | roofline | colibri speed-up |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (name, nt), v in res.items():
+        tc, gc, tg, gg = (statistics.median(x[i] for x in v) for i in range(4))
+        print(f"| {name} | {nt} | {tc:.0f} | {gc:.1f} | {gc / bw:.0%} | {tg:.0f} | {gg:.1f} | {gg / bw:.0%} "
+              f"| {tg / tc:.2f}x |")
     return 0
 
 
