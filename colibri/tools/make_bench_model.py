@@ -271,6 +271,8 @@ def _vocab(n_vocab: int) -> tuple[list[str], list[str]]:
         for b in letters:
             tokens.append(a + b)
             merges.append(f"{a} {b}")
+    if len(tokens) > n_vocab - 2:  # a vocabulary below 934 tokens keeps the first merges
+        tokens, merges = tokens[: n_vocab - 2], merges[: n_vocab - 2 - len(from_bytes)]
     tokens += [f"<extra_{i}>" for i in range(len(tokens), n_vocab - 2)]
     tokens += ["<|endoftext|>", "<|im_start|>"]
     return tokens, merges
