@@ -147,7 +147,7 @@ def compare(path: str | Path, refs: Any, name: str, **model_kw: Any) -> dict[str
     time, against its batched ones)."""
     from colibri.model import Model
 
-    kw = dict(threads=THREADS, ctx=256, verbose=False, tokenizer=False)
+    kw: dict[str, Any] = dict(threads=THREADS, ctx=256, verbose=False, tokenizer=False)
     kw.update(model_kw)
     agree = total = self_agree = 0
     kls, greedy_ok = [], []
