@@ -41,7 +41,7 @@ RECIPES: list[tuple[str, str, bool, list[str]]] = [
     ("iq2_xxs", "IQ2_XXS", True, []),
     ("iq2_m", "IQ2_M", True, []),
     ("iq1_s", "IQ1_S", True, []),
-    ("iq3_xxs", "IQ3_XXS", False, []),
+    ("iq3_xxs", "IQ3_XXS", True, []),  # its attn_k is IQ2_S: llama.cpp requires the imatrix
     ("iq4_xs", "IQ4_XS", False, []),
     ("tq2_0", "TQ2_0", False, []),
     # an Unsloth 'UD-..._XL'-like mix: a Q4_K_M base, the routed experts in 2-3 bit i-quants,
@@ -168,7 +168,8 @@ def compare(path: str | Path, refs: Any, name: str, **model_kw: Any) -> dict[str
 
 # run by llama-cpp-python's interpreter (tools/quantize_lowbit_refs.py --llama-python): for each
 # file, the prompts teacher-forced in one batch (top TOP_K log-probabilities per position), one
-# token at a time (top-1 per position: llama.cpp's agreement with itself), and greedy
+# token at a time (top-1 per position: llama.cpp's agreement with itself), and greedy; with an
+# F32 KV cache (colibri's default; llama.cpp's f16 one alone moves the logits by KL ~1e-4 here)
 LLAMA_SCRIPT = r"""
 import json, sys, numpy as np, llama_cpp
 jobs, prompts, top_k, n_greedy, threads, out = json.load(open(sys.argv[1]))
@@ -177,10 +178,11 @@ def lsm(x):
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 data = {}
 for name, path in jobs:
+    kv = dict(type_k=0, type_v=0)  # GGML_TYPE_F32: colibri's default KV cache, not llama.cpp's f16
     llm = llama_cpp.Llama(path, n_ctx=256, logits_all=True, verbose=False, n_threads=threads,
-                          seed=0)
+                          seed=0, **kv)
     one = llama_cpp.Llama(path, n_ctx=256, logits_all=True, verbose=False, n_threads=threads,
-                          n_batch=1, n_ubatch=1, seed=0)
+                          n_batch=1, n_ubatch=1, seed=0, **kv)
     for i, ids in enumerate(prompts):
         llm.reset()
         llm.eval(ids)

@@ -37,7 +37,27 @@ REFS = DATA / "llama_refs" / "lowbit.npz"
 ROLES = ("token_embd.weight", "blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight",
          "blk.0.attn_output.weight", "blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight",
          "blk.0.ffn_down_exps.weight", "output.weight")
-EXPECTED: dict[str, tuple[str, ...]] = {}
+# (llama-quant.cpp's rules: attn_v Q3_K in Q2_K at n_gqa < 4, Q5_K as the first attn_v of Q3_K_M,
+# Q4_K in the 2-bit i-quants at n_expert >= 4; ffn_down one K type up in Q2_K, Q3_K_M, Q3_K_L;
+# attn_output Q3_K / Q4_K / Q5_K in Q2_K / Q3_K_M / Q3_K_L, IQ2_XXS in IQ1_S, IQ3_S in IQ2_M and
+# IQ3_XXS; attn_q and attn_k IQ2_S in IQ3_XXS; token_embd Q2_K in IQ2_XXS / IQ1_S, IQ3_S in IQ2_M
+# / IQ3_XXS, Q4_K in TQ2_0; output Q5_K in the i-quants below 4 bits, Q6_K otherwise; the
+# ud_iq2_xxs mix's --tensor-type and --token-embedding-type overrides as given)
+EXPECTED: dict[str, tuple[str, ...]] = {
+    "q2_k": ("Q2_K", "Q2_K", "Q2_K", "Q3_K", "Q3_K", "Q2_K", "Q2_K", "Q3_K", "Q6_K"),
+    "q3_k_s": ("Q3_K", "Q3_K", "Q3_K", "Q3_K", "Q3_K", "Q3_K", "Q3_K", "Q3_K", "Q6_K"),
+    "q3_k_m": ("Q3_K", "Q3_K", "Q3_K", "Q5_K", "Q4_K", "Q3_K", "Q3_K", "Q4_K", "Q6_K"),
+    "q3_k_l": ("Q3_K", "Q3_K", "Q3_K", "Q5_K", "Q5_K", "Q3_K", "Q3_K", "Q5_K", "Q6_K"),
+    "iq2_xxs": ("Q2_K", "IQ2_XXS", "IQ2_XXS", "Q4_K", "IQ2_XXS", "IQ2_XXS", "IQ2_XXS", "IQ2_XXS",
+                "Q5_K"),
+    "iq2_m": ("IQ3_S", "IQ2_S", "IQ2_S", "Q4_K", "IQ3_S", "IQ2_S", "IQ2_S", "IQ2_S", "Q5_K"),
+    "iq1_s": ("Q2_K", "IQ1_S", "IQ1_S", "Q4_K", "IQ2_XXS", "IQ1_S", "IQ1_S", "IQ1_S", "Q5_K"),
+    "iq3_xxs": ("IQ3_S", "IQ2_S", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ3_XXS", "IQ3_XXS", "IQ3_XXS",
+                "Q5_K"),
+    "iq4_xs": ("IQ4_XS",) * 8 + ("Q6_K",),
+    "tq2_0": ("Q4_K",) + ("TQ2_0",) * 7 + ("Q6_K",),
+    "ud_iq2_xxs": ("Q4_K", "Q6_K", "Q6_K", "Q8_0", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ3_S", "Q6_K"),
+}
 
 _refs: dict[str, object] = {}
 
@@ -92,9 +112,14 @@ def test_files_hold_llama_cpps_types(name):
     assert got == want and lgot == lwant, (got, lgot)
 
 
-# measured at recording (colibri at the commit that added this file)
-TOP1 = 1.0
-KL_MEAN = 1e-3
+# Measured at recording (llama.cpp with an F32 KV cache, as colibri's default), mean KL: 3e-14
+# (q2_k, iq2_xxs, iq3_xxs: the same logits to float rounding), 1.3e-8 to 7.3e-7 (q3_k_*, iq2_m,
+# iq1_s, tq2_0), 1.05e-5 (iq4_xs), 1.0e-4 (ud_iq2_xxs: its attn_v is Q8_0, whose activation
+# scale ggml keeps in f16, colibri in f32); top-1 100% everywhere but ud_iq2_xxs (98.6%: 2
+# near-ties of 144 positions flip; llama.cpp agrees with its own one-token-at-a-time path on
+# all of them); all 16 greedy tokens of both prompts everywhere. The bounds: about 3x those.
+TOP1 = {"ud_iq2_xxs": 0.98}
+KL_MEAN = {"iq4_xs": 3e-5, "ud_iq2_xxs": 3e-4}
 
 
 @pytest.mark.slow
@@ -102,7 +127,7 @@ KL_MEAN = 1e-3
 def test_agreement_with_llama_cpp(name):
     r = lr.compare(path(name), refs(), name)
     print(name, r)
-    assert r["top1"] >= TOP1 and r["kl_mean"] < KL_MEAN, r
+    assert r["top1"] >= TOP1.get(name, 1.0) and r["kl_mean"] < KL_MEAN.get(name, 3e-6), r
     assert r["greedy"] == [lr.N_GREEDY] * len(lr.prompts()), r
 
 
