@@ -6,7 +6,7 @@ GLM-4.5-Air or DeepSeek-V3 (or a tiny MoE).
                                              [--routing spread|raw] [--force]
                                              [--shape qwen3-30b-a3b|tiny|ernie-4.5-21b-a3b|
                                                       glm-4.5-air|deepseek-v3|tiny-ernie4_5-moe|
-                                                      tiny-glm4moe|tiny-deepseek2]
+                                                      tiny-glm4moe|tiny-deepseek2|tiny-lowbit]
 
 (also `colibri make-bench-model OUT.gguf ...` and, from a checkout, tools/make_bench_model.py)
 
@@ -20,7 +20,9 @@ layers), and a disk without room for it is refused before anything is written.
 
 `--shape tiny` writes the same architecture at a small size (hidden 256, 32 experts of FFN 256,
 top-4, vocabulary 2048: ~1 MB a layer), written and calibrated in seconds: the model of the
-README's expert-budget example and of quick tests.
+README's expert-budget example and of quick tests. `tiny-lowbit` is smaller still (4 experts,
+top-2, vocabulary 512): the source of the low-bit files llama-quantize makes for the tests
+(tools/quantize_lowbit_refs.py).
 
 Other shapes (colibri/tools/bench_shapes.py, which lists each one's sizes and keys):
 `ernie-4.5-21b-a3b` (ernie4_5-moe), `glm-4.5-air` (glm4moe) and `deepseek-v3` (deepseek2), each
