@@ -43,17 +43,22 @@ def _rss() -> int:
 
 def run_colibri(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ctx: int,
                 warmup: int = 0, kv_dtype: str = "f32", prefill_repeats: int = 1,
-                probe: Sequence[int] | None = None) -> dict[str, Any]:
+                probe: Sequence[int] | None = None,
+                expert_budget: str | float | None = None) -> dict[str, Any]:
     """colibri's figures in this process; `warmup` greedy decode steps run untimed after the
     prompt, before the gen_tokens timed ones (their tokens are not counted). The prompt is
     prefilled `prefill_repeats` times, each into a fresh sequence: the median is the figure.
     `probe` [threads, MiB, passes(, blocks)]: the bandwidth probe brackets the timed steps
-    (probe_gbs, probe_sustained_gbs; see _timed_steps)."""
+    (probe_gbs, probe_sustained_gbs; see _timed_steps). `expert_budget` (Model's: a fraction
+    such as 0.25, or bytes) runs an MoE model's experts from a budgeted store (engine
+    "colibri@BUDGET"; no usage record, so no pins: the same run every time)."""
     from colibri.model import Model
 
     t0 = time.perf_counter()
+    budget: dict[str, Any] = ({} if expert_budget is None else
+                              {"expert_budget": expert_budget, "expert_usage": False})
     m = Model(path, threads=threads, ctx=ctx, max_batch=max(prompt_tokens, 1), verbose=False,
-              kv_dtype=kv_dtype)
+              kv_dtype=kv_dtype, **budget)
     m.prefault()  # like llama.cpp's MAP_POPULATE at load: counted in the load time
     load = time.perf_counter() - t0
     ids = _prompt_ids(prompt_tokens, m.n_vocab, m.tokenizer.bos_id if m.tokenizer else None)
@@ -70,8 +75,8 @@ def run_colibri(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ct
     first = int(np.argmax(logits))
     lat, bw = _timed_steps(lambda t: m.eval([seq], tokens=[t])[-1],
                            lambda out: int(np.argmax(out)), first, warmup, gen_tokens, probe)
-    return _figures("colibri", load, prompt_tokens, pre, lat, first, _rss(), m.expert_stats(),
-                    bw)
+    name = "colibri" if expert_budget is None else f"colibri@{expert_budget}"
+    return _figures(name, load, prompt_tokens, pre, lat, first, _rss(), m.expert_stats(), bw)
 
 
 def run_llama_cpp(path: str, threads: int, prompt_tokens: int, gen_tokens: int, ctx: int,
@@ -253,9 +258,11 @@ def llama_cpp_missing() -> str | None:
 
 
 def bench(path: str, threads: int = 2, prompt_tokens: int = 128, gen_tokens: int = 32,
-          vs_llama_cpp: bool = False, ctx: int = 2048) -> list[dict[str, Any]]:
-    """colibri's figures (and llama.cpp's with vs_llama_cpp), each engine in its own process.
-    The counts and the model file are checked first (check_args, check_model)."""
+          vs_llama_cpp: bool = False, ctx: int = 2048,
+          expert_budget: str | float | None = None) -> list[dict[str, Any]]:
+    """colibri's figures (then, with expert_budget, colibri's under that expert budget, and
+    with vs_llama_cpp llama.cpp's), each run in its own process. The counts and the model file
+    are checked first (check_args, check_model)."""
     check_args(threads, prompt_tokens, gen_tokens, ctx)
     if vs_llama_cpp and (missing := llama_cpp_missing()):
         from colibri.errors import ColibriError
@@ -264,6 +271,8 @@ def bench(path: str, threads: int = 2, prompt_tokens: int = 128, gen_tokens: int
     check_model(path)
     kw = dict(path=path, threads=threads, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, ctx=ctx)
     results = [in_subprocess("colibri", **kw)]
+    if expert_budget is not None:
+        results.append(in_subprocess("colibri", **kw, expert_budget=expert_budget))
     if vs_llama_cpp:
         results.append(in_subprocess("llama_cpp", **kw))
     return results
@@ -281,18 +290,21 @@ def report(results: list[dict[str, Any]]) -> str:
             v = r[k] * 1000 if k == "ttft_s" else r[k]
             vals.append(f"{f.format(v):>15s}")
         lines.append(f"{r['engine']:<11s}" + "".join(vals))
-    if len(results) == 2:
-        a, b = results
+    peer = next((r for r in results if r["engine"] == "llama.cpp"), None)
+    for a in results:
+        if peer is None or a is peer:
+            continue
         lines.append(
-            f"ratio colibri/llama.cpp: prefill {a['prefill_tps'] / b['prefill_tps']:.2f}x, "
-            f"decode {a['decode_tps'] / b['decode_tps']:.2f}x"
+            f"ratio {a['engine']}/llama.cpp: prefill {a['prefill_tps'] / peer['prefill_tps']:.2f}x, "
+            f"decode {a['decode_tps'] / peer['decode_tps']:.2f}x"
         )
-        if a["first_token"] != b["first_token"]:
-            lines.append(f"warning: greedy first token differs ({a['first_token']} vs "
-                         f"{b['first_token']})")
-    ex = results[0].get("expert") or {}
-    if ex:
-        acq = ex.get("acquired", 0) or 1
-        lines.append(f"colibri experts: hit rate {ex.get('hits', 0) / acq * 100:.1f}%, "
-                     f"bytes read {ex.get('bytes_read', 0) / 2**20:.1f} MiB")
+        if a["first_token"] != peer["first_token"]:
+            lines.append(f"warning: greedy first token differs ({a['engine']} "
+                         f"{a['first_token']} vs {peer['first_token']})")
+    for a in results:
+        ex = a.get("expert") or {}
+        if ex:
+            acq = ex.get("acquired", 0) or 1
+            lines.append(f"{a['engine']} experts: hit rate {ex.get('hits', 0) / acq * 100:.1f}%, "
+                         f"bytes read {ex.get('bytes_read', 0) / 2**20:.1f} MiB")
     return "\n".join(lines)

@@ -85,6 +85,12 @@ SHAPES["qwen3-next-80b-a3b"] = dict(
     n_expert=512, n_used=10, n_ff_exp=512, n_ff=5632, n_shared=1, n_ff_shexp=512,
     n_vocab=151936, n_ctx=262144, rope_base=10_000_000.0, eps=1e-6, ssm_conv=4,
     ssm_k_heads=16, ssm_v_heads=32, ssm_head=128, full_attn_every=4, pre="qwen2")
+# the tiny shape at about the least size where every row is whole 256-blocks (so
+# llama-quantize's i-quants and K-quants apply to every matrix): 4 experts of FFN 256, top-2,
+# a 512-token vocabulary (the first 254 letter-pair merges); one layer is ~0.5 MB at 2-3 bits:
+# the files llama.cpp quantizes for tests/model/test_lowbit_llama_refs.py
+# (tools/quantize_lowbit_refs.py)
+SHAPES["tiny-lowbit"] = dict(SHAPES["tiny"], n_expert=4, n_used=2, n_vocab=512)
 SHAPES["tiny-ernie4_5-moe"] = dict(SHAPES["ernie-4.5-21b-a3b"], n_embd=256, n_head=4, n_head_kv=2,
                                    head_dim=64, n_expert=16, n_used=4, n_ff_exp=256, n_ff=512,
                                    n_ff_shexp=512, n_vocab=2048, n_ctx=4096)

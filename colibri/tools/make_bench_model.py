@@ -7,7 +7,7 @@ GLM-4.5-Air, DeepSeek-V3 or gpt-oss-20b (or a tiny MoE).
                                              [--shape qwen3-30b-a3b|tiny|ernie-4.5-21b-a3b|
                                                       glm-4.5-air|deepseek-v3|gpt-oss-20b|
                                                       tiny-ernie4_5-moe|tiny-glm4moe|
-                                                      tiny-deepseek2|tiny-gpt-oss]
+                                                      tiny-deepseek2|tiny-gpt-oss|tiny-lowbit]
 
 (also `colibri make-bench-model OUT.gguf ...` and, from a checkout, tools/make_bench_model.py)
 
@@ -21,7 +21,9 @@ layers), and a disk without room for it is refused before anything is written.
 
 `--shape tiny` writes the same architecture at a small size (hidden 256, 32 experts of FFN 256,
 top-4, vocabulary 2048: ~1 MB a layer), written and calibrated in seconds: the model of the
-README's expert-budget example and of quick tests.
+README's expert-budget example and of quick tests. `tiny-lowbit` is smaller still (4 experts,
+top-2, vocabulary 512): the source of the low-bit files llama-quantize makes for the tests
+(tools/quantize_lowbit_refs.py).
 
 Other shapes (colibri/tools/bench_shapes.py, which lists each one's sizes and keys):
 `ernie-4.5-21b-a3b` (ernie4_5-moe), `glm-4.5-air` (glm4moe), `deepseek-v3` (deepseek2) and
@@ -282,6 +284,8 @@ def _vocab(n_vocab: int) -> tuple[list[str], list[str]]:
         for b in letters:
             tokens.append(a + b)
             merges.append(f"{a} {b}")
+    if len(tokens) > n_vocab - 2:  # a vocabulary below 934 tokens keeps the first merges
+        tokens, merges = tokens[: n_vocab - 2], merges[: n_vocab - 2 - len(from_bytes)]
     tokens += [f"<extra_{i}>" for i in range(len(tokens), n_vocab - 2)]
     tokens += ["<|endoftext|>", "<|im_start|>"]
     return tokens, merges

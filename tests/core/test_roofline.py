@@ -448,3 +448,21 @@ def test_prefill_script_end_to_end(models, tmp_path):
     bad = _tool("prefill.py", "-m", models["bench"], "--no-llama-cpp", "--tokens", "128",
                 "--ctx", "64", timeout=120)
     assert bad.returncode == 2 and "shorter than the longest prompt" in bad.stderr
+
+
+def test_bench_under_an_expert_budget(models):
+    """run_colibri(expert_budget=0.25) (generate.py --expert-budget): the experts from a cache
+    store of a quarter of their bytes, the row named by its budget, the same greedy first token
+    as the full-RAM run; report() gives each colibri row its ratio to llama.cpp's."""
+    from colibri import bench
+
+    full = bench.run_colibri(models["bench"], threads=1, prompt_tokens=6, gen_tokens=4, ctx=64)
+    part = bench.run_colibri(models["bench"], threads=1, prompt_tokens=6, gen_tokens=4, ctx=64,
+                             expert_budget=0.25)
+    assert full["engine"] == "colibri" and part["engine"] == "colibri@0.25"
+    assert part["first_token"] == full["first_token"]
+    assert full["expert"]["misses"] == 0 and part["expert"]["misses"] > 0
+    peer = dict(full, engine="llama.cpp", decode_tps=full["decode_tps"] * 2, expert={})
+    text = bench.report([full, part, peer])
+    assert "ratio colibri/llama.cpp" in text and "ratio colibri@0.25/llama.cpp" in text
+    assert "colibri@0.25 experts: hit rate" in text

@@ -17,11 +17,11 @@ inter-token latency (gaps between streamed chunks with text), the server's peak 
 every 50 ms, psutil) and errors. For colibri also the structured-output mask cost: one
 json_schema request's grammar-mask time per token, from /metrics.
 
-llama-server: --llama-server PATH, else ~/.cache/colibri/llama-server/build/bin/llama-server
+llama-server: --llama-server PATH, else ~/.cache/colibri/llama.cpp/build/bin/llama-server
 if built, else with --build-llama-server it is built there from the llama.cpp sources that
-llama-cpp-python's sdist carries (`pip download --no-binary llama-cpp-python`, `pip install
-cmake`, a Release build with GGML_NATIVE=ON; minutes). Without one it says how and runs colibri
-alone.
+llama-cpp-python's sdist carries (colibri.tools.llama_build, shared with
+tools/quantize_lowbit_refs.py: `pip download --no-binary llama-cpp-python`, `pip install cmake`,
+a Release build with GGML_NATIVE=ON; minutes). Without one it says how and runs colibri alone.
 
 --soak MINUTES: colibri only, 64 clients for MINUTES: streams of random length, a tenth of them
 dropped mid-stream, a tenth malformed (bad JSON or values: they must get 400); reports the
@@ -51,8 +51,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-CACHE = Path.home() / ".cache" / "colibri" / "llama-server"
-LLAMA_CPP_PYTHON = "0.3.36"
 CTX_PER_REQUEST = 256
 
 TOPICS = ["the Roman roads", "tides", "bread", "volcanoes", "the printing press", "glaciers",
@@ -84,35 +82,21 @@ def find_llama_server(path: str | None, build: bool) -> tuple[str | None, str]:
     """(binary, why none)."""
     if path:
         return (path, "") if os.access(path, os.X_OK) else (None, f"{path} is not executable")
-    cached = CACHE / "build" / "bin" / "llama-server"
+    from colibri.tools import llama_build
+
+    cached = llama_build.binary("llama-server")
     if cached.is_file():
         return str(cached), ""
     if not build:
         return None, (f"no llama-server: pass --llama-server PATH, or --build-llama-server to "
-                      f"build it in {CACHE} (minutes), or --no-llama")
+                      f"build it in {llama_build.CACHE} (minutes), or --no-llama")
     return build_llama_server(), ""
 
 
 def build_llama_server() -> str:
-    CACHE.mkdir(parents=True, exist_ok=True)
-    sdist = CACHE / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
-    if not sdist.exists():
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary",
-                        "llama-cpp-python", "--no-deps", f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
-                        "-d", str(CACHE)], check=True)
-    src = CACHE / f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
-    if not src.exists():
-        subprocess.run(["tar", "xzf", str(sdist), "-C", str(CACHE)], check=True)
-    if shutil.which("cmake") is None:
-        subprocess.run([sys.executable, "-m", "pip", "install", "cmake"], check=True)
-    build = CACHE / "build"
-    subprocess.run(["cmake", "-S", str(src / "vendor" / "llama.cpp"), "-B", str(build),
-                    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
-                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-                    "-DLLAMA_BUILD_SERVER=ON", "-DBUILD_SHARED_LIBS=OFF"], check=True)
-    subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j",
-                    str(os.cpu_count() or 2)], check=True)
-    return str(build / "bin" / "llama-server")
+    from colibri.tools import llama_build
+
+    return llama_build.build("llama-server")["llama-server"]
 
 
 # ---- servers ----
