@@ -40,7 +40,8 @@ def staged_check(rt: Any, rng: np.random.Generator, tmp: Path, small: bool = Fal
            gate_stride=mb, up_stride=mb, down_stride=mb,
            gate_info=NS(offset=offs[0]), up_info=NS(offset=offs[1]), down_info=NS(offset=offs[2]))
     layer = NS(n_expert=n_exp, n_expert_used=k, n_ff_exp=f, router_bias=None,
-               exp_down_scale=None, experts=X, router_b=None, exp_gate_b=None)
+               exp_down_scale=None, experts=X, router_b=None, exp_gate_b=None,
+               gdn_v_heads=0)
     desc: Any = NS(n_embd=d, gating=0, act=0, expert_renorm=True, expert_scale=1.0, expert_groups=0,
                    expert_weight_in=0, layers=[layer])
     out: dict[str, Any] = {}
