@@ -180,10 +180,15 @@ def test_a_killed_replica_fails_only_its_requests_and_comes_back(server):
             break
         time.sleep(1)
     assert len(now) == 2 and victim not in now, now
-    after = _streams(server.url, 8, 24)
-    assert after == alone
-    tokens = per_replica(server.url, "colibri_generation_tokens_total")
-    assert all(v > 0 for v in tokens.values()), tokens  # both replicas served again
+    # both replicas serve again: rounds of the same streams (each as before the kill) until the
+    # new replica has taken some (a loaded machine may route a whole round to the old one)
+    for _ in range(5):
+        after = _streams(server.url, 8, 24)
+        assert after == alone
+        tokens = per_replica(server.url, "colibri_generation_tokens_total")
+        if all(v > 0 for v in tokens.values()):
+            break
+    assert all(v > 0 for v in tokens.values()), tokens
 
 
 def test_the_cli_refuses_what_cannot_run():
