@@ -25,3 +25,12 @@ def greedy_alone(m: colibri.Model, ids: list[int], n: int) -> list[int]:
         return out
     finally:
         m.free_sequence(s)
+
+
+def chunked_logits(m: colibri.Model, ids: list[int], chunk: int) -> np.ndarray:
+    """A new sequence's logits for ids, evaluated `chunk` tokens at a time (freed after)."""
+    s = m.new_sequence()
+    try:
+        return np.concatenate([m.eval([s], ids[i:i + chunk]) for i in range(0, len(ids), chunk)])
+    finally:
+        m.free_sequence(s)

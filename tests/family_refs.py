@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import oracle_models as om
 
+from colibri.tools.refs import kl_top, log_softmax, matched, writer_like
+
 REFS = Path(__file__).resolve().parent / "data" / "llama_refs" / "families.npz"
 
 # the families of issue 48 (and the two extras), in recording order
@@ -97,17 +99,7 @@ def write_q4_k_m(f16: Path, types: list[tuple[str, str]], dst: Path) -> Path:
     general.file_type set to Q4_K_M."""
     import gguf
 
-    r = gguf.GGUFReader(f16)
-    arch = str(r.fields["general.architecture"].contents())
-    w = gguf.GGUFWriter(str(dst), arch)
-    for name, field in r.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type"):
-            continue
-        vtype = field.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(name, field.contents(), vtype, sub_type=field.types[-1])
-        else:
-            w.add_key_value(name, field.contents(), vtype)
+    r, w = writer_like(f16, dst, skip=("general.file_type",))
     w.add_file_type(Q4_K_M_FILE_TYPE)
     src = {t.name: t for t in r.tensors}
     # llama-quantize writes the tensors in its own order (the recorded one)
@@ -127,28 +119,6 @@ def write_q4_k_m(f16: Path, types: list[tuple[str, str]], dst: Path) -> Path:
     w.write_tensors_to_file()
     w.close()
     return dst
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-
-
-def kl_top(ref_ids: np.ndarray, ref_lp: np.ndarray, lp: np.ndarray) -> np.ndarray:
-    """KL(ref || ours) per position over the reference's top tokens plus one bucket for the
-    rest of the vocabulary (a lower bound of the full KL: data-processing inequality)."""
-    p = np.exp(ref_lp.astype(np.float64))
-    q_top = np.take_along_axis(lp, ref_ids.astype(np.int64), axis=1)
-    p_rest = np.clip(1.0 - p.sum(axis=1), 1e-12, 1.0)
-    q_rest = np.clip(1.0 - np.exp(q_top).sum(axis=1), 1e-12, 1.0)
-    return (p * (ref_lp - q_top)).sum(axis=1) + p_rest * (np.log(p_rest) - np.log(q_rest))
-
-
-def matched(a: list[int], b: list[int]) -> int:
-    """How many leading tokens two continuations share."""
-    return next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
-                min(len(a), len(b)))
 
 
 def compare(path: Path, refs, family: str, outtype: str) -> dict:

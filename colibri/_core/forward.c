@@ -51,8 +51,8 @@ void cb_forward_set_deterministic(cb_forward_t *f, int deterministic) {
 }
 
 
-static cb_status check_mat(const cb_matrix_t *w, int64_t rows, int64_t cols, const char *what,
-                           int layer) {
+cb_status cb_fw_check_mat(const cb_matrix_t *w, int64_t rows, int64_t cols, const char *what,
+                          int layer) {
     if (!w->data)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: layer %d: %s is missing", layer, what);
     if (w->rows != rows || w->cols != cols)
@@ -91,8 +91,8 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
     if (m->act != CB_ACT_SILU && m->act != CB_ACT_GELU_TANH && m->act != CB_ACT_SWIGLU_OAI)
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: unknown activation %d", (int)m->act);
     const int64_t E = m->n_embd;
-    CHECK_OK(check_mat(&m->tok_embd, m->n_vocab, E, "token_embd", -1));
-    CHECK_OK(check_mat(&m->output, m->n_vocab, E, "output", -1));
+    CHECK_OK(cb_fw_check_mat(&m->tok_embd, m->n_vocab, E, "token_embd", -1));
+    CHECK_OK(cb_fw_check_mat(&m->output, m->n_vocab, E, "output", -1));
     *max_ff = 1;
     *max_expert = 0;
     *max_used = 0;
@@ -154,10 +154,10 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
                            "or a dense FFN beside", l, L->sliding_window, L->attn_chunk,
                            L->rope_base, L->rope_freq_scale, L->attn_temp_floor, L->n_expert_used);
         if (!L->mla_kv_lora && !L->gdn_v_heads) {
-            CHECK_OK(check_mat(&L->wq, L->attn_q_gate ? 2 * nq : nq, E, "attn_q", l));
-            if (own) CHECK_OK(check_mat(&L->wk, nkv, E, "attn_k", l));
-            if (own && !L->v_from_k) CHECK_OK(check_mat(&L->wv, nkv, E, "attn_v", l));
-            CHECK_OK(check_mat(&L->wo, E, nq, "attn_output", l));
+            CHECK_OK(cb_fw_check_mat(&L->wq, L->attn_q_gate ? 2 * nq : nq, E, "attn_q", l));
+            if (own) CHECK_OK(cb_fw_check_mat(&L->wk, nkv, E, "attn_k", l));
+            if (own && !L->v_from_k) CHECK_OK(cb_fw_check_mat(&L->wv, nkv, E, "attn_v", l));
+            CHECK_OK(cb_fw_check_mat(&L->wo, E, nq, "attn_output", l));
         }
         if (L->n_expert > 0) {
             if (L->n_expert_used < 1 || L->n_expert_used > L->n_expert ||
@@ -166,7 +166,7 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
                 return cb_fail(CB_STATUS_INVALID_ARGUMENT,
                                "forward: layer %d: %d of %d experts (ff %lld) not supported", l,
                                L->n_expert_used, L->n_expert, (long long)L->n_ff_exp);
-            CHECK_OK(check_mat(&L->router, L->n_expert, E, "ffn_gate_inp", l));
+            CHECK_OK(cb_fw_check_mat(&L->router, L->n_expert, E, "ffn_gate_inp", l));
             if (m->expert_groups > 1 &&
                 (m->expert_groups > CB_ROUTE_MAX_GROUPS || L->n_expert % m->expert_groups ||
                  L->n_expert < 2 * m->expert_groups || m->expert_groups_used < 1 ||
@@ -180,17 +180,17 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
                 /* the expert templates carry no data: check them with a dummy pointer */
                 cb_matrix_t tg = L->exp_gate, tu = L->exp_up, td = L->exp_down;
                 tg.data = tu.data = td.data = L;
-                CHECK_OK(check_mat(&tg, L->n_ff_exp, E, "ffn_gate_exps (one expert)", l));
-                CHECK_OK(check_mat(&tu, L->n_ff_exp, E, "ffn_up_exps (one expert)", l));
-                CHECK_OK(check_mat(&td, E, L->n_ff_exp, "ffn_down_exps (one expert)", l));
+                CHECK_OK(cb_fw_check_mat(&tg, L->n_ff_exp, E, "ffn_gate_exps (one expert)", l));
+                CHECK_OK(cb_fw_check_mat(&tu, L->n_ff_exp, E, "ffn_up_exps (one expert)", l));
+                CHECK_OK(cb_fw_check_mat(&td, E, L->n_ff_exp, "ffn_down_exps (one expert)", l));
             }
             if (L->n_ff_exp > *max_ff) *max_ff = L->n_ff_exp;
             if (mat_present(&L->ffn_gate)) {
                 /* gemma4: a dense FFN beside the experts, with its own norms */
                 int64_t ff = L->ffn_gate.rows;
-                CHECK_OK(check_mat(&L->ffn_gate, ff, E, "ffn_gate", l));
-                CHECK_OK(check_mat(&L->ffn_up, ff, E, "ffn_up", l));
-                CHECK_OK(check_mat(&L->ffn_down, E, ff, "ffn_down", l));
+                CHECK_OK(cb_fw_check_mat(&L->ffn_gate, ff, E, "ffn_gate", l));
+                CHECK_OK(cb_fw_check_mat(&L->ffn_up, ff, E, "ffn_up", l));
+                CHECK_OK(cb_fw_check_mat(&L->ffn_down, E, ff, "ffn_down", l));
                 if (!L->ffn_post_norm_1 || !L->ffn_pre_norm_2 || !L->ffn_post_norm_2)
                     return cb_fail(CB_STATUS_INVALID_ARGUMENT,
                                    "forward: layer %d: dense FFN beside experts needs "
@@ -201,18 +201,18 @@ static cb_status validate(const cb_model_desc_t *m, int64_t *max_ff, int32_t *ma
             if (L->n_expert_used > *max_used) *max_used = L->n_expert_used;
             if (mat_present(&L->sh_gate)) {
                 int64_t ff = L->sh_gate.rows;
-                CHECK_OK(check_mat(&L->sh_gate, ff, E, "ffn_gate_shexp", l));
-                CHECK_OK(check_mat(&L->sh_up, ff, E, "ffn_up_shexp", l));
-                CHECK_OK(check_mat(&L->sh_down, E, ff, "ffn_down_shexp", l));
+                CHECK_OK(cb_fw_check_mat(&L->sh_gate, ff, E, "ffn_gate_shexp", l));
+                CHECK_OK(cb_fw_check_mat(&L->sh_up, ff, E, "ffn_up_shexp", l));
+                CHECK_OK(cb_fw_check_mat(&L->sh_down, E, ff, "ffn_down_shexp", l));
                 if (mat_present(&L->sh_gate_inp))
-                    CHECK_OK(check_mat(&L->sh_gate_inp, 1, E, "ffn_gate_inp_shexp", l));
+                    CHECK_OK(cb_fw_check_mat(&L->sh_gate_inp, 1, E, "ffn_gate_inp_shexp", l));
                 if (ff > *max_ff) *max_ff = ff;
             }
         } else {
             int64_t ff = L->ffn_gate.rows;
-            CHECK_OK(check_mat(&L->ffn_gate, ff, E, "ffn_gate", l));
-            CHECK_OK(check_mat(&L->ffn_up, ff, E, "ffn_up", l));
-            CHECK_OK(check_mat(&L->ffn_down, E, ff, "ffn_down", l));
+            CHECK_OK(cb_fw_check_mat(&L->ffn_gate, ff, E, "ffn_gate", l));
+            CHECK_OK(cb_fw_check_mat(&L->ffn_up, ff, E, "ffn_up", l));
+            CHECK_OK(cb_fw_check_mat(&L->ffn_down, E, ff, "ffn_down", l));
             if (ff > *max_ff) *max_ff = ff;
         }
     }

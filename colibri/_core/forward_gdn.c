@@ -24,18 +24,6 @@
 
 #include "forward_impl.h"
 
-static cb_status check(const cb_matrix_t *w, int64_t rows, int64_t cols, const char *what, int l) {
-    if (!w->data)
-        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: layer %d: linear attention tensor "
-                       "%s is missing", l, what);
-    if (w->rows != rows || w->cols != cols)
-        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
-                       "forward: layer %d: %s is %lld x %lld, expected %lld x %lld", l, what,
-                       (long long)w->rows, (long long)w->cols, (long long)rows, (long long)cols);
-    cb_status s = cb_matrix_check(w);
-    return s == CB_OK ? CB_OK : cb_fail(s, "forward: layer %d: %s: %s", l, what, cb_last_error());
-}
-
 cb_status cb_gdn_validate(const cb_model_desc_t *m, const cb_layer_desc_t *L, int l,
                           size_t *state, int64_t *scratch) {
     const int64_t nk = L->gdn_k_heads, nv = L->gdn_v_heads, dk = L->gdn_head_k;
@@ -51,10 +39,10 @@ cb_status cb_gdn_validate(const cb_model_desc_t *m, const cb_layer_desc_t *L, in
         return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: layer %d: linear attention "
                        "vectors (conv, a, dt, norm) missing", l);
     const int64_t C = 2 * nk * dk + nv * dv;
-    CHECK_OK(check(&L->gdn_qkv, C, E, "attn_qkv", l));
-    CHECK_OK(check(&L->gdn_z, nv * dv, E, "attn_gate", l));
-    CHECK_OK(check(&L->gdn_ba, 2 * nv, E, "ssm_ba", l));
-    CHECK_OK(check(&L->wo, E, nv * dv, "ssm_out", l));
+    CHECK_OK(cb_fw_check_mat(&L->gdn_qkv, C, E, "attn_qkv", l));
+    CHECK_OK(cb_fw_check_mat(&L->gdn_z, nv * dv, E, "attn_gate", l));
+    CHECK_OK(cb_fw_check_mat(&L->gdn_ba, 2 * nv, E, "ssm_ba", l));
+    CHECK_OK(cb_fw_check_mat(&L->wo, E, nv * dv, "ssm_out", l));
     *state = (size_t)((K - 1) * C + nv * dk * dv);
     *scratch = C;
     return CB_OK;

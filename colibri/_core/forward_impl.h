@@ -115,6 +115,10 @@ cb_status cb_mla_out(cb_forward_t *f, int l, int64_t n);
 /* Gated DeltaNet (forward_gdn.c; forward.h, gdn_v_heads): checks a linear layer's tensors;
  * *state: its state floats per sequence, *scratch: the per-token floats of each of its four
  * scratch rows (conv channels at most) */
+/* forward.c: the matrix is present, rows x cols, and valid (cb_matrix_check); else an error
+ * naming the layer and the tensor */
+cb_status cb_fw_check_mat(const cb_matrix_t *w, int64_t rows, int64_t cols, const char *what,
+                          int layer);
 cb_status cb_gdn_validate(const cb_model_desc_t *m, const cb_layer_desc_t *L, int l,
                           size_t *state, int64_t *scratch);
 /* the layer's output [n x n_embd] into f->o from the normed input f->h, each token's state

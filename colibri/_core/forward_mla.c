@@ -19,18 +19,6 @@
 
 #include "forward_impl.h"
 
-static cb_status check(const cb_matrix_t *w, int64_t rows, int64_t cols, const char *what, int l) {
-    if (!w->data)
-        return cb_fail(CB_STATUS_INVALID_ARGUMENT, "forward: layer %d: MLA tensor %s is missing",
-                       l, what);
-    if (w->rows != rows || w->cols != cols)
-        return cb_fail(CB_STATUS_INVALID_ARGUMENT,
-                       "forward: layer %d: %s is %lld x %lld, expected %lld x %lld", l, what,
-                       (long long)w->rows, (long long)w->cols, (long long)rows, (long long)cols);
-    cb_status s = cb_matrix_check(w);
-    return s == CB_OK ? CB_OK : cb_fail(s, "forward: layer %d: %s: %s", l, what, cb_last_error());
-}
-
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 cb_status cb_mla_validate(const cb_model_desc_t *m, const cb_layer_desc_t *L, int l,
@@ -49,15 +37,15 @@ cb_status cb_mla_validate(const cb_model_desc_t *m, const cb_layer_desc_t *L, in
     int64_t q_lora = 0;
     if (L->wq_a.data) {
         q_lora = L->wq_a.rows;
-        CHECK_OK(check(&L->wq_a, q_lora, E, "attn_q_a", l));
-        CHECK_OK(check(&L->wq_b, H * hd, q_lora, "attn_q_b", l));
+        CHECK_OK(cb_fw_check_mat(&L->wq_a, q_lora, E, "attn_q_a", l));
+        CHECK_OK(cb_fw_check_mat(&L->wq_b, H * hd, q_lora, "attn_q_b", l));
     } else {
-        CHECK_OK(check(&L->wq, H * hd, E, "attn_q", l));
+        CHECK_OK(cb_fw_check_mat(&L->wq, H * hd, E, "attn_q", l));
     }
-    CHECK_OK(check(&L->wkv_a, C + R, E, "attn_kv_a_mqa", l));
-    CHECK_OK(check(&L->wk_b, H * C, N, "attn_k_b", l));
-    CHECK_OK(check(&L->wv_b, H * V, C, "attn_v_b", l));
-    CHECK_OK(check(&L->wo, E, H * V, "attn_output", l));
+    CHECK_OK(cb_fw_check_mat(&L->wkv_a, C + R, E, "attn_kv_a_mqa", l));
+    CHECK_OK(cb_fw_check_mat(&L->wk_b, H * C, N, "attn_k_b", l));
+    CHECK_OK(cb_fw_check_mat(&L->wv_b, H * V, C, "attn_v_b", l));
+    CHECK_OK(cb_fw_check_mat(&L->wo, E, H * V, "attn_output", l));
     *nq = H * (C + R);
     *kv_elems = (size_t)(C + R);
     *scratch = max64(max64(H * hd, H * V), max64(q_lora, max64(C + R, N)));

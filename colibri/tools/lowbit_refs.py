@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from colibri.tools.refs import kl_top, log_softmax, matched, writer_like
+
 SHAPE = "tiny-lowbit"
 LAYERS = 1
 SEED = 0
@@ -81,17 +83,7 @@ def write_dequantized(src: str | Path, dst: str | Path,
     unchanged); the tensors named in `scale` multiplied by their factor."""
     import gguf
 
-    r = gguf.GGUFReader(str(src))
-    arch = str(r.fields["general.architecture"].contents())
-    w = gguf.GGUFWriter(str(dst), arch)
-    for name, field in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vtype = field.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(name, field.contents(), vtype, sub_type=field.types[-1])
-        else:
-            w.add_key_value(name, field.contents(), vtype)
+    r, w = writer_like(src, dst)
     for t in r.tensors:
         data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
         if scale and t.name in scale:
@@ -101,28 +93,6 @@ def write_dequantized(src: str | Path, dst: str | Path,
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-
-
-def kl_top(ref_ids: np.ndarray, ref_lp: np.ndarray, lp: np.ndarray) -> np.ndarray:
-    """KL(ref || ours) per position over the reference's top tokens plus one bucket for the
-    rest of the vocabulary (a lower bound of the full KL: data-processing inequality)."""
-    p = np.exp(ref_lp.astype(np.float64))
-    q_top = np.take_along_axis(lp, ref_ids.astype(np.int64), axis=1)
-    p_rest = np.clip(1.0 - p.sum(axis=1), 1e-12, 1.0)
-    q_rest = np.clip(1.0 - np.exp(q_top).sum(axis=1), 1e-12, 1.0)
-    return (p * (ref_lp - q_top)).sum(axis=1) + p_rest * (np.log(p_rest) - np.log(q_rest))
-
-
-def matched(a: list[int], b: list[int]) -> int:
-    """How many leading tokens two continuations share."""
-    return next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
-                min(len(a), len(b)))
 
 
 def greedy(m: Any, ids: list[int], n: int) -> list[int]:

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from colibri.tools.refs import log_softmax, writer_like
+
 # the 2-D weight types whose copies are measured, in this order (others are reported as found)
 GGML_F32 = 0
 
@@ -33,12 +35,6 @@ class Figures:
 
     def __str__(self) -> str:
         return f"KL {self.kl:.5f}  top-1 {self.top1:.2%}"
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
 def kl_top1(ref_logits: np.ndarray, logits: np.ndarray, chunk: int = 64) -> Figures:
@@ -94,17 +90,7 @@ def write_partial(src: str, dst: str, keep: Callable[[str, int], bool]) -> None:
     (gguf-py's dequantizers; metadata unchanged)."""
     import gguf
 
-    r = gguf.GGUFReader(src)
-    arch = str(r.fields["general.architecture"].contents())
-    w = gguf.GGUFWriter(dst, arch)
-    for name, field in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vtype = field.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(name, field.contents(), vtype, sub_type=field.types[-1])
-        else:
-            w.add_key_value(name, field.contents(), vtype)
+    r, w = writer_like(src, dst)
     for t in r.tensors:
         if keep(t.name, int(t.tensor_type)):
             shape = [int(x) for x in reversed(t.shape)]  # numpy order

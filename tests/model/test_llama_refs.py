@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 
 from colibri.model import Model
+from colibri.tools.refs import kl_top, log_softmax, matched
 
 REFS = Path(__file__).resolve().parents[1] / "data" / "llama_refs" / "gemma3_270m.npz"
 
@@ -56,21 +57,6 @@ def case(request):
     model.close()
 
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-
-
-def _kl_top(ref_ids, ref_lp, lp):
-    """KL over the reference's top tokens plus one bucket for the rest, per position."""
-    p = np.exp(ref_lp.astype(np.float64))
-    q_top = np.take_along_axis(lp, ref_ids, axis=1)
-    p_rest = np.clip(1.0 - p.sum(axis=1), 1e-12, 1.0)
-    q_rest = np.clip(1.0 - np.exp(q_top).sum(axis=1), 1e-12, 1.0)
-    return (p * (ref_lp - q_top)).sum(axis=1) + p_rest * (np.log(p_rest) - np.log(q_rest))
-
-
 @pytest.mark.slow
 def test_teacher_forced_agreement_and_kl(refs, case):
     prefix, model, limits = case
@@ -78,11 +64,11 @@ def test_teacher_forced_agreement_and_kl(refs, case):
     for i in range(int(refs["n_prompts"])):
         ids = refs[f"{prefix}ids_{i}"]
         assert len(ids) >= 200
-        lp = _log_softmax(model.logits(ids.tolist()))
+        lp = log_softmax(model.logits(ids.tolist()))
         top_ids = refs[f"{prefix}top_ids_{i}"]
         agree += int((lp.argmax(axis=1) == top_ids[:, 0]).sum())
         total += len(ids)
-        kls.append(_kl_top(top_ids, refs[f"{prefix}top_logprobs_{i}"], lp))
+        kls.append(kl_top(top_ids, refs[f"{prefix}top_logprobs_{i}"], lp))
     kl = float(np.concatenate(kls).mean())
     assert agree / total >= limits["top1"], (agree, total)
     assert kl < limits["kl"], kl
@@ -93,11 +79,6 @@ def test_teacher_forced_agreement_and_kl(refs, case):
                          for i in range(n)) / total
         assert 0.5 < self_agree < 1.0, self_agree  # the recording holds a real second path
         assert agree / total >= self_agree - 0.01, (agree / total, self_agree)
-
-
-def _matched(a: list[int], b: list[int]) -> int:
-    """How many leading tokens two continuations share."""
-    return next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 @pytest.mark.slow
@@ -118,9 +99,9 @@ def test_greedy_continuation_matches_llama_cpp(refs, case):
             got.append(int(np.argmax(logits[-1])))
             logits = model.eval([seq], tokens=[got[-1]])
         model.free_sequence(seq)
-        ours.append(_matched(got, want))
+        ours.append(matched(got, want))
         if not prefix:
-            llama_self.append(_matched(refs[f"decode_greedy_{i}"].tolist(), want))
+            llama_self.append(matched(refs[f"decode_greedy_{i}"].tolist(), want))
     if prefix:
         assert min(ours) >= limits["greedy"], ours
     else:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from engine_util import chunked_logits
 
 from colibri.gguf import GGUFFile
 from colibri.model import Model
@@ -167,13 +168,6 @@ def test_batch_invariance(name):
     with Model(str(path(name)), threads=2, ctx=256, max_batch=64, tokenizer=False,
                verbose=False) as m:
         ids = lr.prompts()[1][:40]
-
-        def run(chunk: int) -> np.ndarray:
-            s = m.new_sequence()
-            out = [m.eval([s], ids[i:i + chunk]) for i in range(0, len(ids), chunk)]
-            m.free_sequence(s)
-            return np.concatenate(out)
-
-        whole = run(len(ids))
+        whole = chunked_logits(m, ids, len(ids))
         for chunk in (1, 3, 5, 16):
-            assert np.array_equal(run(chunk), whole), (name, chunk)
+            assert np.array_equal(chunked_logits(m, ids, chunk), whole), (name, chunk)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from engine_util import chunked_logits
 
 import colibri
 from colibri.tools.make_bench_model import LOWBIT_KINDS
@@ -96,16 +97,9 @@ def test_batch_invariance(files, kind):
     with colibri.Model(files[kind], threads=2, ctx=256, max_batch=4, tokenizer=False,
                        verbose=False) as m:
         ids = [int(t) for t in np.random.default_rng(1).integers(3, m.n_vocab, 24)]
-
-        def run(chunk: int) -> np.ndarray:
-            s = m.new_sequence()
-            out = [m.eval([s], ids[i:i + chunk]) for i in range(0, len(ids), chunk)]
-            m.free_sequence(s)
-            return np.concatenate(out)
-
-        whole = run(len(ids))
+        whole = chunked_logits(m, ids, len(ids))
         for chunk in (1, 3, 5, 16):
-            assert np.array_equal(run(chunk), whole), (kind, chunk)
+            assert np.array_equal(chunked_logits(m, ids, chunk), whole), (kind, chunk)
 
 
 def test_container_keeps_lowbit_experts(files, tmp_path):
